@@ -1,0 +1,715 @@
+//! The weir TOML file: parsed strictly (unknown keys refused), then validated
+//! into [`Config`], with every problem reported at once as `file:line:col`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Default HTTP listen address of the front door.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Largest ingest body accepted by default (16 MiB): big enough for thousands
+/// of rows, small enough that one request cannot hog a host's memory.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+/// Default memory cap of one plugin instance (64 MiB of linear memory).
+pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
+/// Default CPU deadline of one plugin call.
+pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
+/// The pooling allocator reserves this much address space per memory, so no
+/// plugin may ask for more.
+pub const MAX_PLUGIN_MEMORY_MB: u32 = 4_096;
+
+/// Why a configuration was refused. `Invalid` lists every problem found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(Problems),
+}
+
+/// Every problem found in one config file, each with its position.
+#[derive(Debug)]
+pub struct Problems(pub Vec<Problem>);
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for problem in &self.0 {
+            if !first {
+                writeln!(f)?;
+            }
+            first = false;
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One problem in a config file: `file:line:col: message`.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+}
+
+/// The validated configuration a host runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from; relative paths in it are relative to its folder.
+    pub source: PathBuf,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub max_body_bytes: usize,
+    pub nats: NatsConfig,
+    pub stream: StreamConfig,
+    pub delivery: DeliveryConfig,
+    pub tenants: Vec<Tenant>,
+    pub plugins_dir: PathBuf,
+    pub plugins: BTreeMap<String, PluginConfig>,
+    pub pipelines: Vec<Pipeline>,
+}
+
+/// Where NATS is. `url: None` means weir starts its own nats-server.
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    pub url: Option<String>,
+    pub embedded: EmbeddedConfig,
+}
+
+/// How the embedded nats-server runs when no URL is configured.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    /// The nats-server binary; `None` looks at `WEIR_NATS_SERVER`, then PATH.
+    pub binary: Option<PathBuf>,
+    pub sync: SyncPolicy,
+}
+
+/// When the embedded server makes a write durable before acknowledging it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncPolicy {
+    /// fsync every write before the PubAck: a 2xx survives power loss.
+    /// About 30× slower on the project's machines (NATS-NOTES.md).
+    Always,
+    /// nats-server's default: flush every two minutes. A weir or nats-server
+    /// crash loses nothing; an OS crash or power loss can lose acknowledged rows.
+    Periodic,
+}
+
+/// The partition stream(s) rows are stored in.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Prefix of every subject and stream name weir uses.
+    pub prefix: String,
+    /// Byte limit of a partition stream; past it, publishes are refused.
+    pub max_bytes: i64,
+    /// Window in which a repeated message id is stored only once.
+    pub duplicate_window: Duration,
+}
+
+/// How rows are fetched and handed to pipelines.
+#[derive(Debug, Clone)]
+pub struct DeliveryConfig {
+    pub batch_rows: usize,
+    pub batch_bytes: usize,
+    /// How long a batch waits to fill after its first row.
+    pub batch_wait: Duration,
+    /// Time JetStream waits for an ack before redelivering a row.
+    pub ack_wait: Duration,
+    /// After this many deliveries a row that still asks for a retry is dead-lettered.
+    pub max_deliveries: u32,
+    /// Delay before a batch whose plugin call failed is redelivered.
+    pub failure_delay: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub api_keys: Vec<String>,
+}
+
+/// One plugin as named in the TOML.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    pub name: String,
+    /// Absolute path of the component.
+    pub wasm: PathBuf,
+    pub world: World,
+    /// The settings table, as the JSON object handed to `init`.
+    pub settings: serde_json::Value,
+    pub memory_bytes: usize,
+    pub deadline: Duration,
+    /// After this many batches an instance is replaced by a fresh one, so its
+    /// linear memory cannot grow without bound.
+    pub recycle_after_batches: u64,
+    pub grants: Grants,
+}
+
+/// The WIT world a plugin implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum World {
+    Transform,
+    Sink,
+}
+
+impl World {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            World::Transform => "transform",
+            World::Sink => "sink",
+        }
+    }
+}
+
+/// What a plugin may reach. Nothing by default.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    pub dirs: Vec<DirGrant>,
+}
+
+/// A host directory preopened for a plugin under a guest path.
+#[derive(Debug, Clone)]
+pub struct DirGrant {
+    pub host: PathBuf,
+    pub guest: String,
+    pub writable: bool,
+}
+
+/// Which tables go through which plugins, in order.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub tables: Vec<String>,
+    pub transforms: Vec<String>,
+    pub sink: Option<String>,
+}
+
+// ---- raw form, exactly as written in the file ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<Spanned<String>>,
+    data_dir: Option<String>,
+    max_body_bytes: Option<usize>,
+    #[serde(default)]
+    nats: RawNats,
+    #[serde(default)]
+    stream: RawStream,
+    #[serde(default)]
+    delivery: RawDelivery,
+    #[serde(default)]
+    tenants: Vec<RawTenant>,
+    plugins_dir: Option<String>,
+    #[serde(default)]
+    plugins: BTreeMap<Spanned<String>, RawPlugin>,
+    #[serde(default)]
+    pipelines: Vec<RawPipeline>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNats {
+    url: Option<String>,
+    server_binary: Option<String>,
+    sync: Option<SyncPolicy>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStream {
+    prefix: Option<Spanned<String>>,
+    max_bytes: Option<i64>,
+    duplicate_window_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDelivery {
+    batch_rows: Option<usize>,
+    batch_bytes: Option<usize>,
+    batch_wait_ms: Option<u64>,
+    ack_wait_secs: Option<u64>,
+    max_deliveries: Option<u32>,
+    failure_delay_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: Spanned<String>,
+    api_keys: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    wasm: Spanned<String>,
+    world: World,
+    #[serde(default)]
+    settings: Option<toml::Table>,
+    memory_mb: Option<Spanned<u32>>,
+    deadline_ms: Option<Spanned<u64>>,
+    recycle_after_batches: Option<u64>,
+    #[serde(default)]
+    grants: RawGrants,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGrants {
+    #[serde(default)]
+    dirs: Vec<RawDirGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDirGrant {
+    host: Spanned<String>,
+    guest: Spanned<String>,
+    #[serde(default)]
+    writable: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    tables: Vec<Spanned<String>>,
+    #[serde(default)]
+    transforms: Vec<Spanned<String>>,
+    sink: Option<Spanned<String>>,
+}
+
+/// Overrides that come from the command line or `WEIR_*` variables; they win
+/// over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub nats_url: Option<String>,
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text, overrides)
+    }
+
+    /// Parses and validates config text; `path` names it in errors and anchors
+    /// relative paths.
+    pub fn parse(path: &Path, text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let checker = Checker::new(path, text);
+        let raw: RawConfig = toml::from_str(text).map_err(|err| {
+            let offset = err.span().map(|span| span.start).unwrap_or(0);
+            ConfigError::Invalid(Problems(vec![
+                checker.problem(offset, err.message().trim_end().to_string()),
+            ]))
+        })?;
+        checker.validate(raw, overrides)
+    }
+
+    /// The pipeline that takes `table`, if any.
+    pub fn pipeline_for(&self, table: &str) -> Option<&Pipeline> {
+        self.pipelines
+            .iter()
+            .find(|pipeline| pipeline.tables.iter().any(|t| t == table))
+    }
+}
+
+/// Turns byte offsets into positions and collects problems.
+struct Checker<'a> {
+    file: PathBuf,
+    base_dir: PathBuf,
+    text: &'a str,
+    problems: std::cell::RefCell<Vec<Problem>>,
+}
+
+impl<'a> Checker<'a> {
+    fn new(file: &Path, text: &'a str) -> Self {
+        let base_dir = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Checker {
+            file: file.to_path_buf(),
+            base_dir,
+            text,
+            problems: Default::default(),
+        }
+    }
+
+    fn problem(&self, offset: usize, message: String) -> Problem {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rfind('\n').map_or(before.chars().count(), |nl| {
+            before[nl + 1..].chars().count()
+        }) + 1;
+        Problem {
+            file: self.file.clone(),
+            line,
+            column,
+            message,
+        }
+    }
+
+    fn report(&self, offset: usize, message: impl Into<String>) {
+        let problem = self.problem(offset, message.into());
+        self.problems.borrow_mut().push(problem);
+    }
+
+    fn resolve(&self, path: &str) -> PathBuf {
+        let path = Path::new(path);
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// Names become NATS subject tokens: keep them to a safe alphabet.
+    fn check_name(&self, what: &str, name: &Spanned<String>) {
+        let value = name.get_ref();
+        let ok = !value.is_empty()
+            && value.len() <= 64
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            self.report(
+                name.span().start,
+                format!("{what} `{value}` must be 1 to 64 characters of A-Z, a-z, 0-9, `_` or `-`"),
+            );
+        }
+    }
+
+    fn validate(self, raw: RawConfig, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let listen = match (&overrides.listen, &raw.listen) {
+            (Some(addr), _) => *addr,
+            (None, Some(text)) => text.get_ref().parse().unwrap_or_else(|err| {
+                self.report(
+                    text.span().start,
+                    format!("listen `{}` is not an address: {err}", text.get_ref()),
+                );
+                DEFAULT_LISTEN.parse().expect("constant address parses")
+            }),
+            (None, None) => DEFAULT_LISTEN.parse().expect("constant address parses"),
+        };
+        let data_dir = overrides
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| self.resolve(raw.data_dir.as_deref().unwrap_or("data")));
+
+        let nats = NatsConfig {
+            url: overrides.nats_url.clone().or(raw.nats.url),
+            embedded: EmbeddedConfig {
+                binary: raw.nats.server_binary.as_deref().map(|b| self.resolve(b)),
+                sync: raw.nats.sync.unwrap_or(SyncPolicy::Always),
+            },
+        };
+
+        let prefix = raw
+            .stream
+            .prefix
+            .clone()
+            .unwrap_or_else(|| Spanned::new(0..0, "weir".to_string()));
+        self.check_name("stream prefix", &prefix);
+        let stream = StreamConfig {
+            prefix: prefix.into_inner(),
+            max_bytes: raw.stream.max_bytes.unwrap_or(1 << 30),
+            duplicate_window: Duration::from_secs(raw.stream.duplicate_window_secs.unwrap_or(120)),
+        };
+
+        let delivery = DeliveryConfig {
+            batch_rows: raw.delivery.batch_rows.unwrap_or(256).max(1),
+            batch_bytes: raw.delivery.batch_bytes.unwrap_or(1 << 20).max(1),
+            batch_wait: Duration::from_millis(raw.delivery.batch_wait_ms.unwrap_or(5)),
+            ack_wait: Duration::from_secs(raw.delivery.ack_wait_secs.unwrap_or(30).max(1)),
+            max_deliveries: raw.delivery.max_deliveries.unwrap_or(10).max(1),
+            failure_delay: Duration::from_millis(raw.delivery.failure_delay_ms.unwrap_or(1_000)),
+        };
+
+        let mut tenants = Vec::new();
+        let mut seen_keys: HashSet<String> = HashSet::new();
+        let mut seen_tenants: HashSet<String> = HashSet::new();
+        for tenant in raw.tenants {
+            self.check_name("tenant", &tenant.name);
+            if !seen_tenants.insert(tenant.name.get_ref().clone()) {
+                self.report(
+                    tenant.name.span().start,
+                    format!("tenant `{}` is defined twice", tenant.name.get_ref()),
+                );
+            }
+            if tenant.api_keys.is_empty() {
+                self.report(
+                    tenant.name.span().start,
+                    format!("tenant `{}` has no api_keys", tenant.name.get_ref()),
+                );
+            }
+            for key in &tenant.api_keys {
+                if key.get_ref().len() < 8 {
+                    self.report(key.span().start, "an api key must be at least 8 characters");
+                }
+                if !seen_keys.insert(key.get_ref().clone()) {
+                    self.report(key.span().start, "this api key is used twice");
+                }
+            }
+            tenants.push(Tenant {
+                name: tenant.name.into_inner(),
+                api_keys: tenant
+                    .api_keys
+                    .into_iter()
+                    .map(Spanned::into_inner)
+                    .collect(),
+            });
+        }
+
+        let plugins_dir = self.resolve(raw.plugins_dir.as_deref().unwrap_or("plugins"));
+        let mut plugins = BTreeMap::new();
+        for (name, plugin) in raw.plugins {
+            self.check_name("plugin", &name);
+            let wasm = plugins_dir.join(plugin.wasm.get_ref());
+            if !wasm.is_file() {
+                self.report(
+                    plugin.wasm.span().start,
+                    format!(
+                        "plugin `{}`: wasm file {} does not exist",
+                        name.get_ref(),
+                        wasm.display()
+                    ),
+                );
+            }
+            let memory_mb = plugin
+                .memory_mb
+                .as_ref()
+                .map_or(DEFAULT_PLUGIN_MEMORY_MB, |m| *m.get_ref());
+            if !(1..=MAX_PLUGIN_MEMORY_MB).contains(&memory_mb) {
+                let at = plugin.memory_mb.as_ref().map_or(0, |m| m.span().start);
+                self.report(
+                    at,
+                    format!("memory_mb must be between 1 and {MAX_PLUGIN_MEMORY_MB}"),
+                );
+            }
+            let deadline_ms = plugin
+                .deadline_ms
+                .as_ref()
+                .map_or(DEFAULT_PLUGIN_DEADLINE_MS, |d| *d.get_ref());
+            if deadline_ms == 0 {
+                let at = plugin.deadline_ms.as_ref().map_or(0, |d| d.span().start);
+                self.report(at, "deadline_ms must be at least 1");
+            }
+            let mut dirs = Vec::new();
+            for dir in plugin.grants.dirs {
+                let host = self.resolve(dir.host.get_ref());
+                if !dir.guest.get_ref().starts_with('/') {
+                    self.report(dir.guest.span().start, "a guest path must be absolute");
+                }
+                dirs.push(DirGrant {
+                    host,
+                    guest: dir.guest.into_inner(),
+                    writable: dir.writable,
+                });
+            }
+            let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
+                .unwrap_or(serde_json::Value::Object(Default::default()));
+            let name_text = name.into_inner();
+            plugins.insert(
+                name_text.clone(),
+                PluginConfig {
+                    name: name_text,
+                    wasm,
+                    world: plugin.world,
+                    settings,
+                    memory_bytes: (memory_mb as usize) << 20,
+                    deadline: Duration::from_millis(deadline_ms.max(1)),
+                    recycle_after_batches: plugin.recycle_after_batches.unwrap_or(1_000).max(1),
+                    grants: Grants { dirs },
+                },
+            );
+        }
+
+        let mut pipelines = Vec::new();
+        let mut table_owner: HashMap<String, usize> = HashMap::new();
+        for (index, pipeline) in raw.pipelines.into_iter().enumerate() {
+            if pipeline.tables.is_empty() {
+                self.report(0, format!("pipeline #{} takes no tables", index + 1));
+            }
+            for table in &pipeline.tables {
+                self.check_name("table", table);
+                if let Some(other) = table_owner.insert(table.get_ref().clone(), index) {
+                    self.report(
+                        table.span().start,
+                        format!(
+                            "table `{}` is already taken by pipeline #{}",
+                            table.get_ref(),
+                            other + 1
+                        ),
+                    );
+                }
+            }
+            let uses = pipeline
+                .transforms
+                .iter()
+                .map(|t| (t, World::Transform))
+                .chain(pipeline.sink.iter().map(|s| (s, World::Sink)));
+            for (used, world) in uses {
+                match plugins.get(used.get_ref()) {
+                    None => self.report(
+                        used.span().start,
+                        format!("pipeline uses unknown plugin `{}`", used.get_ref()),
+                    ),
+                    Some(plugin) if plugin.world != world => self.report(
+                        used.span().start,
+                        format!(
+                            "plugin `{}` is a {} but is used here as a {}",
+                            used.get_ref(),
+                            plugin.world.as_str(),
+                            world.as_str()
+                        ),
+                    ),
+                    Some(_) => {}
+                }
+            }
+            pipelines.push(Pipeline {
+                tables: pipeline
+                    .tables
+                    .into_iter()
+                    .map(Spanned::into_inner)
+                    .collect(),
+                transforms: pipeline
+                    .transforms
+                    .into_iter()
+                    .map(Spanned::into_inner)
+                    .collect(),
+                sink: pipeline.sink.map(Spanned::into_inner),
+            });
+        }
+
+        let problems = self.problems.into_inner();
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid(Problems(problems)));
+        }
+        Ok(Config {
+            source: self.file,
+            listen,
+            data_dir,
+            max_body_bytes: raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            nats,
+            stream,
+            delivery,
+            tenants,
+            plugins_dir,
+            plugins,
+            pipelines,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(
+            Path::new("/etc/weir/weir.toml"),
+            text,
+            &Overrides::default(),
+        )
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        match parse(text) {
+            Err(ConfigError::Invalid(Problems(list))) => {
+                list.iter().map(ToString::to_string).collect()
+            }
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_position() {
+        let found = problems("listen = \"127.0.0.1:1\"\n\n[delivery]\nbatch_rowz = 3\n");
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].starts_with("/etc/weir/weir.toml:4:1: unknown field `batch_rowz`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn syntax_error_names_line_and_column() {
+        let found = problems(
+            "listen = \"127.0.0.1:1\"\ntenants = [\n  { name = \"a\" api_keys = [] },\n]\n",
+        );
+        assert!(found[0].starts_with("/etc/weir/weir.toml:3:"), "{found:?}");
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported_at_once() {
+        let found = problems(concat!(
+            "[[tenants]]\nname = \"bad tenant\"\napi_keys = [\"short\"]\n",
+            "[[pipelines]]\ntables = [\"orders\"]\ntransforms = [\"nope\"]\n",
+        ));
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].contains(":2:8: tenant `bad tenant`"), "{found:?}");
+        assert!(found[1].contains(":3:13: an api key must be"), "{found:?}");
+        assert!(
+            found[2].contains(":6:15: pipeline uses unknown plugin `nope`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn missing_wasm_names_the_path() {
+        let found = problems("[plugins.v]\nwasm = \"v.wasm\"\nworld = \"transform\"\n");
+        assert!(
+            found[0].contains("/etc/weir/plugins/v.wasm does not exist"),
+            "{found:?}"
+        );
+        assert!(
+            found[0].starts_with("/etc/weir/weir.toml:2:8:"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let overrides = Overrides {
+            nats_url: Some("nats://127.0.0.1:4222".into()),
+            ..Default::default()
+        };
+        let config = Config::parse(Path::new("w.toml"), "", &overrides).unwrap();
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.nats.url.as_deref(), Some("nats://127.0.0.1:4222"));
+        assert_eq!(config.nats.embedded.sync, SyncPolicy::Always);
+        assert_eq!(config.data_dir, Path::new("./data"));
+        assert_eq!(config.stream.prefix, "weir");
+    }
+}

@@ -1,0 +1,380 @@
+//! Delivery: a worker per unit pulls batches (bounded by rows, bytes and
+//! wait), runs each table's pipeline, and settles every row by its verdict:
+//! ack, nak with a delay, or dead-letter then ack.
+//!
+//! Architecture invariant: a row is acked only after its pipeline finished
+//! with it, or after its dead letter was stored. A crash at any point before
+//! that means redelivery, never loss.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, Message};
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, DeliveryConfig};
+use crate::dead_letter::{DeadLetter, DeadLetters};
+use crate::pipeline::{PipelineRunner, Verdict};
+use crate::route::{Router, Unit};
+use crate::sandbox::Plugin;
+use crate::sandbox::bindings::Row;
+use crate::telemetry::Metrics;
+
+/// How long one pull request waits on the server before it is renewed.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+/// Idle heartbeat of a pull: a silent server is noticed within two of these.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+/// Pause before pulling again after the pull stream failed.
+const PULL_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("unit {consumer}: cannot bind its consumer: {reason}")]
+    Bind { consumer: String, reason: String },
+}
+
+/// The pipelines of a host, by table, with their loaded plugin versions.
+pub struct Pipelines {
+    config: Arc<Config>,
+    plugins: HashMap<String, Arc<Plugin>>,
+}
+
+impl Pipelines {
+    pub fn new(config: Arc<Config>, plugins: HashMap<String, Arc<Plugin>>) -> Pipelines {
+        Pipelines { config, plugins }
+    }
+
+    pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
+        self.plugins.values()
+    }
+
+    /// A fresh runner (its own instances) for every pipeline, by index.
+    fn runners(&self) -> Vec<Option<PipelineRunner>> {
+        self.config
+            .pipelines
+            .iter()
+            .map(|pipeline| PipelineRunner::new(pipeline, |name| self.plugins.get(name).cloned()))
+            .collect()
+    }
+
+    fn index_of(&self, table: &str) -> Option<usize> {
+        self.config
+            .pipelines
+            .iter()
+            .position(|pipeline| pipeline.tables.iter().any(|t| t == table))
+    }
+}
+
+/// Pulls one unit and runs its rows through their pipelines.
+pub struct UnitWorker {
+    js: jetstream::Context,
+    router: Router,
+    unit: Unit,
+    settings: DeliveryConfig,
+    pipelines: Arc<Pipelines>,
+    runners: Vec<Option<PipelineRunner>>,
+    settler: Settler,
+    metrics: Metrics,
+}
+
+/// Settles rows: the part of a worker that holds no plugin instance, so it
+/// can be borrowed across awaits while the worker is sent between threads.
+struct Settler {
+    router: Router,
+    settings: DeliveryConfig,
+    dead_letters: DeadLetters,
+    metrics: Metrics,
+}
+
+impl UnitWorker {
+    pub fn new(
+        js: jetstream::Context,
+        router: Router,
+        unit: Unit,
+        pipelines: Arc<Pipelines>,
+        metrics: Metrics,
+    ) -> UnitWorker {
+        let settings = pipelines.config.delivery.clone();
+        let runners = pipelines.runners();
+        let settler = Settler {
+            router: router.clone(),
+            settings: settings.clone(),
+            dead_letters: DeadLetters::new(js.clone(), router.clone()),
+            metrics: metrics.clone(),
+        };
+        UnitWorker {
+            js,
+            router,
+            unit,
+            settings,
+            pipelines,
+            runners,
+            settler,
+            metrics,
+        }
+    }
+
+    /// Runs until `shutdown`; the batch in hand is always finished and settled.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), DeliveryError> {
+        let stream_name = self.router.partition_stream(self.unit.partition);
+        let consumer_name = self.router.unit_consumer(self.unit);
+        let bind_error = |reason: String| DeliveryError::Bind {
+            consumer: consumer_name.clone(),
+            reason,
+        };
+        let stream = self
+            .js
+            .get_stream(&stream_name)
+            .await
+            .map_err(|err| bind_error(err.to_string()))?;
+        let consumer: jetstream::consumer::PullConsumer = stream
+            .get_consumer(&consumer_name)
+            .await
+            .map_err(|err| bind_error(err.to_string()))?;
+
+        while !shutdown.is_cancelled() {
+            let pull = consumer
+                .stream()
+                .max_messages_per_batch(self.settings.batch_rows)
+                .max_bytes_per_batch(self.settings.batch_bytes)
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_HEARTBEAT)
+                .messages();
+            // While NATS is away this waits; shutdown must not.
+            let pulled = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                pulled = pull => pulled,
+            };
+            let mut messages = match pulled {
+                Ok(messages) => messages,
+                Err(err) => {
+                    tracing::warn!(consumer = %consumer_name, error = %err, "cannot pull; retrying");
+                    sleep_unless(&shutdown, PULL_RETRY_DELAY).await;
+                    continue;
+                }
+            };
+            loop {
+                let first = tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    next = messages.next() => next,
+                };
+                let first = match first {
+                    Some(Ok(message)) => message,
+                    Some(Err(err)) => {
+                        tracing::warn!(consumer = %consumer_name, error = %err, "pull failed; pulling again");
+                        break;
+                    }
+                    None => break,
+                };
+                let batch = fill_batch(&self.settings, first, &mut messages).await;
+                self.process(batch).await;
+            }
+            sleep_unless(&shutdown, PULL_RETRY_DELAY).await;
+        }
+        Ok(())
+    }
+
+    /// Runs a batch through its pipelines and settles every row.
+    async fn process(&mut self, batch: Vec<Message>) {
+        self.metrics.batches.inc();
+        let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
+        // Rows grouped by pipeline, each with its index in the batch.
+        let mut groups: HashMap<usize, (Vec<usize>, Vec<Row>)> = HashMap::new();
+        for (index, message) in batch.iter().enumerate() {
+            match self.decode(message) {
+                Ok((pipeline, row)) => {
+                    let group = groups.entry(pipeline).or_default();
+                    group.0.push(index);
+                    group.1.push(row);
+                }
+                Err(reason) => {
+                    verdicts[index] = Verdict::DeadLetter {
+                        plugin: None,
+                        reason,
+                    }
+                }
+            }
+        }
+        for (pipeline, (indexes, rows)) in groups {
+            let Some(Some(runner)) = self.runners.get_mut(pipeline) else {
+                continue;
+            };
+            match runner.run(rows).await {
+                Ok(results) => {
+                    for (index, verdict) in indexes.into_iter().zip(results) {
+                        verdicts[index] = verdict;
+                    }
+                }
+                Err(failure) => {
+                    tracing::warn!(
+                        plugin = failure.plugin.name(),
+                        version = %failure.plugin.version,
+                        rows = indexes.len(),
+                        error = %failure.error,
+                        "plugin call failed; the batch will be retried"
+                    );
+                    for index in indexes {
+                        verdicts[index] = Verdict::Retry {
+                            delay: self.settings.failure_delay,
+                            reason: failure.error.message.clone(),
+                        };
+                    }
+                }
+            }
+        }
+        self.settler.settle(batch, verdicts).await;
+    }
+
+    /// The pipeline index and the plugin-facing row of one message.
+    fn decode(&self, message: &Message) -> Result<(usize, Row), String> {
+        let info = message
+            .info()
+            .map_err(|err| format!("no delivery info: {err}"))?;
+        let (tenant, table) = self
+            .router
+            .parse(message.subject.as_str())
+            .map_err(|err| err.to_string())?;
+        let pipeline = self
+            .pipelines
+            .index_of(table)
+            .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
+        let headers = message
+            .headers
+            .as_ref()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .flat_map(|(name, values)| {
+                        values
+                            .iter()
+                            .map(move |value| (name.to_string(), value.to_string()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let row = Row {
+            tenant: tenant.to_string(),
+            table: table.to_string(),
+            payload: message.payload.to_vec(),
+            headers,
+            sequence: info.stream_sequence,
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+        };
+        Ok((pipeline, row))
+    }
+}
+
+impl Settler {
+    /// Acks, naks or dead-letters each row. Dead letters are stored before
+    /// their rows are acked; a row whose letter was not stored is retried.
+    async fn settle(&self, batch: Vec<Message>, mut verdicts: Vec<Verdict>) {
+        let deliveries: Vec<i64> = batch
+            .iter()
+            .map(|m| m.info().map_or(1, |info| info.delivered))
+            .collect();
+        for (verdict, delivered) in verdicts.iter_mut().zip(&deliveries) {
+            if let Verdict::Retry { reason, .. } = verdict
+                && *delivered >= i64::from(self.settings.max_deliveries)
+            {
+                *verdict = Verdict::DeadLetter {
+                    plugin: None,
+                    reason: format!("gave up after {delivered} deliveries: {reason}"),
+                };
+            }
+        }
+
+        let mut letters = Vec::new();
+        let mut lettered = Vec::new();
+        for (index, (message, verdict)) in batch.iter().zip(&verdicts).enumerate() {
+            if let Verdict::DeadLetter { plugin, reason } = verdict {
+                let info = message.info().ok();
+                let (tenant, table) = self
+                    .router
+                    .parse(message.subject.as_str())
+                    .unwrap_or(("unknown", "unknown"));
+                letters.push(DeadLetter {
+                    tenant,
+                    table,
+                    reason,
+                    plugin: plugin.as_ref().map(|p| (p.name(), p.version.as_str())),
+                    deliveries: deliveries[index],
+                    stream: info.as_ref().map_or("", |info| info.stream),
+                    sequence: info.as_ref().map_or(0, |info| info.stream_sequence),
+                    payload: message.payload.clone(),
+                    original_headers: message.headers.as_ref(),
+                });
+                lettered.push(index);
+            }
+        }
+        let stored = self.dead_letters.publish_all(letters).await;
+        let mut letter_failed = vec![false; batch.len()];
+        for (index, result) in lettered.into_iter().zip(stored) {
+            if let Err(err) = result {
+                tracing::warn!(error = %err, "cannot store a dead letter; the row will be retried");
+                letter_failed[index] = true;
+            }
+        }
+
+        for ((message, verdict), failed) in batch.iter().zip(verdicts).zip(letter_failed) {
+            let result = match verdict {
+                Verdict::DeadLetter { .. } if failed => {
+                    self.metrics.rows_retried.inc();
+                    message
+                        .ack_with(AckKind::Nak(Some(self.settings.failure_delay)))
+                        .await
+                }
+                Verdict::Done => {
+                    self.metrics.rows_delivered.inc();
+                    message.ack().await
+                }
+                Verdict::DeadLetter { reason, .. } => {
+                    tracing::info!(subject = %message.subject, %reason, "row dead-lettered");
+                    self.metrics.rows_dead_lettered.inc();
+                    message.ack().await
+                }
+                Verdict::Retry { delay, .. } => {
+                    self.metrics.rows_retried.inc();
+                    message.ack_with(AckKind::Nak(Some(delay))).await
+                }
+            };
+            if let Err(err) = result {
+                tracing::warn!(error = %err, subject = %message.subject, "cannot settle a row; JetStream will redeliver it");
+            }
+        }
+    }
+}
+
+/// Adds rows to a batch until it is full or `batch_wait` has passed.
+async fn fill_batch(
+    settings: &DeliveryConfig,
+    first: Message,
+    messages: &mut jetstream::consumer::pull::Stream,
+) -> Vec<Message> {
+    let mut bytes = first.payload.len();
+    let mut batch = vec![first];
+    let deadline = Instant::now() + settings.batch_wait;
+    while batch.len() < settings.batch_rows && bytes < settings.batch_bytes {
+        match tokio::time::timeout_at(deadline, messages.next()).await {
+            Ok(Some(Ok(message))) => {
+                bytes += message.payload.len();
+                batch.push(message);
+            }
+            Ok(Some(Err(err))) => {
+                tracing::debug!(error = %err, "pull hiccup while filling a batch");
+                break;
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    batch
+}
+
+async fn sleep_unless(shutdown: &CancellationToken, pause: Duration) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(pause) => {}
+    }
+}

@@ -1,0 +1,244 @@
+//! A running weir host: wires the parts together in the order a row meets
+//! them, and takes them down in reverse on shutdown.
+//!
+//! Start: NATS (embedded or configured) → topology → sandbox and plugins →
+//! delivery workers → front door. Stop: front door → workers finish their
+//! batch → NATS flushed → embedded server stopped.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SyncPolicy};
+use crate::delivery::{Pipelines, UnitWorker};
+use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
+use crate::front_door::FrontDoor;
+use crate::publish::Publisher;
+use crate::route::Router;
+use crate::sandbox::{LoadError, Sandbox, SandboxError};
+use crate::status::{NatsStatus, PluginStatus, StatusSource};
+use crate::telemetry::Metrics;
+use crate::topology::{self, TopologyError};
+
+/// How long the first connection to NATS may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for the last acks to reach NATS.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("embedded nats-server: {0}")]
+    Embedded(#[from] EmbeddedError),
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("topology: {0}")]
+    Topology(#[from] TopologyError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Plugin(#[from] LoadError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A host that is serving. Call [`RunningHost::shutdown`] to stop it cleanly.
+pub struct RunningHost {
+    http_addr: SocketAddr,
+    nats_url: String,
+    status: StatusSource,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    client: async_nats::Client,
+    embedded: Option<EmbeddedNats>,
+    _sandbox: Arc<Sandbox>,
+}
+
+impl RunningHost {
+    /// Starts every part of a host from a validated config.
+    pub async fn start(config: Config) -> Result<RunningHost, StartError> {
+        let config = Arc::new(config);
+        let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+
+        let embedded = match &config.nats.url {
+            Some(_) => None,
+            None => {
+                let options = EmbeddedOptions {
+                    binary: config.nats.embedded.binary.clone(),
+                    data_dir: config.data_dir.join("nats"),
+                    sync: config.nats.embedded.sync,
+                    port: None,
+                };
+                let started = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
+                    .await
+                    .map_err(|err| EmbeddedError::NotReady {
+                        output: err.to_string(),
+                    })??;
+                Some(started)
+            }
+        };
+        let nats_url = match (&config.nats.url, &embedded) {
+            (Some(url), _) => url.clone(),
+            (None, Some(server)) => server.url().to_string(),
+            (None, None) => unreachable!("an embedded server is started when no url is set"),
+        };
+        let client = connect(&nats_url).await?;
+        let js = jetstream::new(client.clone());
+        let router = Router::new(&config.stream.prefix);
+        topology::ensure(&js, &router, &config.stream, &config.delivery).await?;
+
+        let sandbox = Arc::new(Sandbox::new(metrics.clone())?);
+        let mut plugins = HashMap::new();
+        for plugin in config.plugins.values() {
+            plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
+        }
+        let plugin_status = plugins
+            .values()
+            .map(|plugin| PluginStatus {
+                name: plugin.name().to_string(),
+                world: plugin.config.world.as_str().to_string(),
+                version: plugin.version.clone(),
+            })
+            .collect();
+        let pipelines = Arc::new(Pipelines::new(config.clone(), plugins));
+
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        for unit in topology::units() {
+            let worker = UnitWorker::new(
+                js.clone(),
+                router.clone(),
+                unit,
+                pipelines.clone(),
+                metrics.clone(),
+            );
+            let stop = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(err) = worker.run(stop).await {
+                    tracing::error!(error = %err, "delivery worker stopped");
+                }
+            }));
+        }
+
+        let status = StatusSource {
+            metrics: metrics.clone(),
+            registry: Arc::new(registry),
+            plugins: plugin_status,
+            client: client.clone(),
+            router: router.clone(),
+            nats: NatsStatus {
+                url: nats_url.clone(),
+                connected: true,
+                embedded: embedded.is_some(),
+                sync: embedded.as_ref().map(|_| {
+                    match config.nats.embedded.sync {
+                        SyncPolicy::Always => "always",
+                        SyncPolicy::Periodic => "periodic",
+                    }
+                    .to_string()
+                }),
+            },
+        };
+        let front_door = FrontDoor::new(
+            config.clone(),
+            Publisher::new(client.clone(), router.clone()),
+            metrics.clone(),
+            status.clone(),
+        );
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let http_addr = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+        let stop = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            let served = axum::serve(listener, front_door.router())
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "front door stopped");
+            }
+        }));
+        tracing::info!(listen = %http_addr, nats = %nats_url, "weir is running");
+
+        Ok(RunningHost {
+            http_addr,
+            nats_url,
+            status,
+            shutdown,
+            tasks,
+            client,
+            embedded,
+            _sandbox: sandbox,
+        })
+    }
+
+    /// Where the front door listens.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn nats_url(&self) -> &str {
+        &self.nats_url
+    }
+
+    pub fn status(&self) -> &StatusSource {
+        &self.status
+    }
+
+    /// Stops taking requests, lets workers settle their batch, flushes acks
+    /// and stops the embedded server.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            tracing::warn!("NATS is disconnected; rows not acked yet will be redelivered");
+        } else {
+            match tokio::time::timeout(FLUSH_TIMEOUT, self.client.flush()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::warn!(error = %err, "cannot flush the last acks to NATS"),
+                Err(_) => tracing::warn!(
+                    "NATS did not take the last acks in time; those rows will be redelivered"
+                ),
+            }
+        }
+        drop(self.client);
+        if let Some(mut server) = self.embedded.take() {
+            let _ = tokio::task::spawn_blocking(move || server.stop()).await;
+        }
+        tracing::info!("weir stopped");
+    }
+}
+
+async fn connect(url: &str) -> Result<async_nats::Client, StartError> {
+    let error = |reason: String| StartError::Connect {
+        url: url.to_string(),
+        reason,
+    };
+    let options = async_nats::ConnectOptions::new()
+        .name("weir")
+        .connection_timeout(CONNECT_TIMEOUT)
+        .retry_on_initial_connect();
+    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
+        .await
+        .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|err| error(err.to_string()))
+}

@@ -1,0 +1,27 @@
+//! weir: a WebAssembly-plugin ingest host on NATS JetStream.
+//!
+//! The path of a row, module by module:
+//!
+//! - ingest: [`front_door`] (HTTP, NDJSON, API keys) → [`route`] (which unit
+//!   and subject) → [`publish`] (JetStream, PubAck before 2xx);
+//! - delivery: [`topology`] (streams and consumers) → [`delivery`] (pull a
+//!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
+//!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
+//!
+//! Beside the path: [`config`], [`embedded_nats`], [`telemetry`], [`status`],
+//! [`send`] (the `weir send` client) and [`host`], which wires them together.
+
+pub mod config;
+pub mod dead_letter;
+pub mod delivery;
+pub mod embedded_nats;
+pub mod front_door;
+pub mod host;
+pub mod pipeline;
+pub mod publish;
+pub mod route;
+pub mod sandbox;
+pub mod send;
+pub mod status;
+pub mod telemetry;
+pub mod topology;

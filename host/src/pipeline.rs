@@ -1,0 +1,216 @@
+//! A pipeline: the plugins a table's rows go through, in order, ending in an
+//! optional sink — and the verdict for every row that went in.
+//!
+//! A row's verdict is the worst of what happened to it and to every row it
+//! was turned into: one descendant asking for a retry retries the original,
+//! one dead-lettered descendant dead-letters it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Pipeline as PipelineConfig;
+use crate::sandbox::bindings::{Delivery, Outcome, Row};
+use crate::sandbox::{CallError, Plugin, PluginInstance};
+
+/// What becomes of one input row.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Every descendant was delivered or dropped: ack it.
+    Done,
+    /// Hand it back to JetStream for another try after `delay`.
+    Retry { delay: Duration, reason: String },
+    /// Write it to the dead-letter stream, then ack it.
+    DeadLetter {
+        plugin: Option<Arc<Plugin>>,
+        reason: String,
+    },
+}
+
+impl Verdict {
+    /// Keeps the worse of two verdicts: retry beats dead letter beats done.
+    fn merge(&mut self, other: Verdict) {
+        let rank = |v: &Verdict| match v {
+            Verdict::Done => 0,
+            Verdict::DeadLetter { .. } => 1,
+            Verdict::Retry { .. } => 2,
+        };
+        match (&mut *self, other) {
+            (Verdict::Retry { delay, .. }, Verdict::Retry { delay: other, .. }) => {
+                *delay = (*delay).max(other);
+            }
+            (current, other) if rank(&other) > rank(current) => *current = other,
+            _ => {}
+        }
+    }
+}
+
+/// A plugin call failed: the whole batch goes back for a retry.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct StepFailure {
+    pub plugin: Arc<Plugin>,
+    pub error: CallError,
+}
+
+/// One step: a loaded plugin version and the warm instance running it.
+struct Step {
+    plugin: Arc<Plugin>,
+    instance: Option<PluginInstance>,
+}
+
+impl Step {
+    async fn instance(&mut self) -> Result<&mut PluginInstance, StepFailure> {
+        if self.instance.as_ref().is_some_and(PluginInstance::worn_out) {
+            self.instance = None;
+        }
+        match &mut self.instance {
+            Some(instance) => Ok(instance),
+            slot @ None => {
+                let fresh = self
+                    .plugin
+                    .instantiate()
+                    .await
+                    .map_err(|error| StepFailure {
+                        plugin: self.plugin.clone(),
+                        error,
+                    })?;
+                Ok(slot.insert(fresh))
+            }
+        }
+    }
+
+    /// A failed call leaves the instance in an unknown state: drop it.
+    fn failed(&mut self, error: CallError) -> StepFailure {
+        self.instance = None;
+        StepFailure {
+            plugin: self.plugin.clone(),
+            error,
+        }
+    }
+}
+
+/// Runs one pipeline for one delivery worker. Not shared: each worker owns
+/// its instances, so a call never waits for another worker's.
+pub struct PipelineRunner {
+    transforms: Vec<Step>,
+    sink: Option<Step>,
+}
+
+impl PipelineRunner {
+    /// `lookup` gives the loaded version of each named plugin.
+    pub fn new(
+        config: &PipelineConfig,
+        lookup: impl Fn(&str) -> Option<Arc<Plugin>>,
+    ) -> Option<PipelineRunner> {
+        let step = |name: &String| {
+            lookup(name).map(|plugin| Step {
+                plugin,
+                instance: None,
+            })
+        };
+        Some(PipelineRunner {
+            transforms: config.transforms.iter().map(step).collect::<Option<_>>()?,
+            sink: match &config.sink {
+                Some(name) => Some(step(name)?),
+                None => None,
+            },
+        })
+    }
+
+    /// Runs `rows` through every step; returns one verdict per input row.
+    pub async fn run(&mut self, rows: Vec<Row>) -> Result<Vec<Verdict>, StepFailure> {
+        let mut verdicts = vec![Verdict::Done; rows.len()];
+        let mut origins: Vec<usize> = (0..rows.len()).collect();
+        let mut rows = rows;
+
+        for step in &mut self.transforms {
+            if rows.is_empty() {
+                break;
+            }
+            let result = step.instance().await?.transform(&rows).await;
+            let outcomes = result.map_err(|error| step.failed(error))?;
+            let mut next_rows = Vec::with_capacity(rows.len());
+            let mut next_origins = Vec::with_capacity(rows.len());
+            for ((row, origin), outcome) in rows.into_iter().zip(origins).zip(outcomes) {
+                match outcome {
+                    Outcome::Ok => {
+                        next_rows.push(row);
+                        next_origins.push(origin);
+                    }
+                    Outcome::Emit(emitted) => {
+                        for new in emitted {
+                            next_rows.push(Row {
+                                tenant: row.tenant.clone(),
+                                table: new.table.unwrap_or_else(|| row.table.clone()),
+                                payload: new.payload,
+                                headers: new.headers,
+                                sequence: row.sequence,
+                                attempt: row.attempt,
+                            });
+                            next_origins.push(origin);
+                        }
+                    }
+                    Outcome::Retry(delay_ms) => verdicts[origin].merge(Verdict::Retry {
+                        delay: Duration::from_millis(delay_ms.into()),
+                        reason: format!("plugin `{}` asked for a retry", step.plugin.name()),
+                    }),
+                    Outcome::DeadLetter(reason) => verdicts[origin].merge(Verdict::DeadLetter {
+                        plugin: Some(step.plugin.clone()),
+                        reason,
+                    }),
+                }
+            }
+            rows = next_rows;
+            origins = next_origins;
+        }
+
+        if let Some(step) = &mut self.sink
+            && !rows.is_empty()
+        {
+            let result = step.instance().await?.deliver(&rows).await;
+            let results = result.map_err(|error| step.failed(error))?;
+            for (origin, delivery) in origins.into_iter().zip(results) {
+                match delivery {
+                    Delivery::Ok => {}
+                    Delivery::Retry(delay_ms) => verdicts[origin].merge(Verdict::Retry {
+                        delay: Duration::from_millis(delay_ms.into()),
+                        reason: format!("sink `{}` asked for a retry", step.plugin.name()),
+                    }),
+                    Delivery::DeadLetter(reason) => verdicts[origin].merge(Verdict::DeadLetter {
+                        plugin: Some(step.plugin.clone()),
+                        reason,
+                    }),
+                }
+            }
+        }
+        Ok(verdicts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_wins_over_dead_letter_and_keeps_the_longest_delay() {
+        let mut verdict = Verdict::Done;
+        verdict.merge(Verdict::DeadLetter {
+            plugin: None,
+            reason: "bad".into(),
+        });
+        assert!(matches!(verdict, Verdict::DeadLetter { .. }));
+        verdict.merge(Verdict::Retry {
+            delay: Duration::from_millis(10),
+            reason: "a".into(),
+        });
+        verdict.merge(Verdict::Retry {
+            delay: Duration::from_millis(30),
+            reason: "b".into(),
+        });
+        verdict.merge(Verdict::Done);
+        match verdict {
+            Verdict::Retry { delay, .. } => assert_eq!(delay, Duration::from_millis(30)),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! Publishing accepted rows to their partition stream. Publishes are
+//! pipelined (many PubAcks in flight) and a call returns only once JetStream
+//! has acknowledged every row, so a 2xx always means "durable".
+
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::route::Router;
+
+/// PubAcks awaited at once per request; bounds memory on a huge body while
+/// keeping the connection busy.
+const PUBLISH_WINDOW: usize = 1024;
+
+/// Why rows were not all stored.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// NATS is unreachable or did not answer in time: try again later.
+    #[error("NATS is unavailable: {0}")]
+    Unavailable(String),
+    /// The partition stream refused the row because it is full.
+    #[error("the partition stream is full: {0}")]
+    StreamFull(String),
+    /// One row is larger than the server accepts.
+    #[error("row {index} is larger than the NATS server's max_payload")]
+    TooLarge { index: usize },
+    #[error("publish failed: {0}")]
+    Other(String),
+}
+
+/// Publishes rows for the front door (and, later, other ingest paths).
+#[derive(Clone)]
+pub struct Publisher {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    router: Router,
+}
+
+impl Publisher {
+    pub fn new(client: async_nats::Client, router: Router) -> Publisher {
+        let js = jetstream::new(client.clone());
+        Publisher { client, js, router }
+    }
+
+    /// True while the NATS connection is up; a request that arrives while it
+    /// is down is refused at once instead of waiting out a timeout.
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Publishes `rows` of `tenant`/`table` in order and waits for every PubAck.
+    /// On error, rows before the failing one may already be stored.
+    pub async fn publish(
+        &self,
+        tenant: &str,
+        table: &str,
+        rows: impl IntoIterator<Item = Bytes>,
+    ) -> Result<usize, PublishError> {
+        if !self.connected() {
+            return Err(PublishError::Unavailable("not connected".into()));
+        }
+        let unit = self.router.route(tenant, table);
+        let subject = async_nats::Subject::from(self.router.subject(unit, tenant, table));
+        let mut in_flight = FuturesUnordered::new();
+        let mut stored = 0;
+        for (index, payload) in rows.into_iter().enumerate() {
+            let ack = self
+                .js
+                .publish(subject.clone(), payload)
+                .await
+                .map_err(|err| classify(err.kind(), err.to_string(), index))?;
+            in_flight.push(ack.into_future());
+            if in_flight.len() >= PUBLISH_WINDOW
+                && let Some(result) = in_flight.next().await
+            {
+                result.map_err(|err| classify(err.kind(), err.to_string(), index))?;
+                stored += 1;
+            }
+        }
+        while let Some(result) = in_flight.next().await {
+            result.map_err(|err| classify(err.kind(), err.to_string(), stored))?;
+            stored += 1;
+        }
+        Ok(stored)
+    }
+}
+
+fn classify(kind: PublishErrorKind, message: String, index: usize) -> PublishError {
+    match kind {
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::StreamNotFound
+        | PublishErrorKind::MaxAckPending => PublishError::Unavailable(message),
+        PublishErrorKind::MaxPayloadExceeded => PublishError::TooLarge { index },
+        _ if message.contains("maximum") || message.contains("resource limits") => {
+            PublishError::StreamFull(message)
+        }
+        _ => PublishError::Other(message),
+    }
+}

@@ -1,0 +1,681 @@
+//! The sandbox: one wasmtime `Engine` per process, a compiled component and
+//! an `InstancePre` per plugin version, and instances whose every call is
+//! bounded in memory (`StoreLimits`) and CPU time (epoch interruption).
+//!
+//! Architecture invariant: a plugin reaches nothing it was not granted. WASI
+//! is linked because every std guest imports it, but the context is empty:
+//! no preopens, no environment, no sockets, unless the TOML grants them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable, types::ComponentItem};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::config::{PluginConfig, World};
+use crate::telemetry::{Metrics, PluginCounterLabels, PluginLabels};
+
+/// Host bindings generated from `wit/`; the types in them are the ones that
+/// cross the boundary.
+pub mod bindings {
+    pub mod transform {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "weir:plugin/transform",
+            exports: { default: async },
+        });
+    }
+    pub mod sink {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "weir:plugin/sink",
+            exports: { default: async },
+            with: {
+                "weir:plugin/types": super::transform::weir::plugin::types,
+                "weir:plugin/host": super::transform::weir::plugin::host,
+            },
+        });
+    }
+    pub use transform::weir::plugin::types::{Delivery, EmittedRow, Outcome, Row};
+}
+
+use bindings::sink::{Sink, SinkPre};
+use bindings::transform::weir::plugin::host::{self as host_api, Level};
+use bindings::transform::{Transform, TransformPre};
+use bindings::{Delivery, Outcome, Row};
+
+/// How often the epoch advances: the granularity of every call deadline.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Instances the pooling allocator keeps slots for. Each unit holds at most
+/// one instance per pipeline step, so this bounds units × steps per host.
+const POOL_INSTANCES: u32 = 256;
+/// Core instances per component: a std wasip2 guest has a handful.
+const POOL_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+/// Per-memory address space the pool reserves; per-plugin caps are lower.
+const POOL_MAX_MEMORY_BYTES: usize = (crate::config::MAX_PLUGIN_MEMORY_MB as usize) << 20;
+/// The tail of a plugin's stderr kept to explain a trap (a Rust panic prints there).
+const STDERR_TAIL_BYTES: usize = 4096;
+/// Longest log line a plugin may write through the host import.
+const MAX_LOG_BYTES: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot configure the wasm engine: {0:#}")]
+    Engine(wasmtime::Error),
+}
+
+/// Why a plugin version could not be loaded. Each names the plugin and file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin `{plugin}`: cannot read {path}: {source}")]
+    Read {
+        plugin: String,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("plugin `{plugin}`: {path} is not a valid WebAssembly component: {reason}")]
+    Compile {
+        plugin: String,
+        path: String,
+        reason: String,
+    },
+    #[error(
+        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@0.1.0`: missing export {missing}"
+    )]
+    WrongWorld {
+        plugin: String,
+        path: String,
+        world: &'static str,
+        missing: String,
+    },
+    #[error("plugin `{plugin}`: {path} imports something weir does not provide: {reason}")]
+    Link {
+        plugin: String,
+        path: String,
+        reason: String,
+    },
+    #[error("plugin `{plugin}`: grant of {dir}: {reason}")]
+    Grant {
+        plugin: String,
+        dir: String,
+        reason: String,
+    },
+    #[error("plugin `{plugin}`: init failed: {0}", .source)]
+    Init { plugin: String, source: CallError },
+}
+
+/// What went wrong in one plugin call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The guest trapped (a panic, an unreachable, a bad access).
+    Trap,
+    /// The call ran past its deadline and was interrupted.
+    Deadline,
+    /// The guest tried to grow its memory past its cap.
+    Memory,
+    /// `init` returned an error.
+    Refused,
+    /// The plugin broke the contract (e.g. wrong number of outcomes).
+    Contract,
+}
+
+/// A failed plugin call; the instance that made it is discarded.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct CallError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// The process-wide engine, its linker and the epoch ticker.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    metrics: Metrics,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Sandbox {
+    pub fn new(metrics: Metrics) -> Result<Sandbox, SandboxError> {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(POOL_INSTANCES)
+            .total_core_instances(POOL_INSTANCES * POOL_CORE_INSTANCES_PER_COMPONENT)
+            .total_memories(POOL_INSTANCES * 2)
+            .total_tables(POOL_INSTANCES * 2)
+            .total_stacks(POOL_INSTANCES)
+            .max_core_instances_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_tables_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_memory_size(POOL_MAX_MEMORY_BYTES);
+        let mut config = wasmtime::Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(SandboxError::Engine)?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
+        host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| state)
+            .map_err(SandboxError::Engine)?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (ticker_engine, stop) = (engine.clone(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("weir-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker_engine.increment_epoch();
+                }
+            })
+            .map_err(|err| SandboxError::Engine(err.into()))?;
+
+        Ok(Sandbox {
+            engine,
+            linker,
+            metrics,
+            ticker_stop,
+        })
+    }
+
+    /// Compiles a plugin, checks it implements its world and links, and
+    /// smoke-tests it with one instantiation and `init`.
+    pub async fn load(&self, config: &PluginConfig) -> Result<Arc<Plugin>, LoadError> {
+        let plugin = config.name.clone();
+        let path = config.wasm.display().to_string();
+        let bytes = tokio::fs::read(&config.wasm)
+            .await
+            .map_err(|source| LoadError::Read {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                source,
+            })?;
+        let version = version_of(&bytes);
+        let engine = self.engine.clone();
+        // Cranelift takes a while on a big component: keep it off the runtime threads.
+        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+            .await
+            .map_err(|err| LoadError::Compile {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: err.to_string(),
+            })?
+            .map_err(|err| LoadError::Compile {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: format!("{err:#}"),
+            })?;
+
+        check_world(&self.engine, &component, config.world).map_err(|missing| {
+            LoadError::WrongWorld {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                world: config.world.as_str(),
+                missing,
+            }
+        })?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|err| LoadError::Link {
+                    plugin: plugin.clone(),
+                    path: path.clone(),
+                    reason: format!("{err:#}"),
+                })?;
+        let link_error = |err: wasmtime::Error| LoadError::Link {
+            plugin: plugin.clone(),
+            path: path.clone(),
+            reason: format!("{err:#}"),
+        };
+        let pre = match config.world {
+            World::Transform => {
+                PluginPre::Transform(TransformPre::new(instance_pre).map_err(link_error)?)
+            }
+            World::Sink => PluginPre::Sink(SinkPre::new(instance_pre).map_err(link_error)?),
+        };
+        for grant in &config.grants.dirs {
+            if grant.writable {
+                // A writable grant is weir's to create, so a fresh install just works.
+                let _ = std::fs::create_dir_all(&grant.host);
+            }
+            if !grant.host.is_dir() {
+                return Err(LoadError::Grant {
+                    plugin,
+                    dir: grant.host.display().to_string(),
+                    reason: "not a directory".into(),
+                });
+            }
+        }
+        let loaded = Arc::new(Plugin {
+            config: config.clone(),
+            settings_json: config.settings.to_string(),
+            version,
+            pre,
+            engine: self.engine.clone(),
+            metrics: self.metrics.clone(),
+            labels: PluginLabels {
+                plugin: config.name.clone(),
+            },
+        });
+        let smoke_test = loaded
+            .instantiate()
+            .await
+            .map_err(|source| LoadError::Init {
+                plugin: config.name.clone(),
+                source,
+            })?;
+        drop(smoke_test);
+        tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), "plugin loaded");
+        Ok(loaded)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The exports a world needs, checked before linking so a wrong component
+/// gets a message that names what it lacks.
+fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(), String> {
+    let required: &[&str] = match world {
+        World::Transform => &["init", "transform"],
+        World::Sink => &["init", "deliver"],
+    };
+    let ty = component.component_type();
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|name| {
+            !ty.exports(engine).any(|(export, item)| {
+                export == **name && matches!(item.ty, ComponentItem::ComponentFunc(_))
+            })
+        })
+        .map(|name| format!("`{name}`"))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        let found: Vec<String> = ty
+            .exports(engine)
+            .map(|(name, _)| format!("`{name}`"))
+            .collect();
+        Err(format!(
+            "{} (it exports {})",
+            missing.join(", "),
+            if found.is_empty() {
+                "nothing".to_string()
+            } else {
+                found.join(", ")
+            }
+        ))
+    }
+}
+
+/// A short content digest: the plugin's version as status and logs show it.
+fn version_of(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+enum PluginPre {
+    Transform(TransformPre<PluginState>),
+    Sink(SinkPre<PluginState>),
+}
+
+/// One loaded version of a plugin: compiled, linked, ready to instantiate.
+pub struct Plugin {
+    pub config: PluginConfig,
+    /// Content digest of the `.wasm`.
+    pub version: String,
+    settings_json: String,
+    pre: PluginPre,
+    engine: Engine,
+    metrics: Metrics,
+    labels: PluginLabels,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.config.name)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl Plugin {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// A fresh instance with its own store, limits and grants, `init`-ed.
+    pub async fn instantiate(self: &Arc<Self>) -> Result<PluginInstance, CallError> {
+        let stderr = StderrTail::default();
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stderr(stderr.clone());
+        for grant in &self.config.grants.dirs {
+            let perms = if grant.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            wasi.preopened_dir(&grant.host, &grant.guest, perms)
+                .map_err(|err| CallError {
+                    kind: FailureKind::Refused,
+                    message: format!(
+                        "cannot open granted directory {}: {err:#}",
+                        grant.host.display()
+                    ),
+                })?;
+        }
+        let limits = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(self.config.memory_bytes)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = PluginState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits,
+            plugin: self.clone(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limits);
+        store.epoch_deadline_trap();
+        let mut instance = PluginInstance {
+            store,
+            exports: Exports::None,
+            plugin: self.clone(),
+            stderr,
+            batches: 0,
+        };
+        instance.arm_deadline();
+        let exports = match &self.pre {
+            PluginPre::Transform(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Transform),
+            PluginPre::Sink(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Sink),
+        };
+        instance.exports = exports.map_err(|err| instance.failure(err))?;
+        self.metrics.plugin_instances.inc();
+
+        instance.arm_deadline();
+        let settings = self.settings_json.as_str();
+        let result = match &instance.exports {
+            Exports::Transform(t) => t.call_init(&mut instance.store, settings).await,
+            Exports::Sink(s) => s.call_init(&mut instance.store, settings).await,
+            Exports::None => unreachable!("exports were just set"),
+        };
+        match result {
+            Ok(Ok(())) => Ok(instance),
+            Ok(Err(reason)) => Err(CallError {
+                kind: FailureKind::Refused,
+                message: format!("init refused its settings: {reason}"),
+            }),
+            Err(err) => Err(instance.failure(err)),
+        }
+    }
+}
+
+enum Exports {
+    None,
+    Transform(Transform),
+    Sink(Sink),
+}
+
+/// A live instance of one plugin version. Not shared: one caller at a time.
+pub struct PluginInstance {
+    store: Store<PluginState>,
+    exports: Exports,
+    plugin: Arc<Plugin>,
+    stderr: StderrTail,
+    batches: u64,
+}
+
+impl PluginInstance {
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// True once the instance has served enough batches to be replaced.
+    pub fn worn_out(&self) -> bool {
+        self.batches >= self.plugin.config.recycle_after_batches
+    }
+
+    fn arm_deadline(&mut self) {
+        let ticks = self
+            .plugin
+            .config
+            .deadline
+            .as_millis()
+            .div_ceil(EPOCH_TICK.as_millis())
+            .max(1) as u64;
+        self.store.set_epoch_deadline(ticks);
+    }
+
+    fn begin_call(&mut self) {
+        self.arm_deadline();
+        self.batches += 1;
+        self.plugin
+            .metrics
+            .plugin_calls
+            .get_or_create(&self.plugin.labels)
+            .inc();
+    }
+
+    /// Runs a transform over a batch: one outcome per row.
+    pub async fn transform(&mut self, rows: &[Row]) -> Result<Vec<Outcome>, CallError> {
+        self.begin_call();
+        let Exports::Transform(exports) = &self.exports else {
+            return Err(self.contract("is not a transform"));
+        };
+        let outcomes = exports
+            .call_transform(&mut self.store, rows)
+            .await
+            .map_err(|err| self.failure(err))?;
+        if outcomes.len() != rows.len() {
+            return Err(self.contract(&format!(
+                "returned {} outcomes for {} rows",
+                outcomes.len(),
+                rows.len()
+            )));
+        }
+        Ok(outcomes)
+    }
+
+    /// Hands a batch to a sink: one delivery result per row.
+    pub async fn deliver(&mut self, rows: &[Row]) -> Result<Vec<Delivery>, CallError> {
+        self.begin_call();
+        let Exports::Sink(exports) = &self.exports else {
+            return Err(self.contract("is not a sink"));
+        };
+        let results = exports
+            .call_deliver(&mut self.store, rows)
+            .await
+            .map_err(|err| self.failure(err))?;
+        if results.len() != rows.len() {
+            return Err(self.contract(&format!(
+                "returned {} results for {} rows",
+                results.len(),
+                rows.len()
+            )));
+        }
+        Ok(results)
+    }
+
+    fn contract(&self, what: &str) -> CallError {
+        self.count_failure();
+        CallError {
+            kind: FailureKind::Contract,
+            message: format!("plugin `{}` {what}", self.plugin.name()),
+        }
+    }
+
+    fn count_failure(&self) {
+        self.plugin
+            .metrics
+            .plugin_failures
+            .get_or_create(&self.plugin.labels)
+            .inc();
+    }
+
+    /// Classifies a wasmtime error and adds the guest's last stderr words.
+    fn failure(&self, err: wasmtime::Error) -> CallError {
+        self.count_failure();
+        let limit = &self.plugin.config;
+        let (kind, what) = match err.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => (
+                FailureKind::Deadline,
+                format!("ran past its deadline of {} ms", limit.deadline.as_millis()),
+            ),
+            _ if format!("{err:#}").contains("forcing trap when growing memory") => (
+                FailureKind::Memory,
+                format!(
+                    "tried to grow memory past its cap of {} MiB",
+                    limit.memory_bytes >> 20
+                ),
+            ),
+            _ => (FailureKind::Trap, format!("trapped: {err:#}")),
+        };
+        let tail = self.stderr.last_line();
+        let message = if tail.is_empty() {
+            format!("plugin `{}` {what}", self.plugin.name())
+        } else {
+            format!("plugin `{}` {what} (stderr: {tail})", self.plugin.name())
+        };
+        CallError { kind, message }
+    }
+}
+
+impl Drop for PluginInstance {
+    fn drop(&mut self) {
+        if !matches!(self.exports, Exports::None) {
+            self.plugin.metrics.plugin_instances.dec();
+        }
+    }
+}
+
+/// What each store holds: the empty-by-default WASI context, the limits,
+/// and who the plugin is (for its logs and counters).
+pub struct PluginState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    plugin: Arc<Plugin>,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl host_api::Host for PluginState {
+    fn log(&mut self, level: Level, mut message: String) {
+        if message.len() > MAX_LOG_BYTES {
+            let mut cut = MAX_LOG_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let (plugin, version) = (self.plugin.name(), self.plugin.version.as_str());
+        match level {
+            Level::Trace => tracing::trace!(plugin, version, "{message}"),
+            Level::Debug => tracing::debug!(plugin, version, "{message}"),
+            Level::Info => tracing::info!(plugin, version, "{message}"),
+            Level::Warn => tracing::warn!(plugin, version, "{message}"),
+            Level::Error => tracing::error!(plugin, version, "{message}"),
+        }
+    }
+
+    fn add_counter(&mut self, name: String, delta: u64) {
+        let labels = PluginCounterLabels {
+            plugin: self.plugin.name().to_string(),
+            name,
+        };
+        self.plugin
+            .metrics
+            .plugin_counters
+            .get_or_create(&labels)
+            .inc_by(delta);
+    }
+}
+
+impl bindings::transform::weir::plugin::types::Host for PluginState {}
+
+/// A plugin's stderr, of which only the tail is kept: enough to quote a
+/// panic message when the call traps, never a growing buffer.
+#[derive(Clone, Default)]
+struct StderrTail(Arc<Mutex<Vec<u8>>>);
+
+impl StderrTail {
+    fn last_line(&self) -> String {
+        let Ok(bytes) = self.0.lock() else {
+            return String::new();
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        text.trim_end()
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty() && !line.contains("note: run with"))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+}
+
+impl IsTerminal for StderrTail {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for StderrTail {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl tokio::io::AsyncWrite for StderrTail {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Ok(mut tail) = self.0.lock() {
+            tail.extend_from_slice(buf);
+            if tail.len() > STDERR_TAIL_BYTES {
+                let excess = tail.len() - STDERR_TAIL_BYTES;
+                tail.drain(..excess);
+            }
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}

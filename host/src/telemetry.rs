@@ -1,0 +1,120 @@
+//! Metrics (Prometheus text format) and structured logs. The counters here
+//! are also what `/v1/status` and `weir status` report, so both always agree.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    pub plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginCounterLabels {
+    pub plugin: String,
+    pub name: String,
+}
+
+/// Every counter a host keeps. Cheap to clone: each metric is an `Arc`.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Rows JetStream acknowledged at the front door.
+    pub rows_accepted: Counter,
+    /// Rows whose pipeline finished and that were acked.
+    pub rows_delivered: Counter,
+    /// Rows acked after being written to the dead-letter stream.
+    pub rows_dead_lettered: Counter,
+    /// Rows handed back to JetStream for a later retry.
+    pub rows_retried: Counter,
+    /// Batches run through a pipeline.
+    pub batches: Counter,
+    /// Ingest requests refused with a 4xx or 5xx.
+    pub requests_refused: Counter,
+    /// Plugin calls that trapped, ran out of time or out of memory.
+    pub plugin_failures: Family<PluginLabels, Counter>,
+    /// Plugin calls made.
+    pub plugin_calls: Family<PluginLabels, Counter>,
+    /// Counters plugins keep through the `host.add-counter` import.
+    pub plugin_counters: Family<PluginCounterLabels, Counter>,
+    /// Plugin instances alive now.
+    pub plugin_instances: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric under the `weir_` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let weir = registry.sub_registry_with_prefix("weir");
+        weir.register(
+            "rows_accepted",
+            "Rows acknowledged by JetStream at the front door",
+            self.rows_accepted.clone(),
+        );
+        weir.register(
+            "rows_delivered",
+            "Rows that went through their pipeline and were acked",
+            self.rows_delivered.clone(),
+        );
+        weir.register(
+            "rows_dead_lettered",
+            "Rows written to the dead-letter stream",
+            self.rows_dead_lettered.clone(),
+        );
+        weir.register(
+            "rows_retried",
+            "Rows handed back to JetStream for a retry",
+            self.rows_retried.clone(),
+        );
+        weir.register(
+            "batches",
+            "Batches run through a pipeline",
+            self.batches.clone(),
+        );
+        weir.register(
+            "requests_refused",
+            "Ingest requests answered with an error",
+            self.requests_refused.clone(),
+        );
+        weir.register(
+            "plugin_failures",
+            "Plugin calls that trapped, timed out or ran out of memory",
+            self.plugin_failures.clone(),
+        );
+        weir.register(
+            "plugin_calls",
+            "Plugin calls made",
+            self.plugin_calls.clone(),
+        );
+        weir.register(
+            "plugin_counter",
+            "Counters kept by plugins",
+            self.plugin_counters.clone(),
+        );
+        weir.register(
+            "plugin_instances",
+            "Plugin instances alive",
+            self.plugin_instances.clone(),
+        );
+    }
+}
+
+/// Starts structured logging to stderr: `WEIR_LOG` (or `RUST_LOG`) filters,
+/// `WEIR_LOG_FORMAT=json` switches to JSON lines.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("WEIR_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,wasmtime=warn,cranelift=warn,async_nats=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let json = std::env::var("WEIR_LOG_FORMAT").is_ok_and(|f| f == "json");
+    // A second init (tests start several hosts in one process) is harmless.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,187 @@
+//! A weir transform that misbehaves on purpose, so the host's tests can watch it being contained.
+//!
+//! Settings (unknown keys are refused):
+//!
+//! | key       | type   | meaning                                                       |
+//! |-----------|--------|---------------------------------------------------------------|
+//! | `mode`    | string | required: what to do (below)                                  |
+//! | `trigger` | string | a batch is triggered only if some row's payload contains it; absent: every batch is |
+//! | `tag`     | string | the value `tag` mode adds (required by that mode)             |
+//! | `grow_mb` | u32    | MiB `grow` mode allocates, default 1024                       |
+//!
+//! Modes:
+//!
+//! - `pass`: every row `ok`.
+//! - `trap-first-attempt`: panics (a trap) on a triggered batch holding a
+//!   row on its first attempt; otherwise every row `ok`.
+//! - `spin`: loops forever on a triggered batch; otherwise `ok`.
+//! - `grow`: on a triggered batch, allocates and touches `grow_mb` MiB in
+//!   1 MiB chunks, then answers `ok` (the host's memory cap should kill it
+//!   first); otherwise `ok`.
+//! - `tag`: replaces each JSON-object row by one with the field
+//!   `"tag": <tag>` added; other rows `ok`. Ignores `trigger`.
+//! - `trap-init`: `init` panics.
+//! - `fail-init`: `init` returns `Err("chaos: init refused")`.
+
+use std::hint::black_box;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use weir_plugin::transform::{EmittedRow, Guest, Outcome, Row};
+
+const MIB: usize = 1 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    mode: Mode,
+    #[serde(default)]
+    trigger: Option<String>,
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default = "default_grow_mb")]
+    grow_mb: u32,
+}
+
+fn default_grow_mb() -> u32 {
+    1024
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Mode {
+    Pass,
+    TrapFirstAttempt,
+    Spin,
+    Grow,
+    Tag,
+    TrapInit,
+    FailInit,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+struct Chaos;
+
+impl Guest for Chaos {
+    fn init(settings: String) -> Result<(), String> {
+        let settings: Settings = weir_plugin::settings(&settings)?;
+        match settings.mode {
+            Mode::TrapInit => panic!("chaos: trapping in init on purpose"),
+            Mode::FailInit => return Err("chaos: init refused".to_string()),
+            Mode::Tag if settings.tag.is_none() => {
+                return Err("chaos: mode `tag` needs the `tag` setting".to_string());
+            }
+            _ => {}
+        }
+        weir_plugin::log::debug(&format!("chaos: mode {:?}", settings.mode));
+        SETTINGS
+            .set(settings)
+            .map_err(|_| "chaos: init called twice".to_string())
+    }
+
+    fn transform(rows: Vec<Row>) -> Vec<Outcome> {
+        let settings = SETTINGS.get().expect("chaos: transform called before init");
+        let triggered = match &settings.trigger {
+            None => true,
+            Some(needle) => rows
+                .iter()
+                .any(|row| contains(&row.payload, needle.as_bytes())),
+        };
+        match settings.mode {
+            Mode::TrapFirstAttempt if triggered && rows.iter().any(|row| row.attempt == 1) => {
+                panic!("chaos: trapping on a first attempt on purpose")
+            }
+            Mode::Spin if triggered => spin(),
+            Mode::Grow if triggered => grow(settings.grow_mb),
+            Mode::Tag => {
+                let tag = settings.tag.as_deref().expect("checked by init");
+                return rows.into_iter().map(|row| add_tag(row, tag)).collect();
+            }
+            _ => {}
+        }
+        rows.iter().map(|_| Outcome::Ok).collect()
+    }
+}
+
+weir_plugin::export_transform!(Chaos);
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Never returns: the host must interrupt it.
+fn spin() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = black_box(n.wrapping_add(1));
+    }
+}
+
+/// Allocates and touches `mb` MiB, kept alive until the function returns.
+fn grow(mb: u32) {
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    for i in 0..mb as usize {
+        let chunk = vec![(i % 251) as u8 + 1; MIB];
+        chunks.push(black_box(chunk));
+    }
+    weir_plugin::log::info(&format!("chaos: grew {mb} MiB and lived"));
+    black_box(&chunks);
+}
+
+fn add_tag(row: Row, tag: &str) -> Outcome {
+    let Ok(mut object) = serde_json::from_slice::<Map<String, Value>>(&row.payload) else {
+        return Outcome::Ok;
+    };
+    object.insert("tag".to_string(), Value::String(tag.to_string()));
+    Outcome::Emit(vec![EmittedRow {
+        table: None,
+        payload: serde_json::to_vec(&object).expect("a JSON map always serializes"),
+        headers: row.headers,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(payload: &str) -> Row {
+        Row {
+            tenant: "t".into(),
+            table: "events".into(),
+            payload: payload.as_bytes().to_vec(),
+            headers: vec![("h".into(), "v".into())],
+            sequence: 1,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn settings() {
+        let s: Settings = weir_plugin::settings(r#"{"mode": "trap-first-attempt"}"#).unwrap();
+        assert_eq!(s.mode, Mode::TrapFirstAttempt);
+        assert_eq!(s.grow_mb, 1024);
+        let e = weir_plugin::settings::<Settings>("{}").unwrap_err();
+        assert_eq!(e, "settings: missing field `mode`");
+    }
+
+    #[test]
+    fn substring() {
+        assert!(contains(b"hello boom world", b"boom"));
+        assert!(!contains(b"hello", b"boom"));
+        assert!(contains(b"", b""));
+    }
+
+    #[test]
+    fn tags_objects_only() {
+        match add_tag(row(r#"{"a":1}"#), "seen") {
+            Outcome::Emit(rows) => {
+                assert_eq!(rows[0].payload, br#"{"a":1,"tag":"seen"}"#);
+                assert_eq!(rows[0].headers, vec![("h".to_string(), "v".to_string())]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(add_tag(row("[1]"), "seen"), Outcome::Ok));
+    }
+}

@@ -1,0 +1,231 @@
+//! A weir transform that dead-letters rows missing required fields and masks sensitive fields.
+//!
+//! Settings (unknown keys are refused):
+//!
+//! | key          | type                        | default         |
+//! |--------------|-----------------------------|-----------------|
+//! | `required`   | list of top-level fields    | `[]`            |
+//! | `mask`       | list of top-level fields    | `[]`            |
+//! | `mask_with`  | string                      | `"***"`         |
+//! | `on_invalid` | `"dead-letter"` or `"drop"` | `"dead-letter"` |
+//!
+//! A row whose payload is not a JSON object, or that lacks a required field
+//! (absent or `null`), is invalid: it is dead-lettered with the reason, or
+//! dropped (acked, emitting nothing) when `on_invalid = "drop"`. A valid row
+//! that has some masked field is replaced by one row with those values
+//! replaced by `mask_with` (same headers and table); any other valid row
+//! passes unchanged. Counters: `rows_valid`, `rows_invalid`, `fields_masked`.
+
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use weir_plugin::transform::{EmittedRow, Guest, Outcome, Row};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    #[serde(default)]
+    required: Vec<String>,
+    #[serde(default)]
+    mask: Vec<String>,
+    #[serde(default = "default_mask_with")]
+    mask_with: String,
+    #[serde(default)]
+    on_invalid: OnInvalid,
+}
+
+fn default_mask_with() -> String {
+    "***".to_string()
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum OnInvalid {
+    #[default]
+    DeadLetter,
+    Drop,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+struct Validator;
+
+impl Guest for Validator {
+    fn init(settings: String) -> Result<(), String> {
+        let settings: Settings = weir_plugin::settings(&settings)?;
+        SETTINGS
+            .set(settings)
+            .map_err(|_| "validator: init called twice".to_string())
+    }
+
+    fn transform(rows: Vec<Row>) -> Vec<Outcome> {
+        let settings = SETTINGS
+            .get()
+            .expect("validator: transform called before init");
+        let mut tally = Tally::default();
+        let outcomes = rows
+            .into_iter()
+            .map(|row| check(settings, row, &mut tally))
+            .collect();
+        tally.report();
+        outcomes
+    }
+}
+
+weir_plugin::export_transform!(Validator);
+
+#[derive(Default)]
+struct Tally {
+    valid: u64,
+    invalid: u64,
+    masked: u64,
+}
+
+impl Tally {
+    fn report(&self) {
+        for (name, delta) in [
+            ("rows_valid", self.valid),
+            ("rows_invalid", self.invalid),
+            ("fields_masked", self.masked),
+        ] {
+            if delta > 0 {
+                weir_plugin::counter(name, delta);
+            }
+        }
+    }
+}
+
+fn check(settings: &Settings, row: Row, tally: &mut Tally) -> Outcome {
+    let invalid = |tally: &mut Tally, reason: String| {
+        tally.invalid += 1;
+        match settings.on_invalid {
+            OnInvalid::DeadLetter => Outcome::DeadLetter(reason),
+            OnInvalid::Drop => Outcome::Emit(Vec::new()),
+        }
+    };
+
+    let mut object: Map<String, Value> = match serde_json::from_slice(&row.payload) {
+        Ok(object) => object,
+        Err(e) => return invalid(tally, format!("payload is not a JSON object: {e}")),
+    };
+    if let Some(field) = settings
+        .required
+        .iter()
+        .find(|field| object.get(field.as_str()).is_none_or(Value::is_null))
+    {
+        return invalid(tally, format!("missing required field `{field}`"));
+    }
+    tally.valid += 1;
+
+    let mut masked = 0;
+    for field in &settings.mask {
+        if let Some(value) = object.get_mut(field.as_str()) {
+            *value = Value::String(settings.mask_with.clone());
+            masked += 1;
+        }
+    }
+    if masked == 0 {
+        return Outcome::Ok;
+    }
+    tally.masked += masked;
+    let payload = serde_json::to_vec(&object).expect("a JSON map always serializes");
+    Outcome::Emit(vec![EmittedRow {
+        table: None,
+        payload,
+        headers: row.headers,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(json: &str) -> Settings {
+        weir_plugin::settings(json).unwrap()
+    }
+
+    fn row(payload: &str) -> Row {
+        Row {
+            tenant: "t".into(),
+            table: "events".into(),
+            payload: payload.as_bytes().to_vec(),
+            headers: vec![("h".into(), "v".into())],
+            sequence: 7,
+            attempt: 1,
+        }
+    }
+
+    fn run(settings: &Settings, payload: &str) -> (Outcome, Tally) {
+        let mut tally = Tally::default();
+        (check(settings, row(payload), &mut tally), tally)
+    }
+
+    #[test]
+    fn refuses_bad_settings() {
+        let e = weir_plugin::settings::<Settings>(r#"{"requird": ["a"]}"#).unwrap_err();
+        assert!(e.contains("unknown field `requird`"), "{e}");
+        let e = weir_plugin::settings::<Settings>(r#"{"on_invalid": "ignore"}"#).unwrap_err();
+        assert!(
+            e.starts_with("settings.on_invalid: unknown variant `ignore`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn not_an_object() {
+        let s = settings("{}");
+        let (outcome, tally) = run(&s, "[1, 2]");
+        match outcome {
+            Outcome::DeadLetter(reason) => {
+                assert!(
+                    reason.starts_with("payload is not a JSON object: invalid type"),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(tally.invalid, 1);
+        assert!(matches!(run(&s, "{oops").0, Outcome::DeadLetter(_)));
+    }
+
+    #[test]
+    fn required_fields() {
+        let s = settings(r#"{"required": ["id", "ts"]}"#);
+        assert!(matches!(run(&s, r#"{"id": 1, "ts": 2}"#).0, Outcome::Ok));
+        for payload in [r#"{"id": 1}"#, r#"{"id": 1, "ts": null}"#] {
+            match run(&s, payload).0 {
+                Outcome::DeadLetter(reason) => assert_eq!(reason, "missing required field `ts`"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let s = settings(r#"{"required": ["id"], "on_invalid": "drop"}"#);
+        match run(&s, "{}") {
+            (Outcome::Emit(rows), tally) => {
+                assert!(rows.is_empty());
+                assert_eq!((tally.valid, tally.invalid), (0, 1));
+            }
+            other => panic!("{other:?}", other = other.0),
+        }
+    }
+
+    #[test]
+    fn masks_and_keeps_order_and_headers() {
+        let s = settings(r#"{"mask": ["ssn", "card"], "mask_with": "X"}"#);
+        match run(&s, r#"{"z": 1, "ssn": "123", "a": {"ssn": 1}}"#) {
+            (Outcome::Emit(rows), tally) => {
+                assert_eq!(rows.len(), 1);
+                let out = &rows[0];
+                assert_eq!(
+                    std::str::from_utf8(&out.payload).unwrap(),
+                    r#"{"z":1,"ssn":"X","a":{"ssn":1}}"#
+                );
+                assert_eq!(out.table, None);
+                assert_eq!(out.headers, vec![("h".to_string(), "v".to_string())]);
+                assert_eq!((tally.valid, tally.masked), (1, 1));
+            }
+            other => panic!("{other:?}", other = other.0),
+        }
+        assert!(matches!(run(&s, r#"{"name": "x"}"#).0, Outcome::Ok));
+    }
+}

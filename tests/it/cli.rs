@@ -1,0 +1,160 @@
+//! The `weir` binary: exits cleanly on SIGTERM taking its embedded
+//! nats-server with it, and refuses bad configs with file:line:col.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{ACME_KEY, base_config, eventually, plugins_dir};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Child processes of `pid` (Linux /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                found.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// The base config with the embedded default (no [nats] url) on `port`.
+fn embedded_config(dir: &Path, port: u16) -> std::path::PathBuf {
+    let text = base_config("REMOVED", "")
+        .replace(
+            "[nats]\nurl = \"REMOVED\"\n",
+            "[nats]\nsync = \"periodic\"\n",
+        )
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        );
+    let path = dir.join("weir.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = embedded_config(dir.path(), port);
+    let mut weir = Command::new(WEIR)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    eventually(Duration::from_secs(60), "weir to be ready", || async {
+        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+        ready.status().is_success().then_some(())
+    })
+    .await;
+    let servers = children(weir.id());
+    assert_eq!(
+        servers.len(),
+        1,
+        "weir runs one nats-server child: {servers:?}"
+    );
+
+    // Rows flow through the embedded server too.
+    let response = http
+        .post(format!("{base}/v1/ingest/orders"))
+        .bearer_auth(ACME_KEY)
+        .body("{\"id\":7}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    eventually(Duration::from_secs(20), "the row in the sink", || async {
+        std::fs::read_to_string(dir.path().join("out/acme/orders.ndjson"))
+            .ok()
+            .filter(|t| t == "{\"id\":7}\n")
+    })
+    .await;
+
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(weir.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = weir.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "weir did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "clean exit: {status:?}");
+    assert!(!alive(servers[0]), "the embedded nats-server is gone");
+}
+
+#[test]
+fn an_invalid_config_exits_non_zero_naming_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:0\"\n[delivery]\nbatch_rows = \"many\"\n",
+    )
+    .unwrap();
+    let output = Command::new(WEIR)
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:3:14: invalid type: string \"many\", expected usize",
+            path.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_wasm_is_named_by_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let text =
+        base_config("nats://127.0.0.1:1", "").replace("weir_validator.wasm", "weir_nothing.wasm");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(WEIR)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let expected = format!(
+        "plugin `validate`: wasm file {} does not exist",
+        plugins_dir().join("weir_nothing.wasm").display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(stderr.contains(&format!("{}:", path.display())), "{stderr}");
+}

@@ -1,0 +1,10 @@
+//! weir's integration tests: ONE test binary, a module per area, helpers in
+//! `support`. Every test runs against a real nats-server on a free loopback
+//! port and loads real plugins built from `plugins/` for wasm32-wasip2.
+
+mod support;
+
+mod cli;
+mod delivery;
+mod front_door;
+mod sandbox;

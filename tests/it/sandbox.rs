@@ -1,0 +1,230 @@
+//! A plugin that traps, spins or eats memory fails its own call only: the
+//! host goes on, other pipelines keep delivering, and the rows come back.
+
+use std::time::Duration;
+
+use weir::config::{Config, Overrides};
+use weir::dead_letter::headers;
+use weir::host::{RunningHost, StartError};
+use weir::sandbox::LoadError;
+
+use crate::support::{Nats, TestHost, base_config, eventually, orders, read_stream};
+
+/// A pipeline of the chaos plugin in `mode` for `table`, then the file sink.
+fn chaos_pipeline(table: &str, settings: &str, limits: &str) -> String {
+    format!(
+        r#"
+[plugins.chaos_{table}]
+wasm = "weir_chaos.wasm"
+world = "transform"
+settings = {{ {settings} }}
+{limits}
+
+[[pipelines]]
+tables = ["{table}"]
+transforms = ["chaos_{table}"]
+sink = "files"
+"#
+    )
+}
+
+async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
+    let client = nats.client().await;
+    eventually(Duration::from_secs(30), "dead letters", || async {
+        let letters = read_stream(&client, "weir_dlq").await;
+        (letters.len() >= count).then(|| {
+            letters
+                .iter()
+                .map(|l| {
+                    l.headers
+                        .as_ref()
+                        .and_then(|h| h.get(headers::REASON))
+                        .map(|v| v.to_string())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_traps_is_retried_and_delivered_once_the_plugin_stops_trapping() {
+    let nats = Nats::start();
+    let extra = chaos_pipeline("flaky", "mode = \"trap-first-attempt\"", "");
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("flaky", orders(0, 5)).await;
+    assert_eq!(response.status(), 202);
+    let lines = eventually(
+        Duration::from_secs(20),
+        "5 rows after the retry",
+        || async {
+            let lines = host.sink_lines("flaky");
+            (lines.len() >= 5).then_some(lines)
+        },
+    )
+    .await;
+    assert_eq!(lines.len(), 5);
+    let metrics = host
+        .http
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weir_plugin_failures_total{plugin=\"chaos_flaky\"} 1"),
+        "the trap is counted:\n{metrics}"
+    );
+    let report = host.host.status().report().await;
+    assert_eq!(report.rows.delivered, 5);
+    assert!(report.rows.retried >= 5);
+
+    // The host still serves the other pipeline.
+    assert_eq!(host.ingest("orders", orders(0, 3)).await.status(), 202);
+    eventually(Duration::from_secs(20), "orders delivered", || async {
+        (host.sink_lines("orders").len() == 3).then_some(())
+    })
+    .await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runaway_loop_is_cut_off_at_its_deadline_and_others_keep_flowing() {
+    let nats = Nats::start();
+    let extra = chaos_pipeline("spin", "mode = \"spin\"", "deadline_ms = 200");
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    assert_eq!(host.ingest("spin", orders(0, 1)).await.status(), 202);
+    assert_eq!(host.ingest("orders", orders(0, 20)).await.status(), 202);
+    eventually(
+        Duration::from_secs(20),
+        "orders delivered beside the spinner",
+        || async { (host.sink_lines("orders").len() == 20).then_some(()) },
+    )
+    .await;
+    // max_deliveries = 3: after three interrupted calls the row is dead-lettered.
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].starts_with(
+            "gave up after 3 deliveries: plugin `chaos_spin` ran past its deadline of 200 ms"
+        ),
+        "{reasons:?}"
+    );
+    assert!(host.sink_lines("spin").is_empty());
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_bomb_fails_only_its_own_call() {
+    let nats = Nats::start();
+    let extra = chaos_pipeline(
+        "bomb",
+        "mode = \"grow\", grow_mb = 256, trigger = \"boom\"",
+        "memory_mb = 32",
+    );
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    assert_eq!(
+        host.ingest("bomb", "{\"id\":1,\"boom\":true}\n")
+            .await
+            .status(),
+        202
+    );
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].contains("plugin `chaos_bomb` tried to grow memory past its cap of 32 MiB"),
+        "{reasons:?}"
+    );
+    // The same plugin serves the next batch from a fresh instance.
+    assert_eq!(host.ingest("bomb", "{\"id\":2}\n").await.status(), 202);
+    eventually(
+        Duration::from_secs(20),
+        "a harmless row delivered",
+        || async { (host.sink_lines("bomb") == vec!["{\"id\":2}".to_string()]).then_some(()) },
+    )
+    .await;
+    host.shutdown().await;
+}
+
+async fn start_error(config_text: &str) -> StartError {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let config = Config::load(&path, &Overrides::default()).expect("valid config");
+    match RunningHost::start(config).await {
+        Ok(host) => {
+            host.shutdown().await;
+            panic!("the host started");
+        }
+        Err(err) => err,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_of_the_wrong_world_is_refused_naming_what_is_missing() {
+    let nats = Nats::start();
+    let extra = r#"
+[plugins.not_a_transform]
+wasm = "weir_ndjson_sink.wasm"
+world = "transform"
+"#;
+    let err = start_error(&base_config(nats.url(), extra)).await;
+    let StartError::Plugin(LoadError::WrongWorld {
+        plugin, missing, ..
+    }) = &err
+    else {
+        panic!("expected a wrong-world error, got {err}");
+    };
+    assert_eq!(plugin, "not_a_transform");
+    assert!(missing.starts_with("`transform`"), "{missing}");
+    let message = err.to_string();
+    assert!(
+        message.contains("weir_ndjson_sink.wasm does not implement world `weir:plugin/transform@0.1.0`: missing export `transform`"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_that_fails_or_traps_in_init_is_refused() {
+    let nats = Nats::start();
+    for (mode, expected) in [
+        (
+            "fail-init",
+            "init refused its settings: chaos: init refused",
+        ),
+        ("trap-init", "trapped"),
+    ] {
+        let extra = chaos_pipeline("bad", &format!("mode = \"{mode}\""), "");
+        let err = start_error(&base_config(nats.url(), &extra)).await;
+        assert!(
+            matches!(err, StartError::Plugin(LoadError::Init { .. })),
+            "{err}"
+        );
+        assert!(err.to_string().contains(expected), "{mode}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_that_is_not_a_component_is_refused() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("junk.wasm"), b"not wasm at all").unwrap();
+    let extra = format!(
+        "[plugins.junk]\nwasm = \"{}\"\nworld = \"transform\"\n",
+        dir.path().join("junk.wasm").display()
+    );
+    let err = start_error(&base_config(nats.url(), &extra)).await;
+    assert!(
+        matches!(err, StartError::Plugin(LoadError::Compile { .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("junk.wasm is not a valid WebAssembly component"),
+        "{err}"
+    );
+}

@@ -1,0 +1,232 @@
+//! Shared test helpers: a nats-server guard, a host started in-process from
+//! a TOML written to a temp dir, and small waiting and reading helpers.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use weir::config::{Config, Overrides, SyncPolicy};
+use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
+use weir::host::RunningHost;
+
+/// An API key of the test tenant `acme`.
+pub const ACME_KEY: &str = "acme-key-123";
+
+/// A nats-server of the test's own, stopped and its data removed on drop.
+pub struct Nats {
+    pub server: EmbeddedNats,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = EmbeddedNats::start(&EmbeddedOptions {
+            binary: None,
+            data_dir: dir.path().to_path_buf(),
+            // Tests need speed, not power-loss durability.
+            sync: SyncPolicy::Periodic,
+            port: None,
+        })
+        .expect("nats-server >= 2.11 must be installed (bash .ci/setup does it)");
+        Nats { server, _dir: dir }
+    }
+
+    pub fn url(&self) -> &str {
+        self.server.url()
+    }
+
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url())
+            .await
+            .expect("connect to test nats")
+    }
+}
+
+/// The folder holding the built test plugins.
+pub fn plugins_dir() -> PathBuf {
+    Path::new(weir_test_artifacts::VALIDATOR)
+        .parent()
+        .expect("plugin path has a folder")
+        .to_path_buf()
+}
+
+/// The config every test starts from: tenant `acme`, table `orders` through
+/// the validator (requires `id`, masks `email`) into the NDJSON file sink.
+/// `extra` is appended (more plugins and pipelines).
+pub fn base_config(nats_url: &str, extra: &str) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "data"
+plugins_dir = "{plugins}"
+max_body_bytes = 1048576
+
+[nats]
+url = "{nats_url}"
+
+[delivery]
+batch_wait_ms = 5
+failure_delay_ms = 100
+max_deliveries = 3
+
+[[tenants]]
+name = "acme"
+api_keys = ["{ACME_KEY}"]
+
+[plugins.validate]
+wasm = "weir_validator.wasm"
+world = "transform"
+settings = {{ required = ["id"], mask = ["email"] }}
+
+[plugins.files]
+wasm = "weir_ndjson_sink.wasm"
+world = "sink"
+grants.dirs = [{{ host = "out", guest = "/out", writable = true }}]
+
+[[pipelines]]
+tables = ["orders"]
+transforms = ["validate"]
+sink = "files"
+{extra}
+"#,
+        plugins = plugins_dir().display(),
+    )
+}
+
+/// A host running in this process, with its own temp dir.
+pub struct TestHost {
+    pub host: RunningHost,
+    pub dir: tempfile::TempDir,
+    pub http: reqwest::Client,
+}
+
+impl TestHost {
+    pub async fn start(config_text: &str) -> TestHost {
+        // Logs only when asked for: WEIR_LOG=debug cargo test …
+        if std::env::var_os("WEIR_LOG").is_some() {
+            weir::telemetry::init_logging();
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, config_text).expect("write config");
+        let config = Config::load(&path, &Overrides::default()).expect("valid config");
+        let host = RunningHost::start(config).await.expect("host starts");
+        TestHost {
+            host,
+            dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.host.http_addr())
+    }
+
+    /// POSTs an NDJSON body to `/v1/ingest/{table}` as tenant `acme`.
+    pub async fn ingest(&self, table: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(self.url(&format!("/v1/ingest/{table}")))
+            .bearer_auth(ACME_KEY)
+            .body(body)
+            .send()
+            .await
+            .expect("front door answers")
+    }
+
+    /// The lines the file sink wrote for `acme`/`table`.
+    pub fn sink_lines(&self, table: &str) -> Vec<String> {
+        let path = self
+            .dir
+            .path()
+            .join("out")
+            .join("acme")
+            .join(format!("{table}.ndjson"));
+        std::fs::read_to_string(path)
+            .map(|text| text.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    pub async fn shutdown(self) {
+        self.host.shutdown().await;
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every message stored in `stream` (read with a throwaway consumer).
+pub async fn read_stream(
+    client: &async_nats::Client,
+    stream: &str,
+) -> Vec<async_nats::jetstream::Message> {
+    let js = jetstream::new(client.clone());
+    let stream = js.get_stream(stream).await.expect("stream exists");
+    let count = stream.get_info().await.expect("stream info").state.messages as usize;
+    if count == 0 {
+        return Vec::new();
+    }
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::All,
+            inactive_threshold: Duration::from_secs(5),
+            ..Default::default()
+        })
+        .await
+        .expect("reader consumer");
+    let mut messages = reader
+        .fetch()
+        .max_messages(count)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut found = Vec::new();
+    while let Some(message) = messages.next().await {
+        found.push(message.expect("message"));
+    }
+    found
+}
+
+/// Unacked plus undelivered rows of the host's only unit.
+pub async fn backlog(client: &async_nats::Client) -> (u64, usize, u64) {
+    let js = jetstream::new(client.clone());
+    let mut stream = js.get_stream("weir_in_0").await.expect("partition stream");
+    let info = stream
+        .consumer_info("weir_in_0_0")
+        .await
+        .expect("consumer info");
+    let messages = stream.info().await.expect("stream info").state.messages;
+    (info.num_pending, info.num_ack_pending, messages)
+}
+
+/// NDJSON of `count` valid order rows with ids `start..start+count`.
+pub fn orders(start: usize, count: usize) -> String {
+    (start..start + count)
+        .map(|id| {
+            format!(
+                "{{\"id\":{id},\"email\":\"user{id}@example.com\",\"amount\":{}}}\n",
+                id % 97
+            )
+        })
+        .collect()
+}
