@@ -158,3 +158,58 @@ fn a_missing_wasm_is_named_by_its_path() {
     assert!(stderr.contains(&expected), "{stderr}");
     assert!(stderr.contains(&format!("{}:", path.display())), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_send_posts_a_file_in_chunks_and_names_the_file_line_it_was_refused_at() {
+    let nats = crate::support::Nats::start();
+    let host = crate::support::TestHost::start(&base_config(nats.url(), "")).await;
+    let file = host.dir.path().join("rows.ndjson");
+    let send = |file: &Path| {
+        Command::new(WEIR)
+            .args([
+                "send",
+                "--table",
+                "orders",
+                "--chunk-rows",
+                "1000",
+                "--key",
+                ACME_KEY,
+                "--url",
+            ])
+            .arg(host.url(""))
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+
+    std::fs::write(&file, crate::support::orders(0, 2500)).unwrap();
+    let output = tokio::task::block_in_place(|| send(&file));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "2500 rows accepted"
+    );
+
+    let mut text = crate::support::orders(10_000, 2500);
+    text.push_str("{\"id\": broken\n");
+    std::fs::write(&file, text).unwrap();
+    let output = tokio::task::block_in_place(|| send(&file));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:2501: refused (400): line 501: invalid JSON",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("(2000 rows were accepted before it)"),
+        "{stderr}"
+    );
+    host.shutdown().await;
+}
