@@ -19,6 +19,14 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
 /// Default CPU deadline of one plugin call.
 pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
+/// Longest tenant or table name, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Default shards per partition: enough units to spread a few hosts' work.
+pub const DEFAULT_SHARDS: u32 = 4;
+/// Partition streams a topology may have.
+pub const MAX_PARTITIONS: u32 = 64;
+/// Shards per partition; below the per-stream consumer limit weir sets.
+pub const MAX_SHARDS: u32 = 200;
 /// The pooling allocator reserves this much address space per memory, so no
 /// plugin may ask for more.
 pub const MAX_PLUGIN_MEMORY_MB: u32 = 4_096;
@@ -124,6 +132,10 @@ pub enum SyncPolicy {
 pub struct StreamConfig {
     /// Prefix of every subject and stream name weir uses.
     pub prefix: String,
+    /// N: partition streams.
+    pub partitions: u32,
+    /// V: shards per partition; a unit is one shard's durable consumer.
+    pub shards: u32,
     /// Byte limit of a partition stream; past it, publishes are refused.
     pub max_bytes: i64,
     /// Window in which a repeated message id is stored only once.
@@ -242,6 +254,8 @@ struct RawNats {
 #[serde(deny_unknown_fields)]
 struct RawStream {
     prefix: Option<Spanned<String>>,
+    partitions: Option<Spanned<u32>>,
+    shards: Option<Spanned<u32>>,
     max_bytes: Option<i64>,
     duplicate_window_secs: Option<u64>,
 }
@@ -394,8 +408,34 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Names become NATS subject tokens: keep them to a safe alphabet.
+    /// Tenant and table names are encoded into subject tokens, so any
+    /// printable text will do; only emptiness, control characters and
+    /// absurd lengths are refused.
     fn check_name(&self, what: &str, name: &Spanned<String>) {
+        let value = name.get_ref();
+        if value.is_empty() || value.len() > MAX_NAME_BYTES || value.chars().any(char::is_control) {
+            self.report(
+                name.span().start,
+                format!("{what} `{value}` must be 1 to {MAX_NAME_BYTES} bytes without control characters"),
+            );
+        }
+    }
+
+    /// A count in `1..=max`, `default` when absent.
+    fn check_count(&self, what: &str, value: Option<&Spanned<u32>>, default: u32, max: u32) -> u32 {
+        let Some(value) = value else { return default };
+        if !(1..=max).contains(value.get_ref()) {
+            self.report(
+                value.span().start,
+                format!("{what} must be between 1 and {max}"),
+            );
+            return default;
+        }
+        *value.get_ref()
+    }
+
+    /// Names used verbatim in stream and consumer names: a safe alphabet.
+    fn check_token(&self, what: &str, name: &Spanned<String>) {
         let value = name.get_ref();
         let ok = !value.is_empty()
             && value.len() <= 64
@@ -440,9 +480,23 @@ impl<'a> Checker<'a> {
             .prefix
             .clone()
             .unwrap_or_else(|| Spanned::new(0..0, "weir".to_string()));
-        self.check_name("stream prefix", &prefix);
+        self.check_token("stream prefix", &prefix);
+        let partitions = self.check_count(
+            "partitions",
+            raw.stream.partitions.as_ref(),
+            1,
+            MAX_PARTITIONS,
+        );
+        let shards = self.check_count(
+            "shards",
+            raw.stream.shards.as_ref(),
+            DEFAULT_SHARDS,
+            MAX_SHARDS,
+        );
         let stream = StreamConfig {
             prefix: prefix.into_inner(),
+            partitions,
+            shards,
             max_bytes: raw.stream.max_bytes.unwrap_or(1 << 30),
             duplicate_window: Duration::from_secs(raw.stream.duplicate_window_secs.unwrap_or(120)),
         };
@@ -494,7 +548,7 @@ impl<'a> Checker<'a> {
         let plugins_dir = self.resolve(raw.plugins_dir.as_deref().unwrap_or("plugins"));
         let mut plugins = BTreeMap::new();
         for (name, plugin) in raw.plugins {
-            self.check_name("plugin", &name);
+            self.check_token("plugin", &name);
             let wasm = plugins_dir.join(plugin.wasm.get_ref());
             if !wasm.is_file() {
                 self.report(
@@ -674,11 +728,11 @@ mod tests {
     #[test]
     fn every_semantic_problem_is_reported_at_once() {
         let found = problems(concat!(
-            "[[tenants]]\nname = \"bad tenant\"\napi_keys = [\"short\"]\n",
+            "[[tenants]]\nname = \"bad\ttenant\"\napi_keys = [\"short\"]\n",
             "[[pipelines]]\ntables = [\"orders\"]\ntransforms = [\"nope\"]\n",
         ));
         assert_eq!(found.len(), 3, "{found:?}");
-        assert!(found[0].contains(":2:8: tenant `bad tenant`"), "{found:?}");
+        assert!(found[0].contains(":2:8: tenant `bad\ttenant`"), "{found:?}");
         assert!(found[1].contains(":3:13: an api key must be"), "{found:?}");
         assert!(
             found[2].contains(":6:15: pipeline uses unknown plugin `nope`"),

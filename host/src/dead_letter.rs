@@ -1,6 +1,8 @@
 //! Dead letters: rows no pipeline could deliver, kept in their own stream
 //! with the original payload and headers plus why, where and how often.
 
+use std::borrow::Cow;
+
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
@@ -26,8 +28,8 @@ const MAX_REASON_BYTES: usize = 1024;
 /// One row on its way to the dead-letter stream.
 #[derive(Debug)]
 pub struct DeadLetter<'a> {
-    pub tenant: &'a str,
-    pub table: &'a str,
+    pub tenant: Cow<'a, str>,
+    pub table: Cow<'a, str>,
     pub reason: &'a str,
     /// Name and version of the plugin that gave up on the row, if one did.
     pub plugin: Option<(&'a str, &'a str)>,
@@ -55,7 +57,9 @@ impl DeadLetters {
     /// A row may be acked only if its letter's result is `Ok`.
     pub async fn publish_all(&self, letters: Vec<DeadLetter<'_>>) -> Vec<Result<(), String>> {
         let sends = letters.into_iter().map(|letter| async move {
-            let subject = self.router.dead_letter_subject(letter.tenant, letter.table);
+            let subject = self
+                .router
+                .dead_letter_subject(&letter.tenant, &letter.table);
             // Same id for the same row and delivery: a retried publish after a
             // lost PubAck is stored once.
             let message_id = format!(
@@ -79,8 +83,8 @@ impl DeadLetters {
 
 fn letter_headers(letter: &DeadLetter<'_>) -> HeaderMap {
     let mut headers = letter.original_headers.cloned().unwrap_or_default();
-    headers.insert(headers::TENANT, letter.tenant);
-    headers.insert(headers::TABLE, letter.table);
+    headers.insert(headers::TENANT, letter.tenant.as_ref());
+    headers.insert(headers::TABLE, letter.table.as_ref());
     headers.insert(headers::REASON, header_safe(letter.reason).as_str());
     if let Some((plugin, version)) = letter.plugin {
         headers.insert(headers::PLUGIN, plugin);

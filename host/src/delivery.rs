@@ -6,6 +6,7 @@
 //! with it, or after its dead letter was stored. A crash at any point before
 //! that means redelivery, never loss.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,7 +240,7 @@ impl UnitWorker {
             .map_err(|err| err.to_string())?;
         let pipeline = self
             .pipelines
-            .index_of(table)
+            .index_of(&table)
             .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
         let headers = message
             .headers
@@ -256,8 +257,8 @@ impl UnitWorker {
             })
             .unwrap_or_default();
         let row = Row {
-            tenant: tenant.to_string(),
-            table: table.to_string(),
+            tenant: tenant.into_owned(),
+            table: table.into_owned(),
             payload: message.payload.to_vec(),
             headers,
             sequence: info.stream_sequence,
@@ -294,7 +295,7 @@ impl Settler {
                 let (tenant, table) = self
                     .router
                     .parse(message.subject.as_str())
-                    .unwrap_or(("unknown", "unknown"));
+                    .unwrap_or((Cow::Borrowed("unknown"), Cow::Borrowed("unknown")));
                 letters.push(DeadLetter {
                     tenant,
                     table,

@@ -95,7 +95,11 @@ impl RunningHost {
         };
         let client = connect(&nats_url).await?;
         let js = jetstream::new(client.clone());
-        let router = Router::new(&config.stream.prefix);
+        let router = Router::new(
+            &config.stream.prefix,
+            config.stream.partitions,
+            config.stream.shards,
+        );
         topology::ensure(&js, &router, &config.stream, &config.delivery).await?;
 
         let sandbox = Arc::new(Sandbox::new(metrics.clone())?);
@@ -115,7 +119,7 @@ impl RunningHost {
 
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
-        for unit in topology::units() {
+        for unit in router.units() {
             let worker = UnitWorker::new(
                 js.clone(),
                 router.clone(),

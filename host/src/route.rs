@@ -1,23 +1,46 @@
-//! Where a row goes: the subject it is published on, and back from a subject
-//! to its tenant and table.
+//! Where a row goes: the unit (partition stream and shard) that stores a
+//! table's rows, the subject it is published on, and back from a subject to
+//! its tenant and table.
 //!
-//! Subjects are `<prefix>.in.<partition>.<shard>.<tenant>.<table>`. For now
-//! every row goes to partition 0, shard 0; the partitioned topology replaces
-//! [`Router::route`] without changing the subject layout.
+//! Subjects are `<prefix>.in.<partition>.<shard>.<tenant>.<table>`. The
+//! default route hashes tenant and table: one 64-bit hash picks the partition
+//! with jump consistent hashing, an independent one picks the shard. Every
+//! table lives in exactly one unit, so its rows keep their order.
+//!
+//! Architecture invariant: the mapping never changes between versions for
+//! the same N and V (golden vectors below pin it) — a rolling upgrade must
+//! never move a table.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// One shard's slice of a partition stream: what a consumer pulls from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of the partition hash. Changing it moves every table.
+const PARTITION_SEED: u64 = 0x7765_6972_5f70_6172; // "weir_par"
+/// Seed of the shard hash: independent of the partition hash, or the shards
+/// of a partition would only see the tables that hash to it alike.
+const SHARD_SEED: u64 = 0x7765_6972_5f73_6864; // "weir_shd"
+/// Separates tenant from table in the hashed key; cannot occur in either
+/// (names are UTF-8 and this byte is invalid UTF-8).
+const KEY_SEPARATOR: u8 = 0xff;
+/// Escapes a byte in an encoded subject token: `~` + two hex digits.
+const ESCAPE: char = '~';
+
+/// One shard's slice of a partition stream: what a durable consumer pulls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Unit {
     pub partition: u32,
     pub shard: u32,
 }
 
-/// Names every subject, stream and consumer weir uses under one prefix.
+/// Names every subject, stream and consumer weir uses under one prefix, for
+/// a topology of `partitions` × `shards` units.
 #[derive(Debug, Clone)]
 pub struct Router {
     prefix: String,
+    partitions: u32,
+    shards: u32,
 }
 
 /// A subject that is not one of weir's row subjects.
@@ -26,9 +49,12 @@ pub struct Router {
 pub struct NotARowSubject(pub String);
 
 impl Router {
-    pub fn new(prefix: &str) -> Self {
+    /// `partitions` and `shards` are at least 1 (config validation sees to it).
+    pub fn new(prefix: &str, partitions: u32, shards: u32) -> Self {
         Router {
             prefix: prefix.to_string(),
+            partitions: partitions.max(1),
+            shards: shards.max(1),
         }
     }
 
@@ -36,19 +62,34 @@ impl Router {
         &self.prefix
     }
 
-    /// The unit that stores a table's rows.
-    pub fn route(&self, _tenant: &str, _table: &str) -> Unit {
+    /// Every unit of the topology, partition-major.
+    pub fn units(&self) -> Vec<Unit> {
+        (0..self.partitions)
+            .flat_map(|partition| (0..self.shards).map(move |shard| Unit { partition, shard }))
+            .collect()
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The unit that stores a table's rows (the default route).
+    pub fn route(&self, tenant: &str, table: &str) -> Unit {
+        let mut key = Vec::with_capacity(tenant.len() + table.len() + 1);
+        key.extend_from_slice(tenant.as_bytes());
+        key.push(KEY_SEPARATOR);
+        key.extend_from_slice(table.as_bytes());
         Unit {
-            partition: 0,
-            shard: 0,
+            partition: jump_hash(xxh3_64_with_seed(&key, PARTITION_SEED), self.partitions),
+            shard: jump_hash(xxh3_64_with_seed(&key, SHARD_SEED), self.shards),
         }
     }
 
-    /// The subject a row of `tenant`/`table` is published on. Tenant and table
-    /// names are validated subject tokens (see `config`).
+    /// The subject a row of `tenant`/`table` is published on.
     pub fn subject(&self, unit: Unit, tenant: &str, table: &str) -> String {
+        let (tenant, table) = (encode_token(tenant), encode_token(table));
         let mut subject =
-            String::with_capacity(self.prefix.len() + tenant.len() + table.len() + 16);
+            String::with_capacity(self.prefix.len() + tenant.len() + table.len() + 24);
         let _ = write!(
             subject,
             "{}.in.{}.{}.{tenant}.{table}",
@@ -57,8 +98,11 @@ impl Router {
         subject
     }
 
-    /// Tenant and table of a row subject, borrowed from it.
-    pub fn parse<'s>(&self, subject: &'s str) -> Result<(&'s str, &'s str), NotARowSubject> {
+    /// Tenant and table of a row subject, decoded.
+    pub fn parse<'s>(
+        &self,
+        subject: &'s str,
+    ) -> Result<(Cow<'s, str>, Cow<'s, str>), NotARowSubject> {
         let not_row = || NotARowSubject(subject.to_string());
         let rest = subject
             .strip_prefix(self.prefix.as_str())
@@ -67,9 +111,10 @@ impl Router {
         let mut tokens = rest.splitn(4, '.');
         let (_partition, _shard) = (tokens.next(), tokens.next());
         match (tokens.next(), tokens.next()) {
-            (Some(tenant), Some(table)) if !tenant.is_empty() && !table.is_empty() => {
-                Ok((tenant, table))
-            }
+            (Some(tenant), Some(table)) if !tenant.is_empty() && !table.is_empty() => Ok((
+                decode_token(tenant).ok_or_else(not_row)?,
+                decode_token(table).ok_or_else(not_row)?,
+            )),
             _ => Err(not_row()),
         }
     }
@@ -84,7 +129,8 @@ impl Router {
         format!("{}.in.{partition}.>", self.prefix)
     }
 
-    /// The durable consumer of a unit; stable as shards are added.
+    /// The durable consumer of a unit. Named by partition and shard only, so
+    /// adding shards never renames an existing durable.
     pub fn unit_consumer(&self, unit: Unit) -> String {
         format!("{}_in_{}_{}", self.prefix, unit.partition, unit.shard)
     }
@@ -101,7 +147,12 @@ impl Router {
 
     /// The subject a dead row of `tenant`/`table` goes to.
     pub fn dead_letter_subject(&self, tenant: &str, table: &str) -> String {
-        format!("{}.dlq.{tenant}.{table}", self.prefix)
+        format!(
+            "{}.dlq.{}.{}",
+            self.prefix,
+            encode_token(tenant),
+            encode_token(table)
+        )
     }
 
     /// Every dead-letter subject.
@@ -110,26 +161,197 @@ impl Router {
     }
 }
 
+/// Jump consistent hashing (Lamping & Veach, 2014): maps a key to one of
+/// `buckets`, moving only 1/n of the keys when a bucket is added.
+pub fn jump_hash(mut key: u64, buckets: u32) -> u32 {
+    let (mut b, mut j): (i64, i64) = (-1, 0);
+    while j < i64::from(buckets) {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as u32
+}
+
+/// Makes any name a valid subject token, reversibly: `A-Z a-z 0-9 _ -` stay,
+/// every other byte becomes `~XX`. Plain names are borrowed unchanged.
+pub fn encode_token(name: &str) -> Cow<'_, str> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    if !name.is_empty() && name.bytes().all(plain) {
+        return Cow::Borrowed(name);
+    }
+    let mut encoded = String::with_capacity(name.len() * 3);
+    for byte in name.bytes() {
+        if plain(byte) {
+            encoded.push(byte as char);
+        } else {
+            let _ = write!(encoded, "{ESCAPE}{byte:02X}");
+        }
+    }
+    Cow::Owned(encoded)
+}
+
+/// The inverse of [`encode_token`]; `None` for a token it cannot have made.
+pub fn decode_token(token: &str) -> Option<Cow<'_, str>> {
+    if !token.contains(ESCAPE) {
+        return Some(Cow::Borrowed(token));
+    }
+    let bytes = token.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == ESCAPE as u8 {
+            let hex = token.get(index + 1..index + 3)?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            decoded.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(decoded).ok().map(Cow::Owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn subject_round_trips() {
-        let router = Router::new("weir");
+        let router = Router::new("weir", 4, 8);
         let unit = router.route("acme", "orders");
         let subject = router.subject(unit, "acme", "orders");
-        assert_eq!(subject, "weir.in.0.0.acme.orders");
-        assert_eq!(router.parse(&subject).unwrap(), ("acme", "orders"));
-        assert_eq!(router.unit_consumer(unit), "weir_in_0_0");
-        assert_eq!(router.unit_filter(unit), "weir.in.0.0.>");
+        assert_eq!(
+            subject,
+            format!("weir.in.{}.{}.acme.orders", unit.partition, unit.shard)
+        );
+        let (tenant, table) = router.parse(&subject).unwrap();
+        assert_eq!((tenant.as_ref(), table.as_ref()), ("acme", "orders"));
+        assert_eq!(
+            router.unit_consumer(Unit {
+                partition: 2,
+                shard: 5
+            }),
+            "weir_in_2_5"
+        );
+        assert_eq!(
+            router.unit_filter(Unit {
+                partition: 2,
+                shard: 5
+            }),
+            "weir.in.2.5.>"
+        );
+    }
+
+    #[test]
+    fn any_name_is_encoded_reversibly_and_never_mixed_up() {
+        for name in [
+            "orders", "a.b", "a*b", "a>b", "a b", "~", "~7E", "über", "ta\tble", "x-y_z",
+        ] {
+            let encoded = encode_token(name);
+            assert!(
+                encoded
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-~".contains(c)),
+                "{encoded}"
+            );
+            assert_eq!(decode_token(&encoded).as_deref(), Some(name));
+        }
+        // Two names that differ stay different after encoding.
+        assert_ne!(encode_token("~7E"), encode_token("~"));
+        let router = Router::new("weir", 2, 2);
+        let unit = router.route("t.1", "my table");
+        let subject = router.subject(unit, "t.1", "my table");
+        assert_eq!(subject.split('.').count(), 6, "{subject}");
+        let (tenant, table) = router.parse(&subject).unwrap();
+        assert_eq!((tenant.as_ref(), table.as_ref()), ("t.1", "my table"));
+        assert!(decode_token("~ZZ").is_none());
+        assert!(decode_token("~F").is_none());
     }
 
     #[test]
     fn foreign_subjects_are_refused() {
-        let router = Router::new("weir");
+        let router = Router::new("weir", 1, 1);
         assert!(router.parse("other.in.0.0.a.b").is_err());
         assert!(router.parse("weir.in.0.0.a").is_err());
         assert!(router.parse("weir.dlq.a.b").is_err());
+    }
+
+    /// Golden vectors: these exact units, forever, for these N and V. If this
+    /// test fails, a rolling upgrade would move tables between units.
+    #[test]
+    fn golden_routes() {
+        let router = Router::new("weir", 4, 8);
+        let golden = [
+            ("acme", "orders", 2, 7),
+            ("acme", "clicks", 3, 5),
+            ("globex", "orders", 3, 1),
+            ("initech", "tps_reports", 3, 0),
+            ("umbrella", "samples", 2, 1),
+            ("a", "b", 0, 6),
+        ];
+        let found: Vec<_> = golden
+            .iter()
+            .map(|(tenant, table, _, _)| {
+                let unit = router.route(tenant, table);
+                (*tenant, *table, unit.partition, unit.shard)
+            })
+            .collect();
+        assert_eq!(found, golden);
+        // The reference implementation's published vectors.
+        assert_eq!(
+            [
+                jump_hash(1, 1),
+                jump_hash(42, 57),
+                jump_hash(0xDEAD10CC, 666),
+                jump_hash(256, 1024)
+            ],
+            [0, 43, 361, 520]
+        );
+    }
+
+    #[test]
+    fn routes_spread_evenly_over_units() {
+        let router = Router::new("weir", 4, 8);
+        let mut counts: HashMap<Unit, usize> = HashMap::new();
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            // xorshift: a fixed pseudo-random sequence of tenant/table names.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..10_000 {
+            let (tenant, table) = (
+                format!("tenant{}", next() % 500),
+                format!("table{}", next()),
+            );
+            *counts.entry(router.route(&tenant, &table)).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 32, "every unit gets tables");
+        let mean = 10_000.0 / 32.0;
+        for (unit, count) in counts {
+            let off = (count as f64 - mean).abs() / mean;
+            assert!(
+                off <= 0.25,
+                "{unit:?} has {count} tables, {:.0}% off the mean",
+                off * 100.0
+            );
+        }
+    }
+
+    #[test]
+    fn adding_a_shard_moves_few_tables() {
+        let (before, after) = (Router::new("weir", 4, 8), Router::new("weir", 4, 9));
+        let moved = (0..9_000)
+            .filter(|i| {
+                let table = format!("table{i}");
+                before.route("acme", &table) != after.route("acme", &table)
+            })
+            .count();
+        // Jump hashing moves about 1/9 of the tables to the new shard.
+        assert!((700..=1300).contains(&moved), "{moved} of 9000 moved");
     }
 }

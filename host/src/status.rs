@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::route::Router;
 use crate::telemetry::Metrics;
-use crate::topology;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -96,7 +95,7 @@ impl StatusSource {
     pub async fn report(&self) -> StatusReport {
         let js = jetstream::new(self.client.clone());
         let mut units = Vec::new();
-        for unit in topology::units() {
+        for unit in self.router.units() {
             let consumer = self.router.unit_consumer(unit);
             let info = match js
                 .get_stream(self.router.partition_stream(unit.partition))

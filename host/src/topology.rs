@@ -1,12 +1,12 @@
-//! The JetStream objects weir needs: partition streams, the dead-letter
-//! stream, and one durable pull consumer per unit. Created at boot (the
+//! The JetStream objects weir needs: N partition streams, the dead-letter
+//! stream, and one durable pull consumer per unit (V per partition). Created at boot (the
 //! embedded default creates everything; verification against an operator's
 //! NATS comes with the partitioned topology).
 
 use async_nats::jetstream::{self, consumer, stream};
 
 use crate::config::{DeliveryConfig, StreamConfig};
-use crate::route::{Router, Unit};
+use crate::route::Router;
 
 /// Consumers a partition stream allows. nats-server 2.15 caps streams at
 /// 1000 consumers even when unlimited is asked for, so weir sets it explicitly.
@@ -24,14 +24,6 @@ pub enum TopologyError {
         consumer: String,
         reason: String,
     },
-}
-
-/// The units this host's topology has. One for now: partition 0, shard 0.
-pub fn units() -> Vec<Unit> {
-    vec![Unit {
-        partition: 0,
-        shard: 0,
-    }]
 }
 
 /// Creates (or updates to the wanted config) every stream and consumer.
@@ -52,41 +44,47 @@ pub async fn ensure(
     };
     create_or_update_stream(js, dead_letters).await?;
 
-    for unit in units() {
-        let name = router.partition_stream(unit.partition);
-        let partition = stream::Config {
+    for partition in 0..router.partitions() {
+        let name = router.partition_stream(partition);
+        let partition_config = stream::Config {
             name: name.clone(),
-            subjects: vec![router.partition_subjects(unit.partition)],
+            subjects: vec![router.partition_subjects(partition)],
             retention: stream::RetentionPolicy::WorkQueue,
             storage: stream::StorageType::File,
             discard: stream::DiscardPolicy::New,
             max_bytes: streams.max_bytes,
             max_consumers: MAX_CONSUMERS_PER_STREAM,
             duplicate_window: streams.duplicate_window,
-            description: Some(format!("weir rows of partition {}", unit.partition)),
+            description: Some(format!("weir rows of partition {partition}")),
             ..Default::default()
         };
-        let stream = create_or_update_stream(js, partition).await?;
-        let consumer_name = router.unit_consumer(unit);
-        let config = consumer::pull::Config {
-            durable_name: Some(consumer_name.clone()),
-            filter_subject: router.unit_filter(unit),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: delivery.ack_wait,
-            max_ack_pending: MAX_ACK_PENDING,
-            // weir counts deliveries itself and dead-letters past its limit;
-            // the server must never silently drop a row.
-            max_deliver: -1,
-            ..Default::default()
-        };
-        stream
-            .create_consumer(config)
-            .await
-            .map_err(|err| TopologyError::Consumer {
-                stream: name.clone(),
-                consumer: consumer_name,
-                reason: err.to_string(),
-            })?;
+        let stream = create_or_update_stream(js, partition_config).await?;
+        for unit in router
+            .units()
+            .into_iter()
+            .filter(|u| u.partition == partition)
+        {
+            let consumer_name = router.unit_consumer(unit);
+            let config = consumer::pull::Config {
+                durable_name: Some(consumer_name.clone()),
+                filter_subject: router.unit_filter(unit),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: delivery.ack_wait,
+                max_ack_pending: MAX_ACK_PENDING,
+                // weir counts deliveries itself and dead-letters past its limit;
+                // the server must never silently drop a row.
+                max_deliver: -1,
+                ..Default::default()
+            };
+            stream
+                .create_consumer(config)
+                .await
+                .map_err(|err| TopologyError::Consumer {
+                    stream: name.clone(),
+                    consumer: consumer_name,
+                    reason: err.to_string(),
+                })?;
+        }
     }
     Ok(())
 }

@@ -115,3 +115,62 @@ async fn rejected_rows_are_dead_lettered_with_reason_and_original_payload() {
     assert_eq!((report.rows.delivered, report.rows.dead_lettered), (2, 1));
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_each_table_arrive_in_publish_order_across_interleaved_tables() {
+    let nats = Nats::start();
+    let tables: Vec<String> = (0..8).map(|t| format!("t{t}")).collect();
+    let extra = format!(
+        "[[pipelines]]\ntables = [{}]\ntransforms = [\"validate\"]\nsink = \"files\"\n",
+        tables
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let (rounds, per_request) = (25, 20);
+    for round in 0..rounds {
+        for table in &tables {
+            let response = host
+                .ingest(table, orders(round * per_request, per_request))
+                .await;
+            assert_eq!(response.status(), 202);
+        }
+    }
+    let expected: Vec<u64> = (0..(rounds * per_request) as u64).collect();
+    for table in &tables {
+        let lines = eventually(
+            Duration::from_secs(30),
+            "every row of the table",
+            || async {
+                let lines = host.sink_lines(table);
+                (lines.len() >= expected.len()).then_some(lines)
+            },
+        )
+        .await;
+        let ids: Vec<u64> = lines
+            .iter()
+            .map(|line| {
+                serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(ids, expected, "table {table} in publish order");
+    }
+    // The tables really were spread over more than one unit.
+    let client = nats.client().await;
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("weir_in_0").await.unwrap();
+    let mut consumers = stream.consumers();
+    let mut busy = 0;
+    while let Some(info) = futures::StreamExt::next(&mut consumers).await {
+        if info.unwrap().delivered.stream_sequence > 0 {
+            busy += 1;
+        }
+    }
+    assert!(busy > 1, "tables spread over {busy} units");
+    host.shutdown().await;
+}

@@ -207,16 +207,20 @@ pub async fn read_stream(
     found
 }
 
-/// Unacked plus undelivered rows of the host's only unit.
+/// (undelivered, unacked, stored) rows summed over every unit of partition
+/// stream `weir_in_0` (the tests' topology has one partition).
 pub async fn backlog(client: &async_nats::Client) -> (u64, usize, u64) {
     let js = jetstream::new(client.clone());
     let mut stream = js.get_stream("weir_in_0").await.expect("partition stream");
-    let info = stream
-        .consumer_info("weir_in_0_0")
-        .await
-        .expect("consumer info");
+    let mut consumers = stream.consumers();
+    let (mut pending, mut ack_pending) = (0, 0);
+    while let Some(info) = consumers.next().await {
+        let info = info.expect("consumer info");
+        pending += info.num_pending;
+        ack_pending += info.num_ack_pending;
+    }
     let messages = stream.info().await.expect("stream info").state.messages;
-    (info.num_pending, info.num_ack_pending, messages)
+    (pending, ack_pending, messages)
 }
 
 /// NDJSON of `count` valid order rows with ids `start..start+count`.
