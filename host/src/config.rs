@@ -91,6 +91,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub max_body_bytes: usize,
+    /// A top-level row field whose value dedupes the row (its message id).
+    pub idempotency_field: Option<String>,
     pub nats: NatsConfig,
     pub stream: StreamConfig,
     pub delivery: DeliveryConfig,
@@ -227,6 +229,7 @@ struct RawConfig {
     listen: Option<Spanned<String>>,
     data_dir: Option<String>,
     max_body_bytes: Option<usize>,
+    idempotency_field: Option<String>,
     #[serde(default)]
     nats: RawNats,
     #[serde(default)]
@@ -675,6 +678,7 @@ impl<'a> Checker<'a> {
             listen,
             data_dir,
             max_body_bytes: raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            idempotency_field: raw.idempotency_field,
             nats,
             stream,
             delivery,

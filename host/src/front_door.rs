@@ -15,10 +15,16 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::config::Config;
-use crate::publish::{PublishError, Publisher};
+use crate::ndjson;
+use crate::publish::{PublishError, Published, Publisher};
+use crate::route::encode_token;
 use crate::status::StatusSource;
 use crate::telemetry::Metrics;
 
+/// The request header that makes a retried request store its rows once.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Longest idempotency key, from the header or a row's field.
+const MAX_KEY_BYTES: usize = 200;
 /// Seconds a client is told to wait when NATS is unavailable or full.
 const RETRY_AFTER_SECS: u64 = 1;
 
@@ -122,9 +128,12 @@ async fn ingest(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     match accept(&door, &table, &headers, body).await {
-        Ok(count) => (
+        Ok(published) => (
             StatusCode::ACCEPTED,
-            axum::Json(json!({ "accepted": count })),
+            axum::Json(json!({
+                "accepted": published.stored,
+                "duplicates": published.duplicates,
+            })),
         )
             .into_response(),
         Err(refusal) => {
@@ -139,7 +148,7 @@ async fn accept(
     table: &str,
     headers: &HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<usize, Refusal> {
+) -> Result<Published, Refusal> {
     let tenant = authenticate(door, headers)?;
     if door.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
@@ -161,32 +170,101 @@ async fn accept(
             Refusal::new(status, rejection.body_text())
         }
     })?;
-    let rows = split_rows(&body)?;
+    let rows =
+        ndjson::split(&body, door.config.idempotency_field.as_deref()).map_err(|bad| Refusal {
+            line: Some(bad.line),
+            ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
+        })?;
     if rows.is_empty() {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the body holds no rows",
         ));
     }
-    let lines: Vec<usize> = rows.iter().map(|(line, _)| *line).collect();
-    let count = door
+    let request_key = idempotency_key(headers)?;
+    let ids = MessageIds::new(tenant, table, request_key);
+    let mut numbers = Vec::with_capacity(rows.len());
+    let mut to_publish = Vec::with_capacity(rows.len());
+    for (index, row) in rows.into_iter().enumerate() {
+        let id = ids
+            .for_row(index, row.key.as_deref())
+            .map_err(|reason| Refusal {
+                line: Some(row.number),
+                ..Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("line {}: {reason}", row.number),
+                )
+            })?;
+        numbers.push(row.number);
+        to_publish.push((row.payload, id));
+    }
+    let published = door
         .publisher
-        .publish(tenant, table, rows.into_iter().map(|(_, row)| row))
+        .publish(tenant, table, to_publish)
         .await
         .map_err(|err| match err {
             PublishError::Unavailable(_) | PublishError::StreamFull(_) => {
                 Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }
             PublishError::TooLarge { index } => Refusal {
-                line: lines.get(index).copied(),
+                line: numbers.get(index).copied(),
                 ..Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, err.to_string())
             },
             PublishError::Other(_) => {
                 Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
             }
         })?;
-    door.metrics.rows_accepted.inc_by(count as u64);
-    Ok(count)
+    door.metrics
+        .rows_accepted
+        .inc_by((published.stored - published.duplicates) as u64);
+    Ok(published)
+}
+
+/// The request's `Idempotency-Key`, if it sent one.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, Refusal> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(key) if (1..=MAX_KEY_BYTES).contains(&key.len()) => Ok(Some(key)),
+        _ => Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("{IDEMPOTENCY_KEY} must be 1 to {MAX_KEY_BYTES} printable ASCII characters"),
+        )),
+    }
+}
+
+/// Message ids that make retries harmless: a row's own key when it has
+/// one, else the request's key and the row's place in the request. Ids
+/// name tenant and table, so two tenants' keys never collide.
+struct MessageIds<'a> {
+    scope: String,
+    request_key: Option<&'a str>,
+}
+
+impl<'a> MessageIds<'a> {
+    fn new(tenant: &str, table: &str, request_key: Option<&'a str>) -> Self {
+        MessageIds {
+            scope: format!("{}.{}", encode_token(tenant), encode_token(table)),
+            request_key,
+        }
+    }
+
+    fn for_row(&self, index: usize, row_key: Option<&str>) -> Result<Option<String>, String> {
+        match (row_key, self.request_key) {
+            (Some(key), _) => {
+                if key.is_empty() || key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control)
+                {
+                    return Err(format!(
+                        "the row's idempotency key must be 1 to {MAX_KEY_BYTES} bytes without control characters"
+                    ));
+                }
+                Ok(Some(format!("{}.k.{key}", self.scope)))
+            }
+            (None, Some(request)) => Ok(Some(format!("{}.r.{request}.{index}", self.scope))),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// The tenant of a `Authorization: Bearer <key>` header.
@@ -205,41 +283,6 @@ fn authenticate<'a>(door: &'a FrontDoor, headers: &HeaderMap) -> Result<&'a str,
         .get(key.trim())
         .map(String::as_str)
         .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))
-}
-
-/// Splits an NDJSON body into (line number, row) pairs, sharing the body's
-/// buffer. Blank lines are skipped; the first line that is not a JSON object
-/// refuses the whole request, so nothing of a bad request is stored.
-fn split_rows(body: &Bytes) -> Result<Vec<(usize, Bytes)>, Refusal> {
-    let mut rows = Vec::new();
-    let mut start = 0;
-    for (index, line) in body.split(|b| *b == b'\n').enumerate() {
-        let end = start + line.len();
-        let trimmed = line.strip_suffix(b"\r").unwrap_or(line);
-        let line_number = index + 1;
-        if !trimmed.iter().all(u8::is_ascii_whitespace) {
-            check_json_object(trimmed).map_err(|error| Refusal {
-                line: Some(line_number),
-                ..Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("line {line_number}: {error}"),
-                )
-            })?;
-            rows.push((line_number, body.slice(start..start + trimmed.len())));
-        }
-        start = end + 1;
-    }
-    Ok(rows)
-}
-
-fn check_json_object(line: &[u8]) -> Result<(), String> {
-    let first = line.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err("a row must be a JSON object".into());
-    }
-    serde_json::from_slice::<serde::de::IgnoredAny>(line)
-        .map(|_| ())
-        .map_err(|err| format!("invalid JSON: {err}"))
 }
 
 async fn readyz(State(door): State<Arc<FrontDoor>>) -> Response {
@@ -268,33 +311,4 @@ async fn metrics(State(door): State<Arc<FrontDoor>>) -> Response {
         text,
     )
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_keep_their_line_numbers_and_skip_blanks() {
-        let body = Bytes::from_static(b"{\"a\":1}\r\n\n  \n{\"b\":2}");
-        let rows = split_rows(&body).unwrap();
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0], (1, Bytes::from_static(b"{\"a\":1}")));
-        assert_eq!(rows[1], (4, Bytes::from_static(b"{\"b\":2}")));
-    }
-
-    #[test]
-    fn the_first_bad_line_is_named() {
-        let body = Bytes::from_static(b"{\"a\":1}\n{\"b\":\n[1]\n");
-        let refusal = split_rows(&body).unwrap_err();
-        assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
-        assert_eq!(refusal.line, Some(2));
-        assert!(
-            refusal.error.starts_with("line 2: invalid JSON"),
-            "{}",
-            refusal.error
-        );
-        let refusal = split_rows(&Bytes::from_static(b"[1]")).unwrap_err();
-        assert_eq!(refusal.error, "line 1: a row must be a JSON object");
-    }
 }

@@ -2,8 +2,9 @@
 //!
 //! The path of a row, module by module:
 //!
-//! - ingest: [`front_door`] (HTTP, NDJSON, API keys) → [`route`] (which unit
-//!   and subject) → [`publish`] (JetStream, PubAck before 2xx);
+//! - ingest: [`front_door`] (HTTP, API keys) → [`ndjson`] (rows, line
+//!   numbers, keys) → [`route`] (which unit and subject) → [`publish`]
+//!   (JetStream, PubAck before 2xx);
 //! - delivery: [`topology`] (streams and consumers) → [`delivery`] (pull a
 //!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
 //!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
@@ -17,6 +18,7 @@ pub mod delivery;
 pub mod embedded_nats;
 pub mod front_door;
 pub mod host;
+pub mod ndjson;
 pub mod pipeline;
 pub mod publish;
 pub mod route;

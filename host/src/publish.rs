@@ -2,7 +2,9 @@
 //! pipelined (many PubAcks in flight) and a call returns only once JetStream
 //! has acknowledged every row, so a 2xx always means "durable".
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{
+    self, context::PublishErrorKind, message::PublishMessage, publish::PublishAck,
+};
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 
@@ -48,41 +50,61 @@ impl Publisher {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Publishes `rows` of `tenant`/`table` in order and waits for every PubAck.
-    /// On error, rows before the failing one may already be stored.
+    /// Publishes `rows` of `tenant`/`table` in order and waits for every
+    /// PubAck. A row with a message id is stored once within the stream's
+    /// duplicate window, however often it is sent. On error, rows before the
+    /// failing one may already be stored; sending them again with the same
+    /// ids stores nothing twice.
     pub async fn publish(
         &self,
         tenant: &str,
         table: &str,
-        rows: impl IntoIterator<Item = Bytes>,
-    ) -> Result<usize, PublishError> {
+        rows: impl IntoIterator<Item = (Bytes, Option<String>)>,
+    ) -> Result<Published, PublishError> {
         if !self.connected() {
             return Err(PublishError::Unavailable("not connected".into()));
         }
         let unit = self.router.route(tenant, table);
         let subject = async_nats::Subject::from(self.router.subject(unit, tenant, table));
         let mut in_flight = FuturesUnordered::new();
-        let mut stored = 0;
-        for (index, payload) in rows.into_iter().enumerate() {
+        let mut published = Published::default();
+        let mut settle = |ack: PublishAck| {
+            published.stored += 1;
+            if ack.duplicate {
+                published.duplicates += 1;
+            }
+        };
+        for (index, (payload, message_id)) in rows.into_iter().enumerate() {
+            let mut message = PublishMessage::build().payload(payload);
+            if let Some(id) = message_id {
+                message = message.message_id(id);
+            }
             let ack = self
                 .js
-                .publish(subject.clone(), payload)
+                .send_publish(subject.clone(), message)
                 .await
                 .map_err(|err| classify(err.kind(), err.to_string(), index))?;
             in_flight.push(ack.into_future());
             if in_flight.len() >= PUBLISH_WINDOW
                 && let Some(result) = in_flight.next().await
             {
-                result.map_err(|err| classify(err.kind(), err.to_string(), index))?;
-                stored += 1;
+                settle(result.map_err(|err| classify(err.kind(), err.to_string(), index))?);
             }
         }
         while let Some(result) = in_flight.next().await {
-            result.map_err(|err| classify(err.kind(), err.to_string(), stored))?;
-            stored += 1;
+            settle(result.map_err(|err| classify(err.kind(), err.to_string(), 0))?);
         }
-        Ok(stored)
+        Ok(published)
     }
+}
+
+/// What one publish call stored.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// Rows JetStream acknowledged (new or already stored).
+    pub stored: usize,
+    /// Of those, rows it already had under the same message id.
+    pub duplicates: usize,
 }
 
 fn classify(kind: PublishErrorKind, message: String, index: usize) -> PublishError {

@@ -100,3 +100,78 @@ async fn nats_unreachable_is_a_503_with_retry_after() {
     assert_eq!(ready.status(), 503);
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_request_with_the_same_idempotency_key_stores_its_rows_once() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let post = |key: &'static str| {
+        host.http
+            .post(host.url("/v1/ingest/orders"))
+            .bearer_auth(ACME_KEY)
+            .header("Idempotency-Key", key)
+            .body(orders(0, 50))
+            .send()
+    };
+    let (status, body) = error_of(post("batch-1").await.unwrap()).await;
+    assert_eq!(
+        (
+            status,
+            body["accepted"].as_u64(),
+            body["duplicates"].as_u64()
+        ),
+        (202, Some(50), Some(0))
+    );
+    let (status, body) = error_of(post("batch-1").await.unwrap()).await;
+    assert_eq!(
+        (
+            status,
+            body["accepted"].as_u64(),
+            body["duplicates"].as_u64()
+        ),
+        (202, Some(50), Some(50))
+    );
+
+    crate::support::eventually(Duration::from_secs(20), "50 rows in the sink", || async {
+        (host.sink_lines("orders").len() >= 50).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        host.sink_lines("orders").len(),
+        50,
+        "stored and delivered once"
+    );
+    assert_eq!(host.host.status().report().await.rows.accepted, 50);
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_with_the_same_idempotency_field_are_stored_once() {
+    let nats = Nats::start();
+    let config = format!(
+        "idempotency_field = \"id\"\n{}",
+        base_config(nats.url(), "")
+    );
+    let host = TestHost::start(&config).await;
+    let (status, body) = error_of(host.ingest("orders", orders(0, 10)).await).await;
+    assert_eq!((status, body["duplicates"].as_u64()), (202, Some(0)));
+    // Rows 5..15: the first five were already stored.
+    let (status, body) = error_of(host.ingest("orders", orders(5, 10)).await).await;
+    assert_eq!(
+        (
+            status,
+            body["accepted"].as_u64(),
+            body["duplicates"].as_u64()
+        ),
+        (202, Some(10), Some(5))
+    );
+
+    crate::support::eventually(Duration::from_secs(20), "15 rows in the sink", || async {
+        (host.sink_lines("orders").len() >= 15).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(host.sink_lines("orders").len(), 15);
+    host.shutdown().await;
+}
