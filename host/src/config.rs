@@ -138,6 +138,9 @@ pub struct StreamConfig {
     pub partitions: u32,
     /// V: shards per partition; a unit is one shard's durable consumer.
     pub shards: u32,
+    /// Create the topology instead of only verifying it. Always on for the
+    /// embedded server, which is weir's own.
+    pub create: bool,
     /// Byte limit of a partition stream; past it, publishes are refused.
     pub max_bytes: i64,
     /// Window in which a repeated message id is stored only once.
@@ -259,6 +262,7 @@ struct RawStream {
     prefix: Option<Spanned<String>>,
     partitions: Option<Spanned<u32>>,
     shards: Option<Spanned<u32>>,
+    create: Option<bool>,
     max_bytes: Option<i64>,
     duplicate_window_secs: Option<u64>,
 }
@@ -327,6 +331,8 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub nats_url: Option<String>,
     pub data_dir: Option<PathBuf>,
+    /// Create (or update) streams and consumers against an operator's NATS.
+    pub create_topology: bool,
 }
 
 impl Config {
@@ -500,6 +506,7 @@ impl<'a> Checker<'a> {
             prefix: prefix.into_inner(),
             partitions,
             shards,
+            create: overrides.create_topology || raw.stream.create.unwrap_or(false),
             max_bytes: raw.stream.max_bytes.unwrap_or(1 << 30),
             duplicate_window: Duration::from_secs(raw.stream.duplicate_window_secs.unwrap_or(120)),
         };

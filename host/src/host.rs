@@ -24,10 +24,13 @@ use crate::route::Router;
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::status::{NatsStatus, PluginStatus, StatusSource};
 use crate::telemetry::Metrics;
-use crate::topology::{self, TopologyError};
+use crate::telemetry::SeverityLabels;
+use crate::topology::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
 
 /// How long the first connection to NATS may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Permission violations remembered for the boot report.
+const MAX_REMEMBERED_REFUSALS: usize = 32;
 /// How long shutdown waits for the last acks to reach NATS.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -79,6 +82,7 @@ impl RunningHost {
                     data_dir: config.data_dir.join("nats"),
                     sync: config.nats.embedded.sync,
                     port: None,
+                    extra_config: String::new(),
                 };
                 let started = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
                     .await
@@ -93,14 +97,27 @@ impl RunningHost {
             (None, Some(server)) => server.url().to_string(),
             (None, None) => unreachable!("an embedded server is started when no url is set"),
         };
-        let client = connect(&nats_url).await?;
+        let refusals = Refusals::default();
+        let client = connect(&nats_url, &refusals).await?;
         let js = jetstream::new(client.clone());
         let router = Router::new(
             &config.stream.prefix,
             config.stream.partitions,
             config.stream.shards,
         );
-        topology::ensure(&js, &router, &config.stream, &config.delivery).await?;
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        if embedded.is_some() || config.stream.create {
+            manifest.create(&js).await?;
+        } else {
+            let mut mismatches = manifest.verify(&js).await;
+            if let Ok(list) = refusals.lock() {
+                mismatches.extend(list.iter().map(|refused| Mismatch::refused(refused)));
+            }
+            record_mismatches(&metrics, &mismatches);
+            if mismatches.iter().any(|m| m.severity == Severity::Required) {
+                return Err(TopologyError::Mismatch(mismatches).into());
+            }
+        }
 
         let sandbox = Arc::new(Sandbox::new(metrics.clone())?);
         let mut plugins = HashMap::new();
@@ -119,6 +136,12 @@ impl RunningHost {
 
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
+        if embedded.is_none() && !config.stream.create {
+            let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                recheck_topology(manifest, js, metrics, stop).await;
+            }));
+        }
         for unit in router.units() {
             let worker = UnitWorker::new(
                 js.clone(),
@@ -232,12 +255,44 @@ impl RunningHost {
     }
 }
 
-async fn connect(url: &str) -> Result<async_nats::Client, StartError> {
+/// Permission violations the server reported, kept to explain a failed boot.
+type Refusals = Arc<std::sync::Mutex<Vec<String>>>;
+
+async fn connect(url: &str, denied: &Refusals) -> Result<async_nats::Client, StartError> {
     let error = |reason: String| StartError::Connect {
         url: url.to_string(),
         reason,
     };
-    let options = async_nats::ConnectOptions::new()
+    // Credentials in the URL (`nats://user:password@host`) are not used by
+    // async-nats on their own: pass them explicitly.
+    let address: async_nats::ServerAddr = url.parse().map_err(|err| error(format!("{err}")))?;
+    let options = match (address.username(), address.password()) {
+        (Some(user), Some(password)) => {
+            async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+        }
+        _ => async_nats::ConnectOptions::new(),
+    };
+    let refusals = denied.clone();
+    let options = options
+        .event_callback(move |event| {
+            let refusals = refusals.clone();
+            async move {
+                match event {
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                        if text.contains("Permissions Violation") =>
+                    {
+                        tracing::error!(refused = %text, "NATS refused an operation to weir's user");
+                        if let Ok(mut list) = refusals.lock()
+                            && list.len() < MAX_REMEMBERED_REFUSALS
+                        {
+                            list.push(text);
+                        }
+                    }
+                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                    other => tracing::warn!(event = %other, "NATS connection event"),
+                }
+            }
+        })
         .name("weir")
         .connection_timeout(CONNECT_TIMEOUT)
         .retry_on_initial_connect();
@@ -245,4 +300,45 @@ async fn connect(url: &str) -> Result<async_nats::Client, StartError> {
         .await
         .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
         .map_err(|err| error(err.to_string()))
+}
+
+/// Logs every difference and exposes the counts as a metric.
+fn record_mismatches(metrics: &Metrics, mismatches: &[Mismatch]) {
+    for severity in [Severity::Required, Severity::Recommended] {
+        let count = mismatches.iter().filter(|m| m.severity == severity).count();
+        metrics
+            .topology_mismatches
+            .get_or_create(&SeverityLabels { severity })
+            .set(count as i64);
+    }
+    for mismatch in mismatches {
+        match mismatch.severity {
+            Severity::Required => tracing::error!(%mismatch, "topology mismatch"),
+            Severity::Recommended => {
+                tracing::warn!(%mismatch, "topology differs from the recommended")
+            }
+        }
+    }
+}
+
+/// Verifies the topology again every period: an operator's change after
+/// boot shows up in the logs and the `weir_topology_mismatches` metric.
+async fn recheck_topology(
+    manifest: Manifest,
+    js: jetstream::Context,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut last: Vec<Mismatch> = Vec::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(RECHECK_PERIOD) => {}
+        }
+        let found = manifest.verify(&js).await;
+        if found != last {
+            record_mismatches(&metrics, &found);
+            last = found;
+        }
+    }
 }

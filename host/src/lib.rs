@@ -9,7 +9,8 @@
 //!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
 //!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
 //!
-//! Beside the path: [`config`], [`embedded_nats`], [`telemetry`], [`status`],
+//! Beside the path: [`config`], [`embedded_nats`], [`permissions`],
+//! [`telemetry`], [`status`],
 //! [`send`] (the `weir send` client) and [`host`], which wires them together.
 
 pub mod config;
@@ -19,6 +20,7 @@ pub mod embedded_nats;
 pub mod front_door;
 pub mod host;
 pub mod ndjson;
+pub mod permissions;
 pub mod pipeline;
 pub mod publish;
 pub mod route;

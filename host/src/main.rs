@@ -10,7 +10,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use weir::config::{Config, ConfigError, Overrides};
 use weir::host::RunningHost;
+use weir::permissions::Permissions;
+use weir::route::Router;
 use weir::send::{SendOptions, default_url, fetch_status, send};
+use weir::topology::Manifest;
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +43,15 @@ enum Command {
         /// Where weir keeps its data (overrides the file).
         #[arg(long, env = "WEIR_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// Create (or update) streams and consumers on the configured NATS
+        /// instead of only verifying them.
+        #[arg(long, env = "WEIR_CREATE_TOPOLOGY")]
+        create_topology: bool,
+    },
+    /// What an operator applies to NATS for this config.
+    Mq {
+        #[command(subcommand)]
+        what: MqCommand,
     },
     /// Post an NDJSON file to a front door, in chunks, with a progress bar.
     Send {
@@ -77,6 +89,59 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum MqCommand {
+    /// Print the streams and consumers (JSON) the config needs.
+    Manifests {
+        #[arg(long, env = "WEIR_CONFIG")]
+        config: PathBuf,
+        /// `nats`: the JetStream API's JSON (for the nats CLI and clients);
+        /// `nack`: Kubernetes resources for the NATS controllers.
+        #[arg(long, value_enum, default_value_t = ManifestFormat::Nats)]
+        format: ManifestFormat,
+        /// Split this many bytes of file store between the streams
+        /// (e.g. 500G), instead of each partition's `max_bytes`.
+        #[arg(long, value_parser = parse_bytes)]
+        file_store: Option<i64>,
+    },
+    /// Print the least-privilege NATS user permissions a host needs.
+    Permissions {
+        #[arg(long, env = "WEIR_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ManifestFormat {
+    Nats,
+    Nack,
+}
+
+/// Bytes with an optional binary suffix: 1024, 64K, 500M, 2G, 1T.
+fn parse_bytes(text: &str) -> Result<i64, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((at, unit)) if unit.is_ascii_alphabetic() => {
+            let shift = match unit.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                other => return Err(format!("unknown unit `{other}`: use K, M, G or T")),
+            };
+            (&text[..at], shift)
+        }
+        _ => (text, 0),
+    };
+    let value: i64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size"))?;
+    value
+        .checked_shl(shift)
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("`{text}` is out of range"))
+}
+
 fn main() -> ExitCode {
     weir::telemetry::init_logging();
     let cli = Cli::parse();
@@ -108,11 +173,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             listen,
             nats_url,
             data_dir,
+            create_topology,
         } => {
             let overrides = Overrides {
                 listen,
                 nats_url,
                 data_dir,
+                create_topology,
             };
             let config = Config::load(&config, &overrides)?;
             let host = RunningHost::start(config).await?;
@@ -171,6 +238,29 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Mq { what } => {
+            let output = match what {
+                MqCommand::Manifests {
+                    config,
+                    format,
+                    file_store,
+                } => {
+                    let config = Config::load(&config, &Overrides::default())?;
+                    let manifest = manifest_of(&config, file_store);
+                    match format {
+                        ManifestFormat::Nats => serde_json::to_value(&manifest)?,
+                        ManifestFormat::Nack => manifest.to_nack(),
+                    }
+                }
+                MqCommand::Permissions { config } => {
+                    let config = Config::load(&config, &Overrides::default())?;
+                    let manifest = manifest_of(&config, None);
+                    serde_json::to_value(Permissions::for_host(&router_of(&config), &manifest))?
+                }
+            };
+            println!("{}", serde_json::to_string_pretty(&output)?);
+            Ok(())
+        }
         Command::Check { config } => {
             let config = Config::load(&config, &Overrides::default())?;
             println!(
@@ -183,6 +273,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn router_of(config: &Config) -> Router {
+    Router::new(
+        &config.stream.prefix,
+        config.stream.partitions,
+        config.stream.shards,
+    )
+}
+
+fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
+    Manifest::new(
+        &router_of(config),
+        &config.stream,
+        &config.delivery,
+        file_store,
+    )
 }
 
 /// Ctrl-C or SIGTERM.

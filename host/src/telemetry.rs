@@ -18,6 +18,11 @@ pub struct PluginCounterLabels {
     pub name: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeverityLabels {
+    pub severity: crate::topology::Severity,
+}
+
 /// Every counter a host keeps. Cheap to clone: each metric is an `Arc`.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -41,6 +46,8 @@ pub struct Metrics {
     pub plugin_counters: Family<PluginCounterLabels, Counter>,
     /// Plugin instances alive now.
     pub plugin_instances: Gauge,
+    /// Differences between the NATS topology and what weir needs, by severity.
+    pub topology_mismatches: Family<SeverityLabels, Gauge>,
 }
 
 impl Metrics {
@@ -96,6 +103,11 @@ impl Metrics {
             "plugin_instances",
             "Plugin instances alive",
             self.plugin_instances.clone(),
+        );
+        weir.register(
+            "topology_mismatches",
+            "Differences between the NATS topology and what weir needs",
+            self.topology_mismatches.clone(),
         );
     }
 }

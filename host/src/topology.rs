@@ -1,18 +1,24 @@
-//! The JetStream objects weir needs: N partition streams, the dead-letter
-//! stream, and one durable pull consumer per unit (V per partition). Created at boot (the
-//! embedded default creates everything; verification against an operator's
-//! NATS comes with the partitioned topology).
+//! The JetStream objects weir needs — N partition streams, the dead-letter
+//! stream, one durable pull consumer per unit — described once as a
+//! [`Manifest`]. The same manifest is created (embedded default or
+//! `--create-topology`), verified against an operator's NATS (each
+//! difference named, required or recommended), and printed by
+//! `weir mq manifests`.
+
+use std::fmt;
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
+use futures::future::join_all;
+use serde::Serialize;
 
 use crate::config::{DeliveryConfig, StreamConfig};
 use crate::route::Router;
 
-/// Consumers a partition stream allows. nats-server 2.15 caps streams at
-/// 1000 consumers even when unlimited is asked for, so weir sets it explicitly.
-const MAX_CONSUMERS_PER_STREAM: i32 = 256;
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
+/// Share of a `--file-store` budget given to the dead-letter stream.
+const DEAD_LETTER_SHARE_PERCENT: i64 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
@@ -24,69 +30,442 @@ pub enum TopologyError {
         consumer: String,
         reason: String,
     },
+    #[error(
+        "the NATS topology does not match what weir needs (apply `weir mq manifests`, or start with --create-topology):\n{}",
+        .0.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n")
+    )]
+    Mismatch(Vec<Mismatch>),
 }
 
-/// Creates (or updates to the wanted config) every stream and consumer.
-pub async fn ensure(
-    js: &jetstream::Context,
-    router: &Router,
-    streams: &StreamConfig,
-    delivery: &DeliveryConfig,
-) -> Result<(), TopologyError> {
-    let dead_letters = stream::Config {
-        name: router.dead_letter_stream(),
-        subjects: vec![router.dead_letter_subjects()],
-        retention: stream::RetentionPolicy::Limits,
-        storage: stream::StorageType::File,
-        duplicate_window: streams.duplicate_window,
-        description: Some("weir dead letters: rows no pipeline could deliver".into()),
-        ..Default::default()
-    };
-    create_or_update_stream(js, dead_letters).await?;
+/// Every stream and consumer of a topology.
+#[derive(Debug, Clone, Serialize)]
+pub struct Manifest {
+    pub streams: Vec<stream::Config>,
+    pub consumers: Vec<ConsumerManifest>,
+}
 
-    for partition in 0..router.partitions() {
-        let name = router.partition_stream(partition);
-        let partition_config = stream::Config {
-            name: name.clone(),
-            subjects: vec![router.partition_subjects(partition)],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::New,
-            max_bytes: streams.max_bytes,
-            max_consumers: MAX_CONSUMERS_PER_STREAM,
-            duplicate_window: streams.duplicate_window,
-            description: Some(format!("weir rows of partition {partition}")),
-            ..Default::default()
+/// A durable consumer and the stream it belongs to.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerManifest {
+    pub stream: String,
+    pub config: consumer::pull::Config,
+}
+
+impl Manifest {
+    /// The topology for a router's N × V units. `file_store` (bytes), when
+    /// given, is split between the streams instead of `max_bytes` each.
+    pub fn new(
+        router: &Router,
+        streams: &StreamConfig,
+        delivery: &DeliveryConfig,
+        file_store: Option<i64>,
+    ) -> Manifest {
+        let partitions = i64::from(router.partitions());
+        let (partition_bytes, dead_letter_bytes) = match file_store {
+            Some(budget) => {
+                let dead_letters = budget * DEAD_LETTER_SHARE_PERCENT / 100;
+                ((budget - dead_letters) / partitions, dead_letters)
+            }
+            None => (streams.max_bytes, -1),
         };
-        let stream = create_or_update_stream(js, partition_config).await?;
-        for unit in router
-            .units()
-            .into_iter()
-            .filter(|u| u.partition == partition)
-        {
-            let consumer_name = router.unit_consumer(unit);
-            let config = consumer::pull::Config {
-                durable_name: Some(consumer_name.clone()),
-                filter_subject: router.unit_filter(unit),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: delivery.ack_wait,
-                max_ack_pending: MAX_ACK_PENDING,
-                // weir counts deliveries itself and dead-letters past its limit;
-                // the server must never silently drop a row.
-                max_deliver: -1,
+        let units = router.units();
+        let mut manifest = Manifest {
+            streams: vec![stream::Config {
+                name: router.dead_letter_stream(),
+                subjects: vec![router.dead_letter_subjects()],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                max_bytes: dead_letter_bytes,
+                duplicate_window: streams.duplicate_window,
+                description: Some("weir dead letters: rows no pipeline could deliver".into()),
                 ..Default::default()
-            };
-            stream
-                .create_consumer(config)
-                .await
-                .map_err(|err| TopologyError::Consumer {
+            }],
+            consumers: Vec::new(),
+        };
+        for partition in 0..router.partitions() {
+            let name = router.partition_stream(partition);
+            manifest.streams.push(stream::Config {
+                name: name.clone(),
+                subjects: vec![router.partition_subjects(partition)],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                discard: stream::DiscardPolicy::New,
+                max_bytes: partition_bytes,
+                // nats-server 2.15 caps a stream at 1000 consumers even when
+                // unlimited is asked for: weir says how many it needs.
+                max_consumers: i32::try_from(units.len()).unwrap_or(i32::MAX).max(1) * 2,
+                duplicate_window: streams.duplicate_window,
+                description: Some(format!("weir rows of partition {partition}")),
+                ..Default::default()
+            });
+            for unit in units.iter().filter(|u| u.partition == partition) {
+                let durable = router.unit_consumer(*unit);
+                manifest.consumers.push(ConsumerManifest {
                     stream: name.clone(),
-                    consumer: consumer_name,
-                    reason: err.to_string(),
-                })?;
+                    config: consumer::pull::Config {
+                        durable_name: Some(durable.clone()),
+                        name: Some(durable),
+                        filter_subject: router.unit_filter(*unit),
+                        ack_policy: consumer::AckPolicy::Explicit,
+                        ack_wait: delivery.ack_wait,
+                        max_ack_pending: MAX_ACK_PENDING,
+                        // weir counts deliveries itself and dead-letters past
+                        // its limit; the server must never drop a row.
+                        max_deliver: -1,
+                        ..Default::default()
+                    },
+                });
+            }
+        }
+        manifest
+    }
+
+    /// The manifest as NATS Kubernetes controller (nack) resources: a `List`
+    /// of `Stream` and `Consumer` objects (JSON, which `kubectl apply` takes).
+    pub fn to_nack(&self) -> serde_json::Value {
+        use serde_json::json;
+        let k8s_name = |name: &str| name.to_lowercase().replace('_', "-");
+        let duration = |d: Duration| format!("{}s", d.as_secs());
+        let mut items = Vec::new();
+        for stream in &self.streams {
+            let retention = match stream.retention {
+                stream::RetentionPolicy::WorkQueue => "workqueue",
+                stream::RetentionPolicy::Interest => "interest",
+                stream::RetentionPolicy::Limits => "limits",
+            };
+            let discard = match stream.discard {
+                stream::DiscardPolicy::New => "new",
+                stream::DiscardPolicy::Old => "old",
+            };
+            items.push(json!({
+                "apiVersion": "jetstream.nats.io/v1beta2",
+                "kind": "Stream",
+                "metadata": { "name": k8s_name(&stream.name) },
+                "spec": {
+                    "name": stream.name,
+                    "description": stream.description,
+                    "subjects": stream.subjects,
+                    "retention": retention,
+                    "storage": "file",
+                    "discard": discard,
+                    "maxBytes": stream.max_bytes,
+                    "maxConsumers": if stream.max_consumers == 0 { -1 } else { stream.max_consumers },
+                    "duplicateWindow": duration(stream.duplicate_window),
+                }
+            }));
+        }
+        for consumer in &self.consumers {
+            let name = consumer.config.name.clone().unwrap_or_default();
+            items.push(json!({
+                "apiVersion": "jetstream.nats.io/v1beta2",
+                "kind": "Consumer",
+                "metadata": { "name": k8s_name(&name) },
+                "spec": {
+                    "streamName": consumer.stream,
+                    "durableName": name,
+                    "filterSubject": consumer.config.filter_subject,
+                    "deliverPolicy": "all",
+                    "ackPolicy": "explicit",
+                    "ackWait": duration(consumer.config.ack_wait),
+                    "maxAckPending": consumer.config.max_ack_pending,
+                    "maxDeliver": consumer.config.max_deliver,
+                }
+            }));
+        }
+        json!({ "apiVersion": "v1", "kind": "List", "items": items })
+    }
+
+    /// Creates every stream and consumer, or updates it to this manifest.
+    pub async fn create(&self, js: &jetstream::Context) -> Result<(), TopologyError> {
+        for config in &self.streams {
+            create_or_update_stream(js, config.clone()).await?;
+        }
+        for wanted in &self.consumers {
+            let consumer_error = |reason: String| TopologyError::Consumer {
+                stream: wanted.stream.clone(),
+                consumer: wanted.config.name.clone().unwrap_or_default(),
+                reason,
+            };
+            let stream = js
+                .get_stream(&wanted.stream)
+                .await
+                .map_err(|err| consumer_error(err.to_string()))?;
+            stream
+                .create_consumer(wanted.config.clone())
+                .await
+                .map_err(|err| consumer_error(err.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Every difference between this manifest and what NATS has. Objects
+    /// are read concurrently, so a slow or refusing server costs one timeout.
+    pub async fn verify(&self, js: &jetstream::Context) -> Vec<Mismatch> {
+        let streams = self.streams.iter().map(|wanted| async move {
+            let mut found = Vec::new();
+            match js.get_stream(&wanted.name).await {
+                Ok(mut stream) => match stream.info().await {
+                    Ok(info) => compare_stream(wanted, &info.config, &mut found),
+                    Err(err) => found.push(Mismatch::unreadable("stream", &wanted.name, err)),
+                },
+                Err(err) => found.push(Mismatch::missing("stream", &wanted.name, err)),
+            }
+            found
+        });
+        let consumers = self.consumers.iter().map(|wanted| async move {
+            let mut found = Vec::new();
+            let name = wanted.config.name.clone().unwrap_or_default();
+            let object = format!("{}/{name}", wanted.stream);
+            let info = match js.get_stream(&wanted.stream).await {
+                Ok(stream) => stream.consumer_info(&name).await.map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            };
+            match info {
+                Ok(info) => compare_consumer(&object, &wanted.config, &info.config, &mut found),
+                Err(err) => found.push(Mismatch::missing("consumer", &object, err)),
+            }
+            found
+        });
+        let mut found: Vec<Mismatch> = join_all(streams).await.into_iter().flatten().collect();
+        found.extend(join_all(consumers).await.into_iter().flatten());
+        found
+    }
+}
+
+/// Whether weir can run with a difference.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    prometheus_client::encoding::EncodeLabelValue,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// weir would lose, reorder or silently drop rows: it refuses to start.
+    Required,
+    /// weir works, with less margin than intended: a warning.
+    Recommended,
+}
+
+/// One difference between the manifest and the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mismatch {
+    pub severity: Severity,
+    /// `stream NAME` or `consumer STREAM/NAME`.
+    pub object: String,
+    pub field: String,
+    pub expected: String,
+    pub found: String,
+}
+
+impl Mismatch {
+    fn missing(kind: &str, name: &str, err: impl fmt::Display) -> Mismatch {
+        Mismatch {
+            severity: Severity::Required,
+            object: format!("{kind} {name}"),
+            field: "existence".into(),
+            expected: "present".into(),
+            found: format!("missing ({err})"),
         }
     }
-    Ok(())
+
+    /// The server refused weir's user an operation it needs.
+    pub fn refused(violation: &str) -> Mismatch {
+        Mismatch {
+            severity: Severity::Required,
+            object: "NATS user".into(),
+            field: "permissions".into(),
+            expected: "every subject `weir mq permissions` lists allowed".into(),
+            found: violation.trim().to_string(),
+        }
+    }
+
+    fn unreadable(kind: &str, name: &str, err: impl fmt::Display) -> Mismatch {
+        Mismatch {
+            found: format!("unreadable ({err})"),
+            ..Mismatch::missing(kind, name, "")
+        }
+    }
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let severity = match self.severity {
+            Severity::Required => "required",
+            Severity::Recommended => "recommended",
+        };
+        write!(
+            f,
+            "{}: {} expected {}, found {} ({severity})",
+            self.object, self.field, self.expected, self.found
+        )
+    }
+}
+
+/// Records a difference when `expected != found`.
+fn check<T: PartialEq + fmt::Debug>(
+    found: &mut Vec<Mismatch>,
+    severity: Severity,
+    object: &str,
+    field: &str,
+    expected: T,
+    actual: T,
+) {
+    if expected != actual {
+        found.push(Mismatch {
+            severity,
+            object: object.to_string(),
+            field: field.to_string(),
+            expected: format!("{expected:?}"),
+            found: format!("{actual:?}"),
+        });
+    }
+}
+
+fn compare_stream(wanted: &stream::Config, actual: &stream::Config, found: &mut Vec<Mismatch>) {
+    use Severity::{Recommended, Required};
+    let object = format!("stream {}", wanted.name);
+    let object = object.as_str();
+    check(
+        found,
+        Required,
+        object,
+        "subjects",
+        &wanted.subjects,
+        &actual.subjects,
+    );
+    // Limits retention on a partition would keep every row forever; interest
+    // retention would drop rows no consumer covers yet.
+    check(
+        found,
+        Required,
+        object,
+        "retention",
+        wanted.retention,
+        actual.retention,
+    );
+    // Discard-old on a full partition silently deletes accepted rows.
+    check(
+        found,
+        Required,
+        object,
+        "discard",
+        wanted.discard,
+        actual.discard,
+    );
+    check(
+        found,
+        Recommended,
+        object,
+        "storage",
+        wanted.storage,
+        actual.storage,
+    );
+    if wanted.max_consumers > 0
+        && actual.max_consumers > 0
+        && actual.max_consumers < wanted.max_consumers
+    {
+        check(
+            found,
+            Required,
+            object,
+            "max_consumers",
+            wanted.max_consumers,
+            actual.max_consumers,
+        );
+    }
+    check(
+        found,
+        Recommended,
+        object,
+        "max_bytes",
+        wanted.max_bytes,
+        actual.max_bytes,
+    );
+    if actual.duplicate_window < wanted.duplicate_window {
+        check(
+            found,
+            Recommended,
+            object,
+            "duplicate_window",
+            wanted.duplicate_window,
+            actual.duplicate_window,
+        );
+    }
+}
+
+fn compare_consumer(
+    object: &str,
+    wanted: &consumer::pull::Config,
+    actual: &consumer::Config,
+    found: &mut Vec<Mismatch>,
+) {
+    use Severity::{Recommended, Required};
+    let object = format!("consumer {object}");
+    let object = object.as_str();
+    let actual_filters: Vec<&str> = if actual.filter_subjects.is_empty() {
+        vec![actual.filter_subject.as_str()]
+    } else {
+        actual.filter_subjects.iter().map(String::as_str).collect()
+    };
+    check(
+        found,
+        Required,
+        object,
+        "filter_subject",
+        vec![wanted.filter_subject.as_str()],
+        actual_filters,
+    );
+    check(
+        found,
+        Required,
+        object,
+        "ack_policy",
+        wanted.ack_policy,
+        actual.ack_policy,
+    );
+    check(
+        found,
+        Required,
+        object,
+        "deliver_subject (must be a pull consumer)",
+        None,
+        actual.deliver_subject.as_deref(),
+    );
+    // A server-side delivery limit drops rows weir would have dead-lettered.
+    check(
+        found,
+        Required,
+        object,
+        "max_deliver",
+        normalize_unlimited(wanted.max_deliver),
+        normalize_unlimited(actual.max_deliver),
+    );
+    check(
+        found,
+        Recommended,
+        object,
+        "ack_wait",
+        wanted.ack_wait,
+        actual.ack_wait,
+    );
+    check(
+        found,
+        Recommended,
+        object,
+        "max_ack_pending",
+        wanted.max_ack_pending,
+        actual.max_ack_pending,
+    );
+}
+
+/// The server reports "unlimited" as -1 or 0 depending on how it was set.
+fn normalize_unlimited(value: i64) -> i64 {
+    if value <= 0 { -1 } else { value }
 }
 
 async fn create_or_update_stream(
@@ -111,5 +490,63 @@ async fn create_or_update_stream(
             .create_stream(config)
             .await
             .map_err(|err| error(err.to_string())),
+    }
+}
+
+/// How often a running host re-checks the topology it verified at boot.
+pub const RECHECK_PERIOD: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use std::path::Path;
+
+    fn manifest(file_store: Option<i64>) -> Manifest {
+        let config = Config::parse(
+            Path::new("w.toml"),
+            "[stream]\npartitions = 2\nshards = 3\nmax_bytes = 1000\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let router = Router::new("weir", 2, 3);
+        Manifest::new(&router, &config.stream, &config.delivery, file_store)
+    }
+
+    #[test]
+    fn the_manifest_has_every_stream_and_unit() {
+        let manifest = manifest(None);
+        let names: Vec<&str> = manifest.streams.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["weir_dlq", "weir_in_0", "weir_in_1"]);
+        assert_eq!(manifest.consumers.len(), 6);
+        assert_eq!(manifest.consumers[4].stream, "weir_in_1");
+        assert_eq!(manifest.consumers[4].config.filter_subject, "weir.in.1.1.>");
+        assert_eq!(manifest.streams[1].max_bytes, 1000);
+    }
+
+    #[test]
+    fn a_file_store_budget_adds_up() {
+        let manifest = manifest(Some(10_000));
+        let total: i64 = manifest.streams.iter().map(|s| s.max_bytes).sum();
+        assert_eq!(total, 10_000);
+        assert_eq!(manifest.streams[0].max_bytes, 1_000);
+    }
+
+    #[test]
+    fn differences_are_named_with_their_severity() {
+        let manifest = manifest(None);
+        let mut actual = manifest.streams[1].clone();
+        actual.retention = stream::RetentionPolicy::Limits;
+        actual.max_bytes = 5;
+        let mut found = Vec::new();
+        compare_stream(&manifest.streams[1], &actual, &mut found);
+        let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "stream weir_in_0: retention expected WorkQueue, found Limits (required)",
+                "stream weir_in_0: max_bytes expected 1000, found 5 (recommended)",
+            ]
+        );
     }
 }

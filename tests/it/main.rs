@@ -8,3 +8,4 @@ mod cli;
 mod delivery;
 mod front_door;
 mod sandbox;
+mod topology;

@@ -22,6 +22,11 @@ pub struct Nats {
 
 impl Nats {
     pub fn start() -> Nats {
+        Nats::start_with("")
+    }
+
+    /// A server with more configuration (accounts, users…).
+    pub fn start_with(extra_config: &str) -> Nats {
         let dir = tempfile::tempdir().expect("temp dir");
         let server = EmbeddedNats::start(&EmbeddedOptions {
             binary: None,
@@ -29,6 +34,7 @@ impl Nats {
             // Tests need speed, not power-loss durability.
             sync: SyncPolicy::Periodic,
             port: None,
+            extra_config: extra_config.to_string(),
         })
         .expect("nats-server >= 2.11 must be installed (bash .ci/setup does it)");
         Nats { server, _dir: dir }
@@ -66,6 +72,9 @@ max_body_bytes = 1048576
 
 [nats]
 url = "{nats_url}"
+
+[stream]
+create = true
 
 [delivery]
 batch_wait_ms = 5

@@ -1,0 +1,93 @@
+//! The least-privilege NATS permissions a weir host needs, derived from the
+//! same [`Manifest`] weir verifies: publish its rows and dead letters, read
+//! its streams and consumers, pull and ack its durables, hand a pin over —
+//! and nothing that creates, deletes or purges a stream.
+
+use serde::Serialize;
+
+use crate::route::Router;
+use crate::topology::Manifest;
+
+/// A `permissions` block for a nats-server user (JSON is valid NATS config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Permissions {
+    pub publish: Allow,
+    pub subscribe: Allow,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Allow {
+    pub allow: Vec<String>,
+}
+
+impl Permissions {
+    /// Everything a host of this topology does, and nothing more.
+    pub fn for_host(router: &Router, manifest: &Manifest) -> Permissions {
+        let prefix = router.prefix();
+        let mut publish = vec![
+            // Rows at the front door, dead letters from delivery.
+            format!("{prefix}.in.>"),
+            format!("{prefix}.dlq.>"),
+        ];
+        for stream in &manifest.streams {
+            publish.push(format!("$JS.API.STREAM.INFO.{}", stream.name));
+        }
+        for consumer in &manifest.consumers {
+            let (stream, name) = (
+                &consumer.stream,
+                consumer.config.name.as_deref().unwrap_or_default(),
+            );
+            publish.push(format!("$JS.API.CONSUMER.INFO.{stream}.{name}"));
+            publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"));
+            // Handing a unit over releases its pin at once.
+            publish.push(format!("$JS.API.CONSUMER.UNPIN.{stream}.{name}"));
+            // Acks, naks and in-progress acks go to the reply subject.
+            publish.push(format!("$JS.ACK.{stream}.{name}.>"));
+        }
+        for stream in manifest
+            .streams
+            .iter()
+            .filter(|s| s.name != router.dead_letter_stream())
+        {
+            // Backlog of every unit in one paged request.
+            publish.push(format!("$JS.API.CONSUMER.LIST.{}", stream.name));
+        }
+        Permissions {
+            publish: Allow { allow: publish },
+            // Replies to requests and pulls.
+            subscribe: Allow {
+                allow: vec!["_INBOX.>".to_string()],
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use std::path::Path;
+
+    #[test]
+    fn a_host_may_do_its_work_and_nothing_destructive() {
+        let config = Config::parse(
+            Path::new("w.toml"),
+            "[stream]\npartitions = 1\nshards = 2\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let router = Router::new("weir", 1, 2);
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        let permissions = Permissions::for_host(&router, &manifest);
+        let publish = &permissions.publish.allow;
+        assert!(publish.contains(&"weir.in.>".to_string()));
+        assert!(publish.contains(&"$JS.API.CONSUMER.MSG.NEXT.weir_in_0.weir_in_0_1".to_string()));
+        assert!(publish.contains(&"$JS.ACK.weir_in_0.weir_in_0_0.>".to_string()));
+        for subject in publish {
+            for destructive in ["CREATE", "DELETE", "PURGE", "UPDATE", "$JS.API.>"] {
+                assert!(!subject.contains(destructive), "{subject}");
+            }
+        }
+        assert_eq!(permissions.subscribe.allow, ["_INBOX.>"]);
+    }
+}
