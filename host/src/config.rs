@@ -158,8 +158,28 @@ pub struct DeliveryConfig {
     pub ack_wait: Duration,
     /// After this many deliveries a row that still asks for a retry is dead-lettered.
     pub max_deliveries: u32,
-    /// Delay before a batch whose plugin call failed is redelivered.
+    /// Delay before a row whose plugin call failed is redelivered the first
+    /// time; it doubles with each delivery up to `failure_delay_cap`.
     pub failure_delay: Duration,
+    pub failure_delay_cap: Duration,
+}
+
+impl DeliveryConfig {
+    /// Delay before the retry of a failing row at its `attempt`-th delivery:
+    /// doubling from `failure_delay` up to `failure_delay_cap`, with ±20%
+    /// jitter (from the row's sequence) so rows that failed together do not
+    /// all come back at once.
+    pub fn backoff(&self, attempt: i64, sequence: u64) -> Duration {
+        let doublings = attempt.saturating_sub(1).clamp(0, 20) as u32;
+        let delay = self
+            .failure_delay
+            .saturating_mul(1 << doublings)
+            .min(self.failure_delay_cap);
+        let mixed =
+            (sequence ^ (attempt as u64).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let permille = (mixed >> 54) % 401;
+        delay.mul_f64(0.8 + permille as f64 / 1000.0)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -276,6 +296,7 @@ struct RawDelivery {
     ack_wait_secs: Option<u64>,
     max_deliveries: Option<u32>,
     failure_delay_ms: Option<u64>,
+    failure_delay_cap_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -518,6 +539,9 @@ impl<'a> Checker<'a> {
             ack_wait: Duration::from_secs(raw.delivery.ack_wait_secs.unwrap_or(30).max(1)),
             max_deliveries: raw.delivery.max_deliveries.unwrap_or(10).max(1),
             failure_delay: Duration::from_millis(raw.delivery.failure_delay_ms.unwrap_or(1_000)),
+            failure_delay_cap: Duration::from_millis(
+                raw.delivery.failure_delay_cap_ms.unwrap_or(60_000),
+            ),
         };
 
         let mut tenants = Vec::new();
@@ -762,6 +786,32 @@ mod tests {
             found[0].starts_with("/etc/weir/weir.toml:2:8:"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_with_bounded_jitter() {
+        let config =
+            parse("[delivery]\nfailure_delay_ms = 100\nfailure_delay_cap_ms = 1000\n").unwrap();
+        let delivery = &config.delivery;
+        for (attempt, nominal) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ] {
+            for sequence in 0..50 {
+                let delay = delivery.backoff(attempt, sequence).as_millis() as u64;
+                assert!(
+                    (nominal * 8 / 10..=nominal * 12 / 10).contains(&delay),
+                    "attempt {attempt}: {delay} ms"
+                );
+            }
+        }
+        let spread: std::collections::HashSet<_> =
+            (0..50).map(|s| delivery.backoff(3, s)).collect();
+        assert!(spread.len() > 10, "jitter spreads retries");
     }
 
     #[test]

@@ -30,6 +30,8 @@ const PULL_EXPIRES: Duration = Duration::from_secs(5);
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
 /// Pause before pulling again after the pull stream failed.
 const PULL_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// Shortest interval between in-progress acks of a running batch.
+const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
@@ -178,94 +180,185 @@ impl UnitWorker {
         Ok(())
     }
 
-    /// Runs a batch through its pipelines and settles every row.
+    /// Runs a batch through its pipelines, keeping its rows alive while it
+    /// runs, then settles every row.
     async fn process(&mut self, batch: Vec<Message>) {
         self.metrics.batches.inc();
-        let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
-        // Rows grouped by pipeline, each with its index in the batch.
-        let mut groups: HashMap<usize, (Vec<usize>, Vec<Row>)> = HashMap::new();
-        for (index, message) in batch.iter().enumerate() {
-            match self.decode(message) {
-                Ok((pipeline, row)) => {
-                    let group = groups.entry(pipeline).or_default();
-                    group.0.push(index);
-                    group.1.push(row);
-                }
-                Err(reason) => {
-                    verdicts[index] = Verdict::DeadLetter {
-                        plugin: None,
-                        reason,
-                    }
+        let work = run_pipelines(
+            &mut self.runners,
+            &self.pipelines,
+            &self.router,
+            &self.settings,
+            &batch,
+        );
+        let verdicts = keep_alive(&batch, self.settings.ack_wait, work).await;
+        self.settler.settle(batch, verdicts).await;
+    }
+}
+
+/// Runs each pipeline's rows of a batch. When a plugin call fails (trap,
+/// deadline, memory cap), the rows are split in halves and run again until
+/// the failing rows stand alone: the others are delivered, the poison rows
+/// retried with backoff and, past `max_deliveries`, dead-lettered with the
+/// failure as their reason.
+async fn run_pipelines(
+    runners: &mut [Option<PipelineRunner>],
+    pipelines: &Pipelines,
+    router: &Router,
+    settings: &DeliveryConfig,
+    batch: &[Message],
+) -> Vec<Verdict> {
+    let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
+    let mut rows: Vec<Option<Row>> = Vec::with_capacity(batch.len());
+    // Batch indexes by pipeline, in batch order.
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (index, message) in batch.iter().enumerate() {
+        match decode(router, pipelines, message) {
+            Ok((pipeline, row)) => {
+                rows.push(Some(row));
+                match groups.iter_mut().find(|(p, _)| *p == pipeline) {
+                    Some((_, indexes)) => indexes.push(index),
+                    None => groups.push((pipeline, vec![index])),
                 }
             }
+            Err(reason) => {
+                rows.push(None);
+                verdicts[index] = Verdict::DeadLetter {
+                    plugin: None,
+                    reason,
+                };
+            }
         }
-        for (pipeline, (indexes, rows)) in groups {
-            let Some(Some(runner)) = self.runners.get_mut(pipeline) else {
+    }
+    for (pipeline, indexes) in groups {
+        let Some(Some(runner)) = runners.get_mut(pipeline) else {
+            continue;
+        };
+        let mut parts = vec![indexes];
+        let mut isolating = false;
+        while let Some(part) = parts.pop() {
+            // Rows are decoded again for a retried part: the first run consumed them.
+            let part_rows: Vec<Row> = part
+                .iter()
+                .filter_map(|&i| {
+                    rows[i].take().or_else(|| {
+                        decode(router, pipelines, &batch[i])
+                            .ok()
+                            .map(|(_, row)| row)
+                    })
+                })
+                .collect();
+            if part_rows.len() != part.len() {
                 continue;
-            };
-            match runner.run(rows).await {
+            }
+            match runner.run(part_rows).await {
                 Ok(results) => {
-                    for (index, verdict) in indexes.into_iter().zip(results) {
+                    for (index, verdict) in part.into_iter().zip(results) {
                         verdicts[index] = verdict;
                     }
                 }
+                Err(failure) if part.len() > 1 => {
+                    if !isolating {
+                        tracing::warn!(
+                            plugin = failure.plugin.name(),
+                            version = %failure.plugin.version,
+                            rows = part.len(),
+                            error = %failure.error,
+                            "plugin call failed; splitting the batch to find the failing rows"
+                        );
+                        isolating = true;
+                    }
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                }
                 Err(failure) => {
+                    let index = part[0];
+                    let attempt = batch[index].info().map_or(1, |info| info.delivered);
                     tracing::warn!(
                         plugin = failure.plugin.name(),
-                        version = %failure.plugin.version,
-                        rows = indexes.len(),
+                        subject = %batch[index].subject,
+                        attempt,
                         error = %failure.error,
-                        "plugin call failed; the batch will be retried"
+                        "a row fails its plugin; it will be retried"
                     );
-                    for index in indexes {
-                        verdicts[index] = Verdict::Retry {
-                            delay: self.settings.failure_delay,
-                            reason: failure.error.message.clone(),
-                        };
+                    verdicts[index] = Verdict::Retry {
+                        delay: settings.backoff(
+                            attempt,
+                            batch[index].info().map_or(0, |i| i.stream_sequence),
+                        ),
+                        reason: failure.error.message,
+                    };
+                }
+            }
+        }
+    }
+    verdicts
+}
+
+/// Runs `work` while telling JetStream every third of the ack wait that the
+/// batch's rows are still being worked on, so a long batch is not
+/// redelivered under its own feet.
+async fn keep_alive<F: std::future::Future>(
+    batch: &[Message],
+    ack_wait: Duration,
+    work: F,
+) -> F::Output {
+    let period = (ack_wait / 3).max(MIN_PROGRESS_PERIOD);
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            output = &mut work => return output,
+            _ = ticker.tick() => {
+                for message in batch {
+                    if let Err(err) = message.ack_with(AckKind::Progress).await {
+                        tracing::debug!(error = %err, "cannot extend a row's ack wait");
                     }
                 }
             }
         }
-        self.settler.settle(batch, verdicts).await;
     }
+}
 
-    /// The pipeline index and the plugin-facing row of one message.
-    fn decode(&self, message: &Message) -> Result<(usize, Row), String> {
-        let info = message
-            .info()
-            .map_err(|err| format!("no delivery info: {err}"))?;
-        let (tenant, table) = self
-            .router
-            .parse(message.subject.as_str())
-            .map_err(|err| err.to_string())?;
-        let pipeline = self
-            .pipelines
-            .index_of(&table)
-            .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
-        let headers = message
-            .headers
-            .as_ref()
-            .map(|headers| {
-                headers
-                    .iter()
-                    .flat_map(|(name, values)| {
-                        values
-                            .iter()
-                            .map(move |value| (name.to_string(), value.to_string()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let row = Row {
-            tenant: tenant.into_owned(),
-            table: table.into_owned(),
-            payload: message.payload.to_vec(),
-            headers,
-            sequence: info.stream_sequence,
-            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
-        };
-        Ok((pipeline, row))
-    }
+/// The pipeline index and the plugin-facing row of one message.
+fn decode(
+    router: &Router,
+    pipelines: &Pipelines,
+    message: &Message,
+) -> Result<(usize, Row), String> {
+    let info = message
+        .info()
+        .map_err(|err| format!("no delivery info: {err}"))?;
+    let (tenant, table) = router
+        .parse(message.subject.as_str())
+        .map_err(|err| err.to_string())?;
+    let pipeline = pipelines
+        .index_of(&table)
+        .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
+    let headers = message
+        .headers
+        .as_ref()
+        .map(|headers| {
+            headers
+                .iter()
+                .flat_map(|(name, values)| {
+                    values
+                        .iter()
+                        .map(move |value| (name.to_string(), value.to_string()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let row = Row {
+        tenant: tenant.into_owned(),
+        table: table.into_owned(),
+        payload: message.payload.to_vec(),
+        headers,
+        sequence: info.stream_sequence,
+        attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+    };
+    Ok((pipeline, row))
 }
 
 impl Settler {

@@ -255,6 +255,12 @@ impl RunningHost {
     }
 }
 
+/// A plain connection for operator commands (`weir dlq`), with the same
+/// handling of credentials in the URL as a host's.
+pub async fn connect_to(url: &str) -> Result<async_nats::Client, StartError> {
+    connect(url, &Refusals::default()).await
+}
+
 /// Permission violations the server reported, kept to explain a failed boot.
 type Refusals = Arc<std::sync::Mutex<Vec<String>>>;
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use weir::config::{Config, ConfigError, Overrides};
+use weir::dead_letter::{DeadLetters, LetterFilter};
 use weir::host::RunningHost;
 use weir::permissions::Permissions;
 use weir::route::Router;
@@ -47,6 +48,11 @@ enum Command {
         /// instead of only verifying them.
         #[arg(long, env = "WEIR_CREATE_TOPOLOGY")]
         create_topology: bool,
+    },
+    /// Look at dead letters, and re-inject them after a fix.
+    Dlq {
+        #[command(subcommand)]
+        what: DlqCommand,
     },
     /// What an operator applies to NATS for this config.
     Mq {
@@ -109,6 +115,63 @@ enum MqCommand {
         #[arg(long, env = "WEIR_CONFIG")]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Print dead letters as JSON lines, oldest first.
+    List {
+        #[command(flatten)]
+        target: DlqTarget,
+    },
+    /// Re-publish dead letters to their table's unit, then remove them.
+    Replay {
+        #[command(flatten)]
+        target: DlqTarget,
+    },
+}
+
+/// Where the dead letters are, and which ones.
+#[derive(clap::Args)]
+struct DlqTarget {
+    #[arg(long, env = "WEIR_CONFIG")]
+    config: PathBuf,
+    /// NATS URL; default: the config's, else the running host's (asked at
+    /// the config's listen address).
+    #[arg(long, env = "WEIR_NATS_URL")]
+    nats_url: Option<String>,
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long)]
+    table: Option<String>,
+    /// Dead-letter stream sequences (repeatable); default: every match.
+    #[arg(long = "seq")]
+    sequences: Vec<u64>,
+}
+
+impl DlqTarget {
+    async fn dead_letters(&self) -> anyhow::Result<(DeadLetters, LetterFilter)> {
+        let config = Config::load(&self.config, &Overrides::default())?;
+        let url = match (&self.nats_url, &config.nats.url) {
+            (Some(url), _) | (None, Some(url)) => url.clone(),
+            (None, None) => {
+                let host = format!("http://{}", config.listen);
+                fetch_status(&host)
+                    .await
+                    .context("no NATS URL given and no running weir host to ask")?
+                    .nats
+                    .url
+            }
+        };
+        let client = weir::host::connect_to(&url).await?;
+        let letters = DeadLetters::new(async_nats::jetstream::new(client), router_of(&config));
+        let filter = LetterFilter {
+            tenant: self.tenant.clone(),
+            table: self.table.clone(),
+            sequences: self.sequences.clone(),
+        };
+        Ok((letters, filter))
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -238,6 +301,27 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Dlq { what } => match what {
+            DlqCommand::List { target } => {
+                let (letters, filter) = target.dead_letters().await?;
+                for (letter, _) in letters.list(&filter).await? {
+                    println!("{}", serde_json::to_string(&letter)?);
+                }
+                Ok(())
+            }
+            DlqCommand::Replay { target } => {
+                let (letters, filter) = target.dead_letters().await?;
+                let replayed = letters.replay(&filter).await?;
+                for letter in &replayed {
+                    println!(
+                        "replayed dead letter {} ({}/{}): {}",
+                        letter.sequence, letter.tenant, letter.table, letter.reason
+                    );
+                }
+                println!("{} dead letters replayed", replayed.len());
+                Ok(())
+            }
+        },
         Command::Mq { what } => {
             let output = match what {
                 MqCommand::Manifests {

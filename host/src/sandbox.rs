@@ -47,7 +47,8 @@ use bindings::transform::weir::plugin::host::{self as host_api, Level};
 use bindings::transform::{Transform, TransformPre};
 use bindings::{Delivery, Outcome, Row};
 
-/// How often the epoch advances: the granularity of every call deadline.
+/// How often the epoch advances: the granularity of every call deadline,
+/// and how often a running call yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Instances the pooling allocator keeps slots for. Each unit holds at most
 /// one instance per pipeline step, so this bounds units × steps per host.
@@ -383,10 +384,19 @@ impl Plugin {
             table: ResourceTable::new(),
             limits,
             plugin: self.clone(),
+            call_ends: std::time::Instant::now(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
-        store.epoch_deadline_trap();
+        // Every epoch tick, a running call yields to the executor (so a long
+        // call never starves the host's other tasks) until its deadline passes.
+        store.epoch_deadline_callback(|context| {
+            Ok(if std::time::Instant::now() >= context.data().call_ends {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::Yield(1)
+            })
+        });
         let mut instance = PluginInstance {
             store,
             exports: Exports::None,
@@ -452,17 +462,12 @@ impl PluginInstance {
     }
 
     fn arm_deadline(&mut self) {
-        let ticks = self
-            .plugin
-            .config
-            .deadline
-            .as_millis()
-            .div_ceil(EPOCH_TICK.as_millis())
-            .max(1) as u64;
-        self.store.set_epoch_deadline(ticks);
+        self.store.data_mut().call_ends = std::time::Instant::now() + self.plugin.config.deadline;
+        self.store.set_epoch_deadline(1);
     }
 
     fn begin_call(&mut self) {
+        self.stderr.clear();
         self.arm_deadline();
         self.batches += 1;
         self.plugin
@@ -544,13 +549,16 @@ impl PluginInstance {
                     limit.memory_bytes >> 20
                 ),
             ),
-            _ => (FailureKind::Trap, format!("trapped: {err:#}")),
+            // The trap itself, not the wasm backtrace wasmtime wraps it in.
+            Some(trap) => (FailureKind::Trap, format!("trapped ({trap})")),
+            None => (FailureKind::Trap, format!("trapped ({})", err.root_cause())),
         };
+        // A Rust guest prints its panic message to stderr before it aborts.
         let tail = self.stderr.last_line();
         let message = if tail.is_empty() {
             format!("plugin `{}` {what}", self.plugin.name())
         } else {
-            format!("plugin `{}` {what} (stderr: {tail})", self.plugin.name())
+            format!("plugin `{}` {what}: {tail}", self.plugin.name())
         };
         CallError { kind, message }
     }
@@ -571,6 +579,8 @@ pub struct PluginState {
     table: ResourceTable,
     limits: StoreLimits,
     plugin: Arc<Plugin>,
+    /// When the running call must have returned.
+    call_ends: std::time::Instant,
 }
 
 impl WasiView for PluginState {
@@ -622,6 +632,13 @@ impl bindings::transform::weir::plugin::types::Host for PluginState {}
 struct StderrTail(Arc<Mutex<Vec<u8>>>);
 
 impl StderrTail {
+    /// Forgets what earlier calls wrote, so a trap is explained by its own call.
+    fn clear(&self) {
+        if let Ok(mut bytes) = self.0.lock() {
+            bytes.clear();
+        }
+    }
+
     fn last_line(&self) -> String {
         let Ok(bytes) = self.0.lock() else {
             return String::new();

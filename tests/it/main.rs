@@ -7,5 +7,6 @@ mod support;
 mod cli;
 mod delivery;
 mod front_door;
+mod retries;
 mod sandbox;
 mod topology;

@@ -80,8 +80,8 @@ async fn a_batch_that_traps_is_retried_and_delivered_once_the_plugin_stops_trapp
         .find_map(|line| line.strip_prefix("weir_plugin_failures_total{plugin=\"chaos_flaky\"} "))
         .and_then(|value| value.parse().ok())
         .unwrap_or(0);
-    // One trap per first-attempt batch: the five rows may come in one or more.
-    assert!((1..=5).contains(&traps), "the trap is counted:\n{metrics}");
+    // Every failed call is counted (isolating the rows takes several).
+    assert!(traps >= 1, "the trap is counted:\n{metrics}");
     let report = host.host.status().report().await;
     assert_eq!(report.rows.delivered, 5);
     assert!(report.rows.retried >= 5);

@@ -8,6 +8,7 @@
 //! | `trigger` | string | a batch is triggered only if some row's payload contains it; absent: every batch is |
 //! | `tag`     | string | the value `tag` mode adds (required by that mode)             |
 //! | `grow_mb` | u32    | MiB `grow` mode allocates, default 1024                       |
+//! | `slow_ms` | u64    | milliseconds `slow` mode works for, default 1000              |
 //!
 //! Modes:
 //!
@@ -15,6 +16,11 @@
 //! - `trap-first-attempt`: panics (a trap) on a triggered batch holding a
 //!   row on its first attempt; otherwise every row `ok`.
 //! - `spin`: loops forever on a triggered batch; otherwise `ok`.
+//! - `trap`: panics on every triggered batch; otherwise every row `ok`.
+//! - `retry`: asks for a retry (10 ms) of every row holding `trigger` (of
+//!   every row without one); other rows `ok`.
+//! - `slow`: on a triggered batch, keeps busy for `slow_ms` (a long but
+//!   successful call), then every row `ok`.
 //! - `grow`: on a triggered batch, allocates and touches `grow_mb` MiB in
 //!   1 MiB chunks, then answers `ok` (the host's memory cap should kill it
 //!   first); otherwise `ok`.
@@ -42,6 +48,12 @@ struct Settings {
     tag: Option<String>,
     #[serde(default = "default_grow_mb")]
     grow_mb: u32,
+    #[serde(default = "default_slow_ms")]
+    slow_ms: u64,
+}
+
+fn default_slow_ms() -> u64 {
+    1000
 }
 
 fn default_grow_mb() -> u32 {
@@ -54,6 +66,9 @@ enum Mode {
     Pass,
     TrapFirstAttempt,
     Spin,
+    Trap,
+    Retry,
+    Slow,
     Grow,
     Tag,
     TrapInit,
@@ -94,6 +109,21 @@ impl Guest for Chaos {
                 panic!("chaos: trapping on a first attempt on purpose")
             }
             Mode::Spin if triggered => spin(),
+            Mode::Trap if triggered => panic!("chaos: trapping on purpose"),
+            Mode::Slow if triggered => busy_for(settings.slow_ms),
+            Mode::Retry => {
+                let needle = settings.trigger.as_deref().unwrap_or("").as_bytes();
+                return rows
+                    .iter()
+                    .map(|row| {
+                        if contains(&row.payload, needle) {
+                            Outcome::Retry(10)
+                        } else {
+                            Outcome::Ok
+                        }
+                    })
+                    .collect();
+            }
             Mode::Grow if triggered => grow(settings.grow_mb),
             Mode::Tag => {
                 let tag = settings.tag.as_deref().expect("checked by init");
@@ -109,6 +139,15 @@ weir_plugin::export_transform!(Chaos);
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Keeps the CPU busy for `ms` milliseconds of the host's monotonic clock.
+fn busy_for(ms: u64) {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+    let mut n: u64 = 0;
+    while std::time::Instant::now() < until {
+        n = black_box(n.wrapping_add(1));
+    }
 }
 
 /// Never returns: the host must interrupt it.

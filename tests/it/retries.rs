@@ -1,0 +1,192 @@
+//! Delivery semantics: a poison row is isolated from its batch, a row that
+//! keeps failing is dead-lettered with its count and can be replayed after a
+//! fix, and a long batch keeps its rows from being redelivered.
+
+use std::process::Command;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use weir::dead_letter::{DeadLetters, LetterFilter};
+use weir::route::Router;
+
+use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+/// A pipeline for `table`: the chaos plugin with `settings`, then the sink.
+fn chaos(table: &str, settings: &str, limits: &str) -> String {
+    format!(
+        "[plugins.chaos_{table}]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\nsettings = {{ {settings} }}\n{limits}\n\n[[pipelines]]\ntables = [\"{table}\"]\ntransforms = [\"chaos_{table}\"]\nsink = \"files\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_poison_row_in_a_batch_of_500_is_dead_lettered_and_the_other_499_delivered() {
+    let nats = Nats::start();
+    let extra = chaos("mixed", "mode = \"trap\", trigger = \"poison\"", "");
+    let config = base_config(nats.url(), &extra)
+        .replace("batch_wait_ms = 5", "batch_wait_ms = 200\nbatch_rows = 500")
+        .replace("failure_delay_ms = 100", "failure_delay_ms = 50");
+    let host = TestHost::start(&config).await;
+
+    let mut body = orders(0, 250);
+    body.push_str("{\"id\":\"poison\"}\n");
+    body.push_str(&orders(250, 249));
+    assert_eq!(host.ingest("mixed", body).await.status(), 202);
+
+    let lines = eventually(Duration::from_secs(30), "499 rows delivered", || async {
+        let lines = host.sink_lines("mixed");
+        (lines.len() >= 499).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 499);
+    assert!(lines.iter().all(|line| !line.contains("poison")));
+
+    let client = nats.client().await;
+    let letters = eventually(
+        Duration::from_secs(30),
+        "the poison row dead-lettered",
+        || async {
+            let letters = read_stream(&client, "weir_dlq").await;
+            (!letters.is_empty()).then_some(letters)
+        },
+    )
+    .await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(&letters[0].payload[..], b"{\"id\":\"poison\"}");
+    let reason = letters[0]
+        .headers
+        .as_ref()
+        .unwrap()
+        .get("Weir-Reason")
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with("gave up after 3 deliveries: plugin `chaos_mixed` trapped")
+            && reason.contains("chaos: trapping on purpose"),
+        "{reason}"
+    );
+    eventually(Duration::from_secs(10), "the stream drained", || async {
+        (backlog(&client).await == (0, 0, 0)).then_some(())
+    })
+    .await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_that_keeps_asking_for_retry_is_dead_lettered_and_replayed_after_a_fix() {
+    let nats = Nats::start();
+    let broken = base_config(
+        nats.url(),
+        &chaos("flaky", "mode = \"retry\", trigger = \"again\"", ""),
+    );
+    let host = TestHost::start(&broken).await;
+    let body = "{\"id\":1,\"note\":\"again\"}\n{\"id\":2}\n";
+    assert_eq!(host.ingest("flaky", body).await.status(), 202);
+
+    let client = nats.client().await;
+    let letters = DeadLetters::new(jetstream::new(client.clone()), Router::new("weir", 1, 4));
+    let listed = eventually(Duration::from_secs(30), "the row dead-lettered", || async {
+        let listed = letters.list(&LetterFilter::default()).await.ok()?;
+        (!listed.is_empty()).then_some(listed)
+    })
+    .await;
+    let letter = &listed[0].0;
+    assert_eq!(
+        (letter.tenant.as_str(), letter.table.as_str()),
+        ("acme", "flaky")
+    );
+    assert_eq!(
+        letter.deliveries, 3,
+        "max_deliveries is 3 in the test config"
+    );
+    assert!(
+        letter
+            .reason
+            .starts_with("gave up after 3 deliveries: plugin `chaos_flaky` asked for a retry"),
+        "{}",
+        letter.reason
+    );
+    assert_eq!(host.sink_lines("flaky"), vec!["{\"id\":2}"]);
+    host.shutdown().await;
+
+    // The plugin is fixed (it passes every row); the operator replays.
+    let fixed = base_config(nats.url(), &chaos("flaky", "mode = \"pass\"", ""));
+    let host = TestHost::start(&fixed).await;
+    let config_path = host.dir.path().join("weir.toml");
+    let output = tokio::task::block_in_place(|| {
+        Command::new(WEIR)
+            .args([
+                "dlq",
+                "replay",
+                "--table",
+                "flaky",
+                "--nats-url",
+                nats.url(),
+                "--config",
+            ])
+            .arg(&config_path)
+            .output()
+            .unwrap()
+    });
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 dead letters replayed"));
+    eventually(
+        Duration::from_secs(20),
+        "the replayed row delivered",
+        || async {
+            (host.sink_lines("flaky") == vec!["{\"id\":1,\"note\":\"again\"}".to_string()])
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        letters
+            .list(&LetterFilter::default())
+            .await
+            .unwrap()
+            .is_empty(),
+        "the dead letter is gone"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_outlives_the_ack_wait_is_not_redelivered_while_it_runs() {
+    let nats = Nats::start();
+    let extra = chaos(
+        "slow",
+        "mode = \"slow\", slow_ms = 3500",
+        "deadline_ms = 10000",
+    );
+    let config =
+        base_config(nats.url(), &extra).replace("[delivery]\n", "[delivery]\nack_wait_secs = 1\n");
+    let host = TestHost::start(&config).await;
+    assert_eq!(host.ingest("slow", orders(0, 3)).await.status(), 202);
+
+    eventually(Duration::from_secs(30), "3 rows delivered", || async {
+        (host.sink_lines("slow").len() >= 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        host.sink_lines("slow").len(),
+        3,
+        "delivered once, not again after the ack wait"
+    );
+    let client = nats.client().await;
+    let js = jetstream::new(client);
+    let stream = js.get_stream("weir_in_0").await.unwrap();
+    let mut consumers = stream.consumers();
+    while let Some(info) = futures::StreamExt::next(&mut consumers).await {
+        let info = info.unwrap();
+        assert_eq!(info.num_redelivered, 0, "{} redelivered rows", info.name);
+    }
+    let report = host.host.status().report().await;
+    assert_eq!(report.rows.retried, 0);
+    host.shutdown().await;
+}
