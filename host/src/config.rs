@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
 /// Default CPU deadline of one plugin call.
 pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
+/// A warm instance whose linear memory grew this much since `init` is
+/// replaced: linear memory never shrinks, so a leak would otherwise stay.
+pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
 /// Longest tenant or table name, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
 /// Default shards per partition: enough units to spread a few hosts' work.
@@ -202,6 +205,8 @@ pub struct PluginConfig {
     /// After this many batches an instance is replaced by a fresh one, so its
     /// linear memory cannot grow without bound.
     pub recycle_after_batches: u64,
+    /// ... or once its linear memory has grown this much since `init`.
+    pub recycle_after_growth_bytes: usize,
     pub grants: Grants,
 }
 
@@ -226,6 +231,8 @@ impl World {
 #[derive(Debug, Clone, Default)]
 pub struct Grants {
     pub dirs: Vec<DirGrant>,
+    /// Environment variables the plugin sees (it sees none otherwise).
+    pub env: BTreeMap<String, String>,
 }
 
 /// A host directory preopened for a plugin under a guest path.
@@ -316,6 +323,7 @@ struct RawPlugin {
     memory_mb: Option<Spanned<u32>>,
     deadline_ms: Option<Spanned<u64>>,
     recycle_after_batches: Option<u64>,
+    recycle_after_growth_mb: Option<u32>,
     #[serde(default)]
     grants: RawGrants,
 }
@@ -325,6 +333,8 @@ struct RawPlugin {
 struct RawGrants {
     #[serde(default)]
     dirs: Vec<RawDirGrant>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -638,7 +648,15 @@ impl<'a> Checker<'a> {
                     memory_bytes: (memory_mb as usize) << 20,
                     deadline: Duration::from_millis(deadline_ms.max(1)),
                     recycle_after_batches: plugin.recycle_after_batches.unwrap_or(1_000).max(1),
-                    grants: Grants { dirs },
+                    recycle_after_growth_bytes: (plugin
+                        .recycle_after_growth_mb
+                        .unwrap_or(DEFAULT_RECYCLE_AFTER_GROWTH_MB)
+                        .max(1) as usize)
+                        << 20,
+                    grants: Grants {
+                        dirs,
+                        env: plugin.grants.env,
+                    },
                 },
             );
         }

@@ -360,6 +360,9 @@ impl Plugin {
         let stderr = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone());
+        for (name, value) in &self.config.grants.env {
+            wasi.env(name, value);
+        }
         for grant in &self.config.grants.dirs {
             let perms = if grant.writable {
                 FsPerms::ReadWrite
@@ -382,7 +385,10 @@ impl Plugin {
         let state = PluginState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits,
+            limits: Limiter {
+                limits,
+                memory_bytes: 0,
+            },
             plugin: self.clone(),
             call_ends: std::time::Instant::now(),
         };
@@ -403,6 +409,7 @@ impl Plugin {
             plugin: self.clone(),
             stderr,
             batches: 0,
+            memory_after_init: 0,
         };
         instance.arm_deadline();
         let exports = match &self.pre {
@@ -426,7 +433,10 @@ impl Plugin {
             Exports::None => unreachable!("exports were just set"),
         };
         match result {
-            Ok(Ok(())) => Ok(instance),
+            Ok(Ok(())) => {
+                instance.memory_after_init = instance.memory_bytes();
+                Ok(instance)
+            }
             Ok(Err(reason)) => Err(CallError {
                 kind: FailureKind::Refused,
                 message: format!("init refused its settings: {reason}"),
@@ -449,6 +459,8 @@ pub struct PluginInstance {
     plugin: Arc<Plugin>,
     stderr: StderrTail,
     batches: u64,
+    /// Linear memory right after `init`: growth is measured from here.
+    memory_after_init: usize,
 }
 
 impl PluginInstance {
@@ -456,9 +468,22 @@ impl PluginInstance {
         &self.plugin
     }
 
-    /// True once the instance has served enough batches to be replaced.
+    /// True once the instance has served enough batches, or its memory has
+    /// grown enough since `init`, to be replaced by a fresh one.
     pub fn worn_out(&self) -> bool {
+        let grown = self
+            .store
+            .data()
+            .limits
+            .memory_bytes
+            .saturating_sub(self.memory_after_init);
         self.batches >= self.plugin.config.recycle_after_batches
+            || grown >= self.plugin.config.recycle_after_growth_bytes
+    }
+
+    /// Linear memory the instance has now, in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().limits.memory_bytes
     }
 
     fn arm_deadline(&mut self) {
@@ -572,12 +597,63 @@ impl Drop for PluginInstance {
     }
 }
 
+/// The store's limits, plus a tally of how much linear memory the instance
+/// has grown to: a warm instance is recycled when it has grown too much.
+struct Limiter {
+    limits: StoreLimits,
+    memory_bytes: usize,
+}
+
+impl wasmtime::ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = self.limits.memory_growing(current, desired, maximum)?;
+        if allowed {
+            self.memory_bytes += desired.saturating_sub(current);
+        }
+        Ok(allowed)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.memory_grow_failed(error)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
 /// What each store holds: the empty-by-default WASI context, the limits,
 /// and who the plugin is (for its logs and counters).
 pub struct PluginState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: Limiter,
     plugin: Arc<Plugin>,
     /// When the running call must have returned.
     call_ends: std::time::Instant,

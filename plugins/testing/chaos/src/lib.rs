@@ -9,6 +9,8 @@
 //! | `tag`     | string | the value `tag` mode adds (required by that mode)             |
 //! | `grow_mb` | u32    | MiB `grow` mode allocates, default 1024                       |
 //! | `slow_ms` | u64    | milliseconds `slow` mode works for, default 1000              |
+//! | `leak_kb` | u32    | KiB `leak` mode leaks per call, default 64                    |
+//! | `target`  | string | the path `open-file` reads / the address `connect` dials      |
 //!
 //! Modes:
 //!
@@ -19,6 +21,13 @@
 //! - `trap`: panics on every triggered batch; otherwise every row `ok`.
 //! - `retry`: asks for a retry (10 ms) of every row holding `trigger` (of
 //!   every row without one); other rows `ok`.
+//! - `leak`: leaks `leak_kb` KiB per call (never freed), then every row `ok`.
+//! - `open-file`: tries to read the file `target`; every row is `ok` if it
+//!   could, else dead-lettered with the error (what a sandbox should say).
+//! - `connect`: tries a TCP connection to `target` (host:port); `ok` if it
+//!   connected, else dead-lettered with the error.
+//! - `env`: dead-letters every row with the value of the environment
+//!   variable `target` (or "unset"), so a test can see what was granted.
 //! - `slow`: on a triggered batch, keeps busy for `slow_ms` (a long but
 //!   successful call), then every row `ok`.
 //! - `grow`: on a triggered batch, allocates and touches `grow_mb` MiB in
@@ -50,6 +59,14 @@ struct Settings {
     grow_mb: u32,
     #[serde(default = "default_slow_ms")]
     slow_ms: u64,
+    #[serde(default = "default_leak_kb")]
+    leak_kb: u32,
+    #[serde(default)]
+    target: Option<String>,
+}
+
+fn default_leak_kb() -> u32 {
+    64
 }
 
 fn default_slow_ms() -> u64 {
@@ -66,6 +83,10 @@ enum Mode {
     Pass,
     TrapFirstAttempt,
     Spin,
+    Leak,
+    OpenFile,
+    Connect,
+    Env,
     Trap,
     Retry,
     Slow,
@@ -110,6 +131,32 @@ impl Guest for Chaos {
             }
             Mode::Spin if triggered => spin(),
             Mode::Trap if triggered => panic!("chaos: trapping on purpose"),
+            Mode::Leak => {
+                let leaked: &'static mut [u8] = vec![1u8; settings.leak_kb as usize * 1024].leak();
+                black_box(leaked);
+            }
+            Mode::OpenFile | Mode::Connect | Mode::Env => {
+                let target = settings.target.as_deref().unwrap_or("");
+                let verdict = match settings.mode {
+                    Mode::OpenFile => std::fs::read(target)
+                        .map(|_| ())
+                        .map_err(|e| format!("open {target}: {e}")),
+                    Mode::Connect => std::net::TcpStream::connect(target)
+                        .map(|_| ())
+                        .map_err(|e| format!("connect {target}: {e}")),
+                    _ => Err(format!(
+                        "env {target}={}",
+                        std::env::var(target).unwrap_or_else(|_| "unset".into())
+                    )),
+                };
+                return rows
+                    .iter()
+                    .map(|_| match &verdict {
+                        Ok(()) => Outcome::Ok,
+                        Err(reason) => Outcome::DeadLetter(reason.clone()),
+                    })
+                    .collect();
+            }
             Mode::Slow if triggered => busy_for(settings.slow_ms),
             Mode::Retry => {
                 let needle = settings.trigger.as_deref().unwrap_or("").as_bytes();
