@@ -233,6 +233,9 @@ pub struct Grants {
     pub dirs: Vec<DirGrant>,
     /// Environment variables the plugin sees (it sees none otherwise).
     pub env: BTreeMap<String, String>,
+    /// `host:port` authorities the plugin may reach over outbound HTTP
+    /// (`wasi:http`), lowercased; empty means no `wasi:http` at all.
+    pub http: Vec<String>,
 }
 
 /// A host directory preopened for a plugin under a guest path.
@@ -335,6 +338,8 @@ struct RawGrants {
     dirs: Vec<RawDirGrant>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    http: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -635,6 +640,20 @@ impl<'a> Checker<'a> {
                     writable: dir.writable,
                 });
             }
+            let mut http = Vec::new();
+            for authority in &plugin.grants.http {
+                match parse_authority(authority.get_ref()) {
+                    Ok(normalized) => http.push(normalized),
+                    Err(reason) => self.report(
+                        authority.span().start,
+                        format!(
+                            "plugin `{}`: grants.http entry `{}` {reason}",
+                            name.get_ref(),
+                            authority.get_ref()
+                        ),
+                    ),
+                }
+            }
             let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
                 .unwrap_or(serde_json::Value::Object(Default::default()));
             let name_text = name.into_inner();
@@ -656,6 +675,7 @@ impl<'a> Checker<'a> {
                     grants: Grants {
                         dirs,
                         env: plugin.grants.env,
+                        http,
                     },
                 },
             );
@@ -739,6 +759,37 @@ impl<'a> Checker<'a> {
     }
 }
 
+/// A `grants.http` entry: `host:port` with a DNS name, an IPv4 address or a
+/// bracketed IPv6 address, and a port in 1..=65535. Lowercased, because the
+/// sandbox compares it with the authority of each request.
+pub fn parse_authority(text: &str) -> Result<String, String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or("is not `host:port` (the port is required)")?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or("has no port in 1..=65535")?;
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            })
+    };
+    if !host_ok {
+        return Err(
+            "has no valid host (a DNS name, an IPv4 address or a [bracketed] IPv6 address)".into(),
+        );
+    }
+    Ok(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,6 +855,37 @@ mod tests {
             found[0].starts_with("/etc/weir/weir.toml:2:8:"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn http_grants_are_host_port_authorities() {
+        let found = problems(concat!(
+            "[plugins.h]\nwasm = \"h.wasm\"\nworld = \"sink\"\n",
+            "grants.http = [\"127.0.0.1:8123\", \"API.example.com:443\", \"[::1]:80\",\n",
+            "  \"no-port.example.com\", \"bad host:80\", \"x:0\"]\n",
+        ));
+        let http: Vec<&String> = found.iter().filter(|p| p.contains("grants.http")).collect();
+        assert_eq!(http.len(), 3, "{found:?}");
+        assert!(
+            http[0].starts_with("/etc/weir/weir.toml:5:3: plugin `h`: grants.http entry `no-port.example.com` is not `host:port`"),
+            "{found:?}"
+        );
+        assert!(
+            http[1].contains("`bad host:80` has no valid host"),
+            "{found:?}"
+        );
+        assert!(http[2].contains("`x:0` has no port"), "{found:?}");
+        assert_eq!(
+            parse_authority("API.example.com:443").as_deref(),
+            Ok("api.example.com:443")
+        );
+        assert_eq!(parse_authority("[::1]:80").as_deref(), Ok("[::1]:80"));
+    }
+
+    #[test]
+    fn unknown_grant_is_refused() {
+        let found = problems("[plugins.h]\nwasm = \"h.wasm\"\nworld = \"sink\"\ngrants.htp = []\n");
+        assert!(found[0].contains("unknown field `htp`"), "{found:?}");
     }
 
     #[test]

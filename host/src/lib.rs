@@ -9,9 +9,10 @@
 //!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
 //!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
 //!
-//! Beside the path: [`config`], [`embedded_nats`], [`permissions`],
-//! [`telemetry`], [`status`],
-//! [`send`] (the `weir send` client) and [`host`], which wires them together.
+//! Beside the path: [`config`], [`embedded_nats`], [`permissions`], [`telemetry`], [`status`],
+//! [`send`] (the `weir send` client), [`kv`] (watching key prefixes through
+//! one consumer, and the KV writes coordination needs) and [`host`], which
+//! wires them together.
 
 pub mod config;
 pub mod dead_letter;
@@ -19,6 +20,7 @@ pub mod delivery;
 pub mod embedded_nats;
 pub mod front_door;
 pub mod host;
+pub mod kv;
 pub mod ndjson;
 pub mod permissions;
 pub mod pipeline;

@@ -5,15 +5,20 @@
 //! Architecture invariant: a plugin reaches nothing it was not granted. WASI
 //! is linked because every std guest imports it, but the context is empty:
 //! no preopens, no environment, no sockets, unless the TOML grants them.
+//! `wasi:http` is linked only for plugins with `grants.http`, and each of
+//! their requests must go to an authority in that list.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable, types::ComponentItem};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{
+    RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
 
 use crate::config::{PluginConfig, World};
 use crate::telemetry::{Metrics, PluginCounterLabels, PluginLabels};
@@ -98,6 +103,16 @@ pub enum LoadError {
         path: String,
         reason: String,
     },
+    #[error(
+        "plugin `{plugin}`: {path} imports `{import}` but has no `{grant}`; add the `host:port` authorities it may reach"
+    )]
+    Ungranted {
+        plugin: String,
+        path: String,
+        import: String,
+        /// The TOML key that would grant the import.
+        grant: &'static str,
+    },
     #[error("plugin `{plugin}`: grant of {dir}: {reason}")]
     Grant {
         plugin: String,
@@ -131,10 +146,13 @@ pub struct CallError {
     pub message: String,
 }
 
-/// The process-wide engine, its linker and the epoch ticker.
+/// The process-wide engine, its linkers and the epoch ticker.
 pub struct Sandbox {
     engine: Engine,
+    /// WASI with an empty context and weir's host API: every plugin.
     linker: Linker<PluginState>,
+    /// The same plus `wasi:http`: only plugins with `grants.http`.
+    http_linker: Linker<PluginState>,
     metrics: Metrics,
     ticker_stop: Arc<AtomicBool>,
 }
@@ -158,9 +176,17 @@ impl Sandbox {
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(SandboxError::Engine)?;
 
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
-        host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| state)
+        let base_linker = || -> wasmtime::Result<Linker<PluginState>> {
+            let mut linker = Linker::new(&engine);
+            wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+            host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| {
+                state
+            })?;
+            Ok(linker)
+        };
+        let linker = base_linker().map_err(SandboxError::Engine)?;
+        let mut http_linker = base_linker().map_err(SandboxError::Engine)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut http_linker)
             .map_err(SandboxError::Engine)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -178,6 +204,7 @@ impl Sandbox {
         Ok(Sandbox {
             engine,
             linker,
+            http_linker,
             metrics,
             ticker_stop,
         })
@@ -219,14 +246,30 @@ impl Sandbox {
                 missing,
             }
         })?;
-        let instance_pre =
-            self.linker
-                .instantiate_pre(&component)
-                .map_err(|err| LoadError::Link {
-                    plugin: plugin.clone(),
-                    path: path.clone(),
-                    reason: format!("{err:#}"),
-                })?;
+        // An ungranted wasi:http import gets a message naming the grant,
+        // not the linker's "unknown import".
+        let linker = match (
+            http_import(&self.engine, &component),
+            config.grants.http.is_empty(),
+        ) {
+            (Some(import), true) => {
+                return Err(LoadError::Ungranted {
+                    plugin,
+                    path,
+                    import,
+                    grant: "grants.http",
+                });
+            }
+            (_, false) => &self.http_linker,
+            (None, true) => &self.linker,
+        };
+        let instance_pre = linker
+            .instantiate_pre(&component)
+            .map_err(|err| LoadError::Link {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: format!("{err:#}"),
+            })?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             plugin: plugin.clone(),
             path: path.clone(),
@@ -317,6 +360,19 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
     }
 }
 
+/// The component's `wasi:http/…` import, if it has any; the outgoing
+/// handler is named first, since that is what reaches the network.
+fn http_import(engine: &Engine, component: &Component) -> Option<String> {
+    let mut imports: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .filter(|(name, _)| name.starts_with("wasi:http/"))
+        .map(|(name, _)| name.to_string())
+        .collect();
+    imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));
+    imports.into_iter().next()
+}
+
 /// A short content digest: the plugin's version as status and logs show it.
 fn version_of(bytes: &[u8]) -> String {
     use sha2::Digest;
@@ -384,6 +440,12 @@ impl Plugin {
             .build();
         let state = PluginState {
             wasi: wasi.build(),
+            http: WasiHttpCtx::new(),
+            gate: HttpGate {
+                plugin: self.config.name.clone(),
+                allowed: self.config.grants.http.clone(),
+                call_ends: Instant::now(),
+            },
             table: ResourceTable::new(),
             limits: Limiter {
                 limits,
@@ -487,7 +549,10 @@ impl PluginInstance {
     }
 
     fn arm_deadline(&mut self) {
-        self.store.data_mut().call_ends = std::time::Instant::now() + self.plugin.config.deadline;
+        let call_ends = Instant::now() + self.plugin.config.deadline;
+        let state = self.store.data_mut();
+        state.call_ends = call_ends;
+        state.gate.call_ends = call_ends;
         self.store.set_epoch_deadline(1);
     }
 
@@ -652,6 +717,9 @@ impl wasmtime::ResourceLimiter for Limiter {
 /// and who the plugin is (for its logs and counters).
 pub struct PluginState {
     wasi: WasiCtx,
+    /// Used only through the `http_linker`, i.e. with `grants.http`.
+    http: WasiHttpCtx,
+    gate: HttpGate,
     table: ResourceTable,
     limits: Limiter,
     plugin: Arc<Plugin>,
@@ -665,6 +733,100 @@ impl WasiView for PluginState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+impl WasiHttpView for PluginState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.gate,
+        }
+    }
+}
+
+/// Lets a plugin's outbound HTTP request out only to an authority in its
+/// `grants.http`, and never for longer than what is left of its call.
+struct HttpGate {
+    plugin: String,
+    /// Normalized `host:port` authorities (see `config::parse_authority`).
+    allowed: Vec<String>,
+    /// The running call's deadline (a copy of `PluginState::call_ends`).
+    call_ends: Instant,
+}
+
+type ResponseFuture = Box<
+    dyn Future<
+            Output = wasmtime_wasi_http::Result<(
+                axum::http::Response<WasiBody>,
+                Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+            )>,
+        > + Send,
+>;
+
+impl HttpGate {
+    /// `host:port` of a request, the port defaulted from the scheme, lowercased.
+    fn authority_of(uri: &axum::http::Uri) -> Option<String> {
+        let authority = uri.authority()?;
+        let port = authority.port_u16().unwrap_or(
+            if uri.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
+                443
+            } else {
+                80
+            },
+        );
+        Some(format!("{}:{port}", authority.host().to_ascii_lowercase()))
+    }
+
+    /// The guest's timeouts, none longer than what is left of the call: a
+    /// call blocked in the host on a response is not interrupted by the
+    /// epoch, so these are what keep it within its deadline.
+    fn bounded(&self, options: Option<RequestOptions>) -> RequestOptions {
+        let left = self
+            .call_ends
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let bound = |asked: Option<Duration>| Some(asked.map_or(left, |asked| asked.min(left)));
+        let options = options.unwrap_or_default();
+        RequestOptions {
+            connect_timeout: bound(options.connect_timeout),
+            first_byte_timeout: bound(options.first_byte_timeout),
+            between_bytes_timeout: bound(options.between_bytes_timeout),
+        }
+    }
+}
+
+impl WasiHttpHooks for HttpGate {
+    fn send_request(
+        &mut self,
+        request: axum::http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> ResponseFuture {
+        drop(fut);
+        let authority = Self::authority_of(request.uri());
+        let granted = authority
+            .as_ref()
+            .is_some_and(|authority| self.allowed.contains(authority));
+        if !granted {
+            let authority = authority.unwrap_or_else(|| request.uri().to_string());
+            tracing::warn!(
+                plugin = %self.plugin,
+                %authority,
+                "outbound HTTP request denied: not in grants.http"
+            );
+            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        }
+        let options = self.bounded(options);
+        Box::new(async move {
+            let (response, io) =
+                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            Ok((
+                response.map(WasiBody::new),
+                Box::new(io) as Box<dyn Future<Output = _> + Send>,
+            ))
+        })
     }
 }
 

@@ -15,6 +15,9 @@ const PLUGINS: &[(&str, &str)] = &[
     ("VALIDATOR", "weir_validator.wasm"),
     ("NDJSON_SINK", "weir_ndjson_sink.wasm"),
     ("CHAOS", "weir_chaos.wasm"),
+    ("PASSTHROUGH", "weir_bench_passthrough.wasm"),
+    ("NULL_SINK", "weir_bench_null_sink.wasm"),
+    ("HTTP_SINK", "weir_http_sink.wasm"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";

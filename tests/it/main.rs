@@ -7,6 +7,8 @@ mod support;
 mod cli;
 mod delivery;
 mod front_door;
+mod http_sink;
+mod kv;
 mod retries;
 mod sandbox;
 mod topology;

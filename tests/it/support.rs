@@ -243,3 +243,23 @@ pub fn orders(start: usize, count: usize) -> String {
         })
         .collect()
 }
+
+impl Nats {
+    /// Stops the server, waits `downtime`, then starts a new one on the same
+    /// port with the same storage (not `start_with`'s extra configuration):
+    /// what clients see when a server restarts. Blocks: call it through
+    /// `tokio::task::block_in_place`.
+    pub fn restart(&mut self, downtime: Duration) {
+        let port = self.server.port();
+        self.server.stop();
+        std::thread::sleep(downtime);
+        self.server = EmbeddedNats::start(&EmbeddedOptions {
+            binary: None,
+            data_dir: self._dir.path().to_path_buf(),
+            sync: SyncPolicy::Periodic,
+            port: Some(port),
+            extra_config: String::new(),
+        })
+        .expect("nats-server restarts on its port");
+    }
+}

@@ -1,0 +1,318 @@
+//! Benchmark: what crossing weir's plugin boundary costs — one masking transform as native Rust and as a weir WASM plugin, and a no-op plugin for the boundary alone.
+//!
+//! The transform parses a 256-byte JSON row into an insertion-ordered map,
+//! replaces `email` and `card` with `"***"` and serializes it again. As a
+//! plugin it is the validator (`{ mask = ["email","card"] }`) called through
+//! weir's sandbox exactly as delivery calls it (`PluginInstance::transform`,
+//! one reused instance); natively it is the same steps in this process, and
+//! the two are checked to produce the same bytes. Batch sizes 1, 10, 100 and
+//! 1000; each figure is the median of `WEIR_BENCH_SAMPLES` samples of
+//! `WEIR_BENCH_ROWS` rows, the variants taking turns within each sample so
+//! the machine's noise hits them alike. The no-op plugin (`ok` for every row)
+//! gives the boundary's own cost, split into per call and per row.
+//!
+//! `cargo bench -p weir --bench boundary`.
+
+mod support;
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indexmap::IndexMap;
+use serde_json::Value;
+use weir::config::{Config, Overrides};
+use weir::sandbox::bindings::{EmittedRow, Outcome, Row};
+use weir::sandbox::{Plugin, PluginInstance, Sandbox};
+use weir::telemetry::Metrics;
+
+use support::{Table, env_count, median, print_figure};
+
+const BENCH: &str = "boundary";
+const BATCH_SIZES: [usize; 4] = [1, 10, 100, 1000];
+/// Distinct rows the batches are cut from; every batch size divides it.
+const DISTINCT_ROWS: usize = 1000;
+const DEFAULT_ROWS_PER_SAMPLE: usize = 20_000;
+const DEFAULT_SAMPLES: usize = 15;
+/// Fresh instances created to time instantiation.
+const INSTANTIATIONS: usize = 300;
+/// The fields masked, and with what: the validator's settings below.
+const MASKED_FIELDS: [&str; 2] = ["email", "card"];
+const MASK_WITH: &str = "***";
+
+/// Both plugins, configured as an operator would.
+fn plugins_toml() -> String {
+    format!(
+        r#"
+[plugins.mask]
+wasm = {validator:?}
+world = "transform"
+settings = {{ mask = ["email", "card"] }}
+
+[plugins.noop]
+wasm = {passthrough:?}
+world = "transform"
+"#,
+        validator = weir_test_artifacts::VALIDATOR,
+        passthrough = weir_test_artifacts::PASSTHROUGH,
+    )
+}
+
+/// The three ways a batch is transformed.
+#[derive(Clone, Copy)]
+enum Variant {
+    Native,
+    Plugin,
+    NoOp,
+}
+
+/// Nanoseconds per row of each variant at one batch size.
+struct AtBatch {
+    batch: usize,
+    native: f64,
+    plugin: f64,
+    noop: f64,
+}
+
+fn main() {
+    let rows_per_sample =
+        env_count("WEIR_BENCH_ROWS", DEFAULT_ROWS_PER_SAMPLE).next_multiple_of(DISTINCT_ROWS);
+    let samples = env_count("WEIR_BENCH_SAMPLES", DEFAULT_SAMPLES);
+    // One thread, like one delivery worker: every call is awaited in turn.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+
+    let config = Config::parse(
+        Path::new("boundary.toml"),
+        &plugins_toml(),
+        &Overrides::default(),
+    )
+    .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let sandbox = Sandbox::new(Metrics::default()).expect("wasm engine");
+    let load = |name: &str| -> Arc<Plugin> {
+        runtime
+            .block_on(sandbox.load(&config.plugins[name]))
+            .unwrap_or_else(|err| panic!("load plugin `{name}`: {err}"))
+    };
+    let (mask, noop) = (load("mask"), load("noop"));
+    let instantiate = |plugin: &Arc<Plugin>| {
+        runtime
+            .block_on(plugin.instantiate())
+            .expect("a fresh instance")
+    };
+    let mut mask_instance = instantiate(&mask);
+    let mut noop_instance = instantiate(&noop);
+
+    let rows: Vec<Row> = (0..DISTINCT_ROWS as u64)
+        .map(|id| Row {
+            tenant: "acme".into(),
+            table: "orders".into(),
+            payload: support::row(id),
+            headers: Vec::new(),
+            sequence: id + 1,
+            attempt: 1,
+        })
+        .collect();
+    check_same_work(&runtime, &mut mask_instance, &rows);
+    eprintln!(
+        "boundary bench: {rows_per_sample} rows per sample, {samples} samples per figure, batches {BATCH_SIZES:?}"
+    );
+
+    let mut results = Vec::new();
+    for batch in BATCH_SIZES {
+        let mut per_row = |variant: Variant| {
+            let elapsed = match variant {
+                Variant::Native => time_native(&rows, batch, rows_per_sample),
+                Variant::Plugin => {
+                    time_plugin(&runtime, &mut mask_instance, &rows, batch, rows_per_sample)
+                }
+                Variant::NoOp => {
+                    time_plugin(&runtime, &mut noop_instance, &rows, batch, rows_per_sample)
+                }
+            };
+            elapsed.as_nanos() as f64 / rows_per_sample as f64
+        };
+        // One unmeasured turn warms caches and the guests' allocators.
+        for variant in [Variant::Native, Variant::Plugin, Variant::NoOp] {
+            per_row(variant);
+        }
+        let (mut native, mut plugin, mut noop) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..samples {
+            native.push(per_row(Variant::Native));
+            plugin.push(per_row(Variant::Plugin));
+            noop.push(per_row(Variant::NoOp));
+        }
+        let measured = AtBatch {
+            batch,
+            native: median(&native),
+            plugin: median(&plugin),
+            noop: median(&noop),
+        };
+        eprintln!(
+            "batch {batch}: native {:.0}, plugin {:.0}, no-op {:.0} ns/row",
+            measured.native, measured.plugin, measured.noop
+        );
+        results.push(measured);
+    }
+
+    let started = Instant::now();
+    for _ in 0..INSTANTIATIONS {
+        drop(instantiate(&noop));
+    }
+    let fresh_instance_us = started.elapsed().as_secs_f64() * 1e6 / INSTANTIATIONS as f64;
+
+    report(&results, fresh_instance_us, rows_per_sample, samples);
+}
+
+/// Fails the bench unless the plugin and the native transform produce the
+/// same bytes: the comparison is only fair if they do the same work.
+fn check_same_work(runtime: &tokio::runtime::Runtime, instance: &mut PluginInstance, rows: &[Row]) {
+    let sample = &rows[..10];
+    let from_plugin = runtime
+        .block_on(instance.transform(sample))
+        .expect("the masking plugin runs");
+    let from_native = mask_native(sample);
+    for (index, (plugin, native)) in from_plugin.iter().zip(&from_native).enumerate() {
+        match (plugin, native) {
+            (Outcome::Emit(plugin), Outcome::Emit(native))
+                if plugin.len() == 1 && native.len() == 1 =>
+            {
+                assert_eq!(
+                    String::from_utf8_lossy(&plugin[0].payload),
+                    String::from_utf8_lossy(&native[0].payload),
+                    "row {index}: plugin and native masking differ"
+                );
+            }
+            _ => panic!(
+                "row {index}: expected one masked row from both, got {plugin:?} and {native:?}"
+            ),
+        }
+    }
+}
+
+/// The validator's masking, natively: parse into an insertion-ordered map
+/// (as the plugin's `preserve_order` serde_json does), replace the masked
+/// fields, serialize, and emit the new row with the input's headers.
+fn mask_native(rows: &[Row]) -> Vec<Outcome> {
+    rows.iter()
+        .map(|row| {
+            let mut object: IndexMap<String, Value> = match serde_json::from_slice(&row.payload) {
+                Ok(object) => object,
+                Err(err) => {
+                    return Outcome::DeadLetter(format!("payload is not a JSON object: {err}"));
+                }
+            };
+            let mut masked = 0;
+            for field in MASKED_FIELDS {
+                if let Some(value) = object.get_mut(field) {
+                    *value = Value::String(MASK_WITH.to_string());
+                    masked += 1;
+                }
+            }
+            if masked == 0 {
+                return Outcome::Ok;
+            }
+            let payload = serde_json::to_vec(&object).expect("a JSON map always serializes");
+            Outcome::Emit(vec![EmittedRow {
+                table: None,
+                payload,
+                headers: row.headers.clone(),
+            }])
+        })
+        .collect()
+}
+
+/// Time to run `total` rows through the native transform, `batch` at a time.
+fn time_native(rows: &[Row], batch: usize, total: usize) -> Duration {
+    let started = Instant::now();
+    for start in (0..total).step_by(batch) {
+        let start = start % rows.len();
+        black_box(mask_native(black_box(&rows[start..start + batch])));
+    }
+    started.elapsed()
+}
+
+/// Time to run `total` rows through a plugin instance, one call per `batch`.
+fn time_plugin(
+    runtime: &tokio::runtime::Runtime,
+    instance: &mut PluginInstance,
+    rows: &[Row],
+    batch: usize,
+    total: usize,
+) -> Duration {
+    runtime.block_on(async {
+        let started = Instant::now();
+        for start in (0..total).step_by(batch) {
+            let start = start % rows.len();
+            let outcomes = instance
+                .transform(&rows[start..start + batch])
+                .await
+                .expect("the plugin call succeeds");
+            black_box(outcomes);
+        }
+        started.elapsed()
+    })
+}
+
+fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, samples: usize) {
+    for at in results {
+        let batch = at.batch;
+        print_figure(
+            BENCH,
+            &format!("native_ns_per_row_batch_{batch}"),
+            at.native,
+        );
+        print_figure(
+            BENCH,
+            &format!("plugin_ns_per_row_batch_{batch}"),
+            at.plugin,
+        );
+        print_figure(
+            BENCH,
+            &format!("ratio_plugin_to_native_batch_{batch}"),
+            at.plugin / at.native,
+        );
+        print_figure(BENCH, &format!("noop_ns_per_row_batch_{batch}"), at.noop);
+    }
+    // A call of n rows costs per_call + n × per_row. The slope comes from the
+    // two largest batches (where per-call cost hardly matters), the
+    // intercept from the single-row call.
+    let call_ns = |at: &AtBatch| at.noop * at.batch as f64;
+    let (first, large, largest) = (&results[0], &results[2], &results[3]);
+    let boundary_per_row =
+        (call_ns(largest) - call_ns(large)) / (largest.batch - large.batch) as f64;
+    let boundary_per_call = call_ns(first) - boundary_per_row * first.batch as f64;
+    print_figure(BENCH, "noop_ns_per_call", boundary_per_call);
+    print_figure(BENCH, "noop_ns_per_row", boundary_per_row);
+    print_figure(BENCH, "fresh_instance_us", fresh_instance_us);
+
+    println!();
+    println!(
+        "boundary: 256-byte JSON rows, mask two fields; ns/row, median of {samples} samples of {rows_per_sample} rows"
+    );
+    let mut table = Table::new(&[
+        "batch",
+        "native",
+        "plugin",
+        "x native",
+        "no-op plugin",
+        "plugin - no-op",
+    ]);
+    for at in results {
+        table.push(vec![
+            at.batch.to_string(),
+            format!("{:.0}", at.native),
+            format!("{:.0}", at.plugin),
+            format!("{:.2}", at.plugin / at.native),
+            format!("{:.0}", at.noop),
+            format!("{:.0}", at.plugin - at.noop),
+        ]);
+    }
+    table.print();
+    println!(
+        "boundary alone (no-op plugin): {boundary_per_call:.0} ns per call + {boundary_per_row:.0} ns per row; fresh instance (with init): {fresh_instance_us:.1} µs"
+    );
+}

@@ -1,0 +1,457 @@
+//! Benchmark: weir's delivery path (pull → pass-through transform → null sink → ack) against the raw JetStream limit, in one run on one nats-server.
+//!
+//! The same rows are published, pipelined, into (a) a plain work-queue stream
+//! with one durable pull consumer, drained by a hand-written async-nats
+//! consumer that acks each row — the limit — and (b) weir's own topology,
+//! drained by a `RunningHost` started in-process, with 1 shard (one consumer,
+//! comparable with the limit) and with 4. Rows are published before anyone
+//! consumes and the clock runs from the first delivery to the last, so the
+//! figures are delivery only: no HTTP, no publish overlapping the consume.
+//! Scenarios alternate for `WEIR_BENCH_ROUNDS` rounds so noise from other
+//! work on the machine hits them alike; medians are reported.
+//!
+//! `cargo bench -p weir --bench delivery`; `WEIR_BENCH_ROWS` (default
+//! 200000) and `WEIR_BENCH_ROUNDS` (default 3) make it shorter or longer.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_nats::Subject;
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use weir::config::{Config, Overrides, SyncPolicy};
+use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
+use weir::host::RunningHost;
+use weir::route::Router;
+use weir::topology::Manifest;
+
+use support::{Table, env_count, median, print_figure};
+
+const BENCH: &str = "delivery";
+const DEFAULT_ROWS: usize = 200_000;
+const DEFAULT_ROUNDS: usize = 3;
+/// PubAcks in flight at once while publishing, as weir's front door does.
+const PUBLISH_WINDOW: usize = 1024;
+/// Rows per pull request of the raw consumer: the best of 100, 256, 1000,
+/// 2500 and 5000 tried here (256 was ~15% slower, above 1000 no better).
+/// weir pulls its `batch_rows` (256 by default) with the same API.
+const RAW_PULL_BATCH: usize = 1000;
+/// Unacked rows the raw consumer may hold: the value weir's topology sets.
+const RAW_MAX_ACK_PENDING: i64 = 20_000;
+/// How often weir's status is read while it delivers. The end is taken
+/// halfway between the last read below the count and the first at it, so
+/// it is within half of this; each read costs two JetStream API requests
+/// per unit, which a shorter period would add to the server's load.
+const STATUS_POLL: Duration = Duration::from_millis(10);
+/// A scenario that takes longer than this is broken, not slow.
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
+/// Pause between phases so the server's background work (removing acked
+/// rows, deleting streams) does not land in the next measurement.
+const SETTLE: Duration = Duration::from_millis(300);
+/// The tenant every row belongs to.
+const TENANT: &str = "acme";
+/// Shards of weir's second run: rows spread over four units and workers.
+const MANY_SHARDS: u32 = 4;
+
+/// What one scenario measured.
+struct Measured {
+    publish_rows_per_sec: f64,
+    deliver_rows_per_sec: f64,
+}
+
+fn main() {
+    let rows = env_count("WEIR_BENCH_ROWS", DEFAULT_ROWS);
+    let rounds = env_count("WEIR_BENCH_ROUNDS", DEFAULT_ROUNDS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(rows, rounds));
+}
+
+async fn run(rows: usize, rounds: usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = EmbeddedOptions {
+        binary: None,
+        data_dir: dir.path().join("nats"),
+        // nats-server's own default; `always` is ~30x slower (NATS-NOTES.md).
+        sync: SyncPolicy::Periodic,
+        port: None,
+        extra_config: String::new(),
+    };
+    let server = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
+        .await
+        .expect("start task")
+        .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)");
+    let client = async_nats::connect(server.url())
+        .await
+        .expect("connect to the bench's nats-server");
+    let js = jetstream::new(client.clone());
+
+    // Tables chosen so that with 4 shards each unit gets a quarter of the rows.
+    let tables = tables_covering_shards(MANY_SHARDS);
+    let payloads: Vec<Bytes> = (0..rows as u64)
+        .map(|id| Bytes::from(support::row(id)))
+        .collect();
+    eprintln!(
+        "delivery bench: {rows} rows of {} bytes, {rounds} rounds, tables {tables:?}",
+        support::ROW_BYTES
+    );
+
+    let mut limit = Vec::new();
+    let mut weir_one = Vec::new();
+    let mut weir_many = Vec::new();
+    for round in 1..=rounds {
+        let raw = measure_limit(&client, &js, &tables, &payloads).await;
+        eprintln!(
+            "round {round}: limit {:.0} rows/s",
+            raw.deliver_rows_per_sec
+        );
+        limit.push(raw);
+        for (shards, results) in [(1, &mut weir_one), (MANY_SHARDS, &mut weir_many)] {
+            let measured =
+                measure_weir(&js, server.url(), dir.path(), shards, &tables, &payloads).await;
+            eprintln!(
+                "round {round}: weir, {shards} shard(s) {:.0} rows/s",
+                measured.deliver_rows_per_sec
+            );
+            results.push(measured);
+        }
+    }
+    drop(client);
+    report(rows, &limit, &weir_one, &weir_many);
+    drop(server);
+}
+
+/// The limit: a plain stream like a weir partition (file storage, work
+/// queue), one durable pull consumer, a loop that acks every row.
+async fn measure_limit(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    tables: &[String],
+    payloads: &[Bytes],
+) -> Measured {
+    // Subjects of the same shape and length as weir's, under another prefix.
+    let router = Router::new("raw", 1, 1);
+    let stream = js
+        .create_stream(stream::Config {
+            name: "raw".into(),
+            subjects: vec!["raw.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .expect("create the raw stream");
+    let consumer: consumer::PullConsumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("raw".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            max_ack_pending: RAW_MAX_ACK_PENDING,
+            ..Default::default()
+        })
+        .await
+        .expect("create the raw consumer");
+    let subjects = subjects(&router, tables, |_| 0);
+    let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
+    tokio::time::sleep(SETTLE).await;
+
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(RAW_PULL_BATCH)
+        .messages()
+        .await
+        .expect("pull from the raw consumer");
+    let deliver = async {
+        let mut first = None;
+        for _ in 0..payloads.len() {
+            let message = messages
+                .next()
+                .await
+                .expect("the pull stream goes on")
+                .expect("a pulled row");
+            first.get_or_insert_with(Instant::now);
+            message.ack().await.expect("ack");
+        }
+        client.flush().await.expect("flush the acks");
+        let first = first.expect("at least one row");
+        // The first row's arrival starts the clock: it is not counted.
+        (payloads.len() - 1) as f64 / first.elapsed().as_secs_f64()
+    };
+    let deliver_rows_per_sec = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+        .await
+        .expect("the raw consumer drains the stream in time");
+    drop(messages);
+    wait_empty(js, "raw").await;
+    js.delete_stream("raw")
+        .await
+        .expect("delete the raw stream");
+    tokio::time::sleep(SETTLE).await;
+    Measured {
+        publish_rows_per_sec,
+        deliver_rows_per_sec,
+    }
+}
+
+/// weir: its topology created from its own config, the rows published to
+/// their routed subjects, then a host started in-process drains them
+/// through a pass-through transform into a null sink.
+async fn measure_weir(
+    js: &jetstream::Context,
+    nats_url: &str,
+    dir: &Path,
+    shards: u32,
+    tables: &[String],
+    payloads: &[Bytes],
+) -> Measured {
+    let config_path = dir.join(format!("weir-{shards}.toml"));
+    let text = weir_config(nats_url, dir, shards, tables);
+    let config = Config::parse(&config_path, &text, &Overrides::default())
+        .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let router = Router::new(&config.stream.prefix, 1, shards);
+    Manifest::new(&router, &config.stream, &config.delivery, None)
+        .create(js)
+        .await
+        .expect("create weir's topology");
+    let subjects = subjects(&router, tables, |table| router.route(TENANT, table).shard);
+    let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
+    tokio::time::sleep(SETTLE).await;
+
+    let host = RunningHost::start(config).await.expect("weir host starts");
+    let expected = payloads.len() as u64;
+    let deliver = async {
+        // The host's workers start pulling before `start` returns; the rate
+        // counts only rows delivered after the first delivery was seen.
+        let (first_at, first_count) = loop {
+            let delivered = host.status().report().await.rows.delivered;
+            if delivered > 0 {
+                break (Instant::now(), delivered);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let mut below_at = first_at;
+        loop {
+            let rows = host.status().report().await.rows;
+            let read_at = Instant::now();
+            if rows.delivered >= expected {
+                assert_eq!(
+                    (rows.dead_lettered, rows.retried),
+                    (0, 0),
+                    "every row is delivered once"
+                );
+                let last_at = below_at + (read_at - below_at) / 2;
+                break (expected - first_count) as f64 / (last_at - first_at).as_secs_f64();
+            }
+            below_at = read_at;
+            tokio::time::sleep(STATUS_POLL).await;
+        }
+    };
+    let deliver_rows_per_sec = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+        .await
+        .expect("weir drains its stream in time");
+    host.shutdown().await;
+    wait_empty(js, &router.partition_stream(0)).await;
+    for stream in [router.partition_stream(0), router.dead_letter_stream()] {
+        js.delete_stream(&stream)
+            .await
+            .expect("delete weir's streams");
+    }
+    tokio::time::sleep(SETTLE).await;
+    Measured {
+        publish_rows_per_sec,
+        deliver_rows_per_sec,
+    }
+}
+
+/// A host on the bench's server: one partition, `shards` units, a
+/// pass-through transform and a null sink for every table.
+fn weir_config(nats_url: &str, dir: &Path, shards: u32, tables: &[String]) -> String {
+    let tables = serde_json::to_string(tables).expect("table names serialize");
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = {data_dir:?}
+
+[nats]
+url = "{nats_url}"
+
+[stream]
+create = true
+partitions = 1
+shards = {shards}
+
+[[tenants]]
+name = "{TENANT}"
+api_keys = ["bench-key-0001"]
+
+[plugins.pass]
+wasm = {pass:?}
+world = "transform"
+
+[plugins.null]
+wasm = {null:?}
+world = "sink"
+
+[[pipelines]]
+tables = {tables}
+transforms = ["pass"]
+sink = "null"
+"#,
+        data_dir = dir.join(format!("data-{shards}")).display().to_string(),
+        pass = weir_test_artifacts::PASSTHROUGH,
+        null = weir_test_artifacts::NULL_SINK,
+    )
+}
+
+/// The first table names `events_0`, `events_1`, … of which one routes to
+/// each shard of a one-partition topology with `shards` shards.
+fn tables_covering_shards(shards: u32) -> Vec<String> {
+    let router = Router::new("weir", 1, shards);
+    let mut by_shard: Vec<Option<String>> = vec![None; shards as usize];
+    for index in 0.. {
+        let table = format!("events_{index}");
+        let shard = router.route(TENANT, &table).shard as usize;
+        by_shard[shard].get_or_insert(table);
+        if by_shard.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    by_shard.into_iter().flatten().collect()
+}
+
+/// Each table's row subject, its shard picked by `shard_of`.
+fn subjects(router: &Router, tables: &[String], shard_of: impl Fn(&str) -> u32) -> Vec<Subject> {
+    tables
+        .iter()
+        .map(|table| {
+            let unit = weir::route::Unit {
+                partition: 0,
+                shard: shard_of(table),
+            };
+            Subject::from(router.subject(unit, TENANT, table))
+        })
+        .collect()
+}
+
+/// Publishes every payload, the tables taking turns, with a window of
+/// PubAcks in flight; returns rows per second until the last PubAck.
+async fn publish_pipelined(
+    js: &jetstream::Context,
+    subjects: &[Subject],
+    payloads: &[Bytes],
+) -> f64 {
+    let started = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    for (index, payload) in payloads.iter().enumerate() {
+        if in_flight.len() >= PUBLISH_WINDOW {
+            let acked: Option<Result<_, _>> = in_flight.next().await;
+            acked.expect("a PubAck in flight").expect("row stored");
+        }
+        let subject = subjects[index % subjects.len()].clone();
+        let ack = js
+            .publish(subject, payload.clone())
+            .await
+            .expect("publish a row");
+        in_flight.push(ack.into_future());
+    }
+    while let Some(acked) = in_flight.next().await {
+        acked.expect("row stored");
+    }
+    payloads.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Waits until every acked row has left a work-queue stream, so the next
+/// scenario does not pay for this one's clean-up.
+async fn wait_empty(js: &jetstream::Context, name: &str) {
+    let deadline = Instant::now() + SCENARIO_TIMEOUT;
+    loop {
+        let mut stream = js.get_stream(name).await.expect("stream exists");
+        let left = stream.info().await.expect("stream info").state.messages;
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stream {name} still holds {left} rows"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[Measured]) {
+    let delivered = |runs: &[Measured]| {
+        median(
+            &runs
+                .iter()
+                .map(|m| m.deliver_rows_per_sec)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let published = |runs: &[Measured]| {
+        median(
+            &runs
+                .iter()
+                .map(|m| m.publish_rows_per_sec)
+                .collect::<Vec<_>>(),
+        )
+    };
+    // Ratios are taken round by round (side by side, same noise), then the median.
+    let ratio = |runs: &[Measured]| {
+        median(
+            &runs
+                .iter()
+                .zip(limit)
+                .map(|(weir, raw)| weir.deliver_rows_per_sec / raw.deliver_rows_per_sec)
+                .collect::<Vec<_>>(),
+        )
+    };
+
+    print_figure(BENCH, "limit_rows_per_sec", delivered(limit));
+    print_figure(BENCH, "weir_rows_per_sec", delivered(weir_one));
+    print_figure(BENCH, "weir_4_shards_rows_per_sec", delivered(weir_many));
+    print_figure(BENCH, "ratio_weir_to_limit", ratio(weir_one));
+    print_figure(BENCH, "ratio_weir_4_shards_to_limit", ratio(weir_many));
+    print_figure(BENCH, "limit_publish_rows_per_sec", published(limit));
+    print_figure(BENCH, "weir_publish_rows_per_sec", published(weir_one));
+    print_figure(
+        BENCH,
+        "weir_4_shards_publish_rows_per_sec",
+        published(weir_many),
+    );
+
+    println!();
+    println!(
+        "delivery: {rows} rows of {} bytes, median of {} rounds",
+        support::ROW_BYTES,
+        limit.len()
+    );
+    let mut table = Table::new(&[
+        "consumer",
+        "rows/s",
+        "x limit",
+        "publish rows/s",
+        "each round",
+    ]);
+    for (name, runs) in [
+        ("raw pull consumer (limit)", limit),
+        ("weir, 1 shard", weir_one),
+        ("weir, 4 shards", weir_many),
+    ] {
+        let rounds: Vec<String> = runs
+            .iter()
+            .map(|m| format!("{:.0}", m.deliver_rows_per_sec))
+            .collect();
+        table.push(vec![
+            name.to_string(),
+            format!("{:.0}", delivered(runs)),
+            format!("{:.2}", ratio(runs)),
+            format!("{:.0}", published(runs)),
+            rounds.join(" "),
+        ]);
+    }
+    table.print();
+}

@@ -1,0 +1,104 @@
+//! What the benches share: the 256-byte JSON row they all move, knobs read from the environment, medians, and the one-JSON-line-per-figure output.
+
+use std::fmt::Write as _;
+
+/// Size of every benchmark row: the row size MISSION.md's figures are quoted for.
+pub const ROW_BYTES: usize = 256;
+
+/// A flat JSON object of exactly [`ROW_BYTES`] bytes with an `email` and a
+/// `card` to mask; `id` makes every row different.
+pub fn row(id: u64) -> Vec<u8> {
+    let mut text = format!(
+        r#"{{"id":{id},"ts":"2026-01-01T12:00:00.000Z","user":"user{id}","email":"user{id}@example.com","card":"4111-1111-1111-{card:04}","amount":{amount},"currency":"EUR","country":"DE","note":""#,
+        card = id % 10_000,
+        amount = id % 100_000,
+    );
+    let closing = "\"}";
+    let padding = ROW_BYTES
+        .checked_sub(text.len() + closing.len())
+        .expect("the row's fields fit in ROW_BYTES");
+    text.extend(std::iter::repeat_n('x', padding));
+    text.push_str(closing);
+    debug_assert_eq!(text.len(), ROW_BYTES);
+    text.into_bytes()
+}
+
+/// A count from the environment (`WEIR_BENCH_ROWS=50000`), else `default`.
+pub fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(text) => text
+            .trim()
+            .replace('_', "")
+            .parse()
+            .ok()
+            .filter(|count| *count > 0)
+            .unwrap_or_else(|| panic!("{name}={text:?} is not a positive count")),
+        Err(_) => default,
+    }
+}
+
+/// The median of some measurements (the mean of the middle two when even).
+pub fn median(values: &[f64]) -> f64 {
+    assert!(!values.is_empty(), "a median needs at least one value");
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+/// Prints one figure as the JSON line tools read:
+/// `{"bench":"delivery","figure":"weir_rows_per_sec","value":123456.0}`.
+pub fn print_figure(bench: &str, figure: &str, value: f64) {
+    let line = serde_json::json!({ "bench": bench, "figure": figure, "value": value });
+    println!("{line}");
+}
+
+/// A small table for people, printed after the JSON lines; columns are as
+/// wide as their widest cell.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Table {
+        Table {
+            rows: vec![headers.iter().map(|h| h.to_string()).collect()],
+        }
+    }
+
+    pub fn push(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn print(&self) {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|column| {
+                let cells = self.rows.iter().filter_map(|row| row.get(column));
+                cells.map(String::len).max().unwrap_or(0)
+            })
+            .collect();
+        let mut text = String::new();
+        for (index, row) in self.rows.iter().enumerate() {
+            for (column, cell) in row.iter().enumerate() {
+                let width = widths[column];
+                // Names left, numbers right.
+                let _ = match column {
+                    0 => write!(text, "{cell:<width$}"),
+                    _ => write!(text, "  {cell:>width$}"),
+                };
+            }
+            text.push('\n');
+            if index == 0 {
+                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+                text.push_str(&rule.join("  "));
+                text.push('\n');
+            }
+        }
+        print!("{text}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The HTTP sink against a local endpoint: batches arrive as NDJSON, 5xx
+//! answers are retried, 4xx dead-lettered, ungranted hosts denied, and a
+//! `wasi:http` plugin without `grants.http` refused at load.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use weir::config::{Config, Overrides};
+use weir::dead_letter::headers;
+use weir::host::{RunningHost, StartError};
+use weir::sandbox::LoadError;
+
+use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
+
+/// One request the endpoint received, and the status it answered.
+#[derive(Debug, Clone)]
+struct Received {
+    content_type: String,
+    body: String,
+    status: u16,
+}
+
+#[derive(Default)]
+struct Script {
+    /// Statuses for the next requests, in order...
+    next: VecDeque<u16>,
+    /// ... and the one answered once they run out.
+    then: u16,
+    received: Vec<Received>,
+}
+
+/// A local HTTP server on 127.0.0.1 answering a scripted sequence of statuses.
+struct Endpoint {
+    addr: SocketAddr,
+    script: Arc<Mutex<Script>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    async fn start(next: &[u16], then: u16) -> Endpoint {
+        let script = Arc::new(Mutex::new(Script {
+            next: next.iter().copied().collect(),
+            then,
+            received: Vec::new(),
+        }));
+        let app = axum::Router::new()
+            .route("/ingest", axum::routing::post(answer))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the test endpoint");
+        let addr = listener.local_addr().expect("endpoint address");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .await
+                .expect("test endpoint serves");
+        });
+        Endpoint { addr, script, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/ingest", self.addr)
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.script.lock().unwrap().received.clone()
+    }
+
+    /// How many times each line arrived in a body answered 2xx.
+    fn delivered_lines(&self) -> BTreeMap<String, usize> {
+        let mut lines = BTreeMap::new();
+        for received in self.received() {
+            if (200..300).contains(&received.status) {
+                for line in received.body.lines() {
+                    *lines.entry(line.to_string()).or_default() += 1;
+                }
+            }
+        }
+        lines
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer(
+    State(script): State<Arc<Mutex<Script>>>,
+    request_headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> (StatusCode, String) {
+    let mut script = script.lock().unwrap();
+    let status = script.next.pop_front().unwrap_or(script.then);
+    script.received.push(Received {
+        content_type: request_headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
+        body: String::from_utf8_lossy(&body).into_owned(),
+        status,
+    });
+    let text = if status < 300 {
+        "ok".to_string()
+    } else {
+        format!("scripted {status}")
+    };
+    (StatusCode::from_u16(status).unwrap(), text)
+}
+
+/// The HTTP sink as plugin `hooks` for table `events`, POSTing to `url`,
+/// granted `grants` (a TOML array, or nothing when empty).
+fn http_pipeline(url: &str, grants: &str) -> String {
+    let grants = if grants.is_empty() {
+        String::new()
+    } else {
+        format!("grants.http = {grants}\n")
+    };
+    format!(
+        r#"
+[plugins.hooks]
+wasm = "weir_http_sink.wasm"
+world = "sink"
+settings = {{ url = "{url}" }}
+{grants}
+[[pipelines]]
+tables = ["events"]
+sink = "hooks"
+"#
+    )
+}
+
+/// The lines of `orders(start, count)`, one per row.
+fn order_lines(start: usize, count: usize) -> Vec<String> {
+    orders(start, count).lines().map(str::to_string).collect()
+}
+
+async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
+    let client = nats.client().await;
+    eventually(Duration::from_secs(30), "dead letters", || async {
+        let letters = read_stream(&client, "weir_dlq").await;
+        (letters.len() >= count).then(|| {
+            letters
+                .iter()
+                .map(|l| {
+                    l.headers
+                        .as_ref()
+                        .and_then(|h| h.get(headers::REASON))
+                        .map(|v| v.to_string())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+    })
+    .await
+}
+
+/// Waits until every row is settled (nothing pending, unacked or stored).
+async fn settled(nats: &Nats) {
+    let client = nats.client().await;
+    eventually(Duration::from_secs(30), "every row settled", || async {
+        (backlog(&client).await == (0, 0, 0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_arrive_at_the_endpoint_as_ndjson_exactly_once() {
+    let nats = Nats::start();
+    let endpoint = Endpoint::start(&[], 200).await;
+    let grant = format!("[\"{}\"]", endpoint.addr);
+    let extra = http_pipeline(&endpoint.url(), &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let expected = order_lines(0, 50);
+    let response = host.ingest("events", orders(0, 50)).await;
+    assert_eq!(response.status(), 202);
+    eventually(Duration::from_secs(30), "all rows posted", || async {
+        (endpoint.delivered_lines().len() == expected.len()).then_some(())
+    })
+    .await;
+    settled(&nats).await;
+
+    let lines = endpoint.delivered_lines();
+    for line in &expected {
+        assert_eq!(lines.get(line), Some(&1), "{line} arrived {lines:?}");
+    }
+    assert_eq!(lines.len(), expected.len(), "{lines:?}");
+    for received in endpoint.received() {
+        assert_eq!(received.content_type, "application/x-ndjson");
+        assert!(received.body.ends_with('\n'), "{:?}", received.body);
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_5xx_answer_makes_the_rows_come_again_until_they_are_delivered() {
+    let nats = Nats::start();
+    let endpoint = Endpoint::start(&[500], 200).await;
+    let grant = format!("[\"{}\"]", endpoint.addr);
+    let extra = http_pipeline(&endpoint.url(), &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let expected = order_lines(0, 5);
+    let response = host.ingest("events", orders(0, 5)).await;
+    assert_eq!(response.status(), 202);
+    eventually(Duration::from_secs(30), "all rows delivered", || async {
+        (endpoint.delivered_lines().len() == expected.len()).then_some(())
+    })
+    .await;
+    settled(&nats).await;
+
+    let received = endpoint.received();
+    assert_eq!(received[0].status, 500, "{received:?}");
+    let refused: Vec<&str> = received[0].body.lines().collect();
+    assert!(!refused.is_empty());
+    let lines = endpoint.delivered_lines();
+    for line in &expected {
+        assert_eq!(lines.get(line), Some(&1), "{line}: {lines:?}");
+    }
+    for line in refused {
+        assert!(lines.contains_key(line), "{line} was not retried");
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_4xx_answer_dead_letters_the_rows_with_the_status() {
+    let nats = Nats::start();
+    let endpoint = Endpoint::start(&[], 400).await;
+    let grant = format!("[\"{}\"]", endpoint.addr);
+    let extra = http_pipeline(&endpoint.url(), &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("events", orders(0, 3)).await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 3).await;
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    let expected = format!("http sink: 400 from {}: scripted 400", endpoint.url());
+    for reason in &reasons {
+        assert!(reason.contains(&expected), "{reason}");
+    }
+    assert!(endpoint.delivered_lines().is_empty());
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_to_a_host_not_in_grants_http_is_denied_and_dead_lettered() {
+    let nats = Nats::start();
+    let granted = Endpoint::start(&[], 200).await;
+    let other = Endpoint::start(&[], 200).await;
+    let grant = format!("[\"{}\"]", granted.addr);
+    let extra = http_pipeline(&other.url(), &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("events", orders(0, 1)).await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].contains(&format!(
+            "http sink: request to {} denied: not in grants.http",
+            other.addr
+        )),
+        "{reasons:?}"
+    );
+    assert!(other.received().is_empty(), "{:?}", other.received());
+    assert!(granted.received().is_empty(), "{:?}", granted.received());
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wasi_http_plugin_without_grants_http_is_refused_at_load() {
+    let nats = Nats::start();
+    let extra = http_pipeline("http://127.0.0.1:9/ingest", "");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, base_config(nats.url(), &extra)).unwrap();
+    let config = Config::load(&path, &Overrides::default()).expect("valid config");
+    let err = match RunningHost::start(config).await {
+        Ok(host) => {
+            host.shutdown().await;
+            panic!("the host started");
+        }
+        Err(err) => err,
+    };
+    let StartError::Plugin(LoadError::Ungranted {
+        plugin,
+        import,
+        grant,
+        ..
+    }) = &err
+    else {
+        panic!("expected an ungranted-import error, got {err}");
+    };
+    assert_eq!(plugin, "hooks");
+    assert!(
+        import.starts_with("wasi:http/outgoing-handler@0.2."),
+        "{import}"
+    );
+    assert_eq!(*grant, "grants.http");
+    let message = err.to_string();
+    assert!(
+        message.contains("weir_http_sink.wasm imports `wasi:http/outgoing-handler@0.2.")
+            && message.contains("but has no `grants.http`"),
+        "{message}"
+    );
+}
