@@ -10,11 +10,12 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use weir::config::{Config, Overrides};
-use weir::dead_letter::headers;
 use weir::host::{RunningHost, StartError};
 use weir::sandbox::LoadError;
 
-use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
+use crate::support::{
+    Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
+};
 
 /// One request the endpoint received, and the status it answered.
 #[derive(Debug, Clone)]
@@ -139,26 +140,6 @@ sink = "hooks"
 /// The lines of `orders(start, count)`, one per row.
 fn order_lines(start: usize, count: usize) -> Vec<String> {
     orders(start, count).lines().map(str::to_string).collect()
-}
-
-async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
-    let client = nats.client().await;
-    eventually(Duration::from_secs(30), "dead letters", || async {
-        let letters = read_stream(&client, "weir_dlq").await;
-        (letters.len() >= count).then(|| {
-            letters
-                .iter()
-                .map(|l| {
-                    l.headers
-                        .as_ref()
-                        .and_then(|h| h.get(headers::REASON))
-                        .map(|v| v.to_string())
-                        .unwrap_or_default()
-                })
-                .collect()
-        })
-    })
-    .await
 }
 
 /// Waits until every row is settled (nothing pending, unacked or stored).

@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use weir::config::{Config, Overrides};
-use weir::dead_letter::headers;
-use weir::host::{RunningHost, StartError};
+use weir::host::StartError;
 use weir::sandbox::LoadError;
 
-use crate::support::{Nats, TestHost, base_config, eventually, orders, read_stream};
+use crate::support::{
+    Nats, TestHost, base_config, dead_letter_reasons, eventually, orders, start_error,
+};
 
 /// A pipeline of the chaos plugin with `settings` for `table`, then the file sink.
 fn chaos_pipeline(table: &str, settings: &str, limits: &str) -> String {
@@ -26,26 +27,6 @@ transforms = ["chaos_{table}"]
 sink = "files"
 "#
     )
-}
-
-async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
-    let client = nats.client().await;
-    eventually(Duration::from_secs(30), "dead letters", || async {
-        let letters = read_stream(&client, "weir_dlq").await;
-        (letters.len() >= count).then(|| {
-            letters
-                .iter()
-                .map(|l| {
-                    l.headers
-                        .as_ref()
-                        .and_then(|h| h.get(headers::REASON))
-                        .map(|v| v.to_string())
-                        .unwrap_or_default()
-                })
-                .collect()
-        })
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -151,20 +132,6 @@ async fn a_memory_bomb_fails_only_its_own_call() {
     )
     .await;
     host.shutdown().await;
-}
-
-async fn start_error(config_text: &str) -> StartError {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, config_text).unwrap();
-    let config = Config::load(&path, &Overrides::default()).expect("valid config");
-    match RunningHost::start(config).await {
-        Ok(host) => {
-            host.shutdown().await;
-            panic!("the host started");
-        }
-        Err(err) => err,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -232,6 +232,43 @@ pub async fn backlog(client: &async_nats::Client) -> (u64, usize, u64) {
     (pending, ack_pending, messages)
 }
 
+/// The `Weir-Reason` of the first `count` dead letters, once there are that many.
+pub async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
+    let client = nats.client().await;
+    eventually(Duration::from_secs(30), "dead letters", || async {
+        let letters = read_stream(&client, "weir_dlq").await;
+        (letters.len() >= count).then(|| {
+            letters
+                .iter()
+                .map(|letter| {
+                    letter
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(weir::dead_letter::headers::REASON))
+                        .map(|v| v.to_string())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+    })
+    .await
+}
+
+/// Why a host refuses to start with `config_text` (panics if it starts).
+pub async fn start_error(config_text: &str) -> weir::host::StartError {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, config_text).expect("write config");
+    let config = Config::load(&path, &Overrides::default()).expect("valid config");
+    match RunningHost::start(config).await {
+        Ok(host) => {
+            host.shutdown().await;
+            panic!("the host started");
+        }
+        Err(err) => err,
+    }
+}
+
 /// NDJSON of `count` valid order rows with ids `start..start+count`.
 pub fn orders(start: usize, count: usize) -> String {
     (start..start + count)

@@ -6,11 +6,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
-use weir::config::{Config, Overrides};
-use weir::host::{RunningHost, StartError};
+use weir::host::StartError;
 use weir::topology::TopologyError;
 
-use crate::support::{Nats, TestHost, base_config, eventually, orders};
+use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
@@ -57,20 +56,6 @@ async fn apply_manifests(client: &async_nats::Client, manifests: &serde_json::Va
             .create_consumer(config)
             .await
             .expect("operator creates the consumer");
-    }
-}
-
-async fn start_error(config_text: &str) -> StartError {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, config_text).unwrap();
-    let config = Config::load(&path, &Overrides::default()).unwrap();
-    match RunningHost::start(config).await {
-        Ok(host) => {
-            host.shutdown().await;
-            panic!("weir started on a wrong topology");
-        }
-        Err(err) => err,
     }
 }
 
