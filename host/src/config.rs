@@ -191,8 +191,9 @@ pub struct Tenant {
     pub api_keys: Vec<String>,
 }
 
-/// One plugin as named in the TOML.
-#[derive(Debug, Clone)]
+/// One plugin as named in the TOML. Compared on reload: a changed entry
+/// reloads its plugin.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PluginConfig {
     pub name: String,
     /// Absolute path of the component.
@@ -228,7 +229,7 @@ impl World {
 }
 
 /// What a plugin may reach. Nothing by default.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Grants {
     pub dirs: Vec<DirGrant>,
     /// Environment variables the plugin sees (it sees none otherwise).
@@ -239,7 +240,7 @@ pub struct Grants {
 }
 
 /// A host directory preopened for a plugin under a guest path.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DirGrant {
     pub host: PathBuf,
     pub guest: String,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, Message};
 use futures::StreamExt;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +55,15 @@ impl Pipelines {
         self.plugins.values()
     }
 
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The loaded version of plugin `name`, if this generation has it.
+    pub fn plugin(&self, name: &str) -> Option<&Arc<Plugin>> {
+        self.plugins.get(name)
+    }
+
     /// A fresh runner (its own instances) for every pipeline, by index.
     fn runners(&self) -> Vec<Option<PipelineRunner>> {
         self.config
@@ -78,6 +88,9 @@ pub struct UnitWorker {
     unit: Unit,
     settings: DeliveryConfig,
     pipelines: Arc<Pipelines>,
+    /// Where a hot reload publishes a new generation of pipelines; looked at
+    /// only between batches, so a batch runs start to end on one version.
+    generations: watch::Receiver<Arc<Pipelines>>,
     runners: Vec<Option<PipelineRunner>>,
     settler: Settler,
     metrics: Metrics,
@@ -97,9 +110,10 @@ impl UnitWorker {
         js: jetstream::Context,
         router: Router,
         unit: Unit,
-        pipelines: Arc<Pipelines>,
+        mut generations: watch::Receiver<Arc<Pipelines>>,
         metrics: Metrics,
     ) -> UnitWorker {
+        let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config.delivery.clone();
         let runners = pipelines.runners();
         let settler = Settler {
@@ -114,6 +128,7 @@ impl UnitWorker {
             unit,
             settings,
             pipelines,
+            generations,
             runners,
             settler,
             metrics,
@@ -183,6 +198,7 @@ impl UnitWorker {
     /// Runs a batch through its pipelines, keeping its rows alive while it
     /// runs, then settles every row.
     async fn process(&mut self, batch: Vec<Message>) {
+        self.adopt_new_generation();
         self.metrics.batches.inc();
         let work = run_pipelines(
             &mut self.runners,
@@ -193,6 +209,23 @@ impl UnitWorker {
         );
         let verdicts = keep_alive(&batch, self.settings.ack_wait, work).await;
         self.settler.settle(batch, verdicts).await;
+    }
+}
+
+impl UnitWorker {
+    /// Between batches: if a reload published new pipelines, drops the old
+    /// instances and builds runners (fresh instances) of the new versions.
+    fn adopt_new_generation(&mut self) {
+        // A closed channel (the host is stopping) keeps the current generation.
+        if !self.generations.has_changed().unwrap_or(false) {
+            return;
+        }
+        let next = self.generations.borrow_and_update().clone();
+        self.runners = next.runners();
+        self.settings = next.config.delivery.clone();
+        self.settler.settings = self.settings.clone();
+        self.pipelines = next;
+        tracing::debug!(unit = ?self.unit, "running a new generation of pipelines");
     }
 }
 

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::ndjson;
@@ -28,22 +29,15 @@ const MAX_KEY_BYTES: usize = 200;
 /// Seconds a client is told to wait when NATS is unavailable or full.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// What the HTTP handlers share.
-pub struct FrontDoor {
+/// What a request is checked against (tenants, tables, limits): replaced
+/// as a whole by a hot reload; a request reads one snapshot from start to end.
+pub struct Gate {
     tenants_by_key: HashMap<String, String>,
     config: Arc<Config>,
-    publisher: Publisher,
-    metrics: Metrics,
-    status: StatusSource,
 }
 
-impl FrontDoor {
-    pub fn new(
-        config: Arc<Config>,
-        publisher: Publisher,
-        metrics: Metrics,
-        status: StatusSource,
-    ) -> FrontDoor {
+impl Gate {
+    pub fn new(config: Arc<Config>) -> Gate {
         let tenants_by_key = config
             .tenants
             .iter()
@@ -54,9 +48,30 @@ impl FrontDoor {
                     .map(|key| (key.clone(), tenant.name.clone()))
             })
             .collect();
-        FrontDoor {
+        Gate {
             tenants_by_key,
             config,
+        }
+    }
+}
+
+/// What the HTTP handlers share.
+pub struct FrontDoor {
+    gates: watch::Receiver<Arc<Gate>>,
+    publisher: Publisher,
+    metrics: Metrics,
+    status: StatusSource,
+}
+
+impl FrontDoor {
+    pub fn new(
+        gates: watch::Receiver<Arc<Gate>>,
+        publisher: Publisher,
+        metrics: Metrics,
+        status: StatusSource,
+    ) -> FrontDoor {
+        FrontDoor {
+            gates,
             publisher,
             metrics,
             status,
@@ -65,7 +80,9 @@ impl FrontDoor {
 
     /// The HTTP routes, ready to serve.
     pub fn router(self) -> HttpRouter {
-        let max_body = self.config.max_body_bytes;
+        // The transport's limit is set once; a reloaded `max_body_bytes`
+        // needs a restart.
+        let max_body = self.gates.borrow().config.max_body_bytes;
         HttpRouter::new()
             .route(
                 "/v1/ingest/{table}",
@@ -149,8 +166,9 @@ async fn accept(
     headers: &HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Published, Refusal> {
-    let tenant = authenticate(door, headers)?;
-    if door.config.pipeline_for(table).is_none() {
+    let gate = door.gates.borrow().clone();
+    let tenant = authenticate(&gate, headers)?;
+    if gate.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!("no pipeline takes table `{table}`"),
@@ -163,7 +181,7 @@ async fn accept(
                 status,
                 format!(
                     "body is larger than the limit of {} bytes; send it in smaller requests",
-                    door.config.max_body_bytes
+                    gate.config.max_body_bytes
                 ),
             )
         } else {
@@ -171,7 +189,7 @@ async fn accept(
         }
     })?;
     let rows =
-        ndjson::split(&body, door.config.idempotency_field.as_deref()).map_err(|bad| Refusal {
+        ndjson::split(&body, gate.config.idempotency_field.as_deref()).map_err(|bad| Refusal {
             line: Some(bad.line),
             ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
         })?;
@@ -268,7 +286,7 @@ impl<'a> MessageIds<'a> {
 }
 
 /// The tenant of a `Authorization: Bearer <key>` header.
-fn authenticate<'a>(door: &'a FrontDoor, headers: &HeaderMap) -> Result<&'a str, Refusal> {
+fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refusal> {
     let key = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
@@ -279,7 +297,7 @@ fn authenticate<'a>(door: &'a FrontDoor, headers: &HeaderMap) -> Result<&'a str,
                 "missing `Authorization: Bearer <api key>` header",
             )
         })?;
-    door.tenants_by_key
+    gate.tenants_by_key
         .get(key.trim())
         .map(String::as_str)
         .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))

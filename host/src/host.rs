@@ -18,11 +18,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, SyncPolicy};
 use crate::delivery::{Pipelines, UnitWorker};
 use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
-use crate::front_door::FrontDoor;
+use crate::front_door::{FrontDoor, Gate};
 use crate::publish::Publisher;
+use crate::reload::{Reloader, plugin_status};
 use crate::route::Router;
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
-use crate::status::{NatsStatus, PluginStatus, StatusSource};
+use crate::status::{NatsStatus, StatusSource};
 use crate::telemetry::Metrics;
 use crate::telemetry::SeverityLabels;
 use crate::topology::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
@@ -124,15 +125,9 @@ impl RunningHost {
         for plugin in config.plugins.values() {
             plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
         }
-        let plugin_status = plugins
-            .values()
-            .map(|plugin| PluginStatus {
-                name: plugin.name().to_string(),
-                world: plugin.config.world.as_str().to_string(),
-                version: plugin.version.clone(),
-            })
-            .collect();
-        let pipelines = Arc::new(Pipelines::new(config.clone(), plugins));
+        let pipelines = Pipelines::new(config.clone(), plugins);
+        let running_plugins = Arc::new(std::sync::RwLock::new(plugin_status(pipelines.plugins())));
+        let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
 
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -147,7 +142,7 @@ impl RunningHost {
                 js.clone(),
                 router.clone(),
                 unit,
-                pipelines.clone(),
+                generations.subscribe(),
                 metrics.clone(),
             );
             let stop = shutdown.clone();
@@ -158,10 +153,22 @@ impl RunningHost {
             }));
         }
 
+        let (gates, gate) = tokio::sync::watch::channel(Arc::new(Gate::new(config.clone())));
+        let reloader = Reloader::new(
+            sandbox.clone(),
+            generations,
+            gates,
+            running_plugins.clone(),
+            metrics.clone(),
+        );
+        let stop = shutdown.clone();
+        let baseline = reloader.fingerprint().await;
+        tasks.push(tokio::spawn(reloader.watch(baseline, stop)));
+
         let status = StatusSource {
             metrics: metrics.clone(),
             registry: Arc::new(registry),
-            plugins: plugin_status,
+            plugins: running_plugins,
             client: client.clone(),
             router: router.clone(),
             nats: NatsStatus {
@@ -178,7 +185,7 @@ impl RunningHost {
             },
         };
         let front_door = FrontDoor::new(
-            config.clone(),
+            gate,
             Publisher::new(client.clone(), router.clone()),
             metrics.clone(),
             status.clone(),

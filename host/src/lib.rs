@@ -25,6 +25,7 @@ pub mod ndjson;
 pub mod permissions;
 pub mod pipeline;
 pub mod publish;
+pub mod reload;
 pub mod route;
 pub mod sandbox;
 pub mod send;

@@ -374,7 +374,7 @@ fn http_import(engine: &Engine, component: &Component) -> Option<String> {
 }
 
 /// A short content digest: the plugin's version as status and logs show it.
-fn version_of(bytes: &[u8]) -> String {
+pub(crate) fn version_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()

@@ -81,7 +81,8 @@ pub struct NatsStatus {
 pub struct StatusSource {
     pub(crate) metrics: Metrics,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) plugins: Vec<PluginStatus>,
+    /// Replaced by a hot reload: always the versions running now.
+    pub(crate) plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
     pub(crate) client: async_nats::Client,
     pub(crate) router: Router,
     pub(crate) nats: NatsStatus,
@@ -119,7 +120,11 @@ impl StatusSource {
                 retried: metrics.rows_retried.get(),
             },
             units,
-            plugins: self.plugins.clone(),
+            plugins: self
+                .plugins
+                .read()
+                .map(|plugins| plugins.clone())
+                .unwrap_or_default(),
             nats: NatsStatus {
                 connected: self.client.connection_state()
                     == async_nats::connection::State::Connected,

@@ -23,6 +23,12 @@ pub struct SeverityLabels {
     pub severity: crate::topology::Severity,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `applied` or `refused`.
+    pub result: String,
+}
+
 /// Every counter a host keeps. Cheap to clone: each metric is an `Arc`.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -48,6 +54,8 @@ pub struct Metrics {
     pub plugin_instances: Gauge,
     /// Differences between the NATS topology and what weir needs, by severity.
     pub topology_mismatches: Family<SeverityLabels, Gauge>,
+    /// Hot reloads of the config and plugins, by result.
+    pub reloads: Family<ReloadLabels, Counter>,
 }
 
 impl Metrics {
@@ -108,6 +116,11 @@ impl Metrics {
             "topology_mismatches",
             "Differences between the NATS topology and what weir needs",
             self.topology_mismatches.clone(),
+        );
+        weir.register(
+            "reloads",
+            "Hot reloads of the config and plugins, by result (applied, refused)",
+            self.reloads.clone(),
         );
     }
 }

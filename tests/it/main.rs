@@ -9,6 +9,7 @@ mod delivery;
 mod front_door;
 mod http_sink;
 mod kv;
+mod reload;
 mod retries;
 mod sandbox;
 mod topology;

@@ -1,0 +1,234 @@
+//! Hot reload: watches the TOML file and the plugins' `.wasm` files (and
+//! listens for SIGHUP), loads what changed in the background, and publishes
+//! a new generation of pipelines that every delivery worker adopts between
+//! batches.
+//!
+//! Architecture invariant: a swap happens only between batches. A worker
+//! looks for a new generation before it runs a batch, so a batch in flight
+//! finishes on the version it started with and its rows are settled as
+//! usual; nothing is acked twice or lost. A refused reload (invalid TOML, a
+//! plugin that does not compile, misses its world or traps in `init`)
+//! changes nothing: the running generation keeps serving.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError, Overrides};
+use crate::delivery::Pipelines;
+use crate::front_door::Gate;
+use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
+use crate::status::PluginStatus;
+use crate::telemetry::{Metrics, ReloadLabels};
+
+/// How often the watched files are looked at.
+const POLL: Duration = Duration::from_millis(100);
+/// How long the files must hold still before a reload: editors and `cp`
+/// write in several steps, and a half-written file must not be loaded.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Why a reload was refused; the running generation stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("config refused:\n{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Plugin(#[from] LoadError),
+}
+
+/// The running generation of pipelines and what is needed to replace it.
+pub struct Reloader {
+    source: PathBuf,
+    sandbox: Arc<Sandbox>,
+    generations: watch::Sender<Arc<Pipelines>>,
+    gates: watch::Sender<Arc<Gate>>,
+    status: Arc<RwLock<Vec<PluginStatus>>>,
+    metrics: Metrics,
+}
+
+/// The modification time and length of each watched file (`None`: absent).
+pub type Fingerprint = Vec<(PathBuf, Option<(SystemTime, u64)>)>;
+
+impl Reloader {
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        generations: watch::Sender<Arc<Pipelines>>,
+        gates: watch::Sender<Arc<Gate>>,
+        status: Arc<RwLock<Vec<PluginStatus>>>,
+        metrics: Metrics,
+    ) -> Reloader {
+        let source = generations.borrow().config().source.clone();
+        Reloader {
+            source,
+            sandbox,
+            generations,
+            gates,
+            status,
+            metrics,
+        }
+    }
+
+    /// Re-reads the config and loads every plugin whose file or entry
+    /// changed, then publishes the new generation; on any error nothing
+    /// changes. Counted in `weir_reloads_total{result}`.
+    pub async fn reload(&self) -> Result<(), ReloadError> {
+        let result = self.try_reload().await;
+        let label = if result.is_ok() { "applied" } else { "refused" };
+        self.metrics
+            .reloads
+            .get_or_create(&ReloadLabels {
+                result: label.to_string(),
+            })
+            .inc();
+        match &result {
+            Ok(()) => tracing::info!(config = %self.source.display(), "reload applied"),
+            Err(err) => tracing::error!(
+                error = %err,
+                "reload refused; the running config and plugins keep serving"
+            ),
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<(), ReloadError> {
+        let running = self.generations.borrow().clone();
+        let config = Config::load(&self.source, &same_overrides(running.config()))?;
+        let mut plugins: HashMap<String, Arc<Plugin>> = HashMap::new();
+        for entry in config.plugins.values() {
+            let old = running.plugin(&entry.name);
+            // Unreadable now: let the load below report it with its path.
+            let digest = tokio::fs::read(&entry.wasm)
+                .await
+                .ok()
+                .map(|bytes| version_of(&bytes));
+            let plugin = match old {
+                Some(old) if old.config == *entry && digest.as_ref() == Some(&old.version) => {
+                    old.clone()
+                }
+                // Compile, instantiate and `init` it, as at boot.
+                _ => {
+                    let loaded = self.sandbox.load(entry).await?;
+                    tracing::info!(
+                        plugin = %entry.name,
+                        version = %loaded.version,
+                        "plugin version loaded"
+                    );
+                    loaded
+                }
+            };
+            plugins.insert(entry.name.clone(), plugin);
+        }
+        let next = Pipelines::new(Arc::new(config), plugins);
+        if let Ok(mut status) = self.status.write() {
+            *status = plugin_status(next.plugins());
+        }
+        // Workers first: a row the new gate lets in (a new table) finds its
+        // pipeline when a worker pulls it.
+        let gate = Gate::new(next.config().clone());
+        self.generations.send_replace(Arc::new(next));
+        self.gates.send_replace(Arc::new(gate));
+        Ok(())
+    }
+
+    /// Reloads when a watched file differs from `baseline` (see
+    /// [`Reloader::fingerprint`]) and then held still for [`SETTLE`], or on
+    /// SIGHUP, until `shutdown`.
+    pub async fn watch(self, baseline: Fingerprint, shutdown: CancellationToken) {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(signal) => Some(signal),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGHUP; file changes still reload");
+                None
+            }
+        };
+        let mut seen = baseline;
+        loop {
+            let signalled = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(POLL) => false,
+                Some(()) = async {
+                    match hangup.as_mut() {
+                        Some(signal) => signal.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => true,
+            };
+            let mut now = self.fingerprint().await;
+            if !signalled && now == seen {
+                continue;
+            }
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(SETTLE) => {}
+                }
+                let again = self.fingerprint().await;
+                if again == now {
+                    break;
+                }
+                now = again;
+            }
+            let _ = self.reload().await;
+            // The new generation may watch other `.wasm` files. A file that
+            // changed again while loading is caught on the next poll.
+            let after = self.fingerprint().await;
+            let moved_meanwhile = after
+                .iter()
+                .any(|(path, state)| now.iter().any(|(p, s)| p == path && s != state));
+            seen = if moved_meanwhile { Vec::new() } else { after };
+        }
+    }
+
+    /// The state of the watched files now. Taken as the baseline while the
+    /// host starts, so that a change right after start is not missed.
+    pub async fn fingerprint(&self) -> Fingerprint {
+        let mut paths = vec![self.source.clone()];
+        paths.extend(
+            self.generations
+                .borrow()
+                .config()
+                .plugins
+                .values()
+                .map(|plugin| plugin.wasm.clone()),
+        );
+        let mut found = Vec::with_capacity(paths.len());
+        for path in paths {
+            let state = tokio::fs::metadata(&path)
+                .await
+                .ok()
+                .and_then(|meta| Some((meta.modified().ok()?, meta.len())));
+            found.push((path, state));
+        }
+        found
+    }
+}
+
+/// The status lines of the running plugin versions, by name.
+pub fn plugin_status<'a>(plugins: impl Iterator<Item = &'a Arc<Plugin>>) -> Vec<PluginStatus> {
+    let mut list: Vec<PluginStatus> = plugins
+        .map(|plugin| PluginStatus {
+            name: plugin.name().to_string(),
+            world: plugin.config.world.as_str().to_string(),
+            version: plugin.version.clone(),
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    list
+}
+
+/// What a host was started with cannot change while it runs (its listener,
+/// NATS, data dir): a reload keeps the running values, whatever the command
+/// line or the file say now.
+fn same_overrides(running: &Config) -> Overrides {
+    Overrides {
+        listen: Some(running.listen),
+        nats_url: running.nats.url.clone(),
+        data_dir: Some(running.data_dir.clone()),
+        create_topology: running.stream.create,
+    }
+}
