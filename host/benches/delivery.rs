@@ -7,8 +7,11 @@
 //! comparable with the limit) and with 4. Rows are published before anyone
 //! consumes and the clock runs from the first delivery to the last, so the
 //! figures are delivery only: no HTTP, no publish overlapping the consume.
-//! Scenarios alternate for `WEIR_BENCH_ROUNDS` rounds so noise from other
-//! work on the machine hits them alike; medians are reported.
+//! Besides rows/s, each scenario reports the CPU time per row spent in this
+//! process (the raw consumer, or the weir host) and in nats-server over the
+//! same window: where the time goes, and steadier than a rate when other
+//! work shares the machine. Scenarios alternate for `WEIR_BENCH_ROUNDS`
+//! rounds so that noise hits them alike; medians are reported.
 //!
 //! `cargo bench -p weir --bench delivery`; `WEIR_BENCH_ROWS` (default
 //! 200000) and `WEIR_BENCH_ROUNDS` (default 3) make it shorter or longer.
@@ -55,11 +58,62 @@ const SETTLE: Duration = Duration::from_millis(300);
 const TENANT: &str = "acme";
 /// Shards of weir's second run: rows spread over four units and workers.
 const MANY_SHARDS: u32 = 4;
+/// Clock ticks per second of the CPU times in `/proc/<pid>/stat` (USER_HZ,
+/// fixed at 100 by the Linux ABI).
+const USER_HZ: f64 = 100.0;
 
-/// What one scenario measured.
+/// What one scenario measured. CPU time per row is the steadier figure on
+/// a shared machine: other work slows the rate, not the work per row.
 struct Measured {
     publish_rows_per_sec: f64,
     deliver_rows_per_sec: f64,
+    /// CPU of this process while delivering: the raw consumer, or the weir
+    /// host (with the bench's status reads).
+    client_cpu_us_per_row: f64,
+    server_cpu_us_per_row: f64,
+}
+
+/// CPU time used so far by this process and by the nats-server.
+#[derive(Clone, Copy)]
+struct CpuUsed {
+    client: Duration,
+    server: Duration,
+}
+
+impl CpuUsed {
+    fn now(server_pid: u32) -> CpuUsed {
+        CpuUsed {
+            client: process_cpu("self"),
+            server: process_cpu(&server_pid.to_string()),
+        }
+    }
+
+    /// Microseconds of (client, server) CPU per row since `self`.
+    fn per_row_since(self, server_pid: u32, rows: u64) -> (f64, f64) {
+        let now = CpuUsed::now(server_pid);
+        let per_row = |spent: Duration| spent.as_secs_f64() * 1e6 / rows as f64;
+        (
+            per_row(now.client.saturating_sub(self.client)),
+            per_row(now.server.saturating_sub(self.server)),
+        )
+    }
+}
+
+/// User plus system CPU time of a process, all its threads.
+fn process_cpu(pid: &str) -> Duration {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {path}: {err}"));
+    // The command name, in parentheses, may hold spaces: count fields after it.
+    let (_, after_name) = stat
+        .rsplit_once(')')
+        .expect("a stat line names its command");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are the file's fields 14 and 15: the 12th and 13th here.
+    let ticks: u64 = fields[11..=12]
+        .iter()
+        .map(|field| field.parse::<u64>().expect("CPU ticks are a number"))
+        .sum();
+    Duration::from_secs_f64(ticks as f64 / USER_HZ)
 }
 
 fn main() {
@@ -105,15 +159,14 @@ async fn run(rows: usize, rounds: usize) {
     let mut weir_one = Vec::new();
     let mut weir_many = Vec::new();
     for round in 1..=rounds {
-        let raw = measure_limit(&client, &js, &tables, &payloads).await;
+        let raw = measure_limit(&client, &js, server.pid(), &tables, &payloads).await;
         eprintln!(
             "round {round}: limit {:.0} rows/s",
             raw.deliver_rows_per_sec
         );
         limit.push(raw);
         for (shards, results) in [(1, &mut weir_one), (MANY_SHARDS, &mut weir_many)] {
-            let measured =
-                measure_weir(&js, server.url(), dir.path(), shards, &tables, &payloads).await;
+            let measured = measure_weir(&js, &server, dir.path(), shards, &tables, &payloads).await;
             eprintln!(
                 "round {round}: weir, {shards} shard(s) {:.0} rows/s",
                 measured.deliver_rows_per_sec
@@ -131,6 +184,7 @@ async fn run(rows: usize, rounds: usize) {
 async fn measure_limit(
     client: &async_nats::Client,
     js: &jetstream::Context,
+    server_pid: u32,
     tables: &[String],
     payloads: &[Bytes],
 ) -> Measured {
@@ -174,17 +228,20 @@ async fn measure_limit(
                 .await
                 .expect("the pull stream goes on")
                 .expect("a pulled row");
-            first.get_or_insert_with(Instant::now);
+            first.get_or_insert_with(|| (Instant::now(), CpuUsed::now(server_pid)));
             message.ack().await.expect("ack");
         }
         client.flush().await.expect("flush the acks");
-        let first = first.expect("at least one row");
-        // The first row's arrival starts the clock: it is not counted.
-        (payloads.len() - 1) as f64 / first.elapsed().as_secs_f64()
+        let (first_at, first_cpu) = first.expect("at least one row");
+        // The first row's arrival starts the clocks: it is not counted.
+        let rows = payloads.len() as u64 - 1;
+        let rate = rows as f64 / first_at.elapsed().as_secs_f64();
+        (rate, first_cpu.per_row_since(server_pid, rows))
     };
-    let deliver_rows_per_sec = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-        .await
-        .expect("the raw consumer drains the stream in time");
+    let (deliver_rows_per_sec, (client_cpu_us_per_row, server_cpu_us_per_row)) =
+        tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+            .await
+            .expect("the raw consumer drains the stream in time");
     drop(messages);
     wait_empty(js, "raw").await;
     js.delete_stream("raw")
@@ -194,6 +251,8 @@ async fn measure_limit(
     Measured {
         publish_rows_per_sec,
         deliver_rows_per_sec,
+        client_cpu_us_per_row,
+        server_cpu_us_per_row,
     }
 }
 
@@ -202,14 +261,14 @@ async fn measure_limit(
 /// through a pass-through transform into a null sink.
 async fn measure_weir(
     js: &jetstream::Context,
-    nats_url: &str,
+    server: &EmbeddedNats,
     dir: &Path,
     shards: u32,
     tables: &[String],
     payloads: &[Bytes],
 ) -> Measured {
     let config_path = dir.join(format!("weir-{shards}.toml"));
-    let text = weir_config(nats_url, dir, shards, tables);
+    let text = weir_config(server.url(), dir, shards, tables);
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
     let router = Router::new(&config.stream.prefix, 1, shards);
@@ -226,10 +285,10 @@ async fn measure_weir(
     let deliver = async {
         // The host's workers start pulling before `start` returns; the rate
         // counts only rows delivered after the first delivery was seen.
-        let (first_at, first_count) = loop {
+        let (first_at, first_cpu, first_count) = loop {
             let delivered = host.status().report().await.rows.delivered;
             if delivered > 0 {
-                break (Instant::now(), delivered);
+                break (Instant::now(), CpuUsed::now(server.pid()), delivered);
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
@@ -244,15 +303,18 @@ async fn measure_weir(
                     "every row is delivered once"
                 );
                 let last_at = below_at + (read_at - below_at) / 2;
-                break (expected - first_count) as f64 / (last_at - first_at).as_secs_f64();
+                let rows = expected - first_count;
+                let rate = rows as f64 / (last_at - first_at).as_secs_f64();
+                break (rate, first_cpu.per_row_since(server.pid(), rows));
             }
             below_at = read_at;
             tokio::time::sleep(STATUS_POLL).await;
         }
     };
-    let deliver_rows_per_sec = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-        .await
-        .expect("weir drains its stream in time");
+    let (deliver_rows_per_sec, (client_cpu_us_per_row, server_cpu_us_per_row)) =
+        tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+            .await
+            .expect("weir drains its stream in time");
     host.shutdown().await;
     wait_empty(js, &router.partition_stream(0)).await;
     for stream in [router.partition_stream(0), router.dead_letter_stream()] {
@@ -264,6 +326,8 @@ async fn measure_weir(
     Measured {
         publish_rows_per_sec,
         deliver_rows_per_sec,
+        client_cpu_us_per_row,
+        server_cpu_us_per_row,
     }
 }
 
@@ -383,22 +447,13 @@ async fn wait_empty(js: &jetstream::Context, name: &str) {
 }
 
 fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[Measured]) {
-    let delivered = |runs: &[Measured]| {
-        median(
-            &runs
-                .iter()
-                .map(|m| m.deliver_rows_per_sec)
-                .collect::<Vec<_>>(),
-        )
+    let median_of = |runs: &[Measured], figure: fn(&Measured) -> f64| {
+        median(&runs.iter().map(figure).collect::<Vec<_>>())
     };
-    let published = |runs: &[Measured]| {
-        median(
-            &runs
-                .iter()
-                .map(|m| m.publish_rows_per_sec)
-                .collect::<Vec<_>>(),
-        )
-    };
+    let delivered = |runs: &[Measured]| median_of(runs, |m| m.deliver_rows_per_sec);
+    let published = |runs: &[Measured]| median_of(runs, |m| m.publish_rows_per_sec);
+    let client_cpu = |runs: &[Measured]| median_of(runs, |m| m.client_cpu_us_per_row);
+    let server_cpu = |runs: &[Measured]| median_of(runs, |m| m.server_cpu_us_per_row);
     // Ratios are taken round by round (side by side, same noise), then the median.
     let ratio = |runs: &[Measured]| {
         median(
@@ -422,6 +477,16 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
         "weir_4_shards_publish_rows_per_sec",
         published(weir_many),
     );
+    for (scenario, runs) in [
+        ("limit", limit),
+        ("weir", weir_one),
+        ("weir_4_shards", weir_many),
+    ] {
+        let client = format!("{scenario}_client_cpu_us_per_row");
+        print_figure(BENCH, &client, client_cpu(runs));
+        let server = format!("{scenario}_server_cpu_us_per_row");
+        print_figure(BENCH, &server, server_cpu(runs));
+    }
 
     println!();
     println!(
@@ -433,6 +498,8 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
         "consumer",
         "rows/s",
         "x limit",
+        "client CPU µs/row",
+        "server CPU µs/row",
         "publish rows/s",
         "each round",
     ]);
@@ -449,6 +516,8 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
             name.to_string(),
             format!("{:.0}", delivered(runs)),
             format!("{:.2}", ratio(runs)),
+            format!("{:.2}", client_cpu(runs)),
+            format!("{:.2}", server_cpu(runs)),
             format!("{:.0}", published(runs)),
             rounds.join(" "),
         ]);

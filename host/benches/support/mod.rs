@@ -79,7 +79,7 @@ impl Table {
         let widths: Vec<usize> = (0..columns)
             .map(|column| {
                 let cells = self.rows.iter().filter_map(|row| row.get(column));
-                cells.map(String::len).max().unwrap_or(0)
+                cells.map(|cell| cell.chars().count()).max().unwrap_or(0)
             })
             .collect();
         let mut text = String::new();
