@@ -18,14 +18,15 @@ fn operator_config(nats_url: &str) -> String {
     base_config(nats_url, "").replace("[stream]\ncreate = true\n", "")
 }
 
-/// Runs `weir mq WHAT --config FILE` and parses its JSON.
-fn weir_mq(what: &str, config_text: &str) -> serde_json::Value {
+/// Runs `weir mq WHAT --config FILE [ARGS]` and parses its JSON.
+fn weir_mq(what: &str, config_text: &str, args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weir.toml");
     std::fs::write(&path, config_text).unwrap();
     let output = Command::new(WEIR)
         .args(["mq", what, "--config"])
         .arg(&path)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -89,7 +90,7 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
     );
 
     let client = nats.client().await;
-    apply_manifests(&client, &weir_mq("manifests", &config)).await;
+    apply_manifests(&client, &weir_mq("manifests", &config, &[])).await;
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
     host.shutdown().await;
@@ -116,7 +117,7 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_stream() {
     let config_for = |url: &str| operator_config(url);
-    let permissions = weir_mq("permissions", &config_for("nats://127.0.0.1:1"));
+    let permissions = weir_mq("permissions", &config_for("nats://127.0.0.1:1"), &[]);
     // A second user lacks one subject weir needs.
     let mut partial = permissions.clone();
     partial["publish"]["allow"]
@@ -135,7 +136,7 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
             .unwrap();
     let weir_url = format!("nats://weir:weir-secret@127.0.0.1:{port}");
     let config = config_for(&weir_url);
-    apply_manifests(&admin, &weir_mq("manifests", &config)).await;
+    apply_manifests(&admin, &weir_mq("manifests", &config, &[])).await;
 
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
@@ -177,24 +178,11 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
 
 #[test]
 fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, "[stream]\npartitions = 2\nshards = 3\n").unwrap();
-    let run = |args: &[&str]| {
-        let output = Command::new(WEIR)
-            .args(["mq", "manifests", "--config"])
-            .arg(&path)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
-    };
-    let nack = run(&["--format", "nack", "--file-store", "10G"]);
+    let nack = weir_mq(
+        "manifests",
+        "[stream]\npartitions = 2\nshards = 3\n",
+        &["--format", "nack", "--file-store", "10G"],
+    );
     let items = nack["items"].as_array().unwrap();
     assert_eq!(items.len(), 3 + 6, "3 streams and 6 consumers");
     assert_eq!(items[1]["kind"], "Stream");
