@@ -68,7 +68,7 @@ struct Measured {
     publish_rows_per_sec: f64,
     deliver_rows_per_sec: f64,
     /// CPU of this process while delivering: the raw consumer, or the weir
-    /// host (with the bench's status reads).
+    /// host.
     client_cpu_us_per_row: f64,
     server_cpu_us_per_row: f64,
 }
@@ -286,7 +286,7 @@ async fn measure_weir(
         // The host's workers start pulling before `start` returns; the rate
         // counts only rows delivered after the first delivery was seen.
         let (first_at, first_cpu, first_count) = loop {
-            let delivered = host.status().report().await.rows.delivered;
+            let delivered = host.status().rows().delivered;
             if delivered > 0 {
                 break (Instant::now(), CpuUsed::now(server.pid()), delivered);
             }
@@ -294,7 +294,7 @@ async fn measure_weir(
         };
         let mut below_at = first_at;
         loop {
-            let rows = host.status().report().await.rows;
+            let rows = host.status().rows();
             let read_at = Instant::now();
             if rows.delivered >= expected {
                 assert_eq!(

@@ -2,6 +2,7 @@
 //! versions and its NATS connection. Served as JSON at `/v1/status` and
 //! read back by `weir status`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_nats::jetstream;
@@ -93,32 +94,48 @@ impl StatusSource {
         self.registry.clone()
     }
 
-    pub async fn report(&self) -> StatusReport {
-        let js = jetstream::new(self.client.clone());
-        let mut units = Vec::new();
-        for unit in self.router.units() {
-            let consumer = self.router.unit_consumer(unit);
-            let info = match js
-                .get_stream(self.router.partition_stream(unit.partition))
-                .await
-            {
-                Ok(stream) => stream.consumer_info(&consumer).await.ok(),
-                Err(_) => None,
-            };
-            units.push(UnitStatus {
-                pending: info.as_ref().map(|i| i.num_pending),
-                ack_pending: info.as_ref().map(|i| i.num_ack_pending as u64),
-                consumer,
-            });
-        }
+    /// The row counters alone: no request to NATS.
+    pub fn rows(&self) -> RowCounts {
         let metrics = &self.metrics;
+        RowCounts {
+            accepted: metrics.rows_accepted.get(),
+            delivered: metrics.rows_delivered.get(),
+            dead_lettered: metrics.rows_dead_lettered.get(),
+            retried: metrics.rows_retried.get(),
+        }
+    }
+
+    /// The whole report. Unit backlogs come from one paged consumer listing
+    /// per partition (256 consumers a request), not one request per unit.
+    pub async fn report(&self) -> StatusReport {
+        use futures::StreamExt;
+        let js = jetstream::new(self.client.clone());
+        let mut backlogs: HashMap<String, (u64, u64)> = HashMap::new();
+        for partition in 0..self.router.partitions() {
+            let Ok(stream) = js.get_stream(self.router.partition_stream(partition)).await else {
+                continue;
+            };
+            let mut consumers = stream.consumers();
+            while let Some(Ok(info)) = consumers.next().await {
+                backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
+            }
+        }
+        let units = self
+            .router
+            .units()
+            .into_iter()
+            .map(|unit| {
+                let consumer = self.router.unit_consumer(unit);
+                let backlog = backlogs.get(&consumer);
+                UnitStatus {
+                    pending: backlog.map(|b| b.0),
+                    ack_pending: backlog.map(|b| b.1),
+                    consumer,
+                }
+            })
+            .collect();
         StatusReport {
-            rows: RowCounts {
-                accepted: metrics.rows_accepted.get(),
-                delivered: metrics.rows_delivered.get(),
-                dead_lettered: metrics.rows_dead_lettered.get(),
-                retried: metrics.rows_retried.get(),
-            },
+            rows: self.rows(),
             units,
             plugins: self
                 .plugins
