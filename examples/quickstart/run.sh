@@ -19,7 +19,7 @@ rm -rf "$here/data" "$here/out"
 weir="$root/target/debug/weir"
 url="http://127.0.0.1:8089"
 echo "== starting weir (embedded nats-server)"
-"$weir" run --config "$here/weir.toml" &
+WEIR_LOG=${WEIR_LOG:-info} "$weir" run --config "$here/weir.toml" &
 weir_pid=$!
 trap 'kill -TERM $weir_pid 2>/dev/null || true; wait $weir_pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

@@ -26,6 +26,9 @@ pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
 pub const MAX_NAME_BYTES: usize = 128;
 /// Default shards per partition: enough units to spread a few hosts' work.
 pub const DEFAULT_SHARDS: u32 = 4;
+/// A crashed host's units are taken over within about this long.
+const DEFAULT_MEMBER_TTL_SECS: u64 = 5;
+const MIN_MEMBER_TTL_SECS: u64 = 3;
 /// Partition streams a topology may have.
 pub const MAX_PARTITIONS: u32 = 64;
 /// Shards per partition; below the per-stream consumer limit weir sets.
@@ -99,6 +102,7 @@ pub struct Config {
     pub nats: NatsConfig,
     pub stream: StreamConfig,
     pub delivery: DeliveryConfig,
+    pub coordination: CoordinationConfig,
     pub tenants: Vec<Tenant>,
     pub plugins_dir: PathBuf,
     pub plugins: BTreeMap<String, PluginConfig>,
@@ -183,6 +187,17 @@ impl DeliveryConfig {
         let permille = (mixed >> 54) % 401;
         delay.mul_f64(0.8 + permille as f64 / 1000.0)
     }
+}
+
+/// How this host takes part in a fleet sharing the units.
+#[derive(Debug, Clone)]
+pub struct CoordinationConfig {
+    /// This host's member name; `None` keeps a generated one in the data
+    /// directory, so a restarted process is recognised as the same member.
+    pub host_id: Option<String>,
+    /// How long a member key lives without renewal: a crashed host's units
+    /// are taken over within about this long.
+    pub member_ttl: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -271,6 +286,8 @@ struct RawConfig {
     #[serde(default)]
     delivery: RawDelivery,
     #[serde(default)]
+    coordination: RawCoordination,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
     plugins_dir: Option<String>,
     #[serde(default)]
@@ -308,6 +325,13 @@ struct RawDelivery {
     max_deliveries: Option<u32>,
     failure_delay_ms: Option<u64>,
     failure_delay_cap_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCoordination {
+    host_id: Option<Spanned<String>>,
+    member_ttl_secs: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -480,6 +504,27 @@ impl<'a> Checker<'a> {
         *value.get_ref()
     }
 
+    fn coordination(&self, raw: &RawCoordination) -> CoordinationConfig {
+        if let Some(id) = &raw.host_id {
+            self.check_token("host_id", id);
+        }
+        let ttl = raw.member_ttl_secs.as_ref().map_or(DEFAULT_MEMBER_TTL_SECS, |ttl| {
+            if *ttl.get_ref() < MIN_MEMBER_TTL_SECS {
+                self.report(
+                    ttl.span().start,
+                    format!(
+                        "member_ttl_secs must be at least {MIN_MEMBER_TTL_SECS}: a member renews three times per TTL and steps down a second before it runs out"
+                    ),
+                );
+            }
+            *ttl.get_ref()
+        });
+        CoordinationConfig {
+            host_id: raw.host_id.as_ref().map(|id| id.get_ref().clone()),
+            member_ttl: Duration::from_secs(ttl.max(MIN_MEMBER_TTL_SECS)),
+        }
+    }
+
     /// Names used verbatim in stream and consumer names: a safe alphabet.
     fn check_token(&self, what: &str, name: &Spanned<String>) {
         let value = name.get_ref();
@@ -559,6 +604,7 @@ impl<'a> Checker<'a> {
                 raw.delivery.failure_delay_cap_ms.unwrap_or(60_000),
             ),
         };
+        let coordination = self.coordination(&raw.coordination);
 
         let mut tenants = Vec::new();
         let mut seen_keys: HashSet<String> = HashSet::new();
@@ -752,6 +798,7 @@ impl<'a> Checker<'a> {
             nats,
             stream,
             delivery,
+            coordination,
             tenants,
             plugins_dir,
             plugins,

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, Message};
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,17 +19,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, DeliveryConfig};
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::pipeline::{PipelineRunner, Verdict};
+use crate::pull::Puller;
 use crate::route::{Router, Unit};
 use crate::sandbox::Plugin;
 use crate::sandbox::bindings::Row;
 use crate::telemetry::Metrics;
 
-/// How long one pull request waits on the server before it is renewed.
-const PULL_EXPIRES: Duration = Duration::from_secs(5);
-/// Idle heartbeat of a pull: a silent server is noticed within two of these.
-const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
-/// Pause before pulling again after the pull stream failed.
-const PULL_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// Shortest interval between in-progress acks of a running batch.
 const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
 
@@ -135,62 +129,37 @@ impl UnitWorker {
         }
     }
 
-    /// Runs until `shutdown`; the batch in hand is always finished and settled.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), DeliveryError> {
+    /// Pulls and runs batches until `release`; then unpins the unit and
+    /// finishes every row the server had already sent, so the next owner
+    /// starts exactly where this one stopped. Aborting the task instead
+    /// (a host that lost its membership) leaves the rows to redelivery.
+    pub async fn run(mut self, release: CancellationToken) -> Result<(), DeliveryError> {
         let stream_name = self.router.partition_stream(self.unit.partition);
         let consumer_name = self.router.unit_consumer(self.unit);
-        let bind_error = |reason: String| DeliveryError::Bind {
+        let mut puller = Puller::open(
+            self.js.clone(),
+            stream_name,
+            consumer_name.clone(),
+            self.settings.batch_rows,
+        )
+        .await
+        .map_err(|err| DeliveryError::Bind {
             consumer: consumer_name.clone(),
-            reason,
-        };
-        let stream = self
-            .js
-            .get_stream(&stream_name)
-            .await
-            .map_err(|err| bind_error(err.to_string()))?;
-        let consumer: jetstream::consumer::PullConsumer = stream
-            .get_consumer(&consumer_name)
-            .await
-            .map_err(|err| bind_error(err.to_string()))?;
-
-        while !shutdown.is_cancelled() {
-            let pull = consumer
-                .stream()
-                .max_messages_per_batch(self.settings.batch_rows)
-                .max_bytes_per_batch(self.settings.batch_bytes)
-                .expires(PULL_EXPIRES)
-                .heartbeat(PULL_HEARTBEAT)
-                .messages();
-            // While NATS is away this waits; shutdown must not.
-            let pulled = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                pulled = pull => pulled,
+            reason: err.to_string(),
+        })?;
+        loop {
+            let first = tokio::select! {
+                _ = release.cancelled() => break,
+                first = puller.next() => first,
             };
-            let mut messages = match pulled {
-                Ok(messages) => messages,
-                Err(err) => {
-                    tracing::warn!(consumer = %consumer_name, error = %err, "cannot pull; retrying");
-                    sleep_unless(&shutdown, PULL_RETRY_DELAY).await;
-                    continue;
-                }
-            };
-            loop {
-                let first = tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    next = messages.next() => next,
-                };
-                let first = match first {
-                    Some(Ok(message)) => message,
-                    Some(Err(err)) => {
-                        tracing::warn!(consumer = %consumer_name, error = %err, "pull failed; pulling again");
-                        break;
-                    }
-                    None => break,
-                };
-                let batch = fill_batch(&self.settings, first, &mut messages).await;
-                self.process(batch).await;
-            }
-            sleep_unless(&shutdown, PULL_RETRY_DELAY).await;
+            let batch = fill_batch(&self.settings, first, &mut puller).await;
+            self.process(batch).await;
+        }
+        let mut rest = puller.release().await;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
+            let batch = std::mem::replace(&mut rest, tail);
+            self.process(batch).await;
         }
         Ok(())
     }
@@ -478,30 +447,19 @@ impl Settler {
 async fn fill_batch(
     settings: &DeliveryConfig,
     first: Message,
-    messages: &mut jetstream::consumer::pull::Stream,
+    puller: &mut Puller,
 ) -> Vec<Message> {
     let mut bytes = first.payload.len();
     let mut batch = vec![first];
     let deadline = Instant::now() + settings.batch_wait;
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes {
-        match tokio::time::timeout_at(deadline, messages.next()).await {
-            Ok(Some(Ok(message))) => {
+        match puller.next_until(Some(deadline)).await {
+            Some(message) => {
                 bytes += message.payload.len();
                 batch.push(message);
             }
-            Ok(Some(Err(err))) => {
-                tracing::debug!(error = %err, "pull hiccup while filling a batch");
-                break;
-            }
-            Ok(None) | Err(_) => break,
+            None => break,
         }
     }
     batch
-}
-
-async fn sleep_unless(shutdown: &CancellationToken, pause: Duration) {
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        _ = tokio::time::sleep(pause) => {}
-    }
 }

@@ -16,9 +16,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SyncPolicy};
+use crate::coordination::{Coordination, CoordinationError, Membership, WorkerFactory, host_id};
 use crate::delivery::{Pipelines, UnitWorker};
 use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
 use crate::front_door::{FrontDoor, Gate};
+use crate::kv::NatsKv;
 use crate::publish::Publisher;
 use crate::reload::{Reloader, plugin_status};
 use crate::route::Router;
@@ -48,6 +50,8 @@ pub enum StartError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    #[error(transparent)]
+    Coordination(#[from] CoordinationError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -62,6 +66,7 @@ pub struct RunningHost {
     status: StatusSource,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    coordination: Option<Coordination>,
     client: async_nats::Client,
     embedded: Option<EmbeddedNats>,
     _sandbox: Arc<Sandbox>,
@@ -137,21 +142,49 @@ impl RunningHost {
                 recheck_topology(manifest, js, metrics, stop).await;
             }));
         }
-        for unit in router.units() {
-            let worker = UnitWorker::new(
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let http_addr = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+
+        let workers: WorkerFactory = {
+            let (js, router, generations, metrics) = (
                 js.clone(),
                 router.clone(),
-                unit,
-                generations.subscribe(),
+                generations.clone(),
                 metrics.clone(),
             );
-            let stop = shutdown.clone();
-            tasks.push(tokio::spawn(async move {
-                if let Err(err) = worker.run(stop).await {
-                    tracing::error!(error = %err, "delivery worker stopped");
-                }
-            }));
-        }
+            Arc::new(move |unit| {
+                UnitWorker::new(
+                    js.clone(),
+                    router.clone(),
+                    unit,
+                    generations.subscribe(),
+                    metrics.clone(),
+                )
+            })
+        };
+        let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
+        let kv = NatsKv::open(&client, &router.coordination_bucket())
+            .await
+            .map_err(CoordinationError::from)?;
+        let coordination = Coordination::join(Membership {
+            kv,
+            client: client.clone(),
+            router: router.clone(),
+            me: me.clone(),
+            http: http_addr.to_string(),
+            ttl: config.coordination.member_ttl,
+            workers,
+            metrics: metrics.clone(),
+        })
+        .await?;
 
         let (gates, gate) = tokio::sync::watch::channel(Arc::new(Gate::new(config.clone())));
         let reloader = Reloader::new(
@@ -171,6 +204,7 @@ impl RunningHost {
             plugins: running_plugins,
             client: client.clone(),
             router: router.clone(),
+            fleet: coordination.view(),
             nats: NatsStatus {
                 url: nats_url.clone(),
                 connected: true,
@@ -190,16 +224,6 @@ impl RunningHost {
             metrics.clone(),
             status.clone(),
         );
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let http_addr = listener.local_addr().map_err(|source| StartError::Listen {
-            addr: config.listen,
-            source,
-        })?;
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             let served = axum::serve(listener, front_door.router())
@@ -209,7 +233,7 @@ impl RunningHost {
                 tracing::error!(error = %err, "front door stopped");
             }
         }));
-        tracing::info!(listen = %http_addr, nats = %nats_url, "weir is running");
+        tracing::info!(listen = %http_addr, nats = %nats_url, member = %me, "weir is running");
 
         Ok(RunningHost {
             http_addr,
@@ -217,6 +241,7 @@ impl RunningHost {
             status,
             shutdown,
             tasks,
+            coordination: Some(coordination),
             client,
             embedded,
             _sandbox: sandbox,
@@ -236,10 +261,13 @@ impl RunningHost {
         &self.status
     }
 
-    /// Stops taking requests, lets workers settle their batch, flushes acks
-    /// and stops the embedded server.
+    /// Stops taking requests, hands every unit over (each worker finishes
+    /// the rows it was sent), flushes acks and stops the embedded server.
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
+        if let Some(coordination) = self.coordination.take() {
+            coordination.leave().await;
+        }
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }

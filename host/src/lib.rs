@@ -15,6 +15,7 @@
 //! wires them together.
 
 pub mod config;
+pub mod coordination;
 pub mod dead_letter;
 pub mod delivery;
 pub mod embedded_nats;
@@ -25,6 +26,7 @@ pub mod ndjson;
 pub mod permissions;
 pub mod pipeline;
 pub mod publish;
+pub mod pull;
 pub mod reload;
 pub mod route;
 pub mod sandbox;

@@ -292,6 +292,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("{}", report.summary());
+                for member in &report.fleet.members {
+                    let units = report
+                        .units
+                        .iter()
+                        .filter(|u| u.owner.as_deref() == Some(member.id.as_str()))
+                        .count();
+                    println!(
+                        "  member {} at {} ({} units, up {} s)",
+                        member.id,
+                        member.http,
+                        units,
+                        member.age_ms / 1000
+                    );
+                }
+                if !report.fleet.unowned.is_empty() {
+                    println!("  unowned: {}", report.fleet.unowned.join(", "));
+                }
                 for plugin in &report.plugins {
                     println!(
                         "  plugin {} ({}) version {}",

@@ -1,6 +1,7 @@
 //! The least-privilege NATS permissions a weir host needs, derived from the
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
-//! its streams and consumers, pull and ack its durables, hand a pin over —
+//! its streams and consumers, pull and ack its durables, hand a pin over,
+//! coordinate through its KV bucket —
 //! and nothing that creates, deletes or purges a stream.
 
 use serde::Serialize;
@@ -39,8 +40,10 @@ impl Permissions {
             );
             publish.push(format!("$JS.API.CONSUMER.INFO.{stream}.{name}"));
             publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"));
-            // Handing a unit over releases its pin at once.
+            // Handing a unit over releases its pin at once; taking over a
+            // dead owner's unit redelivers its unacked rows at once.
             publish.push(format!("$JS.API.CONSUMER.UNPIN.{stream}.{name}"));
+            publish.push(format!("$JS.API.CONSUMER.RESET.{stream}.{name}"));
             // Acks, naks and in-progress acks go to the reply subject.
             publish.push(format!("$JS.ACK.{stream}.{name}.>"));
         }
@@ -51,6 +54,22 @@ impl Permissions {
         {
             // Backlog of every unit in one paged request.
             publish.push(format!("$JS.API.CONSUMER.LIST.{}", stream.name));
+        }
+        for bucket in &manifest.buckets {
+            // Coordination: member keys and owner records (writes are
+            // publishes), reads of one key, and the host's one watch (a
+            // push consumer it creates and deletes, with flow control).
+            let stream = format!("KV_{}", bucket.bucket);
+            publish.extend([
+                format!("$KV.{}.>", bucket.bucket),
+                format!("$JS.API.STREAM.INFO.{stream}"),
+                format!("$JS.API.DIRECT.GET.{stream}.>"),
+                // Multi-filter consumers are created without a name token.
+                format!("$JS.API.CONSUMER.CREATE.{stream}"),
+                format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+                format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+                format!("$JS.FC.{stream}.>"),
+            ]);
         }
         Permissions {
             publish: Allow { allow: publish },
@@ -83,9 +102,22 @@ mod tests {
         assert!(publish.contains(&"weir.in.>".to_string()));
         assert!(publish.contains(&"$JS.API.CONSUMER.MSG.NEXT.weir_in_0.weir_in_0_1".to_string()));
         assert!(publish.contains(&"$JS.ACK.weir_in_0.weir_in_0_0.>".to_string()));
+        assert!(publish.contains(&"$JS.API.CONSUMER.RESET.weir_in_0.weir_in_0_1".to_string()));
+        assert!(publish.contains(&"$KV.weir_coord.>".to_string()));
         for subject in publish {
-            for destructive in ["CREATE", "DELETE", "PURGE", "UPDATE", "$JS.API.>"] {
+            for destructive in [
+                "STREAM.CREATE",
+                "STREAM.DELETE",
+                "PURGE",
+                "UPDATE",
+                "$JS.API.>",
+            ] {
                 assert!(!subject.contains(destructive), "{subject}");
+            }
+            // Consumers come and go only for the host's own watch of the
+            // coordination bucket, never on a partition stream.
+            if subject.contains("CONSUMER.CREATE") || subject.contains("CONSUMER.DELETE") {
+                assert!(subject.contains(".KV_weir_coord"), "{subject}");
             }
         }
         assert_eq!(permissions.subscribe.allow, ["_INBOX.>"]);

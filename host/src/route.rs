@@ -156,6 +156,11 @@ impl Router {
     }
 
     /// Every dead-letter subject.
+    /// The KV bucket of members and unit owners.
+    pub fn coordination_bucket(&self) -> String {
+        format!("{}_coord", self.prefix)
+    }
+
     pub fn dead_letter_subjects(&self) -> String {
         format!("{}.dlq.>", self.prefix)
     }

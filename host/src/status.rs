@@ -1,23 +1,53 @@
-//! What a host reports about itself: row counts, unit backlogs, plugin
-//! versions and its NATS connection. Served as JSON at `/v1/status` and
-//! read back by `weir status`.
+//! What a host reports about itself: row counts, the fleet (members, each
+//! unit's owner, unowned units), unit backlogs, plugin versions and its
+//! NATS connection. Served as JSON at `/v1/status` and read back by
+//! `weir status`.
+//!
+//! Owners and unowned units come from the coordination watch (no request);
+//! backlogs from one paged consumer listing per partition (256 units a
+//! request) rather than a request per unit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
+use crate::coordination::FleetView;
 use crate::route::Router;
 use crate::telemetry::Metrics;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
     pub rows: RowCounts,
+    #[serde(default)]
+    pub fleet: FleetStatus,
     pub units: Vec<UnitStatus>,
     pub plugins: Vec<PluginStatus>,
     pub nats: NatsStatus,
+}
+
+/// The fleet as the answering host sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FleetStatus {
+    /// The answering host's member id.
+    pub me: String,
+    /// Whether it currently acts as a member (holds its lease).
+    pub member: bool,
+    pub members: Vec<MemberStatus>,
+    /// Consumers of the units no live member holds.
+    pub unowned: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberStatus {
+    pub id: String,
+    pub http: String,
+    /// Milliseconds since the member started.
+    pub age_ms: u64,
 }
 
 impl StatusReport {
@@ -32,12 +62,14 @@ impl StatusReport {
     pub fn summary(&self) -> String {
         let backlog: u64 = self.units.iter().filter_map(|u| u.pending).sum();
         format!(
-            "accepted {}, delivered {}, dead-lettered {}, retried {}, backlog {}",
+            "accepted {}, delivered {}, dead-lettered {}, retried {}, backlog {}; {} members, {} unowned units",
             self.rows.accepted,
             self.rows.delivered,
             self.rows.dead_lettered,
             self.rows.retried,
-            backlog
+            backlog,
+            self.fleet.members.len(),
+            self.fleet.unowned.len()
         )
     }
 }
@@ -57,6 +89,12 @@ pub struct UnitStatus {
     pub pending: Option<u64>,
     /// Rows delivered to this unit's worker and not yet acked.
     pub ack_pending: Option<u64>,
+    /// The live member that pulls this unit; `None`: unowned.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Milliseconds since the owner claimed the unit.
+    #[serde(default)]
+    pub owned_for_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,7 +125,11 @@ pub struct StatusSource {
     pub(crate) client: async_nats::Client,
     pub(crate) router: Router,
     pub(crate) nats: NatsStatus,
+    pub(crate) fleet: watch::Receiver<Arc<FleetView>>,
 }
+
+/// Pending and ack-pending rows by consumer name.
+pub type Backlogs = HashMap<String, (u64, u64)>;
 
 impl StatusSource {
     pub fn registry(&self) -> Arc<Registry> {
@@ -105,37 +147,61 @@ impl StatusSource {
         }
     }
 
-    /// The whole report. Unit backlogs come from one paged consumer listing
-    /// per partition (256 consumers a request), not one request per unit.
+    /// The fleet as this host's watch shows it: no request to NATS.
+    pub fn fleet(&self) -> Arc<FleetView> {
+        self.fleet.borrow().clone()
+    }
+
+    /// The whole report.
     pub async fn report(&self) -> StatusReport {
-        use futures::StreamExt;
-        let js = jetstream::new(self.client.clone());
-        let mut backlogs: HashMap<String, (u64, u64)> = HashMap::new();
-        for partition in 0..self.router.partitions() {
-            let Ok(stream) = js.get_stream(self.router.partition_stream(partition)).await else {
-                continue;
-            };
-            let mut consumers = stream.consumers();
-            while let Some(Ok(info)) = consumers.next().await {
-                backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
-            }
-        }
-        let units = self
-            .router
-            .units()
-            .into_iter()
-            .map(|unit| {
+        let backlogs = self.backlogs().await;
+        let fleet = self.fleet();
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let all_units = self.router.units();
+        let units = all_units
+            .iter()
+            .map(|&unit| {
                 let consumer = self.router.unit_consumer(unit);
                 let backlog = backlogs.get(&consumer);
+                let owner = fleet.owner(unit).map(str::to_string);
+                let owned_for_ms = owner
+                    .as_ref()
+                    .and_then(|_| fleet.owners.get(&unit))
+                    .map(|(record, _)| now_ms.saturating_sub(record.since_ms));
                 UnitStatus {
                     pending: backlog.map(|b| b.0),
                     ack_pending: backlog.map(|b| b.1),
                     consumer,
+                    owner,
+                    owned_for_ms,
                 }
             })
             .collect();
+        let live = fleet.live_members();
+        let fleet_status = FleetStatus {
+            me: fleet.me.clone(),
+            member: fleet.member,
+            members: fleet
+                .members
+                .iter()
+                .filter(|(id, _)| live.contains(id.as_str()))
+                .map(|(id, record)| MemberStatus {
+                    id: id.clone(),
+                    http: record.http.clone(),
+                    age_ms: now_ms.saturating_sub(record.since_ms),
+                })
+                .collect(),
+            unowned: fleet
+                .unowned(&all_units)
+                .into_iter()
+                .map(|unit| self.router.unit_consumer(unit))
+                .collect(),
+        };
         StatusReport {
             rows: self.rows(),
+            fleet: fleet_status,
             units,
             plugins: self
                 .plugins
@@ -148,5 +214,27 @@ impl StatusSource {
                 ..self.nats.clone()
             },
         }
+    }
+}
+
+impl StatusSource {
+    /// Every unit's backlog from one paged consumer listing per partition.
+    pub async fn backlogs(&self) -> Backlogs {
+        use futures::StreamExt;
+        let js = jetstream::new(self.client.clone());
+        let mut backlogs = Backlogs::new();
+        for partition in 0..self.router.partitions() {
+            let Ok(stream) = js
+                .get_stream_no_info(self.router.partition_stream(partition))
+                .await
+            else {
+                continue;
+            };
+            let mut consumers = stream.consumers();
+            while let Some(Ok(info)) = consumers.next().await {
+                backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
+            }
+        }
+        backlogs
     }
 }

@@ -56,6 +56,12 @@ pub struct Metrics {
     pub topology_mismatches: Family<SeverityLabels, Gauge>,
     /// Hot reloads of the config and plugins, by result.
     pub reloads: Family<ReloadLabels, Counter>,
+    /// Units this host took over from a dead owner with rows left in flight.
+    pub unit_takeovers: Counter,
+    /// Times this host lost its lease and stopped pulling every unit.
+    pub coordination_step_downs: Counter,
+    /// Units this host pulls now.
+    pub units_owned: Gauge,
 }
 
 impl Metrics {
@@ -121,6 +127,21 @@ impl Metrics {
             "reloads",
             "Hot reloads of the config and plugins, by result (applied, refused)",
             self.reloads.clone(),
+        );
+        weir.register(
+            "unit_takeovers",
+            "Units taken over from a dead owner whose unacked rows were redelivered",
+            self.unit_takeovers.clone(),
+        );
+        weir.register(
+            "coordination_step_downs",
+            "Times this host could not renew its member key and stopped pulling",
+            self.coordination_step_downs.clone(),
+        );
+        weir.register(
+            "units_owned",
+            "Units this host pulls",
+            self.units_owned.clone(),
         );
     }
 }

@@ -13,10 +13,19 @@ use futures::future::join_all;
 use serde::Serialize;
 
 use crate::config::{DeliveryConfig, StreamConfig};
+use crate::kv::{BucketOptions, NatsKv};
+use crate::pull::PIN_GROUP;
 use crate::route::Router;
 
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
+/// A unit's pin lapses after this long without a pull request from its
+/// holder (a holder pulls at least every `PULL_EXPIRES`). Owners release
+/// pins explicitly, so this only bounds a pin nobody released.
+pub const PIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the marker of an expired coordination key is kept: a watch
+/// resuming after a longer outage would miss the expiry.
+const COORDINATION_MARKER_TTL: Duration = Duration::from_secs(3600);
 /// Share of a `--file-store` budget given to the dead-letter stream.
 const DEAD_LETTER_SHARE_PERCENT: i64 = 10;
 
@@ -24,6 +33,8 @@ const DEAD_LETTER_SHARE_PERCENT: i64 = 10;
 pub enum TopologyError {
     #[error("cannot create stream `{stream}`: {reason}")]
     Stream { stream: String, reason: String },
+    #[error("cannot create KV bucket `{bucket}`: {reason}")]
+    Bucket { bucket: String, reason: String },
     #[error("cannot create consumer `{consumer}` on stream `{stream}`: {reason}")]
     Consumer {
         stream: String,
@@ -37,11 +48,13 @@ pub enum TopologyError {
     Mismatch(Vec<Mismatch>),
 }
 
-/// Every stream and consumer of a topology.
+/// Every stream, consumer and KV bucket of a topology.
 #[derive(Debug, Clone, Serialize)]
 pub struct Manifest {
     pub streams: Vec<stream::Config>,
     pub consumers: Vec<ConsumerManifest>,
+    /// The coordination bucket (members, unit owners).
+    pub buckets: Vec<BucketOptions>,
 }
 
 /// A durable consumer and the stream it belongs to.
@@ -81,6 +94,11 @@ impl Manifest {
                 ..Default::default()
             }],
             consumers: Vec::new(),
+            buckets: vec![BucketOptions {
+                description: "weir coordination: members and unit owners".into(),
+                limit_markers: Some(COORDINATION_MARKER_TTL),
+                ..BucketOptions::new(router.coordination_bucket())
+            }],
         };
         for partition in 0..router.partitions() {
             let name = router.partition_stream(partition);
@@ -112,6 +130,11 @@ impl Manifest {
                         // weir counts deliveries itself and dead-letters past
                         // its limit; the server must never drop a row.
                         max_deliver: -1,
+                        // One puller per unit, enforced by the server: the
+                        // fence behind coordination.
+                        priority_policy: consumer::PriorityPolicy::PinnedClient,
+                        priority_groups: vec![PIN_GROUP.to_string()],
+                        priority_timeout: PIN_TIMEOUT,
                         ..Default::default()
                     },
                 });
@@ -190,10 +213,36 @@ impl Manifest {
                 .get_stream(&wanted.stream)
                 .await
                 .map_err(|err| consumer_error(err.to_string()))?;
-            stream
-                .create_consumer(wanted.config.clone())
+            if let Err(err) = stream.create_consumer(wanted.config.clone()).await {
+                // A consumer from before pinning cannot be updated to it.
+                // Recreating it loses nothing: in a work queue every row not
+                // yet acked is still in the stream and delivered again.
+                let name = wanted.config.name.clone().unwrap_or_default();
+                let outdated = stream
+                    .consumer_info(&name)
+                    .await
+                    .is_ok_and(|info| info.config.priority_policy != wanted.config.priority_policy);
+                if !outdated {
+                    return Err(consumer_error(err.to_string()));
+                }
+                tracing::warn!(consumer = %name, "recreating a consumer made before unit pinning");
+                stream
+                    .delete_consumer(&name)
+                    .await
+                    .map_err(|err| consumer_error(err.to_string()))?;
+                stream
+                    .create_consumer(wanted.config.clone())
+                    .await
+                    .map_err(|err| consumer_error(err.to_string()))?;
+            }
+        }
+        for bucket in &self.buckets {
+            NatsKv::open_or_create(&js.client(), bucket)
                 .await
-                .map_err(|err| consumer_error(err.to_string()))?;
+                .map_err(|err| TopologyError::Bucket {
+                    bucket: bucket.bucket.clone(),
+                    reason: err.to_string(),
+                })?;
         }
         Ok(())
     }
@@ -226,8 +275,30 @@ impl Manifest {
             }
             found
         });
+        let buckets = self.buckets.iter().map(|wanted| async move {
+            let mut found = Vec::new();
+            let name = format!("KV_{}", wanted.bucket);
+            match js.get_stream(&name).await {
+                Ok(mut stream) => match stream.info().await {
+                    // Member keys expire by per-key TTL: without it a crashed
+                    // host would own its units forever.
+                    Ok(info) => check(
+                        &mut found,
+                        Severity::Required,
+                        &format!("stream {name}"),
+                        "allow_msg_ttl (KV limit markers)",
+                        true,
+                        info.config.allow_message_ttl,
+                    ),
+                    Err(err) => found.push(Mismatch::unreadable("stream", &name, err)),
+                },
+                Err(err) => found.push(Mismatch::missing("stream", &name, err)),
+            }
+            found
+        });
         let mut found: Vec<Mismatch> = join_all(streams).await.into_iter().flatten().collect();
         found.extend(join_all(consumers).await.into_iter().flatten());
+        found.extend(join_all(buckets).await.into_iter().flatten());
         found
     }
 }
@@ -444,6 +515,23 @@ fn compare_consumer(
         "max_deliver",
         normalize_unlimited(wanted.max_deliver),
         normalize_unlimited(actual.max_deliver),
+    );
+    // Without the pin two hosts could pull one unit during a handover.
+    check(
+        found,
+        Required,
+        object,
+        "priority_policy",
+        &wanted.priority_policy,
+        &actual.priority_policy,
+    );
+    check(
+        found,
+        Required,
+        object,
+        "priority_groups",
+        &wanted.priority_groups,
+        &actual.priority_groups,
     );
     check(
         found,

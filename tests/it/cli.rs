@@ -1,22 +1,13 @@
 //! The `weir` binary: exits cleanly on SIGTERM taking its embedded
 //! nats-server with it, and refuses bad configs with file:line:col.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{ACME_KEY, base_config, eventually, plugins_dir};
+use crate::support::{ACME_KEY, base_config, eventually, free_port, plugins_dir};
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Child processes of `pid` (Linux /proc).
 fn children(pid: u32) -> Vec<u32> {

@@ -6,6 +6,7 @@ mod support;
 
 mod cli;
 mod delivery;
+mod fleet;
 mod front_door;
 mod http_sink;
 mod kv;

@@ -51,6 +51,14 @@ impl Nats {
     }
 }
 
+/// A loopback port nobody listens on (for a process that binds it itself).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// The folder holding the built test plugins.
 pub fn plugins_dir() -> PathBuf {
     Path::new(weir_test_artifacts::VALIDATOR)

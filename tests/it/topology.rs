@@ -58,6 +58,17 @@ async fn apply_manifests(client: &async_nats::Client, manifests: &serde_json::Va
             .await
             .expect("operator creates the consumer");
     }
+    for bucket in manifests["buckets"].as_array().unwrap() {
+        let markers = &bucket["limit_markers"];
+        js.create_key_value(async_nats::jetstream::kv::Config {
+            bucket: bucket["bucket"].as_str().unwrap().to_string(),
+            history: bucket["history"].as_i64().unwrap(),
+            limit_markers: Some(Duration::from_secs(markers["secs"].as_u64().unwrap())),
+            ..Default::default()
+        })
+        .await
+        .expect("operator creates the coordination bucket");
+    }
 }
 
 async fn deliver_one_request(host: &TestHost) {

@@ -23,7 +23,7 @@ const TTL_DISABLED: ErrorCode = ErrorCode(10166);
 
 /// How a bucket is created when it does not exist yet (and updated to when
 /// it does).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct BucketOptions {
     pub bucket: String,
     pub description: String,

@@ -1,0 +1,789 @@
+//! Coordination: which host of a fleet pulls which unit, with no central
+//! coordinator and no polling.
+//!
+//! Every host keeps a member key (`members.<id>`) in the coordination KV
+//! bucket with a per-key TTL it renews, and follows `members.` and
+//! `owners.` through ONE watch. From the live member set each host computes
+//! the same [`assignment`]; a host pulls only units assigned to it, and
+//! records what it holds in `owners.<partition>.<shard>` so every host (and
+//! `weir status`) sees owners and unowned units from its watch alone.
+//!
+//! - Handover (a join elsewhere, a planned shutdown): the old owner stops
+//!   pulling, finishes every row it was sent, releases the pin and writes
+//!   `released`; the new owner starts on that event, with nothing to redo.
+//! - Takeover (a member key expired): the new owner claims the unit and, if
+//!   the dead owner left rows in flight and nobody pulled within the quiet
+//!   margin, resets the consumer to its ack floor so they come back at once
+//!   ([`takeover`]).
+//! - Fencing: unit consumers are pinned (one puller per unit, enforced by
+//!   the server), and a host that cannot renew its key steps down on its own
+//!   clock a margin before the key can expire, aborting its workers.
+//!
+//! Architecture invariant: a unit is pulled only by the host whose claim is
+//! recorded in `owners.`, and a claim is taken only from a `released`
+//! record or from an owner that is no longer a member.
+
+pub mod assignment;
+pub mod takeover;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::UnitWorker;
+use crate::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
+use crate::route::{Router, Unit};
+use crate::telemetry::Metrics;
+use takeover::Takeover;
+
+/// Key prefix of member keys.
+pub const MEMBERS: &str = "members.";
+/// Key prefix of unit owner records.
+pub const OWNERS: &str = "owners.";
+/// A member steps down this long before its key can expire; a dead owner
+/// has delivered nothing for at least this long when its key expires.
+pub const STEP_DOWN_MARGIN: Duration = Duration::from_secs(1);
+/// Pause between looks at a unit a taken-over owner may still be pulling.
+const TAKEOVER_RECHECK: Duration = Duration::from_millis(250);
+/// Pause before a failed renewal or watch is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// How long a planned leave waits for units to be handed over.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinationError {
+    #[error("cannot keep the host id in {path}: {source}")]
+    HostId {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("coordination bucket: {0}")]
+    Kv(#[from] KvError),
+}
+
+/// The value of a member key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// Changes with every process start: tells a restart from the same run.
+    pub run: String,
+    /// The member's front door.
+    pub http: String,
+    pub since_ms: u64,
+}
+
+/// The value of a unit's owner record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    pub member: String,
+    pub run: String,
+    pub state: OwnerState,
+    pub since_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnerState {
+    /// The member pulls the unit (or is taking it over).
+    Owned,
+    /// The member handed it over cleanly: nothing in flight.
+    Released,
+}
+
+/// What a host knows of the fleet, all from its watch.
+#[derive(Debug, Clone, Default)]
+pub struct FleetView {
+    pub me: String,
+    /// Whether this host currently acts as a member (its lease is valid).
+    pub member: bool,
+    pub members: BTreeMap<String, MemberRecord>,
+    /// Each unit's owner record and its revision.
+    pub owners: BTreeMap<Unit, (OwnerRecord, u64)>,
+}
+
+impl FleetView {
+    /// Members that count: every live key, with this host only while it
+    /// holds its lease.
+    pub fn live_members(&self) -> BTreeSet<&str> {
+        let mut live: BTreeSet<&str> = self.members.keys().map(String::as_str).collect();
+        if self.member {
+            live.insert(&self.me);
+        } else {
+            live.remove(self.me.as_str());
+        }
+        live
+    }
+
+    /// The live member that holds `unit`, if any.
+    pub fn owner(&self, unit: Unit) -> Option<&str> {
+        let (record, _) = self.owners.get(&unit)?;
+        (record.state == OwnerState::Owned && self.live_members().contains(record.member.as_str()))
+            .then_some(record.member.as_str())
+    }
+
+    /// Units no live member holds.
+    pub fn unowned(&self, units: &[Unit]) -> Vec<Unit> {
+        units
+            .iter()
+            .copied()
+            .filter(|unit| self.owner(*unit).is_none())
+            .collect()
+    }
+}
+
+/// Makes the worker of a unit this host just claimed.
+pub type WorkerFactory = Arc<dyn Fn(Unit) -> UnitWorker + Send + Sync>;
+
+/// What a host brings to the fleet.
+pub struct Membership {
+    pub kv: NatsKv,
+    pub client: async_nats::Client,
+    pub router: Router,
+    pub me: String,
+    pub http: String,
+    pub ttl: Duration,
+    pub workers: WorkerFactory,
+    pub metrics: Metrics,
+}
+
+/// A host's part in coordination, running. [`Coordination::leave`] hands
+/// every unit over before the member key goes.
+pub struct Coordination {
+    view: watch::Receiver<Arc<FleetView>>,
+    leave: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Coordination {
+    /// Joins the fleet: starts renewing the member key and following the
+    /// bucket; units are claimed once the watch has caught up.
+    pub async fn join(membership: Membership) -> Result<Coordination, CoordinationError> {
+        let watch = open_watch(&membership.kv).await?;
+        let run = format!(
+            "{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let record = MemberRecord {
+            run: run.clone(),
+            http: membership.http.clone(),
+            since_ms: unix_ms(),
+        };
+        let view = FleetView {
+            me: membership.me.clone(),
+            ..FleetView::default()
+        };
+        let (published, receiver) = watch::channel(Arc::new(view.clone()));
+        let (lease_tx, lease) = watch::channel(None);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let renewing = CancellationToken::new();
+        let renewal = tokio::spawn(renew(
+            membership.kv.clone(),
+            format!("{MEMBERS}{}", membership.me),
+            record,
+            membership.ttl,
+            lease_tx,
+            renewing.clone(),
+        ));
+        let coordinator = Coordinator {
+            ctx: Arc::new(UnitContext { membership, run }),
+            view,
+            published,
+            caught_up: false,
+            lease,
+            tasks: BTreeMap::new(),
+            done_tx,
+            done_rx,
+            next_task: 0,
+            leaving: false,
+        };
+        let leave = CancellationToken::new();
+        let task = tokio::spawn(coordinator.run(watch, leave.clone(), renewal, renewing));
+        Ok(Coordination {
+            view: receiver,
+            leave,
+            task,
+        })
+    }
+
+    /// The fleet as this host sees it now; `changed()` on the receiver
+    /// wakes on every update.
+    pub fn view(&self) -> watch::Receiver<Arc<FleetView>> {
+        self.view.clone()
+    }
+
+    /// Hands every unit over (each finishes the rows it was sent and
+    /// releases its pin), then deletes the member key so the others take
+    /// them at once.
+    pub async fn leave(self) {
+        self.leave.cancel();
+        let mut task = self.task;
+        if tokio::time::timeout(LEAVE_TIMEOUT, &mut task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("units were not handed over in time; the others will take them over");
+            task.abort();
+        }
+    }
+}
+
+/// Shared by the coordinator and its unit tasks.
+struct UnitContext {
+    membership: Membership,
+    run: String,
+}
+
+/// A unit this host claims, pulls or is releasing.
+struct UnitTask {
+    id: u64,
+    release: CancellationToken,
+    releasing: bool,
+    handle: JoinHandle<()>,
+}
+
+/// How a unit is claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    /// The owner record's revision (`None`: there is none yet).
+    revision: Option<u64>,
+    /// The previous owner did not hand over: check for rows it left.
+    takeover: bool,
+}
+
+struct Coordinator {
+    ctx: Arc<UnitContext>,
+    view: FleetView,
+    published: watch::Sender<Arc<FleetView>>,
+    caught_up: bool,
+    /// Until when this host may act as a member (renewal time + TTL − margin).
+    lease: watch::Receiver<Option<Instant>>,
+    tasks: BTreeMap<Unit, UnitTask>,
+    done_tx: mpsc::UnboundedSender<(Unit, u64)>,
+    done_rx: mpsc::UnboundedReceiver<(Unit, u64)>,
+    next_task: u64,
+    leaving: bool,
+}
+
+impl Coordinator {
+    async fn run(
+        mut self,
+        mut watch: Watch,
+        leave: CancellationToken,
+        renewal: JoinHandle<()>,
+        renewing: CancellationToken,
+    ) {
+        loop {
+            let lease_until = *self.lease.borrow_and_update();
+            let step_down_at = lease_until.filter(|_| self.view.member);
+            tokio::select! {
+                _ = leave.cancelled(), if !self.leaving => self.leaving = true,
+                event = watch.next() => match event {
+                    Some(Ok(WatchEvent::Update(entry))) => self.apply(entry),
+                    Some(Ok(WatchEvent::CaughtUp)) => self.caught_up = true,
+                    Some(Err(err)) => {
+                        tracing::error!(error = %err, "coordination watch failed; watching again");
+                        watch = self.rewatch().await;
+                    }
+                    None => watch = self.rewatch().await,
+                },
+                _ = self.lease.changed() => {}
+                _ = sleep_until(step_down_at) => {}
+                Some((unit, id)) = self.done_rx.recv() => {
+                    if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
+                        self.tasks.remove(&unit);
+                    }
+                }
+            }
+            let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
+            if self.view.member && !lease_valid && !self.leaving {
+                self.step_down();
+            }
+            self.view.member = lease_valid && !self.leaving;
+            self.reconcile();
+            self.ctx
+                .membership
+                .metrics
+                .units_owned
+                .set(self.tasks.len() as i64);
+            self.published.send_replace(Arc::new(self.view.clone()));
+            if self.leaving && self.tasks.is_empty() {
+                break;
+            }
+        }
+        renewing.cancel();
+        let _ = renewal.await;
+        let key = format!("{MEMBERS}{}", self.ctx.membership.me);
+        if let Err(err) = self.ctx.membership.kv.delete(&key).await {
+            tracing::warn!(error = %err, "cannot delete the member key; it expires on its own");
+        }
+        watch.close().await;
+        tracing::info!(member = %self.ctx.membership.me, "left the fleet");
+    }
+
+    fn apply(&mut self, entry: Entry) {
+        if let Some(id) = entry.key.strip_prefix(MEMBERS) {
+            let record = entry
+                .operation
+                .is_put()
+                .then(|| serde_json::from_slice::<MemberRecord>(&entry.value).ok())
+                .flatten();
+            match record {
+                Some(record) => {
+                    if self.view.members.insert(id.to_string(), record).is_none() {
+                        tracing::info!(member = %id, "member joined");
+                    }
+                }
+                None => {
+                    if self.view.members.remove(id).is_some() {
+                        tracing::info!(member = %id, change = ?entry.operation, "member left");
+                    }
+                }
+            }
+        } else if let Some(unit) = entry.key.strip_prefix(OWNERS).and_then(parse_unit) {
+            let record = entry
+                .operation
+                .is_put()
+                .then(|| serde_json::from_slice::<OwnerRecord>(&entry.value).ok())
+                .flatten();
+            match record {
+                Some(record) => {
+                    self.view.owners.insert(unit, (record, entry.revision));
+                }
+                None => {
+                    self.view.owners.remove(&unit);
+                }
+            }
+        }
+    }
+
+    /// The watch ended for good (the bucket was recreated, the client
+    /// closed): start over from the bucket's current values.
+    async fn rewatch(&mut self) -> Watch {
+        self.caught_up = false;
+        self.view.members.clear();
+        self.view.owners.clear();
+        loop {
+            match open_watch(&self.ctx.membership.kv).await {
+                Ok(watch) => return watch,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot watch the coordination bucket");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// The lease ran out before a renewal got through: the others may take
+    /// this host's units any moment, so stop pulling them now.
+    fn step_down(&mut self) {
+        tracing::warn!(
+            units = self.tasks.len(),
+            "cannot renew the member key in time; stepping down"
+        );
+        for (_, task) in std::mem::take(&mut self.tasks) {
+            task.handle.abort();
+        }
+        self.ctx.membership.metrics.coordination_step_downs.inc();
+    }
+
+    /// Starts pulling the units assigned here that can be claimed, and
+    /// releases the units no longer assigned here.
+    fn reconcile(&mut self) {
+        if !self.caught_up {
+            return;
+        }
+        let units = self.ctx.membership.router.units();
+        let live = self.view.live_members();
+        let me = self.view.me.as_str();
+        let assigned = assignment::assign(&units, &live.iter().collect::<Vec<_>>());
+        let mut claims = Vec::new();
+        for unit in units {
+            let mine = assigned.get(&unit).is_some_and(|owner| owner == me);
+            match self.tasks.get_mut(&unit) {
+                Some(task) if !mine && !task.releasing => {
+                    task.release.cancel();
+                    task.releasing = true;
+                }
+                Some(_) => {}
+                None if mine => {
+                    if let Some(claim) = claim(&self.view, &live, unit) {
+                        claims.push((unit, claim));
+                    }
+                }
+                None => {}
+            }
+        }
+        for (unit, claim) in claims {
+            self.spawn(unit, claim);
+        }
+    }
+
+    fn spawn(&mut self, unit: Unit, claim: Claim) {
+        let id = self.next_task;
+        self.next_task += 1;
+        let release = CancellationToken::new();
+        let (ctx, done, stop) = (self.ctx.clone(), self.done_tx.clone(), release.clone());
+        let handle = tokio::spawn(async move {
+            run_unit(&ctx, unit, claim, stop).await;
+            let _ = done.send((unit, id));
+        });
+        self.tasks.insert(
+            unit,
+            UnitTask {
+                id,
+                release,
+                releasing: false,
+                handle,
+            },
+        );
+    }
+}
+
+/// Whether this host may claim `unit` now, and how.
+fn claim(view: &FleetView, live: &BTreeSet<&str>, unit: Unit) -> Option<Claim> {
+    let Some((record, revision)) = view.owners.get(&unit) else {
+        return Some(Claim {
+            revision: None,
+            takeover: true,
+        });
+    };
+    let revision = Some(*revision);
+    match record.state {
+        OwnerState::Released => Some(Claim {
+            revision,
+            takeover: false,
+        }),
+        // Recorded as ours but not running here: a previous run, or a
+        // worker aborted when this host stepped down.
+        OwnerState::Owned if record.member == view.me => Some(Claim {
+            revision,
+            takeover: true,
+        }),
+        OwnerState::Owned if !live.contains(record.member.as_str()) => Some(Claim {
+            revision,
+            takeover: true,
+        }),
+        // A live member still holds it: wait for its `released`.
+        OwnerState::Owned => None,
+    }
+}
+
+/// A unit's life on this host: claim it, take it over if its owner died,
+/// pull it until released, then record the clean handover.
+async fn run_unit(ctx: &UnitContext, unit: Unit, claim: Claim, release: CancellationToken) {
+    let membership = &ctx.membership;
+    let key = owner_key(unit);
+    let record = OwnerRecord {
+        member: membership.me.clone(),
+        run: ctx.run.clone(),
+        state: OwnerState::Owned,
+        since_ms: unix_ms(),
+    };
+    let value = to_bytes(&record);
+    let written = match claim.revision {
+        Some(revision) => membership.kv.update(&key, value, revision).await,
+        None => membership.kv.create(&key, value).await,
+    };
+    let revision = match written {
+        Ok(revision) => revision,
+        Err(err) => {
+            // Someone else's claim got there first; the watch will tell.
+            tracing::debug!(%key, error = %err, "claim lost");
+            tokio::time::sleep(RETRY_PAUSE).await;
+            return;
+        }
+    };
+    let stream = membership.router.partition_stream(unit.partition);
+    let consumer = membership.router.unit_consumer(unit);
+    if claim.takeover {
+        let started = Instant::now();
+        loop {
+            match takeover::inspect(&membership.client, &stream, &consumer).await {
+                Ok(state) => match takeover::decide(&state, STEP_DOWN_MARGIN) {
+                    Takeover::Wait => {}
+                    action => match takeover::apply(
+                        &membership.client,
+                        &stream,
+                        &consumer,
+                        &state,
+                        action,
+                    )
+                    .await
+                    {
+                        Ok(()) => {
+                            if action == Takeover::Reset {
+                                membership.metrics.unit_takeovers.inc();
+                                tracing::info!(
+                                    %consumer,
+                                    rows = state.ack_pending,
+                                    waited_ms = started.elapsed().as_millis() as u64,
+                                    "took over a unit; rows left in flight are redelivered"
+                                );
+                            }
+                            break;
+                        }
+                        Err(err) => {
+                            tracing::warn!(%consumer, error = %err, "cannot take the unit over yet")
+                        }
+                    },
+                },
+                Err(err) => tracing::warn!(%consumer, error = %err, "cannot read the unit's state"),
+            }
+            tokio::select! {
+                _ = release.cancelled() => break,
+                _ = tokio::time::sleep(TAKEOVER_RECHECK) => {}
+            }
+        }
+    }
+    if !release.is_cancelled() {
+        tracing::debug!(%consumer, "pulling");
+        let worker = (membership.workers)(unit);
+        if let Err(err) = worker.run(release.clone()).await {
+            tracing::error!(error = %err, "cannot pull the unit");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+    let released = OwnerRecord {
+        state: OwnerState::Released,
+        since_ms: unix_ms(),
+        ..record
+    };
+    if let Err(err) = membership
+        .kv
+        .update(&key, to_bytes(&released), revision)
+        .await
+    {
+        tracing::warn!(%key, error = %err, "cannot record the handover; the next owner will check for rows left in flight");
+    }
+}
+
+/// Renews the member key every third of its TTL and says until when this
+/// host may act as a member.
+async fn renew(
+    kv: NatsKv,
+    key: String,
+    record: MemberRecord,
+    ttl: Duration,
+    lease: watch::Sender<Option<Instant>>,
+    stop: CancellationToken,
+) {
+    let period = ttl / 3;
+    let value = to_bytes(&record);
+    loop {
+        let sent = Instant::now();
+        let pause =
+            match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
+                Ok(Ok(_)) => {
+                    lease.send_replace(Some(sent + ttl.saturating_sub(STEP_DOWN_MARGIN)));
+                    period
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot renew the member key");
+                    RETRY_PAUSE
+                }
+                Err(_) => {
+                    tracing::warn!("renewing the member key timed out");
+                    Duration::ZERO
+                }
+            };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+async fn open_watch(kv: &NatsKv) -> Result<Watch, KvError> {
+    kv.watch_prefixes(&[MEMBERS, OWNERS], WatchStart::CurrentValues)
+        .await
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `owners.<partition>.<shard>`.
+pub fn owner_key(unit: Unit) -> String {
+    format!("{OWNERS}{}.{}", unit.partition, unit.shard)
+}
+
+fn parse_unit(key: &str) -> Option<Unit> {
+    let (partition, shard) = key.split_once('.')?;
+    Some(Unit {
+        partition: partition.parse().ok()?,
+        shard: shard.parse().ok()?,
+    })
+}
+
+fn to_bytes<T: Serialize>(value: &T) -> Bytes {
+    // Plain structs of strings and numbers always serialize.
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This host's member id: configured, or generated once and kept in the
+/// data directory so a restarted process takes its own units back.
+pub fn host_id(configured: Option<&str>, data_dir: &Path) -> Result<String, CoordinationError> {
+    if let Some(id) = configured {
+        return Ok(id.to_string());
+    }
+    let path = data_dir.join("host-id");
+    let error = |source| CoordinationError::HostId {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(error(err)),
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hostname: String = hostname
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(32)
+        .collect();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let id = format!(
+        "{}-{:x}{:05x}",
+        if hostname.is_empty() {
+            "weir"
+        } else {
+            &hostname
+        },
+        std::process::id(),
+        nanos & 0xfffff
+    );
+    std::fs::create_dir_all(data_dir).map_err(error)?;
+    std::fs::write(&path, &id).map_err(error)?;
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned_by(member: &str) -> (OwnerRecord, u64) {
+        (
+            OwnerRecord {
+                member: member.into(),
+                run: "r".into(),
+                state: OwnerState::Owned,
+                since_ms: 0,
+            },
+            7,
+        )
+    }
+
+    fn view(members: &[&str]) -> FleetView {
+        FleetView {
+            me: "me".into(),
+            member: true,
+            members: members
+                .iter()
+                .map(|m| {
+                    (
+                        m.to_string(),
+                        MemberRecord {
+                            run: "r".into(),
+                            http: String::new(),
+                            since_ms: 0,
+                        },
+                    )
+                })
+                .collect(),
+            owners: BTreeMap::new(),
+        }
+    }
+
+    const UNIT: Unit = Unit {
+        partition: 0,
+        shard: 1,
+    };
+
+    #[test]
+    fn a_unit_held_by_a_live_member_waits_for_its_release() {
+        let mut view = view(&["me", "other"]);
+        view.owners.insert(UNIT, owned_by("other"));
+        let live = view.live_members();
+        assert_eq!(claim(&view, &live, UNIT), None);
+        assert_eq!(view.owner(UNIT), Some("other"));
+
+        let mut released = owned_by("other");
+        released.0.state = OwnerState::Released;
+        view.owners.insert(UNIT, released);
+        let live = view.live_members();
+        assert_eq!(
+            claim(&view, &live, UNIT),
+            Some(Claim {
+                revision: Some(7),
+                takeover: false
+            })
+        );
+        assert_eq!(view.unowned(&[UNIT]), vec![UNIT]);
+    }
+
+    #[test]
+    fn units_of_a_dead_member_or_an_earlier_run_are_taken_over() {
+        let mut view = view(&["me"]);
+        view.owners.insert(UNIT, owned_by("gone"));
+        let live = view.live_members();
+        assert_eq!(
+            claim(&view, &live, UNIT),
+            Some(Claim {
+                revision: Some(7),
+                takeover: true
+            })
+        );
+        assert_eq!(view.owner(UNIT), None);
+
+        view.owners.insert(UNIT, owned_by("me"));
+        let live = view.live_members();
+        assert!(claim(&view, &live, UNIT).is_some_and(|c| c.takeover));
+        // Never recorded: there may be rows from before coordination.
+        view.owners.clear();
+        let live = view.live_members();
+        assert!(claim(&view, &live, UNIT).is_some_and(|c| c.takeover && c.revision.is_none()));
+    }
+
+    #[test]
+    fn a_host_without_its_lease_is_not_a_member_even_if_its_key_lives() {
+        let mut view = view(&["me", "other"]);
+        view.member = false;
+        assert_eq!(
+            view.live_members().into_iter().collect::<Vec<_>>(),
+            ["other"]
+        );
+    }
+
+    #[test]
+    fn owner_keys_round_trip() {
+        assert_eq!(owner_key(UNIT), "owners.0.1");
+        assert_eq!(parse_unit("0.1"), Some(UNIT));
+        assert_eq!(parse_unit("0"), None);
+        assert_eq!(parse_unit("x.1"), None);
+    }
+}

@@ -1,0 +1,172 @@
+//! Taking over a unit whose owner died: its rows that were delivered and
+//! never acked come back at once (the consumer is reset to its ack floor)
+//! instead of after a full ack wait — but never while someone is still
+//! consuming the unit, judged by the server's clock.
+
+use std::time::Duration;
+
+use async_nats::Client;
+use serde::Deserialize;
+
+use crate::pull::{PIN_GROUP, api_error, unpin};
+
+/// What the server says about a unit consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Rows delivered and not acked (nor nakked with a delay).
+    pub ack_pending: u64,
+    /// Whether a client holds the unit's pin.
+    pub pinned: bool,
+    /// Time since the last delivery, by the server's clock; `None` if the
+    /// consumer never delivered.
+    pub idle_for: Option<Duration>,
+}
+
+/// What a new owner does before it pulls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// Nothing was left in flight: pull (after unpinning a dead holder).
+    Start,
+    /// Rows were left in flight by a dead owner: reset to the ack floor so
+    /// they come back now, then pull.
+    Reset,
+    /// Someone pulled within `quiet`: not ours to reset yet; look again.
+    Wait,
+}
+
+/// The decision, from the consumer's state alone. `quiet` is how long a
+/// consumer must have delivered nothing before it counts as abandoned; a
+/// dead owner stopped pulling at least that long before its member key
+/// expired (it steps down early on its own clock).
+pub fn decide(state: &ConsumerState, quiet: Duration) -> Takeover {
+    let recently_active = state.idle_for.is_some_and(|idle| idle < quiet);
+    if state.pinned && recently_active {
+        Takeover::Wait
+    } else if state.ack_pending > 0 {
+        Takeover::Reset
+    } else {
+        Takeover::Start
+    }
+}
+
+#[derive(Deserialize)]
+struct InfoReply {
+    /// The server's time when it answered.
+    ts: Option<String>,
+    #[serde(default)]
+    num_ack_pending: u64,
+    delivered: Option<Delivered>,
+    #[serde(default)]
+    priority_groups: Vec<GroupState>,
+}
+
+#[derive(Deserialize)]
+struct Delivered {
+    last_active: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct GroupState {
+    group: String,
+    pinned_client_id: Option<String>,
+}
+
+/// Reads a unit consumer's state (one request; the reply carries the
+/// server's clock, so no clock of this host is compared with the server's).
+pub async fn inspect(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+) -> Result<ConsumerState, String> {
+    let subject = format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}");
+    let reply = client
+        .request(subject, "".into())
+        .await
+        .map_err(|err| err.to_string())?;
+    if let Some(error) = api_error(&reply.payload) {
+        return Err(error);
+    }
+    let info: InfoReply =
+        serde_json::from_slice(&reply.payload).map_err(|err| format!("unreadable info: {err}"))?;
+    let parse = |text: &str| {
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
+    };
+    let now = info.ts.as_deref().and_then(parse);
+    let last = info
+        .delivered
+        .and_then(|d| d.last_active)
+        .as_deref()
+        .and_then(parse);
+    let idle_for = match (now, last) {
+        (Some(now), Some(last)) => Some((now - last).try_into().unwrap_or(Duration::ZERO)),
+        _ => None,
+    };
+    Ok(ConsumerState {
+        ack_pending: info.num_ack_pending,
+        pinned: info
+            .priority_groups
+            .iter()
+            .any(|g| g.group == PIN_GROUP && g.pinned_client_id.is_some()),
+        idle_for,
+    })
+}
+
+/// Frees a dead owner's pin and, for [`Takeover::Reset`], sends its
+/// unacked rows back from the ack floor (they count as first deliveries
+/// again).
+pub async fn apply(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+    state: &ConsumerState,
+    action: Takeover,
+) -> Result<(), String> {
+    if state.pinned {
+        unpin(client, stream, consumer).await?;
+    }
+    if action == Takeover::Reset {
+        let subject = format!("$JS.API.CONSUMER.RESET.{stream}.{consumer}");
+        let reply = client
+            .request(subject, r#"{"seq":0}"#.into())
+            .await
+            .map_err(|err| err.to_string())?;
+        if let Some(error) = api_error(&reply.payload) {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUIET: Duration = Duration::from_secs(1);
+
+    fn state(ack_pending: u64, pinned: bool, idle_ms: Option<u64>) -> ConsumerState {
+        ConsumerState {
+            ack_pending,
+            pinned,
+            idle_for: idle_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn a_unit_someone_consumes_is_never_reset() {
+        assert_eq!(decide(&state(10, true, Some(200)), QUIET), Takeover::Wait);
+        assert_eq!(decide(&state(0, true, Some(200)), QUIET), Takeover::Wait);
+    }
+
+    #[test]
+    fn rows_left_by_a_quiet_owner_come_back() {
+        assert_eq!(decide(&state(10, true, Some(1500)), QUIET), Takeover::Reset);
+        // An unpinned consumer has no puller at all, however recent.
+        assert_eq!(decide(&state(10, false, Some(10)), QUIET), Takeover::Reset);
+    }
+
+    #[test]
+    fn nothing_in_flight_just_starts() {
+        assert_eq!(decide(&state(0, false, None), QUIET), Takeover::Start);
+        assert_eq!(decide(&state(0, true, Some(5000)), QUIET), Takeover::Start);
+    }
+}

@@ -1,0 +1,307 @@
+//! Pulling one unit's rows under its pin.
+//!
+//! Unit consumers use a pinned-client priority group: the server serves one
+//! puller per unit at a time, which fences a host that still pulls a unit it
+//! lost. A [`Puller`] keeps at most one pull request outstanding on one
+//! inbox, so at any moment it knows exactly which rows the server may still
+//! send it. That is what makes a planned handover exact: [`Puller::release`]
+//! unpins the unit (the server ends the outstanding request at once) and
+//! returns the rows that were already on their way, for the caller to
+//! finish before the next owner starts.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Message};
+use async_nats::{Client, StatusCode, Subscriber};
+use futures::{FutureExt, StreamExt};
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// The priority group every unit consumer has.
+pub const PIN_GROUP: &str = "weir";
+/// How long the server keeps one pull request waiting for rows.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
+/// Idle heartbeat of a waiting pull request.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+/// A request the server has not ended this long after its expiry was lost
+/// (a server restart, a reconnect): pull again.
+const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
+/// Pause before pulling again after the server refused a request.
+const REFUSED_PAUSE: Duration = Duration::from_millis(250);
+/// How long a release whose unpin failed waits for rows still on their way.
+const RELEASE_WAIT: Duration = Duration::from_millis(500);
+/// The header the server stamps on every row it delivers to the pinned client.
+const PIN_ID_HEADER: &str = "Nats-Pin-Id";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("consumer {consumer}: cannot subscribe to its inbox: {reason}")]
+    Subscribe { consumer: String, reason: String },
+}
+
+/// The body of a `CONSUMER.MSG.NEXT` request.
+#[derive(Serialize)]
+struct PullRequest<'a> {
+    batch: usize,
+    #[serde(with = "serde_nanos_u64")]
+    expires: Duration,
+    #[serde(with = "serde_nanos_u64")]
+    idle_heartbeat: Duration,
+    group: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+}
+
+mod serde_nanos_u64 {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// The request in flight: how many rows it may still bring, and when it is
+/// given up for lost.
+struct Outstanding {
+    remaining: usize,
+    lost_after: Instant,
+}
+
+/// Pulls one unit consumer, one request at a time.
+pub struct Puller {
+    client: Client,
+    js: jetstream::Context,
+    stream: String,
+    consumer: String,
+    inbox: async_nats::Subject,
+    subscriber: Subscriber,
+    batch: usize,
+    pin: Option<String>,
+    outstanding: Option<Outstanding>,
+}
+
+impl Puller {
+    /// Subscribes the inbox; no request is sent before [`Puller::next`].
+    pub async fn open(
+        js: jetstream::Context,
+        stream: String,
+        consumer: String,
+        batch: usize,
+    ) -> Result<Puller, PullError> {
+        let client = js.client();
+        let inbox = async_nats::Subject::from(client.new_inbox());
+        let subscriber =
+            client
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|err| PullError::Subscribe {
+                    consumer: consumer.clone(),
+                    reason: err.to_string(),
+                })?;
+        Ok(Puller {
+            client,
+            js,
+            stream,
+            consumer,
+            inbox,
+            subscriber,
+            batch: batch.max(1),
+            pin: None,
+            outstanding: None,
+        })
+    }
+
+    /// The next row, pulling as needed; waits as long as there is none.
+    pub async fn next(&mut self) -> Message {
+        loop {
+            if let Some(row) = self.next_until(None).await {
+                return row;
+            }
+        }
+    }
+
+    /// The next row if one arrives before `deadline` (`None`: whenever).
+    /// Cancel-safe: a request is either not sent or sent and recorded
+    /// (sending to the client's queue is the only await before recording).
+    pub async fn next_until(&mut self, deadline: Option<Instant>) -> Option<Message> {
+        loop {
+            if self.outstanding.is_none() {
+                self.request().await;
+            }
+            let lost_after = self
+                .outstanding
+                .as_ref()
+                .map_or_else(|| Instant::now() + REFUSED_PAUSE, |o| o.lost_after);
+            let until = deadline.map_or(lost_after, |d| d.min(lost_after));
+            match tokio::time::timeout_at(until, self.subscriber.next()).await {
+                Ok(Some(message)) => {
+                    if let Some(row) = self.receive(message).await {
+                        return Some(row);
+                    }
+                }
+                // The subscription ends only when the client is closed.
+                Ok(None) => tokio::time::sleep(REFUSED_PAUSE).await,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return None,
+                Err(_) => {
+                    tracing::debug!(consumer = %self.consumer, "pull request lost; pulling again");
+                    self.outstanding = None;
+                }
+            }
+        }
+    }
+
+    /// Gives the unit up: unpins it, which ends the outstanding request at
+    /// once, and returns the rows that were already sent. Nothing else
+    /// reaches this puller afterwards; the caller finishes these rows and
+    /// the next owner can start.
+    pub async fn release(mut self) -> Vec<Message> {
+        let mut rows = Vec::new();
+        // Unpinned even if no row came yet: one may be on the wire, and the
+        // server pins the receiver of the first row.
+        {
+            let pin = self.pin.take();
+            let started = Instant::now();
+            match unpin(&self.client, &self.stream, &self.consumer).await {
+                // Once the unpin is answered the server sends this request
+                // nothing more (a new row gets it a 423), and every row it
+                // sent before is ahead of the answer on the connection: a
+                // flush round trip puts them all in the subscription.
+                Ok(()) => {
+                    if let Err(err) = self.client.flush().await {
+                        tracing::debug!(error = %err, "flush after unpin failed");
+                    }
+                    while let Some(Some(message)) = self.subscriber.next().now_or_never() {
+                        rows.extend(self.receive(message).await);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
+                    let deadline = started + RELEASE_WAIT;
+                    while self.outstanding.is_some() {
+                        match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
+                            Ok(Some(message)) => rows.extend(self.receive(message).await),
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                }
+            }
+            tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
+        }
+        let _ = self.subscriber.unsubscribe().await;
+        rows
+    }
+
+    /// Sends one pull request and records it as outstanding.
+    async fn request(&mut self) {
+        let body = PullRequest {
+            batch: self.batch,
+            expires: PULL_EXPIRES,
+            idle_heartbeat: PULL_HEARTBEAT,
+            group: PIN_GROUP,
+            id: self.pin.as_deref(),
+        };
+        let Ok(body) = serde_json::to_vec(&body) else {
+            return;
+        };
+        let subject = format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+            self.stream, self.consumer
+        );
+        match self
+            .client
+            .publish_with_reply(subject, self.inbox.clone(), body.into())
+            .await
+        {
+            Ok(()) => {
+                self.outstanding = Some(Outstanding {
+                    remaining: self.batch,
+                    lost_after: Instant::now() + PULL_EXPIRES + LOST_REQUEST_GRACE,
+                })
+            }
+            Err(err) => {
+                tracing::warn!(consumer = %self.consumer, error = %err, "cannot send a pull request");
+                tokio::time::sleep(REFUSED_PAUSE).await;
+            }
+        }
+    }
+
+    /// A row, or `None` for a status the server sent about the request.
+    async fn receive(&mut self, message: async_nats::Message) -> Option<Message> {
+        match message.status {
+            None | Some(StatusCode::OK) => {
+                if let Some(pin) = message
+                    .headers
+                    .as_ref()
+                    .and_then(|headers| headers.get(PIN_ID_HEADER))
+                    && self.pin.as_deref() != Some(pin.as_str())
+                {
+                    self.pin = Some(pin.to_string());
+                }
+                if let Some(outstanding) = &mut self.outstanding {
+                    outstanding.remaining = outstanding.remaining.saturating_sub(1);
+                    if outstanding.remaining == 0 {
+                        self.outstanding = None;
+                    }
+                }
+                Some(Message {
+                    message,
+                    context: self.js.clone(),
+                })
+            }
+            Some(StatusCode::IDLE_HEARTBEAT) => None,
+            Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {
+                self.outstanding = None;
+                None
+            }
+            Some(StatusCode::PIN_ID_MISMATCH) => {
+                // Another puller holds the pin, or it was released: pull
+                // again without one (served once the pin is free).
+                if self.pin.take().is_some() {
+                    tracing::info!(consumer = %self.consumer, "the unit's pin moved away");
+                }
+                self.outstanding = None;
+                None
+            }
+            Some(status) => {
+                tracing::debug!(consumer = %self.consumer, %status, description = ?message.description, "pull request ended");
+                self.outstanding = None;
+                tokio::time::sleep(REFUSED_PAUSE).await;
+                None
+            }
+        }
+    }
+}
+
+/// Releases a unit consumer's pin: a waiting pull of another client is
+/// served at once.
+pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), String> {
+    let subject = format!("$JS.API.CONSUMER.UNPIN.{stream}.{consumer}");
+    let body = serde_json::json!({ "group": PIN_GROUP }).to_string();
+    let reply = client
+        .request(subject, body.into())
+        .await
+        .map_err(|err| err.to_string())?;
+    api_error(&reply.payload).map_or(Ok(()), Err)
+}
+
+/// The error of a JetStream API reply, if it is one.
+pub fn api_error(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Reply {
+        error: Option<ApiError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ApiError {
+        #[serde(default)]
+        err_code: u64,
+        #[serde(default)]
+        description: String,
+    }
+    match serde_json::from_slice::<Reply>(payload) {
+        Ok(Reply { error: Some(error) }) => {
+            Some(format!("{} (error {})", error.description, error.err_code))
+        }
+        Ok(_) => None,
+        Err(err) => Some(format!("unreadable reply: {err}")),
+    }
+}

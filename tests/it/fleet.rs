@@ -1,0 +1,397 @@
+//! A fleet of real `weir` processes sharing 32 units on one nats-server:
+//! two hosts split the units evenly, a third joins by handover, one is
+//! SIGKILLed under load and taken over, one leaves on SIGTERM. Every row
+//! published is delivered; duplicates come only from rows in flight at the
+//! kill. Takeover and handover times are printed, not asserted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use weir::route::{Router, Unit};
+use weir::status::StatusReport;
+
+use crate::support::{ACME_KEY, Nats, TestHost, base_config, eventually, free_port};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+const PARTITIONS: u32 = 4;
+const SHARDS: u32 = 8;
+const TABLES: usize = 64;
+const MEMBER_TTL_SECS: u64 = 5;
+
+/// One `weir run` process with its own directory (config, data, sink output).
+struct Host {
+    id: &'static str,
+    child: Child,
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+/// The base config over 4 × 8 units and 64 tables, as member `id`
+/// listening on `port` (0: any).
+fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> String {
+    let tables: Vec<String> = (0..TABLES).map(|t| format!("\"t{t}\"")).collect();
+    base_config(
+        nats_url,
+        &format!("\n[coordination]\nhost_id = \"{id}\"\nmember_ttl_secs = {ttl_secs}\n"),
+    )
+    .replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    )
+    .replace(
+        "[stream]\ncreate = true\n",
+        &format!("[stream]\ncreate = true\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
+    )
+    .replace(
+        "tables = [\"orders\"]",
+        &format!("tables = [{}]", tables.join(", ")),
+    )
+}
+
+impl Host {
+    fn spawn(nats_url: &str, id: &'static str) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = fleet_config(nats_url, id, port, MEMBER_TTL_SECS);
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("weir.log")).unwrap();
+        let child = Command::new(WEIR)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "WEIR_LOG",
+                "info,weir::coordination=debug,wasmtime=warn,cranelift=warn",
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Host {
+            id,
+            child,
+            dir,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn status(&self) -> Option<StatusReport> {
+        let response = reqwest::get(format!("{}/v1/status", self.url)).await.ok()?;
+        response.json().await.ok()
+    }
+
+    fn output(&self, table: &str) -> PathBuf {
+        output(self.dir.path(), table)
+    }
+
+    fn terminate(&self) {
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("weir.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `observer` sees exactly `members` members holding every
+/// unit, with loads differing by at most one; returns each member's units.
+async fn balanced(observer: &Host, members: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let what = format!("{members:?} share every unit evenly");
+    eventually(Duration::from_secs(40), &what, || async {
+        let report = observer.status().await?;
+        let ids: BTreeSet<&str> = report.fleet.members.iter().map(|m| m.id.as_str()).collect();
+        if ids != members.iter().copied().collect() || !report.fleet.unowned.is_empty() {
+            return None;
+        }
+        let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for unit in &report.units {
+            owned
+                .entry(unit.owner.clone()?)
+                .or_default()
+                .push(unit.consumer.clone());
+        }
+        let loads: Vec<usize> = owned.values().map(Vec::len).collect();
+        let (min, max) = (loads.iter().min()?, loads.iter().max()?);
+        (owned.len() == members.len() && max - min <= 1).then_some(owned)
+    })
+    .await
+}
+
+/// Tables whose unit's consumer is in `consumers`.
+fn tables_of(consumers: &[String]) -> Vec<String> {
+    let router = Router::new("weir", PARTITIONS, SHARDS);
+    (0..TABLES)
+        .map(|t| format!("t{t}"))
+        .filter(|table| {
+            let unit: Unit = router.route("acme", table);
+            consumers.contains(&router.unit_consumer(unit))
+        })
+        .collect()
+}
+
+/// Where a host in `dir` writes the rows of `table`.
+fn output(dir: &Path, table: &str) -> PathBuf {
+    dir.join("out").join("acme").join(format!("{table}.ndjson"))
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// Time until one of `tables` gets a new row in one of `hosts`' outputs.
+async fn first_row(hosts: &[&Host], tables: &[String], since: Instant) -> Duration {
+    let before: Vec<u64> = hosts
+        .iter()
+        .flat_map(|h| tables.iter().map(|t| size(&h.output(t))))
+        .collect();
+    eventually(Duration::from_secs(30), "a row of a moved unit", || async {
+        let now: Vec<u64> = hosts
+            .iter()
+            .flat_map(|h| tables.iter().map(|t| size(&h.output(t))))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        (now != before).then(|| since.elapsed())
+    })
+    .await
+}
+
+/// Every id each host's sink wrote (hosts named with their directory),
+/// by table, in the order written.
+fn written(hosts: &[(&'static str, &Path)]) -> BTreeMap<String, Vec<(u64, &'static str)>> {
+    let mut tables: BTreeMap<String, Vec<(u64, &'static str)>> = BTreeMap::new();
+    for (id, dir) in hosts {
+        for t in 0..TABLES {
+            let table = format!("t{t}");
+            let text = std::fs::read_to_string(output(dir, &table)).unwrap_or_default();
+            // A killed host may have left half a line.
+            for line in text.lines() {
+                if let Ok(row) = serde_json::from_str::<serde_json::Value>(line)
+                    && let Some(row_id) = row["id"].as_u64()
+                {
+                    tables.entry(table.clone()).or_default().push((row_id, *id));
+                }
+            }
+        }
+    }
+    tables
+}
+
+/// Every id delivered, with the hosts that delivered it (once per delivery).
+fn delivered(hosts: &[&Host]) -> BTreeMap<u64, Vec<&'static str>> {
+    let dirs: Vec<(&'static str, &Path)> = hosts.iter().map(|h| (h.id, h.dir.path())).collect();
+    by_id(&written(&dirs))
+}
+
+fn by_id(tables: &BTreeMap<String, Vec<(u64, &'static str)>>) -> BTreeMap<u64, Vec<&'static str>> {
+    let mut seen: BTreeMap<u64, Vec<&'static str>> = BTreeMap::new();
+    for rows in tables.values() {
+        for (id, host) in rows {
+            seen.entry(*id).or_default().push(host);
+        }
+    }
+    seen
+}
+
+/// Producers posting concurrently, so every table gets rows often and a
+/// moved unit's first row is not waiting for its turn.
+const PRODUCERS: u64 = 4;
+
+/// Posts rows to `url` round-robin over its share of the tables until
+/// `stop`; returns every id the front door accepted.
+async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<u64> {
+    let http = reqwest::Client::new();
+    let (mut accepted, mut request) = (Vec::new(), 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        let table = format!("t{}", (request * PRODUCERS + producer) % TABLES as u64);
+        // Ids unique across producers: request number, producer, row.
+        let first = (request * PRODUCERS + producer) * 20;
+        request += 1;
+        let ids: Vec<u64> = (first..first + 20).collect();
+        let body: String = ids
+            .iter()
+            .map(|id| format!("{{\"id\":{id},\"email\":\"u{id}@example.com\"}}\n"))
+            .collect();
+        let response = http
+            .post(format!("{url}/v1/ingest/{table}"))
+            .bearer_auth(ACME_KEY)
+            .body(body)
+            .send()
+            .await;
+        if response.is_ok_and(|r| r.status() == 202) {
+            accepted.extend(ids);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    accepted
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_splits_units_hands_over_on_join_and_leave_and_takes_over_a_killed_host() {
+    let nats = Nats::start();
+    let a = Host::spawn(nats.url(), "host-a");
+    let b = Host::spawn(nats.url(), "host-b");
+    let owners = balanced(&a, &["host-a", "host-b"]).await;
+    assert_eq!(owners["host-a"].len(), 16);
+    assert_eq!(owners["host-b"].len(), 16);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| tokio::spawn(produce(a.url.clone(), p, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // A third host joins: it takes its share by handover.
+    let joined = Instant::now();
+    let c = Host::spawn(nats.url(), "host-c");
+    let owners = balanced(&a, &["host-a", "host-b", "host-c"]).await;
+    let join_settled = joined.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before_kill = delivered(&[&a, &b, &c]);
+    let handover_duplicates = before_kill.values().filter(|h| h.len() > 1).count();
+
+    // SIGKILL under load: the others take b's units over.
+    let b_tables = tables_of(&owners["host-b"]);
+    let killed = Instant::now();
+    let mut b = b;
+    b.child.kill().unwrap();
+    let takeover = first_row(&[&a, &c], &b_tables, killed).await;
+    balanced(&a, &["host-a", "host-c"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // SIGTERM: c hands its units to a.
+    let owners = balanced(&a, &["host-a", "host-c"]).await;
+    let c_tables = tables_of(&owners["host-c"]);
+    let terminated = Instant::now();
+    c.terminate();
+    let handover = first_row(&[&a], &c_tables, terminated).await;
+    balanced(&a, &["host-a"]).await;
+
+    stop.store(true, Ordering::Relaxed);
+    let mut accepted = Vec::new();
+    for producer in producers {
+        accepted.extend(producer.await.unwrap());
+    }
+    eventually(Duration::from_secs(60), "every row settled", || async {
+        a.status().await.filter(StatusReport::drained)
+    })
+    .await;
+
+    let seen = delivered(&[&a, &b, &c]);
+    let missing: Vec<&u64> = accepted
+        .iter()
+        .filter(|id| !seen.contains_key(id))
+        .collect();
+    let duplicates: Vec<(&u64, &Vec<&str>)> = seen.iter().filter(|(_, h)| h.len() > 1).collect();
+    println!(
+        "fleet: {} rows accepted, {} delivered, {} duplicates (all from the kill); \
+         join settled in {join_settled:?}; SIGKILL -> first row of a dead host's unit {takeover:?} \
+         (member TTL {MEMBER_TTL_SECS} s); SIGTERM -> next owner's first row {handover:?}",
+        accepted.len(),
+        seen.len(),
+        duplicates.len()
+    );
+    assert!(accepted.len() > 1000, "the producer kept going");
+    assert!(
+        missing.is_empty(),
+        "{} rows never delivered, e.g. {:?}\n{}",
+        missing.len(),
+        &missing[..missing.len().min(5)],
+        a.log()
+    );
+    assert_eq!(handover_duplicates, 0, "a join by handover repeats nothing");
+    for (id, hosts) in &duplicates {
+        // Only rows the killed host had in flight are seen twice: once by
+        // it, once by its unit's next owner.
+        assert!(
+            hosts.len() == 2 && hosts.contains(&"host-b"),
+            "row {id} delivered by {hosts:?}"
+        );
+    }
+}
+
+/// NATS goes away for longer than the member TTL while rows flow: both
+/// hosts step down, rejoin when it is back and take their units over again.
+/// No row accepted is lost, and no unit is pulled by two hosts at once: the
+/// rows of each table go to one host at a time (a few switches around the
+/// outage, never an interleaving).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_restart_loses_no_row_and_no_unit_is_pulled_twice() {
+    let mut nats = Nats::start();
+    let a = TestHost::start(&fleet_config(nats.url(), "host-a", 0, 3)).await;
+    let b = TestHost::start(&fleet_config(nats.url(), "host-b", 0, 3)).await;
+    eventually(
+        Duration::from_secs(20),
+        "both hosts share the units",
+        || async {
+            let report = a.host.status().report().await;
+            (report.fleet.members.len() == 2 && report.fleet.unowned.is_empty()).then_some(())
+        },
+    )
+    .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = a.url("");
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| tokio::spawn(produce(url.clone(), p, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Longer than the 3 s TTL: every lease runs out while NATS is away.
+    tokio::task::block_in_place(|| nats.restart(Duration::from_secs(4)));
+    eventually(
+        Duration::from_secs(30),
+        "the fleet is whole again",
+        || async {
+            let report = a.host.status().report().await;
+            (report.fleet.members.len() == 2 && report.fleet.unowned.is_empty()).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut accepted = Vec::new();
+    for producer in producers {
+        accepted.extend(producer.await.unwrap());
+    }
+    eventually(Duration::from_secs(60), "every row settled", || async {
+        a.host.status().report().await.drained().then_some(())
+    })
+    .await;
+
+    let tables = written(&[("host-a", a.dir.path()), ("host-b", b.dir.path())]);
+    let seen = by_id(&tables);
+    let missing = accepted.iter().filter(|id| !seen.contains_key(id)).count();
+    let duplicates = seen.values().filter(|hosts| hosts.len() > 1).count();
+    let mut most_switches = 0;
+    for rows in tables.values() {
+        let mut rows = rows.clone();
+        rows.sort();
+        rows.dedup_by_key(|(id, _)| *id);
+        let switches = rows.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        most_switches = most_switches.max(switches);
+    }
+    println!(
+        "nats restart: {} rows accepted, {} delivered, {duplicates} delivered twice \
+         (acks lost with the server), at most {most_switches} owner switches per table",
+        accepted.len(),
+        seen.len()
+    );
+    assert!(accepted.len() > 1000, "the producer kept going");
+    assert_eq!(missing, 0, "rows accepted and never delivered");
+    assert!(
+        most_switches <= 4,
+        "a table's rows alternate between hosts {most_switches} times: a unit was pulled twice"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
