@@ -154,7 +154,7 @@ impl StatusSource {
 
     /// The whole report.
     pub async fn report(&self) -> StatusReport {
-        let backlogs = self.backlogs().await;
+        let backlogs = unit_backlogs(&self.client, &self.router).await;
         let fleet = self.fleet();
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -217,24 +217,23 @@ impl StatusSource {
     }
 }
 
-impl StatusSource {
-    /// Every unit's backlog from one paged consumer listing per partition.
-    pub async fn backlogs(&self) -> Backlogs {
-        use futures::StreamExt;
-        let js = jetstream::new(self.client.clone());
-        let mut backlogs = Backlogs::new();
-        for partition in 0..self.router.partitions() {
-            let Ok(stream) = js
-                .get_stream_no_info(self.router.partition_stream(partition))
-                .await
-            else {
-                continue;
-            };
-            let mut consumers = stream.consumers();
-            while let Some(Ok(info)) = consumers.next().await {
-                backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
-            }
+/// Every unit's backlog (pending, ack pending) by consumer name, from one
+/// paged consumer listing per partition: 256 units a request.
+pub async fn unit_backlogs(client: &async_nats::Client, router: &Router) -> Backlogs {
+    use futures::StreamExt;
+    let js = jetstream::new(client.clone());
+    let mut backlogs = Backlogs::new();
+    for partition in 0..router.partitions() {
+        let Ok(stream) = js
+            .get_stream_no_info(router.partition_stream(partition))
+            .await
+        else {
+            continue;
+        };
+        let mut consumers = stream.consumers();
+        while let Some(Ok(info)) = consumers.next().await {
+            backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
         }
-        backlogs
     }
+    backlogs
 }

@@ -54,12 +54,38 @@ fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> String {
 
 impl Host {
     fn spawn(nats_url: &str, id: &'static str) -> Host {
+        Host::spawn_with(id, fleet_config(nats_url, id, 0, MEMBER_TTL_SECS))
+    }
+
+    fn spawn_with(id: &'static str, config: String) -> Host {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("weir.toml"), config).unwrap();
+        let (child, url) = Host::run(dir.path());
+        Host {
+            id,
+            child,
+            dir,
+            url,
+        }
+    }
+
+    /// Runs `weir` on the config in `dir`, on a fresh port.
+    fn run(dir: &Path) -> (Child, String) {
+        let path = dir.join("weir.toml");
         let port = free_port();
-        let config = fleet_config(nats_url, id, port, MEMBER_TTL_SECS);
-        let path = dir.path().join("weir.toml");
+        let config = std::fs::read_to_string(&path).unwrap();
+        let listen = config
+            .lines()
+            .find(|line| line.starts_with("listen = "))
+            .unwrap()
+            .to_string();
+        let config = config.replace(&listen, &format!("listen = \"127.0.0.1:{port}\""));
         std::fs::write(&path, config).unwrap();
-        let log = std::fs::File::create(dir.path().join("weir.log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("weir.log"))
+            .unwrap();
         let child = Command::new(WEIR)
             .args(["run", "--config"])
             .arg(&path)
@@ -71,12 +97,16 @@ impl Host {
             .stderr(log)
             .spawn()
             .unwrap();
-        Host {
-            id,
-            child,
-            dir,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+        (child, format!("http://127.0.0.1:{port}"))
+    }
+
+    /// SIGKILL, then the same host (directory, id, config) again at once.
+    fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let (child, url) = Host::run(self.dir.path());
+        self.child = child;
+        self.url = url;
     }
 
     async fn status(&self) -> Option<StatusReport> {
@@ -394,4 +424,67 @@ async fn a_nats_restart_loses_no_row_and_no_unit_is_pulled_twice() {
     );
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A lone host SIGKILLed with rows in flight and started again at once:
+/// its own previous run's unacked rows come back at takeover, long before
+/// the 120 s ack wait would return them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lone_host_restarted_after_a_crash_gets_its_rows_back_without_waiting_out_the_ack_wait() {
+    let nats = Nats::start();
+    // Every batch takes 3 s in a plugin: rows are in flight at the kill.
+    let slow = "\n[plugins.slow]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\n\
+                deadline_ms = 10000\nsettings = { mode = \"slow\", slow_ms = 3000 }\n";
+    let config = (fleet_config(nats.url(), "host-a", 0, MEMBER_TTL_SECS) + slow)
+        .replace(
+            "transforms = [\"validate\"]",
+            "transforms = [\"validate\", \"slow\"]",
+        )
+        .replace("[delivery]\n", "[delivery]\nack_wait_secs = 120\n");
+    let mut host = Host::spawn_with("host-a", config);
+    balanced(&host, &["host-a"]).await;
+
+    let http = reqwest::Client::new();
+    let mut accepted = Vec::new();
+    for request in 0..40u64 {
+        let ids: Vec<u64> = (request * 50..request * 50 + 50).collect();
+        let body: String = ids
+            .iter()
+            .map(|id| format!("{{\"id\":{id},\"email\":\"u{id}@example.com\"}}\n"))
+            .collect();
+        let table = format!("t{}", request % TABLES as u64);
+        let response = http
+            .post(format!("{}/v1/ingest/{table}", host.url))
+            .bearer_auth(ACME_KEY)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        accepted.extend(ids);
+    }
+    // The first batches are in the slow plugin.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let in_flight: u64 = host
+        .status()
+        .await
+        .map_or(0, |r| r.units.iter().filter_map(|u| u.ack_pending).sum());
+    let crashed = Instant::now();
+    host.crash_and_restart();
+    let dirs = [(host.id, host.dir.path())];
+    // Well inside the ack wait: only a takeover can bring the rows back.
+    let recovered = eventually(Duration::from_secs(60), "every row delivered", || async {
+        let seen = by_id(&written(&dirs));
+        accepted
+            .iter()
+            .all(|id| seen.contains_key(id))
+            .then(|| crashed.elapsed())
+    })
+    .await;
+    println!(
+        "lone restart: {in_flight} rows in flight at the SIGKILL; all {} rows delivered \
+         {recovered:?} after it (ack wait 120 s)",
+        accepted.len()
+    );
+    assert!(in_flight > 0, "the kill should catch rows in flight");
 }

@@ -14,7 +14,8 @@
 //! (not on input order) and is pinned by a golden vector — hosts of
 //! different versions must agree during a rolling upgrade.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -38,21 +39,29 @@ pub fn assign<M: AsRef<str>>(units: &[Unit], members: &[M]) -> BTreeMap<Unit, St
 
     let floor = units.len() / members.len();
     let mut extra_slots = units.len() % members.len();
-    let mut pairs: Vec<(u64, usize, usize)> = Vec::with_capacity(units.len() * members.len());
-    for (u, unit) in units.iter().enumerate() {
-        for (m, member) in members.iter().enumerate() {
-            pairs.push((score(*unit, member), u, m));
-        }
-    }
-    // Best score first; ties (astronomically rare) by unit, then member name.
-    pairs.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    // Pairs are taken best score first (ties: unit, then member, in name
+    // order). Rather than sorting every pair, each unit keeps a heap of its
+    // candidates and a global heap holds each waiting unit's best untried
+    // one: the same order, but a unit only pays for the candidates it tries.
+    let mut candidates: Vec<BinaryHeap<(u64, Reverse<usize>)>> = units
+        .iter()
+        .map(|unit| {
+            members
+                .iter()
+                .enumerate()
+                .map(|(m, member)| (score(*unit, member), Reverse(m)))
+                .collect()
+        })
+        .collect();
+    let mut waiting: BinaryHeap<(u64, Reverse<usize>, Reverse<usize>)> = candidates
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(u, heap)| heap.pop().map(|(score, m)| (score, Reverse(u), m)))
+        .collect();
 
     let mut load = vec![0usize; members.len()];
     let mut owner_of: Vec<Option<usize>> = vec![None; units.len()];
-    for (_, u, m) in pairs {
-        if owner_of[u].is_some() {
-            continue;
-        }
+    while let Some((_, Reverse(u), Reverse(m))) = waiting.pop() {
         let room = if load[m] < floor {
             true
         } else if load[m] == floor && extra_slots > 0 {
@@ -64,6 +73,8 @@ pub fn assign<M: AsRef<str>>(units: &[Unit], members: &[M]) -> BTreeMap<Unit, St
         if room {
             load[m] += 1;
             owner_of[u] = Some(m);
+        } else if let Some((score, next)) = candidates[u].pop() {
+            waiting.push((score, Reverse(u), next));
         }
     }
     for (u, owner) in owner_of.into_iter().enumerate() {

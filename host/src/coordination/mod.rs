@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -206,6 +206,7 @@ impl Coordination {
             done_rx,
             next_task: 0,
             leaving: false,
+            assigned: None,
         };
         let leave = CancellationToken::new();
         let task = tokio::spawn(coordinator.run(watch, leave.clone(), renewal, renewing));
@@ -273,6 +274,8 @@ struct Coordinator {
     done_rx: mpsc::UnboundedReceiver<(Unit, u64)>,
     next_task: u64,
     leaving: bool,
+    /// The last assignment and the members it was computed for.
+    assigned: Option<(Vec<String>, BTreeMap<Unit, String>)>,
 }
 
 impl Coordinator {
@@ -286,22 +289,43 @@ impl Coordinator {
         loop {
             let lease_until = *self.lease.borrow_and_update();
             let step_down_at = lease_until.filter(|_| self.view.member);
+            // Most events are renewals that change nothing: those cost no
+            // reconcile and no new view.
+            let mut changed = false;
             tokio::select! {
                 _ = leave.cancelled(), if !self.leaving => self.leaving = true,
-                event = watch.next() => match event {
-                    Some(Ok(WatchEvent::Update(entry))) => self.apply(entry),
-                    Some(Ok(WatchEvent::CaughtUp)) => self.caught_up = true,
-                    Some(Err(err)) => {
-                        tracing::error!(error = %err, "coordination watch failed; watching again");
-                        watch = self.rewatch().await;
+                event = watch.next() => {
+                    let mut event = event;
+                    // Take every change already here before reconciling once.
+                    loop {
+                        match event {
+                            Some(Ok(WatchEvent::Update(entry))) => changed |= self.apply(entry),
+                            Some(Ok(WatchEvent::CaughtUp)) => {
+                                self.caught_up = true;
+                                changed = true;
+                            }
+                            Some(Err(err)) => {
+                                tracing::error!(error = %err, "coordination watch failed; watching again");
+                                watch = self.rewatch().await;
+                                break;
+                            }
+                            None => {
+                                watch = self.rewatch().await;
+                                break;
+                            }
+                        }
+                        match watch.next().now_or_never() {
+                            Some(next) => event = next,
+                            None => break,
+                        }
                     }
-                    None => watch = self.rewatch().await,
-                },
+                }
                 _ = self.lease.changed() => {}
                 _ = sleep_until(step_down_at) => {}
                 Some((unit, id)) = self.done_rx.recv() => {
                     if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
                         self.tasks.remove(&unit);
+                        changed = true;
                     }
                 }
             }
@@ -309,7 +333,12 @@ impl Coordinator {
             if self.view.member && !lease_valid && !self.leaving {
                 self.step_down();
             }
-            self.view.member = lease_valid && !self.leaving;
+            let member = lease_valid && !self.leaving;
+            changed |= member != self.view.member || self.leaving;
+            self.view.member = member;
+            if !changed {
+                continue;
+            }
             self.reconcile();
             self.ctx
                 .membership
@@ -331,7 +360,8 @@ impl Coordinator {
         tracing::info!(member = %self.ctx.membership.me, "left the fleet");
     }
 
-    fn apply(&mut self, entry: Entry) {
+    /// Takes one change into the view; says whether the view changed.
+    fn apply(&mut self, entry: Entry) -> bool {
         if let Some(id) = entry.key.strip_prefix(MEMBERS) {
             let record = entry
                 .operation
@@ -339,15 +369,20 @@ impl Coordinator {
                 .then(|| serde_json::from_slice::<MemberRecord>(&entry.value).ok())
                 .flatten();
             match record {
-                Some(record) => {
-                    if self.view.members.insert(id.to_string(), record).is_none() {
+                Some(record) => match self.view.members.insert(id.to_string(), record.clone()) {
+                    None => {
                         tracing::info!(member = %id, "member joined");
+                        true
                     }
-                }
+                    // A renewal: the same record again.
+                    Some(old) => old != record,
+                },
                 None => {
-                    if self.view.members.remove(id).is_some() {
+                    let left = self.view.members.remove(id).is_some();
+                    if left {
                         tracing::info!(member = %id, change = ?entry.operation, "member left");
                     }
+                    left
                 }
             }
         } else if let Some(unit) = entry.key.strip_prefix(OWNERS).and_then(parse_unit) {
@@ -364,6 +399,9 @@ impl Coordinator {
                     self.view.owners.remove(&unit);
                 }
             }
+            true
+        } else {
+            false
         }
     }
 
@@ -406,7 +444,15 @@ impl Coordinator {
         let units = self.ctx.membership.router.units();
         let live = self.view.live_members();
         let me = self.view.me.as_str();
-        let assigned = assignment::assign(&units, &live.iter().collect::<Vec<_>>());
+        // Owner records change far more often than the member set.
+        let members: Vec<String> = live.iter().map(|m| m.to_string()).collect();
+        if self.assigned.as_ref().is_none_or(|(m, _)| *m != members) {
+            let owners = assignment::assign(&units, &members);
+            self.assigned = Some((members, owners));
+        }
+        let Some((_, assigned)) = &self.assigned else {
+            return;
+        };
         let mut claims = Vec::new();
         for unit in units {
             let mine = assigned.get(&unit).is_some_and(|owner| owner == me);

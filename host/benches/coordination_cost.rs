@@ -1,0 +1,291 @@
+//! What coordination costs NATS with 64 and 256 members sharing 512 units
+//! (8 partitions × 64 shards): KV operations each host sends per second at
+//! steady state, the watch messages each host receives, and the NATS
+//! requests it takes to know the unowned units and every unit's lag —
+//! weir's way next to the reference design's (poll every membership slot's
+//! lease every 2 s; one ConsumerInfo per unit), measured in the same run.
+//! Prints one JSON line per figure and a table; asserts nothing.
+//! Run: `cargo bench -p weir --bench coordination_cost`.
+//!
+//! Every member is a real `Coordination` with its own NATS connection for
+//! its KV traffic (so its counters are its own), pulling its units on a
+//! shared connection; there are no rows, so what is counted is
+//! coordination alone.
+
+#[allow(dead_code)] // each bench uses part of the helpers
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use futures::future::join_all;
+use support::{Table, env_count, print_figure};
+use weir::config::{Config, Overrides, SyncPolicy};
+use weir::coordination::assignment::assign;
+use weir::coordination::{Coordination, Membership, WorkerFactory};
+use weir::delivery::{Pipelines, UnitWorker};
+use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
+use weir::kv::NatsKv;
+use weir::route::Router;
+use weir::status::unit_backlogs;
+use weir::telemetry::Metrics;
+use weir::topology::Manifest;
+
+const BENCH: &str = "coordination_cost";
+const PARTITIONS: u32 = 8;
+const SHARDS: u32 = 64;
+const MEMBER_TTL: Duration = Duration::from_secs(5);
+/// The reference design reads every membership slot's lease this often.
+const REFERENCE_POLL: Duration = Duration::from_secs(2);
+/// ... and has this many slots (its member cap).
+const REFERENCE_SLOTS: usize = 64;
+/// How long the fleet may take to assign every unit.
+const FORM_TIMEOUT: Duration = Duration::from_secs(180);
+
+struct Figure {
+    members: usize,
+    formed_in: Duration,
+    kv_ops_per_host: f64,
+    watch_messages_per_host: f64,
+    lag_requests: u64,
+    lag_time: Duration,
+    naive_lag_requests: u64,
+    naive_lag_time: Duration,
+}
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let window = Duration::from_secs(env_count("WEIR_BENCH_WINDOW_SECS", 15) as u64);
+    let mut figures = Vec::new();
+    for members in [64, 256] {
+        let figure = runtime.block_on(measure(members, window))?;
+        let prefix = format!("members_{members}");
+        print_figure(
+            BENCH,
+            &format!("{prefix}_kv_ops_per_host_per_sec"),
+            figure.kv_ops_per_host,
+        );
+        print_figure(
+            BENCH,
+            &format!("{prefix}_watch_messages_per_host_per_sec"),
+            figure.watch_messages_per_host,
+        );
+        print_figure(
+            BENCH,
+            &format!("{prefix}_lag_requests_512_units"),
+            figure.lag_requests as f64,
+        );
+        print_figure(
+            BENCH,
+            &format!("{prefix}_naive_lag_requests_512_units"),
+            figure.naive_lag_requests as f64,
+        );
+        figures.push(figure);
+    }
+
+    let reference_reads = REFERENCE_SLOTS as f64 / REFERENCE_POLL.as_secs_f64();
+    let mut table = Table::new(&[
+        "members",
+        "formed in",
+        "KV ops/s/host (weir)",
+        "KV reads/s/host (reference)",
+        "watch msgs/s/host",
+        "unowned: requests",
+        "lag: requests (weir)",
+        "lag: requests (per unit)",
+    ]);
+    for f in &figures {
+        table.push(vec![
+            f.members.to_string(),
+            format!("{:.1} s", f.formed_in.as_secs_f64()),
+            format!("{:.2}", f.kv_ops_per_host),
+            if f.members <= REFERENCE_SLOTS {
+                format!("{reference_reads:.0}")
+            } else {
+                format!("{reference_reads:.0} (cannot exceed {REFERENCE_SLOTS} members)")
+            },
+            format!("{:.0}", f.watch_messages_per_host),
+            "0 (from the watch)".to_string(),
+            format!("{} in {:.1} ms", f.lag_requests, ms(f.lag_time)),
+            format!("{} in {:.1} ms", f.naive_lag_requests, ms(f.naive_lag_time)),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
+    let dir = tempfile::tempdir()?;
+    let options = EmbeddedOptions {
+        binary: None,
+        data_dir: dir.path().to_path_buf(),
+        sync: SyncPolicy::Periodic,
+        port: None,
+        extra_config: String::new(),
+    };
+    let server = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options)).await??;
+    let url = server.url().to_string();
+    let config = Config::parse(
+        Path::new("bench.toml"),
+        &format!("[stream]\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
+        &Overrides::default(),
+    )?;
+    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let admin = async_nats::connect(&url).await?;
+    Manifest::new(&router, &config.stream, &config.delivery, None)
+        .create(&async_nats::jetstream::new(admin.clone()))
+        .await?;
+
+    // No pipelines: there are no rows, only coordination and idle pulls.
+    let pipelines = Pipelines::new(Arc::new(config), HashMap::new());
+    let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
+    let pulls = async_nats::connect(&url).await?;
+    let workers: WorkerFactory = {
+        let js = async_nats::jetstream::new(pulls.clone());
+        let router = router.clone();
+        Arc::new(move |unit| {
+            UnitWorker::new(
+                js.clone(),
+                router.clone(),
+                unit,
+                generations.subscribe(),
+                Metrics::default(),
+            )
+        })
+    };
+
+    // Members join 32 at a time, as a fleet rolling out would.
+    let started = Instant::now();
+    let joins = futures::stream::iter(0..members).map(|member| {
+        let (url, router, pulls, workers) =
+            (url.clone(), router.clone(), pulls.clone(), workers.clone());
+        async move {
+            let kv_client = async_nats::connect(&url).await?;
+            let kv = NatsKv::open(&kv_client, &router.coordination_bucket()).await?;
+            let coordination = Coordination::join(Membership {
+                kv,
+                client: pulls,
+                router,
+                me: format!("member-{member:03}"),
+                http: String::new(),
+                ttl: MEMBER_TTL,
+                workers,
+                metrics: Metrics::default(),
+            })
+            .await
+            .with_context(|| format!("member {member} joins"))?;
+            anyhow::Ok((kv_client, coordination))
+        }
+    });
+    let joined: Vec<_> = joins.buffer_unordered(32).collect().await;
+    let mut fleet = Vec::new();
+    let mut kv_clients = Vec::new();
+    for member in joined {
+        let (kv_client, coordination) = member?;
+        kv_clients.push(kv_client);
+        fleet.push(coordination);
+    }
+    let units = router.units();
+    let names: Vec<String> = (0..members).map(|m| format!("member-{m:03}")).collect();
+    let assigned = assign(&units, &names);
+    let observer = fleet[0].view();
+    loop {
+        // Steady: every unit held by the member the assignment gives it.
+        let view = observer.borrow().clone();
+        if view.live_members().len() == members
+            && units
+                .iter()
+                .all(|unit| view.owner(*unit) == assigned.get(unit).map(String::as_str))
+        {
+            break;
+        }
+        if started.elapsed() > FORM_TIMEOUT {
+            bail!(
+                "{members} members did not assign every unit within {FORM_TIMEOUT:?}: {} live, {} unowned",
+                view.live_members().len(),
+                view.unowned(&units).len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let formed_in = started.elapsed();
+
+    let counters = |clients: &[async_nats::Client]| -> (u64, u64) {
+        clients.iter().fold((0, 0), |(out, inbound), client| {
+            let stats = client.statistics();
+            (
+                out + stats.out_messages.load(Ordering::Relaxed),
+                inbound + stats.in_messages.load(Ordering::Relaxed),
+            )
+        })
+    };
+    let (out_before, in_before) = counters(&kv_clients);
+    tokio::time::sleep(window).await;
+    let (out_after, in_after) = counters(&kv_clients);
+    let per_host_per_sec = |delta: u64| delta as f64 / members as f64 / window.as_secs_f64();
+
+    // Unowned units come from the watch; lag from the paged listing...
+    let probe = async_nats::connect(&url).await?;
+    let sent = || probe.statistics().out_messages.load(Ordering::Relaxed);
+    let before = sent();
+    let lag_started = Instant::now();
+    let backlogs = unit_backlogs(&probe, &router).await;
+    let lag_time = lag_started.elapsed();
+    let lag_requests = sent() - before;
+    if backlogs.len() != units.len() {
+        bail!(
+            "the listing found {} of {} units",
+            backlogs.len(),
+            units.len()
+        );
+    }
+    // ... against one ConsumerInfo per unit.
+    let js = async_nats::jetstream::new(probe.clone());
+    let before = sent();
+    let naive_started = Instant::now();
+    let infos = join_all(units.iter().map(|unit| {
+        let js = js.clone();
+        let (stream, consumer) = (
+            router.partition_stream(unit.partition),
+            router.unit_consumer(*unit),
+        );
+        async move {
+            js.get_stream_no_info(stream)
+                .await
+                .ok()?
+                .consumer_info(consumer)
+                .await
+                .ok()
+        }
+    }))
+    .await;
+    let naive_lag_time = naive_started.elapsed();
+    let naive_lag_requests = sent() - before;
+    if infos.iter().any(Option::is_none) {
+        bail!("a ConsumerInfo request failed");
+    }
+
+    join_all(fleet.into_iter().map(Coordination::leave)).await;
+    drop(server);
+    Ok(Figure {
+        members,
+        formed_in,
+        kv_ops_per_host: per_host_per_sec(out_after - out_before),
+        watch_messages_per_host: per_host_per_sec(in_after - in_before),
+        lag_requests,
+        lag_time,
+        naive_lag_requests,
+        naive_lag_time,
+    })
+}
