@@ -195,6 +195,21 @@ impl Manifest {
                 }
             }));
         }
+        for bucket in &self.buckets {
+            items.push(json!({
+                "apiVersion": "jetstream.nats.io/v1beta2",
+                "kind": "KeyValue",
+                "metadata": { "name": k8s_name(&bucket.bucket) },
+                "spec": {
+                    "bucket": bucket.bucket,
+                    "description": bucket.description,
+                    "history": bucket.history,
+                    "storage": "file",
+                    // Per-key TTLs (server >= 2.11): member keys expire.
+                    "limitMarkerTtl": bucket.limit_markers.map(duration),
+                }
+            }));
+        }
         json!({ "apiVersion": "v1", "kind": "List", "items": items })
     }
 

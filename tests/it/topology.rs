@@ -195,7 +195,13 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
         &["--format", "nack", "--file-store", "10G"],
     );
     let items = nack["items"].as_array().unwrap();
-    assert_eq!(items.len(), 3 + 6, "3 streams and 6 consumers");
+    assert_eq!(
+        items.len(),
+        3 + 6 + 1,
+        "3 streams, 6 consumers and the coordination bucket"
+    );
+    assert_eq!(items[9]["kind"], "KeyValue");
+    assert_eq!(items[9]["spec"]["bucket"], "weir_coord");
     assert_eq!(items[1]["kind"], "Stream");
     assert_eq!(items[1]["metadata"]["name"], "weir-in-0");
     assert_eq!(items[1]["spec"]["retention"], "workqueue");
