@@ -125,7 +125,9 @@ impl RunningHost {
             }
         }
 
-        let sandbox = Arc::new(Sandbox::new(metrics.clone())?);
+        let sandbox = Arc::new(
+            Sandbox::new(metrics.clone())?.with_cache_dir(config.data_dir.join("compiled")),
+        );
         let mut plugins = HashMap::new();
         for plugin in config.plugins.values() {
             plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);

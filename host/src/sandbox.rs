@@ -8,6 +8,7 @@
 //! `wasi:http` is linked only for plugins with `grants.http`, and each of
 //! their requests must go to an authority in that list.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -155,6 +156,8 @@ pub struct Sandbox {
     http_linker: Linker<PluginState>,
     metrics: Metrics,
     ticker_stop: Arc<AtomicBool>,
+    /// Where compiled components are kept between starts, if anywhere.
+    cache: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -207,7 +210,17 @@ impl Sandbox {
             http_linker,
             metrics,
             ticker_stop,
+            cache: None,
         })
+    }
+
+    /// Keeps compiled components in `dir`, keyed by the `.wasm`'s SHA-256
+    /// and the engine's compatibility hash, so a restart skips Cranelift.
+    /// `dir` must be weir's own (its data directory): what is loaded from
+    /// it runs as native code, so it is never a plugins directory.
+    pub fn with_cache_dir(mut self, dir: PathBuf) -> Sandbox {
+        self.cache = Some(dir);
+        self
     }
 
     /// Compiles a plugin, checks it implements its world and links, and
@@ -224,8 +237,9 @@ impl Sandbox {
             })?;
         let version = version_of(&bytes);
         let engine = self.engine.clone();
+        let cache = self.cache.clone();
         // Cranelift takes a while on a big component: keep it off the runtime threads.
-        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+        let component = tokio::task::spawn_blocking(move || compile(&engine, &bytes, cache))
             .await
             .map_err(|err| LoadError::Compile {
                 plugin: plugin.clone(),
@@ -371,6 +385,55 @@ fn http_import(engine: &Engine, component: &Component) -> Option<String> {
         .collect();
     imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));
     imports.into_iter().next()
+}
+
+/// Compiles a component, or loads it from the compiled cache when it holds
+/// this exact `.wasm` for this exact engine. Cache trouble never fails a
+/// load: it only costs a compilation.
+fn compile(engine: &Engine, bytes: &[u8], cache: Option<PathBuf>) -> wasmtime::Result<Component> {
+    let Some(dir) = cache else {
+        return Component::new(engine, bytes);
+    };
+    use sha2::Digest;
+    use std::hash::{Hash, Hasher};
+    let digest: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let path = dir.join(format!("{digest}-{:016x}.cwasm", hasher.finish()));
+    if path.exists() {
+        // SAFETY: the file was written by `Component::serialize` of this
+        // engine configuration into weir's own data directory (the key
+        // includes the engine's compatibility hash); nothing else writes
+        // there.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => {
+                tracing::debug!(cache = %path.display(), "compiled component loaded from the cache");
+                return Ok(component);
+            }
+            Err(err) => {
+                tracing::warn!(cache = %path.display(), error = %err, "unusable compiled component; compiling again");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let component = Component::new(engine, bytes)?;
+    let stored = component
+        .serialize()
+        .map_err(std::io::Error::other)
+        .and_then(|compiled| {
+            std::fs::create_dir_all(&dir)?;
+            // Written aside and renamed: a crash never leaves half a file under the key.
+            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, compiled)?;
+            std::fs::rename(&partial, &path)
+        });
+    if let Err(err) = stored {
+        tracing::warn!(cache = %dir.display(), error = %err, "cannot keep the compiled component");
+    }
+    Ok(component)
 }
 
 /// A short content digest: the plugin's version as status and logs show it.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use weir::config::{Config, Overrides};
 use weir::host::StartError;
-use weir::sandbox::LoadError;
+use weir::sandbox::{LoadError, Sandbox};
 
 use crate::support::{
     Nats, TestHost, base_config, dead_letter_reasons, eventually, orders, start_error,
@@ -315,4 +315,48 @@ async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100
         last < first + 64 * 1024,
         "RSS grew from {first} KiB to {last} KiB"
     );
+}
+
+/// A second start with the same plugins loads them from weir's compiled
+/// cache (keyed by content and engine) instead of compiling them again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_start_loads_compiled_plugins_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, base_config("nats://127.0.0.1:1", "")).unwrap();
+    let config = Config::load(&path, &Overrides::default()).unwrap();
+    let cache = dir.path().join("compiled");
+
+    let mut times = Vec::new();
+    for start in ["first start", "second start"] {
+        // A fresh engine each time, as a new process would have.
+        let sandbox = Sandbox::new(weir::telemetry::Metrics::default())
+            .unwrap()
+            .with_cache_dir(cache.clone());
+        let began = std::time::Instant::now();
+        for plugin in config.plugins.values() {
+            sandbox.load(plugin).await.unwrap();
+        }
+        times.push((start, began.elapsed()));
+        if start == "first start" {
+            assert_eq!(cached(&cache).len(), 2, "one compiled file per plugin");
+        }
+    }
+    let before = cached(&cache);
+    println!("plugin load with the compiled cache: {times:?}");
+    // The second start read the files; it neither removed nor rewrote them.
+    assert_eq!(cached(&cache), before);
+}
+
+/// The compiled files and their modification times.
+fn cached(dir: &std::path::Path) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            (entry.path(), entry.metadata().unwrap().modified().unwrap())
+        })
+        .collect();
+    files.sort();
+    files
 }
