@@ -172,23 +172,38 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
             (url.clone(), router.clone(), pulls.clone(), workers.clone());
         async move {
             let kv_client = async_nats::connect(&url).await?;
-            let kv = NatsKv::open(&kv_client, &router.coordination_bucket()).await?;
-            let coordination = Coordination::join(Membership {
-                kv,
-                client: pulls,
-                router,
-                me: format!("member-{member:03}"),
-                http: String::new(),
-                ttl: MEMBER_TTL,
-                workers,
-                metrics: Metrics::default(),
-            })
-            .await
-            .with_context(|| format!("member {member} joins"))?;
-            anyhow::Ok((kv_client, coordination))
+            // One process plays every member: under the joins' burst a
+            // request may time out; a member retries as a host would.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let joined = async {
+                    let kv = NatsKv::open(&kv_client, &router.coordination_bucket()).await?;
+                    Coordination::join(Membership {
+                        kv,
+                        client: pulls.clone(),
+                        router: router.clone(),
+                        me: format!("member-{member:03}"),
+                        http: String::new(),
+                        ttl: MEMBER_TTL,
+                        workers: workers.clone(),
+                        metrics: Metrics::default(),
+                    })
+                    .await
+                }
+                .await;
+                match joined {
+                    Ok(coordination) => return anyhow::Ok((kv_client, coordination)),
+                    Err(err) if attempt < 5 => {
+                        eprintln!("member {member} retries joining: {err}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(err) => return Err(err).with_context(|| format!("member {member} joins")),
+                }
+            }
         }
     });
-    let joined: Vec<_> = joins.buffer_unordered(32).collect().await;
+    let joined: Vec<_> = joins.buffer_unordered(16).collect().await;
     let mut fleet = Vec::new();
     let mut kv_clients = Vec::new();
     for member in joined {

@@ -99,6 +99,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// A top-level row field whose value dedupes the row (its message id).
     pub idempotency_field: Option<String>,
+    /// Bearer keys of the admin API (`POST /v1/admin/reload`); none: off.
+    pub admin_api_keys: Vec<String>,
     pub nats: NatsConfig,
     pub stream: StreamConfig,
     pub delivery: DeliveryConfig,
@@ -279,6 +281,8 @@ struct RawConfig {
     data_dir: Option<String>,
     max_body_bytes: Option<usize>,
     idempotency_field: Option<String>,
+    #[serde(default)]
+    admin_api_keys: Vec<String>,
     #[serde(default)]
     nats: RawNats,
     #[serde(default)]
@@ -795,6 +799,7 @@ impl<'a> Checker<'a> {
             data_dir,
             max_body_bytes: raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             idempotency_field: raw.idempotency_field,
+            admin_api_keys: raw.admin_api_keys,
             nats,
             stream,
             delivery,

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router as HttpRouter;
 use axum::body::Bytes;
@@ -13,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Config;
 use crate::ndjson;
@@ -61,7 +62,15 @@ pub struct FrontDoor {
     publisher: Publisher,
     metrics: Metrics,
     status: StatusSource,
+    reloads: ReloadRequests,
 }
+
+/// Asks the reloader for a reload; the answer says whether it was applied
+/// or why it was refused.
+pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<(), String>>>;
+
+/// How long `POST /v1/admin/reload` waits for the reload to finish.
+const ADMIN_RELOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl FrontDoor {
     pub fn new(
@@ -69,12 +78,14 @@ impl FrontDoor {
         publisher: Publisher,
         metrics: Metrics,
         status: StatusSource,
+        reloads: ReloadRequests,
     ) -> FrontDoor {
         FrontDoor {
             gates,
             publisher,
             metrics,
             status,
+            reloads,
         }
     }
 
@@ -89,6 +100,7 @@ impl FrontDoor {
                 post(ingest).layer(DefaultBodyLimit::max(max_body)),
             )
             .route("/v1/status", get(status))
+            .route("/v1/admin/reload", post(admin_reload))
             .route("/livez", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -301,6 +313,44 @@ fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refu
         .get(key.trim())
         .map(String::as_str)
         .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))
+}
+
+/// Forces a reload of the config and plugins, as SIGHUP does, and answers
+/// with its outcome: 200 applied, 422 refused (the running versions keep
+/// serving). Needs one of the config's `admin_api_keys`.
+async fn admin_reload(State(door): State<Arc<FrontDoor>>, headers: HeaderMap) -> Response {
+    let gate = door.gates.borrow().clone();
+    if gate.config.admin_api_keys.is_empty() {
+        return Refusal::new(
+            StatusCode::NOT_FOUND,
+            "the admin API is off: set `admin_api_keys` in the config",
+        )
+        .into_response();
+    }
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim);
+    if !key.is_some_and(|key| gate.config.admin_api_keys.iter().any(|k| k == key)) {
+        return Refusal::new(StatusCode::UNAUTHORIZED, "an admin api key is required")
+            .into_response();
+    }
+    let (reply, answer) = oneshot::channel();
+    if door.reloads.send(reply).await.is_err() {
+        return Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, "the host is stopping")
+            .into_response();
+    }
+    match tokio::time::timeout(ADMIN_RELOAD_TIMEOUT, answer).await {
+        Ok(Ok(Ok(()))) => axum::Json(serde_json::json!({ "result": "applied" })).into_response(),
+        Ok(Ok(Err(reason))) => {
+            Refusal::new(StatusCode::UNPROCESSABLE_ENTITY, reason).into_response()
+        }
+        Ok(Err(_)) | Err(_) => {
+            Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, "the reload did not finish")
+                .into_response()
+        }
+    }
 }
 
 async fn readyz(State(door): State<Arc<FrontDoor>>) -> Response {

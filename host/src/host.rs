@@ -22,7 +22,7 @@ use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
 use crate::front_door::{FrontDoor, Gate};
 use crate::kv::NatsKv;
 use crate::publish::Publisher;
-use crate::reload::{Reloader, plugin_status};
+use crate::reload::{FleetReleases, Reloader, plugin_status};
 use crate::route::Router;
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::status::{NatsStatus, StatusSource};
@@ -189,13 +189,21 @@ impl RunningHost {
         .await?;
 
         let (gates, gate) = tokio::sync::watch::channel(Arc::new(Gate::new(config.clone())));
+        let (reload_sender, reload_requests) = tokio::sync::mpsc::channel(4);
         let reloader = Reloader::new(
             sandbox.clone(),
             generations,
             gates,
             running_plugins.clone(),
             metrics.clone(),
-        );
+        )
+        .with_requests(reload_requests)
+        .with_fleet(FleetReleases {
+            view: coordination.view(),
+            client: client.clone(),
+            router: router.clone(),
+            dir: config.data_dir.join("pushed"),
+        });
         let stop = shutdown.clone();
         let baseline = reloader.fingerprint().await;
         tasks.push(tokio::spawn(reloader.watch(baseline, stop)));
@@ -225,6 +233,7 @@ impl RunningHost {
             Publisher::new(client.clone(), router.clone()),
             metrics.clone(),
             status.clone(),
+            reload_sender,
         );
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {

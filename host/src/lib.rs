@@ -25,6 +25,7 @@ pub mod kv;
 pub mod ndjson;
 pub mod permissions;
 pub mod pipeline;
+pub mod plugin_store;
 pub mod publish;
 pub mod pull;
 pub mod reload;

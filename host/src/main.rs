@@ -12,6 +12,7 @@ use weir::config::{Config, ConfigError, Overrides};
 use weir::dead_letter::{DeadLetters, LetterFilter};
 use weir::host::RunningHost;
 use weir::permissions::Permissions;
+use weir::plugin_store;
 use weir::route::Router;
 use weir::send::{SendOptions, default_url, fetch_status, send};
 use weir::topology::Manifest;
@@ -53,6 +54,11 @@ enum Command {
     Dlq {
         #[command(subcommand)]
         what: DlqCommand,
+    },
+    /// Roll a plugin out to every host of the fleet, or back.
+    Plugin {
+        #[command(subcommand)]
+        what: PluginCommand,
     },
     /// What an operator applies to NATS for this config.
     Mq {
@@ -131,26 +137,39 @@ enum DlqCommand {
     },
 }
 
-/// Where the dead letters are, and which ones.
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Store a `.wasm` as plugin NAME's release: every host fetches it,
+    /// checks its digest and swaps it in between batches.
+    Push {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        /// The plugin's name in the config.
+        name: String,
+        /// The component to roll out.
+        file: PathBuf,
+    },
+    /// Go back to plugin NAME's release before the current one.
+    Rollback {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        name: String,
+    },
+}
+
+/// A fleet's NATS: from the flag, the config, or the running host.
 #[derive(clap::Args)]
-struct DlqTarget {
+struct FleetTarget {
     #[arg(long, env = "WEIR_CONFIG")]
     config: PathBuf,
     /// NATS URL; default: the config's, else the running host's (asked at
     /// the config's listen address).
     #[arg(long, env = "WEIR_NATS_URL")]
     nats_url: Option<String>,
-    #[arg(long)]
-    tenant: Option<String>,
-    #[arg(long)]
-    table: Option<String>,
-    /// Dead-letter stream sequences (repeatable); default: every match.
-    #[arg(long = "seq")]
-    sequences: Vec<u64>,
 }
 
-impl DlqTarget {
-    async fn dead_letters(&self) -> anyhow::Result<(DeadLetters, LetterFilter)> {
+impl FleetTarget {
+    async fn connect(&self) -> anyhow::Result<(Config, async_nats::Client)> {
         let config = Config::load(&self.config, &Overrides::default())?;
         let url = match (&self.nats_url, &config.nats.url) {
             (Some(url), _) | (None, Some(url)) => url.clone(),
@@ -164,6 +183,27 @@ impl DlqTarget {
             }
         };
         let client = weir::host::connect_to(&url).await?;
+        Ok((config, client))
+    }
+}
+
+/// Where the dead letters are, and which ones.
+#[derive(clap::Args)]
+struct DlqTarget {
+    #[command(flatten)]
+    fleet: FleetTarget,
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long)]
+    table: Option<String>,
+    /// Dead-letter stream sequences (repeatable); default: every match.
+    #[arg(long = "seq")]
+    sequences: Vec<u64>,
+}
+
+impl DlqTarget {
+    async fn dead_letters(&self) -> anyhow::Result<(DeadLetters, LetterFilter)> {
+        let (config, client) = self.fleet.connect().await?;
         let letters = DeadLetters::new(async_nats::jetstream::new(client), router_of(&config));
         let filter = LetterFilter {
             tenant: self.tenant.clone(),
@@ -339,6 +379,36 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Plugin { what } => {
+            let (name, release) = match &what {
+                PluginCommand::Push { fleet, name, file } => {
+                    let bytes = std::fs::read(file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    let (config, client) = fleet.connect().await?;
+                    anyhow::ensure!(
+                        config.plugins.contains_key(name),
+                        "{}: no plugin `{name}` in the config",
+                        fleet.config.display()
+                    );
+                    let release =
+                        plugin_store::push(&client, &router_of(&config), name, &bytes).await?;
+                    client.flush().await?;
+                    (name, release)
+                }
+                PluginCommand::Rollback { fleet, name } => {
+                    let (config, client) = fleet.connect().await?;
+                    let release =
+                        plugin_store::rollback(&client, &router_of(&config), name).await?;
+                    client.flush().await?;
+                    (name, release)
+                }
+            };
+            match &release.digest {
+                Some(digest) => println!("plugin {name}: the fleet now runs {digest}"),
+                None => println!("plugin {name}: the fleet now runs each host's own file"),
+            }
+            Ok(())
+        }
         Command::Mq { what } => {
             let output = match what {
                 MqCommand::Manifests {

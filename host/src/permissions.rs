@@ -1,7 +1,7 @@
 //! The least-privilege NATS permissions a weir host needs, derived from the
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
 //! its streams and consumers, pull and ack its durables, hand a pin over,
-//! coordinate through its KV bucket —
+//! coordinate through its KV bucket, fetch plugins pushed to the fleet —
 //! and nothing that creates, deletes or purges a stream.
 
 use serde::Serialize;
@@ -71,6 +71,18 @@ impl Permissions {
                 format!("$JS.FC.{stream}.>"),
             ]);
         }
+        // Plugins pushed to the fleet: read from the object store (its info,
+        // the object's metadata, and its chunks through an ordered consumer).
+        let objects = format!("OBJ_{}", router.plugin_store());
+        publish.extend([
+            format!("$JS.API.STREAM.INFO.{objects}"),
+            format!("$JS.API.STREAM.MSG.GET.{objects}"),
+            format!("$JS.API.DIRECT.GET.{objects}.>"),
+            format!("$JS.API.CONSUMER.CREATE.{objects}"),
+            format!("$JS.API.CONSUMER.CREATE.{objects}.>"),
+            format!("$JS.API.CONSUMER.DELETE.{objects}.>"),
+            format!("$JS.FC.{objects}.>"),
+        ]);
         Permissions {
             publish: Allow { allow: publish },
             // Replies to requests and pulls.
@@ -115,9 +127,13 @@ mod tests {
                 assert!(!subject.contains(destructive), "{subject}");
             }
             // Consumers come and go only for the host's own watch of the
-            // coordination bucket, never on a partition stream.
+            // coordination bucket and plugin downloads, never on a
+            // partition stream.
             if subject.contains("CONSUMER.CREATE") || subject.contains("CONSUMER.DELETE") {
-                assert!(subject.contains(".KV_weir_coord"), "{subject}");
+                assert!(
+                    subject.contains(".KV_weir_coord") || subject.contains(".OBJ_weir_plugins"),
+                    "{subject}"
+                );
             }
         }
         assert_eq!(permissions.subscribe.allow, ["_INBOX.>"]);

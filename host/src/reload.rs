@@ -1,5 +1,6 @@
 //! Hot reload: watches the TOML file and the plugins' `.wasm` files (and
-//! listens for SIGHUP), loads what changed in the background, and publishes
+//! listens for SIGHUP, and follows plugin releases pushed to the fleet
+//! through the coordination watch), loads what changed in the background, and publishes
 //! a new generation of pipelines that every delivery worker adopts between
 //! batches.
 //!
@@ -10,17 +11,20 @@
 //! plugin that does not compile, misses its world or traps in `init`)
 //! changes nothing: the running generation keeps serving.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError, Overrides};
+use crate::coordination::FleetView;
 use crate::delivery::Pipelines;
 use crate::front_door::Gate;
+use crate::plugin_store::{self, Release};
+use crate::route::Router;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::status::PluginStatus;
 use crate::telemetry::{Metrics, ReloadLabels};
@@ -48,6 +52,21 @@ pub struct Reloader {
     gates: watch::Sender<Arc<Gate>>,
     status: Arc<RwLock<Vec<PluginStatus>>>,
     metrics: Metrics,
+    fleet: Option<FleetReleases>,
+    /// Plugins whose `.wasm` comes from a fleet release instead of the
+    /// config: name → the fetched file.
+    pushed: Mutex<BTreeMap<String, PathBuf>>,
+    /// Reloads asked for through the admin API.
+    requests: Option<mpsc::Receiver<oneshot::Sender<Result<(), String>>>>,
+}
+
+/// Where fleet releases come from: the coordination watch, and the object
+/// store their `.wasm` is fetched from into `dir` (weir's own).
+pub struct FleetReleases {
+    pub view: watch::Receiver<Arc<FleetView>>,
+    pub client: async_nats::Client,
+    pub router: Router,
+    pub dir: PathBuf,
 }
 
 /// The modification time and length of each watched file (`None`: absent).
@@ -69,7 +88,25 @@ impl Reloader {
             gates,
             status,
             metrics,
+            fleet: None,
+            pushed: Mutex::new(BTreeMap::new()),
+            requests: None,
         }
+    }
+
+    /// Also reloads on request (`POST /v1/admin/reload`), answering each.
+    pub fn with_requests(
+        mut self,
+        requests: mpsc::Receiver<oneshot::Sender<Result<(), String>>>,
+    ) -> Reloader {
+        self.requests = Some(requests);
+        self
+    }
+
+    /// Also follows plugin releases pushed to the fleet.
+    pub fn with_fleet(mut self, fleet: FleetReleases) -> Reloader {
+        self.fleet = Some(fleet);
+        self
     }
 
     /// Re-reads the config and loads every plugin whose file or entry
@@ -96,7 +133,14 @@ impl Reloader {
 
     async fn try_reload(&self) -> Result<(), ReloadError> {
         let running = self.generations.borrow().clone();
-        let config = Config::load(&self.source, &same_overrides(running.config()))?;
+        let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
+        if let Ok(pushed) = self.pushed.lock() {
+            for (name, wasm) in pushed.iter() {
+                if let Some(entry) = config.plugins.get_mut(name) {
+                    entry.wasm = wasm.clone();
+                }
+            }
+        }
         let mut plugins: HashMap<String, Arc<Plugin>> = HashMap::new();
         for entry in config.plugins.values() {
             let old = running.plugin(&entry.name);
@@ -137,7 +181,8 @@ impl Reloader {
     /// Reloads when a watched file differs from `baseline` (see
     /// [`Reloader::fingerprint`]) and then held still for [`SETTLE`], or on
     /// SIGHUP, until `shutdown`.
-    pub async fn watch(self, baseline: Fingerprint, shutdown: CancellationToken) {
+    pub async fn watch(mut self, baseline: Fingerprint, shutdown: CancellationToken) {
+        let mut requests = self.requests.take();
         let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             Ok(signal) => Some(signal),
@@ -147,10 +192,39 @@ impl Reloader {
             }
         };
         let mut seen = baseline;
+        let mut fleet_view = self.fleet.as_ref().map(|fleet| fleet.view.clone());
+        let mut applied: BTreeMap<String, Release> = BTreeMap::new();
         loop {
             let signalled = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(POLL) => false,
+                Ok(()) = async {
+                    match fleet_view.as_mut() {
+                        Some(view) => view.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let releases = fleet_view
+                        .as_ref()
+                        .map(|view| view.borrow().releases.clone())
+                        .unwrap_or_default();
+                    if releases != applied {
+                        self.take_releases(&releases).await;
+                        applied = releases;
+                    }
+                    continue;
+                }
+                Some(reply) = async {
+                    match requests.as_mut() {
+                        Some(requests) => requests.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let result = self.reload().await.map_err(|err| err.to_string());
+                    let _ = reply.send(result);
+                    seen = self.fingerprint().await;
+                    continue;
+                }
                 Some(()) = async {
                     match hangup.as_mut() {
                         Some(signal) => signal.recv().await,
@@ -181,6 +255,45 @@ impl Reloader {
                 .iter()
                 .any(|(path, state)| now.iter().any(|(p, s)| p == path && s != state));
             seen = if moved_meanwhile { Vec::new() } else { after };
+        }
+    }
+
+    /// Fetches the `.wasm` of every pushed release (checking its digest)
+    /// and reloads with them; a release that cannot be fetched is refused
+    /// and the running version keeps serving.
+    async fn take_releases(&self, releases: &BTreeMap<String, Release>) {
+        let Some(fleet) = &self.fleet else { return };
+        let mut pushed = BTreeMap::new();
+        for (name, release) in releases {
+            let Some(digest) = &release.digest else {
+                continue;
+            };
+            match plugin_store::fetch(&fleet.client, &fleet.router, name, digest, &fleet.dir).await
+            {
+                Ok(path) => {
+                    pushed.insert(name.clone(), path);
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "pushed plugin refused; the running version keeps serving");
+                    self.metrics
+                        .reloads
+                        .get_or_create(&ReloadLabels {
+                            result: "refused".to_string(),
+                        })
+                        .inc();
+                    return;
+                }
+            }
+        }
+        let before = match self.pushed.lock() {
+            Ok(mut current) => std::mem::replace(&mut *current, pushed),
+            Err(_) => return,
+        };
+        if self.reload().await.is_err()
+            && let Ok(mut current) = self.pushed.lock()
+        {
+            // Refused: keep following what actually runs.
+            *current = before;
         }
     }
 

@@ -156,6 +156,11 @@ impl Router {
     }
 
     /// Every dead-letter subject.
+    /// The object store of plugins pushed to the fleet.
+    pub fn plugin_store(&self) -> String {
+        format!("{}_plugins", self.prefix)
+    }
+
     /// The KV bucket of members and unit owners.
     pub fn coordination_bucket(&self) -> String {
         format!("{}_coord", self.prefix)

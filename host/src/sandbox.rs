@@ -437,7 +437,7 @@ fn compile(engine: &Engine, bytes: &[u8], cache: Option<PathBuf>) -> wasmtime::R
 }
 
 /// A short content digest: the plugin's version as status and logs show it.
-pub(crate) fn version_of(bytes: &[u8]) -> String {
+pub fn version_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()

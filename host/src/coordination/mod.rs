@@ -2,8 +2,8 @@
 //! coordinator and no polling.
 //!
 //! Every host keeps a member key (`members.<id>`) in the coordination KV
-//! bucket with a per-key TTL it renews, and follows `members.` and
-//! `owners.` through ONE watch. From the live member set each host computes
+//! bucket with a per-key TTL it renews, and follows `members.`, `owners.`
+//! and `plugins.` (releases pushed to the fleet) through ONE watch. From the live member set each host computes
 //! the same [`assignment`]; a host pulls only units assigned to it, and
 //! records what it holds in `owners.<partition>.<shard>` so every host (and
 //! `weir status`) sees owners and unowned units from its watch alone.
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::UnitWorker;
 use crate::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
+use crate::plugin_store::{RELEASES, Release};
 use crate::route::{Router, Unit};
 use crate::telemetry::Metrics;
 use takeover::Takeover;
@@ -107,6 +108,8 @@ pub struct FleetView {
     pub members: BTreeMap<String, MemberRecord>,
     /// Each unit's owner record and its revision.
     pub owners: BTreeMap<Unit, (OwnerRecord, u64)>,
+    /// Plugin releases pushed to the fleet (`plugins.<name>`), by name.
+    pub releases: BTreeMap<String, Release>,
 }
 
 impl FleetView {
@@ -385,6 +388,17 @@ impl Coordinator {
                     left
                 }
             }
+        } else if let Some(name) = entry.key.strip_prefix(RELEASES) {
+            let release = entry
+                .operation
+                .is_put()
+                .then(|| serde_json::from_slice::<Release>(&entry.value).ok())
+                .flatten();
+            match release {
+                Some(release) => self.view.releases.insert(name.to_string(), release),
+                None => self.view.releases.remove(name),
+            };
+            true
         } else if let Some(unit) = entry.key.strip_prefix(OWNERS).and_then(parse_unit) {
             let record = entry
                 .operation
@@ -411,6 +425,7 @@ impl Coordinator {
         self.caught_up = false;
         self.view.members.clear();
         self.view.owners.clear();
+        self.view.releases.clear();
         loop {
             match open_watch(&self.ctx.membership.kv).await {
                 Ok(watch) => return watch,
@@ -651,7 +666,7 @@ async fn renew(
 }
 
 async fn open_watch(kv: &NatsKv) -> Result<Watch, KvError> {
-    kv.watch_prefixes(&[MEMBERS, OWNERS], WatchStart::CurrentValues)
+    kv.watch_prefixes(&[MEMBERS, OWNERS, RELEASES], WatchStart::CurrentValues)
         .await
 }
 
@@ -762,6 +777,7 @@ mod tests {
                 })
                 .collect(),
             owners: BTreeMap::new(),
+            releases: BTreeMap::new(),
         }
     }
 
