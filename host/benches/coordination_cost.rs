@@ -188,6 +188,7 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
                         ttl: MEMBER_TTL,
                         workers: workers.clone(),
                         metrics: Metrics::default(),
+                        plugins: Default::default(),
                     })
                     .await
                 }

@@ -185,6 +185,7 @@ impl RunningHost {
             ttl: config.coordination.member_ttl,
             workers,
             metrics: metrics.clone(),
+            plugins: running_plugins.clone(),
         })
         .await?;
 

@@ -48,6 +48,9 @@ pub struct MemberStatus {
     pub http: String,
     /// Milliseconds since the member started.
     pub age_ms: u64,
+    /// The plugin versions the member runs, by name.
+    #[serde(default)]
+    pub plugins: std::collections::BTreeMap<String, String>,
 }
 
 impl StatusReport {
@@ -191,6 +194,7 @@ impl StatusSource {
                     id: id.clone(),
                     http: record.http.clone(),
                     age_ms: now_ms.saturating_sub(record.since_ms),
+                    plugins: record.plugins.clone(),
                 })
                 .collect(),
             unowned: fleet

@@ -329,6 +329,21 @@ async fn a_pushed_plugin_reaches_every_host_and_a_rollback_takes_it_back() {
         .await;
     }
     println!("push reached 3 hosts in {:?}", began.elapsed());
+    // Any host shows what every member runs: a half-done rollout is visible.
+    eventually(
+        Duration::from_secs(20),
+        "members report the push",
+        || async {
+            let fleet = hosts[2].host.status().report().await.fleet;
+            (fleet.members.len() == 3
+                && fleet
+                    .members
+                    .iter()
+                    .all(|m| m.plugins.get("validate") == Some(&pushed)))
+            .then_some(())
+        },
+    )
+    .await;
     // The pushed pass-through no longer masks: rows show it.
     assert_eq!(hosts[1].ingest("orders", orders(0, 3)).await.status(), 202);
     let lines = eventually(Duration::from_secs(20), "3 rows delivered", || async {

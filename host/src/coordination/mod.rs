@@ -43,6 +43,7 @@ use crate::delivery::UnitWorker;
 use crate::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::plugin_store::{RELEASES, Release};
 use crate::route::{Router, Unit};
+use crate::status::PluginStatus;
 use crate::telemetry::Metrics;
 use takeover::Takeover;
 
@@ -79,6 +80,10 @@ pub struct MemberRecord {
     /// The member's front door.
     pub http: String,
     pub since_ms: u64,
+    /// The plugin versions it runs, by name: a half-rolled-out release
+    /// shows from any host.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, String>,
 }
 
 /// The value of a unit's owner record.
@@ -155,6 +160,8 @@ pub struct Membership {
     pub ttl: Duration,
     pub workers: WorkerFactory,
     pub metrics: Metrics,
+    /// The plugin versions this host runs now (replaced by each reload).
+    pub plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -181,6 +188,7 @@ impl Coordination {
             run: run.clone(),
             http: membership.http.clone(),
             since_ms: unix_ms(),
+            plugins: BTreeMap::new(),
         };
         let view = FleetView {
             me: membership.me.clone(),
@@ -194,6 +202,7 @@ impl Coordination {
             membership.kv.clone(),
             format!("{MEMBERS}{}", membership.me),
             record,
+            membership.plugins.clone(),
             membership.ttl,
             lease_tx,
             renewing.clone(),
@@ -629,19 +638,26 @@ async fn run_unit(ctx: &UnitContext, unit: Unit, claim: Claim, release: Cancella
     }
 }
 
-/// Renews the member key every third of its TTL and says until when this
-/// host may act as a member.
+/// Renews the member key every third of its TTL (with the plugin versions
+/// running then) and says until when this host may act as a member.
 async fn renew(
     kv: NatsKv,
     key: String,
-    record: MemberRecord,
+    mut record: MemberRecord,
+    plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
     ttl: Duration,
     lease: watch::Sender<Option<Instant>>,
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
-    let value = to_bytes(&record);
     loop {
+        if let Ok(running) = plugins.read() {
+            record.plugins = running
+                .iter()
+                .map(|p| (p.name.clone(), p.version.clone()))
+                .collect();
+        }
+        let value = to_bytes(&record);
         let sent = Instant::now();
         let pause =
             match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
@@ -772,6 +788,7 @@ mod tests {
                             run: "r".into(),
                             http: String::new(),
                             since_ms: 0,
+                            plugins: BTreeMap::new(),
                         },
                     )
                 })
