@@ -15,6 +15,7 @@
 //!
 //! `cargo bench -p weir --bench boundary`.
 
+#[allow(dead_code)] // each bench uses part of the helpers
 mod support;
 
 use std::hint::black_box;

@@ -25,11 +25,10 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::future::join_all;
 use support::{Table, env_count, print_figure};
-use weir::config::{Config, Overrides, SyncPolicy};
+use weir::config::{Config, Overrides};
 use weir::coordination::assignment::assign;
 use weir::coordination::{Coordination, Membership, WorkerFactory};
 use weir::delivery::{Pipelines, UnitWorker};
-use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
 use weir::kv::NatsKv;
 use weir::route::Router;
 use weir::status::unit_backlogs;
@@ -45,7 +44,7 @@ const REFERENCE_POLL: Duration = Duration::from_secs(2);
 /// ... and has this many slots (its member cap).
 const REFERENCE_SLOTS: usize = 64;
 /// How long the fleet may take to assign every unit.
-const FORM_TIMEOUT: Duration = Duration::from_secs(180);
+const FORM_TIMEOUT: Duration = Duration::from_secs(900);
 
 struct Figure {
     members: usize,
@@ -127,14 +126,7 @@ fn ms(d: Duration) -> f64 {
 
 async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
     let dir = tempfile::tempdir()?;
-    let options = EmbeddedOptions {
-        binary: None,
-        data_dir: dir.path().to_path_buf(),
-        sync: SyncPolicy::Periodic,
-        port: None,
-        extra_config: String::new(),
-    };
-    let server = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options)).await??;
+    let server = support::start_nats(dir.path()).await;
     let url = server.url().to_string();
     let config = Config::parse(
         Path::new("bench.toml"),

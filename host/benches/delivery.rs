@@ -16,6 +16,7 @@
 //! `cargo bench -p weir --bench delivery`; `WEIR_BENCH_ROWS` (default
 //! 200000) and `WEIR_BENCH_ROUNDS` (default 3) make it shorter or longer.
 
+#[allow(dead_code)] // each bench uses part of the helpers
 mod support;
 
 use std::path::Path;
@@ -24,20 +25,18 @@ use std::time::{Duration, Instant};
 use async_nats::Subject;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
-use futures::stream::{FuturesUnordered, StreamExt};
-use weir::config::{Config, Overrides, SyncPolicy};
-use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
+use futures::stream::StreamExt;
+use weir::config::{Config, Overrides};
+use weir::embedded_nats::EmbeddedNats;
 use weir::host::RunningHost;
 use weir::route::Router;
 use weir::topology::Manifest;
 
-use support::{Table, env_count, median, print_figure};
+use support::{Table, env_count, median, print_figure, publish_pipelined};
 
 const BENCH: &str = "delivery";
 const DEFAULT_ROWS: usize = 200_000;
 const DEFAULT_ROUNDS: usize = 3;
-/// PubAcks in flight at once while publishing, as weir's front door does.
-const PUBLISH_WINDOW: usize = 1024;
 /// Rows per pull request of the raw consumer: the best of 100, 256, 1000,
 /// 2500 and 5000 tried here (256 was ~15% slower, above 1000 no better).
 /// weir pulls its `batch_rows` (256 by default) with the same API.
@@ -128,18 +127,7 @@ fn main() {
 
 async fn run(rows: usize, rounds: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let options = EmbeddedOptions {
-        binary: None,
-        data_dir: dir.path().join("nats"),
-        // nats-server's own default; `always` is ~30x slower (NATS-NOTES.md).
-        sync: SyncPolicy::Periodic,
-        port: None,
-        extra_config: String::new(),
-    };
-    let server = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
-        .await
-        .expect("start task")
-        .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)");
+    let server = support::start_nats(&dir.path().join("nats")).await;
     let client = async_nats::connect(server.url())
         .await
         .expect("connect to the bench's nats-server");
@@ -399,33 +387,6 @@ fn subjects(router: &Router, tables: &[String], shard_of: impl Fn(&str) -> u32) 
             Subject::from(router.subject(unit, TENANT, table))
         })
         .collect()
-}
-
-/// Publishes every payload, the tables taking turns, with a window of
-/// PubAcks in flight; returns rows per second until the last PubAck.
-async fn publish_pipelined(
-    js: &jetstream::Context,
-    subjects: &[Subject],
-    payloads: &[Bytes],
-) -> f64 {
-    let started = Instant::now();
-    let mut in_flight = FuturesUnordered::new();
-    for (index, payload) in payloads.iter().enumerate() {
-        if in_flight.len() >= PUBLISH_WINDOW {
-            let acked: Option<Result<_, _>> = in_flight.next().await;
-            acked.expect("a PubAck in flight").expect("row stored");
-        }
-        let subject = subjects[index % subjects.len()].clone();
-        let ack = js
-            .publish(subject, payload.clone())
-            .await
-            .expect("publish a row");
-        in_flight.push(ack.into_future());
-    }
-    while let Some(acked) = in_flight.next().await {
-        acked.expect("row stored");
-    }
-    payloads.len() as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Waits until every acked row has left a work-queue stream, so the next

@@ -1,6 +1,9 @@
 //! What the benches share: the 256-byte JSON row they all move, knobs read from the environment, medians, and the one-JSON-line-per-figure output.
 
 use std::fmt::Write as _;
+use std::time::Instant;
+
+use futures::stream::{FuturesUnordered, StreamExt};
 
 /// Size of every benchmark row: the row size MISSION.md's figures are quoted for.
 pub const ROW_BYTES: usize = 256;
@@ -101,4 +104,50 @@ impl Table {
         }
         print!("{text}");
     }
+}
+
+/// PubAcks in flight at once while publishing, as weir's front door does.
+pub const PUBLISH_WINDOW: usize = 1024;
+
+/// Publishes every payload, the tables taking turns, with a window of
+/// PubAcks in flight; returns rows per second until the last PubAck.
+pub async fn publish_pipelined(
+    js: &async_nats::jetstream::Context,
+    subjects: &[async_nats::Subject],
+    payloads: &[bytes::Bytes],
+) -> f64 {
+    let started = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    for (index, payload) in payloads.iter().enumerate() {
+        if in_flight.len() >= PUBLISH_WINDOW {
+            let acked: Option<Result<_, _>> = in_flight.next().await;
+            acked.expect("a PubAck in flight").expect("row stored");
+        }
+        let subject = subjects[index % subjects.len()].clone();
+        let ack = js
+            .publish(subject, payload.clone())
+            .await
+            .expect("publish a row");
+        in_flight.push(ack.into_future());
+    }
+    while let Some(acked) = in_flight.next().await {
+        acked.expect("row stored");
+    }
+    payloads.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A nats-server of the bench's own, storing in `dir`, with nats-server's
+/// default durability (`sync = "always"` is ~30x slower, NATS-NOTES.md).
+pub async fn start_nats(dir: &std::path::Path) -> weir::embedded_nats::EmbeddedNats {
+    let options = weir::embedded_nats::EmbeddedOptions {
+        binary: None,
+        data_dir: dir.to_path_buf(),
+        sync: weir::config::SyncPolicy::Periodic,
+        port: None,
+        extra_config: String::new(),
+    };
+    tokio::task::spawn_blocking(move || weir::embedded_nats::EmbeddedNats::start(&options))
+        .await
+        .expect("start task")
+        .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")
 }

@@ -1,0 +1,247 @@
+//! Benchmark: the front door (HTTP NDJSON → parse → route → pipelined
+//! JetStream publish → 202) against raw pipelined JetStream publish of the
+//! same rows from the same process, on one nats-server, in one run.
+//!
+//! 1. Throughput: `CLIENTS` HTTP clients post 1000-row requests back to
+//!    back; rows/s next to the raw publish rate (the limit).
+//! 2. Latency: requests offered open-loop at half that throughput for
+//!    `WEIR_BENCH_SECONDS` (default 5); p50 and p99 from send to 202.
+//!
+//! The host delivers while it ingests (pass-through transform, null sink),
+//! as in production. Every request must be answered 202 and the host must
+//! count every row accepted, or the bench fails: a fast wrong answer is not
+//! a result. `cargo bench -p weir --bench front_door`; `WEIR_BENCH_ROWS`
+//! (default 200000) sets the throughput run's size.
+
+#[allow(dead_code)] // each bench uses part of the helpers
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use bytes::Bytes;
+use weir::config::{Config, Overrides};
+use weir::host::RunningHost;
+
+use support::{Table, env_count, print_figure, publish_pipelined};
+
+const BENCH: &str = "front_door";
+const ROWS_PER_REQUEST: usize = 1000;
+const CLIENTS: usize = 4;
+const API_KEY: &str = "bench-key-0001";
+/// What the issue asks of the front door.
+const TARGET_ROWS_PER_SEC: f64 = 100_000.0;
+const TARGET_P99_MS: f64 = 50.0;
+
+fn main() {
+    let rows = env_count("WEIR_BENCH_ROWS", 200_000);
+    let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(rows, Duration::from_secs(seconds)));
+}
+
+async fn run(rows: usize, latency_window: Duration) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = support::start_nats(&dir.path().join("nats")).await;
+    let client = async_nats::connect(server.url())
+        .await
+        .expect("connect to the bench's nats-server");
+    let js = jetstream::new(client.clone());
+    let payloads: Vec<Bytes> = (0..rows as u64)
+        .map(|id| Bytes::from(support::row(id)))
+        .collect();
+
+    // The limit: the same rows published straight to a plain stream.
+    js.create_stream(stream::Config {
+        name: "raw".into(),
+        subjects: vec!["raw.>".into()],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("create the raw stream");
+    let subjects = vec![async_nats::Subject::from("raw.acme.events")];
+    let raw_rows_per_sec = publish_pipelined(&js, &subjects, &payloads).await;
+    js.delete_stream("raw")
+        .await
+        .expect("delete the raw stream");
+
+    let config_path = dir.path().join("weir.toml");
+    let text = weir_config(server.url(), dir.path());
+    let config = Config::parse(&config_path, &text, &Overrides::default())
+        .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let host = RunningHost::start(config).await.expect("weir host starts");
+    let url = format!("http://{}/v1/ingest/events", host.http_addr());
+    let bodies: Arc<Vec<Bytes>> = Arc::new(
+        payloads
+            .chunks(ROWS_PER_REQUEST)
+            .map(|chunk| {
+                let mut body = Vec::with_capacity(chunk.len() * (support::ROW_BYTES + 1));
+                for row in chunk {
+                    body.extend_from_slice(row);
+                    body.push(b'\n');
+                }
+                Bytes::from(body)
+            })
+            .collect(),
+    );
+    let http = reqwest::Client::new();
+
+    // Throughput: clients take the next body until none is left.
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (http, url, bodies, next) =
+                (http.clone(), url.clone(), bodies.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(body) = bodies.get(index) else {
+                        return;
+                    };
+                    post(&http, &url, body.clone()).await;
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.expect("a client finished");
+    }
+    let weir_rows_per_sec = rows as f64 / started.elapsed().as_secs_f64();
+    let accepted = host.status().rows().accepted;
+    assert_eq!(accepted, rows as u64, "the host accepted every row sent");
+
+    // Latency at half the measured throughput, offered open-loop.
+    let offered = weir_rows_per_sec / 2.0;
+    let interval = Duration::from_secs_f64(ROWS_PER_REQUEST as f64 / offered);
+    let mut schedule = tokio::time::interval(interval);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let began = Instant::now();
+    let mut requests = Vec::new();
+    let mut index = 0;
+    while began.elapsed() < latency_window {
+        schedule.tick().await;
+        let (http, url, body) = (
+            http.clone(),
+            url.clone(),
+            bodies[index % bodies.len()].clone(),
+        );
+        index += 1;
+        requests.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            post(&http, &url, body).await;
+            sent.elapsed()
+        }));
+    }
+    let mut latencies = Vec::with_capacity(requests.len());
+    for request in requests {
+        latencies.push(request.await.expect("a request finished"));
+    }
+    latencies.sort();
+    let percentile = |p: f64| {
+        let rank = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+        latencies[rank - 1].as_secs_f64() * 1000.0
+    };
+    let (p50, p99) = (percentile(0.50), percentile(0.99));
+    let expected = (rows + index * ROWS_PER_REQUEST) as u64;
+    assert_eq!(
+        host.status().rows().accepted,
+        expected,
+        "every offered row accepted"
+    );
+    host.shutdown().await;
+    drop(server);
+
+    print_figure(BENCH, "raw_publish_rows_per_sec", raw_rows_per_sec);
+    print_figure(BENCH, "weir_rows_per_sec", weir_rows_per_sec);
+    print_figure(
+        BENCH,
+        "ratio_weir_to_raw_publish",
+        weir_rows_per_sec / raw_rows_per_sec,
+    );
+    print_figure(BENCH, "offered_rows_per_sec", offered);
+    print_figure(BENCH, "latency_p50_ms", p50);
+    print_figure(BENCH, "latency_p99_ms", p99);
+    let mut table = Table::new(&["figure", "measured", "target"]);
+    table.push(vec![
+        "raw pipelined publish".into(),
+        format!("{raw_rows_per_sec:.0} rows/s"),
+        "(the limit)".into(),
+    ]);
+    table.push(vec![
+        format!("front door, {CLIENTS} clients × {ROWS_PER_REQUEST}-row requests"),
+        format!(
+            "{weir_rows_per_sec:.0} rows/s ({:.2}× raw)",
+            weir_rows_per_sec / raw_rows_per_sec
+        ),
+        format!("≥ {TARGET_ROWS_PER_SEC:.0} rows/s"),
+    ]);
+    table.push(vec![
+        format!(
+            "latency at {offered:.0} rows/s offered ({} requests)",
+            latencies.len()
+        ),
+        format!("p50 {p50:.1} ms, p99 {p99:.1} ms"),
+        format!("p99 ≤ {TARGET_P99_MS:.0} ms"),
+    ]);
+    table.print();
+}
+
+/// Posts one body; anything but 202 fails the bench.
+async fn post(http: &reqwest::Client, url: &str, body: Bytes) {
+    let response = http
+        .post(url)
+        .bearer_auth(API_KEY)
+        .body(body)
+        .send()
+        .await
+        .expect("the front door answers");
+    let status = response.status();
+    if status != 202 {
+        let text = response.text().await.unwrap_or_default();
+        panic!("the front door answered {status}: {text}");
+    }
+}
+
+fn weir_config(nats_url: &str, dir: &std::path::Path) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = {data_dir:?}
+max_body_bytes = 4194304
+
+[nats]
+url = "{nats_url}"
+
+[stream]
+create = true
+partitions = 1
+shards = 4
+
+[[tenants]]
+name = "acme"
+api_keys = ["{API_KEY}"]
+
+[plugins.pass]
+wasm = {pass:?}
+world = "transform"
+
+[plugins.null]
+wasm = {null:?}
+world = "sink"
+
+[[pipelines]]
+tables = ["events"]
+transforms = ["pass"]
+sink = "null"
+"#,
+        data_dir = dir.join("data").display().to_string(),
+        pass = weir_test_artifacts::PASSTHROUGH,
+        null = weir_test_artifacts::NULL_SINK,
+    )
+}
