@@ -57,6 +57,8 @@ const SETTLE: Duration = Duration::from_millis(300);
 const TENANT: &str = "acme";
 /// Shards of weir's second run: rows spread over four units and workers.
 const MANY_SHARDS: u32 = 4;
+/// Units of the scale runs (after the 1-unit runs of every round).
+const SCALE_UNITS: [u32; 2] = [8, 32];
 /// Clock ticks per second of the CPU times in `/proc/<pid>/stat` (USER_HZ,
 /// fixed at 100 by the Linux ABI).
 const USER_HZ: f64 = 100.0;
@@ -70,6 +72,9 @@ struct Measured {
     /// host.
     client_cpu_us_per_row: f64,
     server_cpu_us_per_row: f64,
+    /// Resident memory of this process with the weir host started and
+    /// idle (0 for the raw consumer).
+    host_rss_kib: u64,
 }
 
 /// CPU time used so far by this process and by the nats-server.
@@ -162,8 +167,20 @@ async fn run(rows: usize, rounds: usize) {
             results.push(measured);
         }
     }
+    // Scale: more units on one host, once each after the rounds.
+    let mut scale = Vec::new();
+    for units in SCALE_UNITS {
+        let tables = tables_covering_shards(units);
+        let measured = measure_weir(&js, &server, dir.path(), units, &tables, &payloads).await;
+        eprintln!(
+            "scale: weir, {units} units {:.0} rows/s",
+            measured.deliver_rows_per_sec
+        );
+        scale.push((units, measured));
+    }
     drop(client);
     report(rows, &limit, &weir_one, &weir_many);
+    report_scale(&weir_one, &scale);
     drop(server);
 }
 
@@ -241,6 +258,7 @@ async fn measure_limit(
         deliver_rows_per_sec,
         client_cpu_us_per_row,
         server_cpu_us_per_row,
+        host_rss_kib: 0,
     }
 }
 
@@ -269,6 +287,7 @@ async fn measure_weir(
     tokio::time::sleep(SETTLE).await;
 
     let host = RunningHost::start(config).await.expect("weir host starts");
+    let host_rss_kib = rss_kib();
     let expected = payloads.len() as u64;
     let deliver = async {
         // The host's workers start pulling before `start` returns; the rate
@@ -316,7 +335,19 @@ async fn measure_weir(
         deliver_rows_per_sec,
         client_cpu_us_per_row,
         server_cpu_us_per_row,
+        host_rss_kib,
     }
+}
+
+/// Resident memory of this process, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// A host on the bench's server: one partition, `shards` units, a
@@ -483,5 +514,46 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
             rounds.join(" "),
         ]);
     }
+    table.print();
+}
+
+/// Throughput as units grow on one host, and the memory each unit adds.
+fn report_scale(weir_one: &[Measured], scale: &[(u32, Measured)]) {
+    let one_rss = median(
+        &weir_one
+            .iter()
+            .map(|m| m.host_rss_kib as f64)
+            .collect::<Vec<_>>(),
+    );
+    let one_rate = median(
+        &weir_one
+            .iter()
+            .map(|m| m.deliver_rows_per_sec)
+            .collect::<Vec<_>>(),
+    );
+    let mut table = Table::new(&["units", "rows/s", "host RSS (MiB)", "KiB per added unit"]);
+    table.push(vec![
+        "1".into(),
+        format!("{one_rate:.0}"),
+        format!("{:.1}", one_rss / 1024.0),
+        "-".into(),
+    ]);
+    for (units, measured) in scale {
+        let per_unit = (measured.host_rss_kib as f64 - one_rss) / f64::from(units - 1);
+        print_figure(
+            BENCH,
+            &format!("weir_{units}_units_rows_per_sec"),
+            measured.deliver_rows_per_sec,
+        );
+        print_figure(BENCH, &format!("weir_{units}_units_kib_per_unit"), per_unit);
+        table.push(vec![
+            units.to_string(),
+            format!("{:.0}", measured.deliver_rows_per_sec),
+            format!("{:.1}", measured.host_rss_kib as f64 / 1024.0),
+            format!("{per_unit:.0}"),
+        ]);
+    }
+    println!();
+    println!("scale: one host, more units (pass-through transform, null sink)");
     table.print();
 }
