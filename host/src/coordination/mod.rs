@@ -282,8 +282,8 @@ struct Coordinator {
     /// Until when this host may act as a member (renewal time + TTL − margin).
     lease: watch::Receiver<Option<Instant>>,
     tasks: BTreeMap<Unit, UnitTask>,
-    done_tx: mpsc::UnboundedSender<(Unit, u64)>,
-    done_rx: mpsc::UnboundedReceiver<(Unit, u64)>,
+    done_tx: mpsc::UnboundedSender<TaskDone>,
+    done_rx: mpsc::UnboundedReceiver<TaskDone>,
     next_task: u64,
     leaving: bool,
     /// The last assignment and the members it was computed for.
@@ -334,10 +334,17 @@ impl Coordinator {
                 }
                 _ = self.lease.changed() => {}
                 _ = sleep_until(step_down_at) => {}
-                Some((unit, id)) = self.done_rx.recv() => {
+                Some((unit, id, written)) = self.done_rx.recv() => {
                     if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
                         self.tasks.remove(&unit);
                         changed = true;
+                    }
+                    // What the task wrote last counts now, not when the watch
+                    // brings it: the unit is not mistaken for an orphan.
+                    if let Some((record, revision)) = written
+                        && self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision)
+                    {
+                        self.view.owners.insert(unit, (record, revision));
                     }
                 }
             }
@@ -477,7 +484,7 @@ impl Coordinator {
         let Some((_, assigned)) = &self.assigned else {
             return;
         };
-        let mut claims = Vec::new();
+        let mut work = Vec::new();
         for unit in units {
             let mine = assigned.get(&unit).is_some_and(|owner| owner == me);
             match self.tasks.get_mut(&unit) {
@@ -488,35 +495,79 @@ impl Coordinator {
                 Some(_) => {}
                 None if mine => {
                     if let Some(claim) = claim(&self.view, &live, unit) {
-                        claims.push((unit, claim));
+                        work.push((unit, UnitWork::Claim(claim)));
                     }
                 }
-                None => {}
+                None => {
+                    if let Some(revision) = orphaned_claim(&self.view, unit) {
+                        work.push((unit, UnitWork::DropClaim(revision)));
+                    }
+                }
             }
         }
-        for (unit, claim) in claims {
-            self.spawn(unit, claim);
+        for (unit, work) in work {
+            self.spawn(unit, work);
         }
     }
 
-    fn spawn(&mut self, unit: Unit, claim: Claim) {
+    fn spawn(&mut self, unit: Unit, work: UnitWork) {
         let id = self.next_task;
         self.next_task += 1;
         let release = CancellationToken::new();
+        let releasing = matches!(work, UnitWork::DropClaim(_));
         let (ctx, done, stop) = (self.ctx.clone(), self.done_tx.clone(), release.clone());
         let handle = tokio::spawn(async move {
-            run_unit(&ctx, unit, claim, stop).await;
-            let _ = done.send((unit, id));
+            let written = match work {
+                UnitWork::Claim(claim) => run_unit(&ctx, unit, claim, stop).await,
+                UnitWork::DropClaim(revision) => {
+                    drop_claim(&ctx, unit, revision).await;
+                    None
+                }
+            };
+            let _ = done.send((unit, id, written));
         });
         self.tasks.insert(
             unit,
             UnitTask {
                 id,
                 release,
-                releasing: false,
+                releasing,
                 handle,
             },
         );
+    }
+}
+
+/// A finished unit task, with the owner record it wrote last.
+type TaskDone = (Unit, u64, Option<(OwnerRecord, u64)>);
+
+/// What a unit task does.
+enum UnitWork {
+    Claim(Claim),
+    /// Remove a claim of ours that no worker stands behind (see
+    /// [`orphaned_claim`]), at this revision.
+    DropClaim(u64),
+}
+
+/// A unit recorded as ours that is assigned elsewhere and has no worker
+/// here: its worker was aborted (a step-down) or its `released` record
+/// could not be written. Left alone, the assigned owner would wait for a
+/// release forever; dropped, it takes the unit over (checking for rows
+/// left in flight).
+fn orphaned_claim(view: &FleetView, unit: Unit) -> Option<u64> {
+    let (record, revision) = view.owners.get(&unit)?;
+    (record.state == OwnerState::Owned && record.member == view.me).then_some(*revision)
+}
+
+/// Deletes an orphaned claim (compare-and-set on its revision).
+async fn drop_claim(ctx: &UnitContext, unit: Unit, revision: u64) {
+    let key = owner_key(unit);
+    match ctx.membership.kv.delete_at(&key, revision).await {
+        Ok(_) => tracing::info!(%key, "dropped a claim no worker stood behind"),
+        Err(err) => {
+            tracing::debug!(%key, error = %err, "cannot drop the claim yet");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
     }
 }
 
@@ -550,8 +601,14 @@ fn claim(view: &FleetView, live: &BTreeSet<&str>, unit: Unit) -> Option<Claim> {
 }
 
 /// A unit's life on this host: claim it, take it over if its owner died,
-/// pull it until released, then record the clean handover.
-async fn run_unit(ctx: &UnitContext, unit: Unit, claim: Claim, release: CancellationToken) {
+/// pull it until released, then record the clean handover. Returns the
+/// `released` record and its revision, if it was written.
+async fn run_unit(
+    ctx: &UnitContext,
+    unit: Unit,
+    claim: Claim,
+    release: CancellationToken,
+) -> Option<(OwnerRecord, u64)> {
     let membership = &ctx.membership;
     let key = owner_key(unit);
     let record = OwnerRecord {
@@ -571,7 +628,7 @@ async fn run_unit(ctx: &UnitContext, unit: Unit, claim: Claim, release: Cancella
             // Someone else's claim got there first; the watch will tell.
             tracing::debug!(%key, error = %err, "claim lost");
             tokio::time::sleep(RETRY_PAUSE).await;
-            return;
+            return None;
         }
     };
     let stream = membership.router.partition_stream(unit.partition);
@@ -629,12 +686,16 @@ async fn run_unit(ctx: &UnitContext, unit: Unit, claim: Claim, release: Cancella
         since_ms: unix_ms(),
         ..record
     };
-    if let Err(err) = membership
+    match membership
         .kv
         .update(&key, to_bytes(&released), revision)
         .await
     {
-        tracing::warn!(%key, error = %err, "cannot record the handover; the next owner will check for rows left in flight");
+        Ok(revision) => Some((released, revision)),
+        Err(err) => {
+            tracing::warn!(%key, error = %err, "cannot record the handover; the claim will be dropped and the next owner checks for rows left in flight");
+            None
+        }
     }
 }
 
@@ -856,6 +917,19 @@ mod tests {
             view.live_members().into_iter().collect::<Vec<_>>(),
             ["other"]
         );
+    }
+
+    #[test]
+    fn a_claim_of_ours_without_a_worker_is_an_orphan_to_drop() {
+        let mut view = view(&["me", "other"]);
+        view.owners.insert(UNIT, owned_by("me"));
+        assert_eq!(orphaned_claim(&view, UNIT), Some(7));
+        view.owners.insert(UNIT, owned_by("other"));
+        assert_eq!(orphaned_claim(&view, UNIT), None);
+        let mut released = owned_by("me");
+        released.0.state = OwnerState::Released;
+        view.owners.insert(UNIT, released);
+        assert_eq!(orphaned_claim(&view, UNIT), None);
     }
 
     #[test]
