@@ -159,7 +159,10 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
 
     // Members join 32 at a time, as a fleet rolling out would.
     let started = Instant::now();
+    // Shared by every member: how often one had to step down.
+    let metrics = Metrics::default();
     let joins = futures::stream::iter(0..members).map(|member| {
+        let metrics = metrics.clone();
         let (url, router, pulls, workers) =
             (url.clone(), router.clone(), pulls.clone(), workers.clone());
         async move {
@@ -179,7 +182,7 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
                         http: String::new(),
                         ttl: MEMBER_TTL,
                         workers: workers.clone(),
-                        metrics: Metrics::default(),
+                        metrics: metrics.clone(),
                         plugins: Default::default(),
                     })
                     .await
@@ -219,10 +222,16 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
             break;
         }
         if started.elapsed() > FORM_TIMEOUT {
+            let misplaced = units
+                .iter()
+                .filter(|unit| view.owner(**unit) != assigned.get(unit).map(String::as_str))
+                .count();
             bail!(
-                "{members} members did not assign every unit within {FORM_TIMEOUT:?}: {} live, {} unowned",
+                "{members} members did not settle within {FORM_TIMEOUT:?}: {} live, {} unowned, \
+                 {misplaced} units not with their assigned member, {} step-downs",
                 view.live_members().len(),
-                view.unowned(&units).len()
+                view.unowned(&units).len(),
+                metrics.coordination_step_downs.get()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
