@@ -64,15 +64,18 @@ impl StatusReport {
     /// The one-line summary `weir status` prints.
     pub fn summary(&self) -> String {
         let backlog: u64 = self.units.iter().filter_map(|u| u.pending).sum();
+        let counted = |count: usize, what: &str| {
+            format!("{count} {what}{}", if count == 1 { "" } else { "s" })
+        };
         format!(
-            "accepted {}, delivered {}, dead-lettered {}, retried {}, backlog {}; {} members, {} unowned units",
+            "accepted {}, delivered {}, dead-lettered {}, retried {}, backlog {}; {}, {}",
             self.rows.accepted,
             self.rows.delivered,
             self.rows.dead_lettered,
             self.rows.retried,
             backlog,
-            self.fleet.members.len(),
-            self.fleet.unowned.len()
+            counted(self.fleet.members.len(), "member"),
+            counted(self.fleet.unowned.len(), "unowned unit")
         )
     }
 }
