@@ -38,7 +38,8 @@ use weir::topology::Manifest;
 const BENCH: &str = "coordination_cost";
 const PARTITIONS: u32 = 8;
 const SHARDS: u32 = 64;
-const MEMBER_TTL: Duration = Duration::from_secs(5);
+/// The default member TTL; `WEIR_BENCH_MEMBER_TTL_SECS` changes it.
+const DEFAULT_MEMBER_TTL_SECS: usize = 5;
 /// The reference design reads every membership slot's lease this often.
 const REFERENCE_POLL: Duration = Duration::from_secs(2);
 /// ... and has this many slots (its member cap).
@@ -62,9 +63,18 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let window = Duration::from_secs(env_count("WEIR_BENCH_WINDOW_SECS", 15) as u64);
+    let ttl = Duration::from_secs(
+        env_count("WEIR_BENCH_MEMBER_TTL_SECS", DEFAULT_MEMBER_TTL_SECS) as u64,
+    );
+    // `WEIR_BENCH_MEMBERS=256` runs one fleet size only.
+    let sizes = match std::env::var("WEIR_BENCH_MEMBERS") {
+        Ok(_) => vec![env_count("WEIR_BENCH_MEMBERS", 64)],
+        Err(_) => vec![64, 256],
+    };
+    println!("member TTL {ttl:?}");
     let mut figures = Vec::new();
-    for members in [64, 256] {
-        let figure = runtime.block_on(measure(members, window))?;
+    for members in sizes {
+        let figure = runtime.block_on(measure(members, window, ttl))?;
         let prefix = format!("members_{members}");
         print_figure(
             BENCH,
@@ -124,7 +134,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
+async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Result<Figure> {
     let dir = tempfile::tempdir()?;
     let server = support::start_nats(dir.path()).await;
     let url = server.url().to_string();
@@ -180,7 +190,7 @@ async fn measure(members: usize, window: Duration) -> anyhow::Result<Figure> {
                         router: router.clone(),
                         me: format!("member-{member:03}"),
                         http: String::new(),
-                        ttl: MEMBER_TTL,
+                        ttl,
                         workers: workers.clone(),
                         metrics: metrics.clone(),
                         plugins: Default::default(),
