@@ -27,7 +27,7 @@ use futures::future::join_all;
 use support::{Table, env_count, print_figure};
 use weir::config::{Config, Overrides};
 use weir::coordination::assignment::assign;
-use weir::coordination::{Coordination, Membership, WorkerFactory};
+use weir::coordination::{Coordination, Membership};
 use weir::delivery::{Pipelines, UnitWorker};
 use weir::kv::NatsKv;
 use weir::route::Router;
@@ -153,21 +153,14 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
     let pipelines = Pipelines::new(Arc::new(config), HashMap::new());
     let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
     let pulls = async_nats::connect(&url).await?;
-    let workers: WorkerFactory = {
-        let js = async_nats::jetstream::new(pulls.clone());
-        let router = router.clone();
-        Arc::new(move |unit| {
-            UnitWorker::new(
-                js.clone(),
-                router.clone(),
-                unit,
-                generations.subscribe(),
-                Metrics::default(),
-            )
-        })
-    };
+    let workers = UnitWorker::factory(
+        async_nats::jetstream::new(pulls.clone()),
+        router.clone(),
+        generations,
+        Metrics::default(),
+    );
 
-    // Members join 32 at a time, as a fleet rolling out would.
+    // Members join 16 at a time, as a fleet rolling out would.
     let started = Instant::now();
     // Shared by every member: how often one had to step down.
     let metrics = Metrics::default();

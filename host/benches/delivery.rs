@@ -32,7 +32,7 @@ use weir::host::RunningHost;
 use weir::route::Router;
 use weir::topology::Manifest;
 
-use support::{Table, env_count, median, print_figure, publish_pipelined};
+use support::{TENANT, Table, env_count, median, print_figure, publish_pipelined};
 
 const BENCH: &str = "delivery";
 const DEFAULT_ROWS: usize = 200_000;
@@ -53,8 +53,6 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between phases so the server's background work (removing acked
 /// rows, deleting streams) does not land in the next measurement.
 const SETTLE: Duration = Duration::from_millis(300);
-/// The tenant every row belongs to.
-const TENANT: &str = "acme";
 /// Shards of weir's second run: rows spread over four units and workers.
 const MANY_SHARDS: u32 = 4;
 /// Units of the scale runs (after the 1-unit runs of every round).
@@ -274,7 +272,12 @@ async fn measure_weir(
     payloads: &[Bytes],
 ) -> Measured {
     let config_path = dir.join(format!("weir-{shards}.toml"));
-    let text = weir_config(server.url(), dir, shards, tables);
+    let text = support::pass_through_config(
+        server.url(),
+        &dir.join(format!("data-{shards}")),
+        shards,
+        tables,
+    );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
     let router = Router::new(&config.stream.prefix, 1, shards);
@@ -348,46 +351,6 @@ fn rss_kib() -> u64 {
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(0)
-}
-
-/// A host on the bench's server: one partition, `shards` units, a
-/// pass-through transform and a null sink for every table.
-fn weir_config(nats_url: &str, dir: &Path, shards: u32, tables: &[String]) -> String {
-    let tables = serde_json::to_string(tables).expect("table names serialize");
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = {data_dir:?}
-
-[nats]
-url = "{nats_url}"
-
-[stream]
-create = true
-partitions = 1
-shards = {shards}
-
-[[tenants]]
-name = "{TENANT}"
-api_keys = ["bench-key-0001"]
-
-[plugins.pass]
-wasm = {pass:?}
-world = "transform"
-
-[plugins.null]
-wasm = {null:?}
-world = "sink"
-
-[[pipelines]]
-tables = {tables}
-transforms = ["pass"]
-sink = "null"
-"#,
-        data_dir = dir.join(format!("data-{shards}")).display().to_string(),
-        pass = weir_test_artifacts::PASSTHROUGH,
-        null = weir_test_artifacts::NULL_SINK,
-    )
 }
 
 /// The first table names `events_0`, `events_1`, … of which one routes to

@@ -24,12 +24,11 @@ use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 
-use support::{Table, env_count, print_figure, publish_pipelined};
+use support::{API_KEY, Table, env_count, print_figure, publish_pipelined};
 
 const BENCH: &str = "front_door";
 const ROWS_PER_REQUEST: usize = 1000;
 const CLIENTS: usize = 4;
-const API_KEY: &str = "bench-key-0001";
 /// What the issue asks of the front door.
 const TARGET_ROWS_PER_SEC: f64 = 100_000.0;
 const TARGET_P99_MS: f64 = 50.0;
@@ -71,7 +70,12 @@ async fn run(rows: usize, latency_window: Duration) {
         .expect("delete the raw stream");
 
     let config_path = dir.path().join("weir.toml");
-    let text = weir_config(server.url(), dir.path());
+    let text = support::pass_through_config(
+        server.url(),
+        &dir.path().join("data"),
+        4,
+        &["events".into()],
+    );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
     let host = RunningHost::start(config).await.expect("weir host starts");
@@ -206,42 +210,4 @@ async fn post(http: &reqwest::Client, url: &str, body: Bytes) {
         let text = response.text().await.unwrap_or_default();
         panic!("the front door answered {status}: {text}");
     }
-}
-
-fn weir_config(nats_url: &str, dir: &std::path::Path) -> String {
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = {data_dir:?}
-max_body_bytes = 4194304
-
-[nats]
-url = "{nats_url}"
-
-[stream]
-create = true
-partitions = 1
-shards = 4
-
-[[tenants]]
-name = "acme"
-api_keys = ["{API_KEY}"]
-
-[plugins.pass]
-wasm = {pass:?}
-world = "transform"
-
-[plugins.null]
-wasm = {null:?}
-world = "sink"
-
-[[pipelines]]
-tables = ["events"]
-transforms = ["pass"]
-sink = "null"
-"#,
-        data_dir = dir.join("data").display().to_string(),
-        pass = weir_test_artifacts::PASSTHROUGH,
-        null = weir_test_artifacts::NULL_SINK,
-    )
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DeliveryConfig};
+use crate::coordination::WorkerFactory;
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::pipeline::{PipelineRunner, Verdict};
 use crate::pull::Puller;
@@ -182,6 +183,25 @@ impl UnitWorker {
 }
 
 impl UnitWorker {
+    /// Makes the worker of each unit coordination gives this host; every
+    /// worker follows `generations` (hot reloads).
+    pub fn factory(
+        js: jetstream::Context,
+        router: Router,
+        generations: watch::Sender<Arc<Pipelines>>,
+        metrics: Metrics,
+    ) -> WorkerFactory {
+        Arc::new(move |unit| {
+            UnitWorker::new(
+                js.clone(),
+                router.clone(),
+                unit,
+                generations.subscribe(),
+                metrics.clone(),
+            )
+        })
+    }
+
     /// Between batches: if a reload published new pipelines, drops the old
     /// instances and builds runners (fresh instances) of the new versions.
     fn adopt_new_generation(&mut self) {

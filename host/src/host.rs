@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SyncPolicy};
-use crate::coordination::{Coordination, CoordinationError, Membership, WorkerFactory, host_id};
+use crate::coordination::{Coordination, CoordinationError, Membership, host_id};
 use crate::delivery::{Pipelines, UnitWorker};
 use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
 use crate::front_door::{FrontDoor, Gate};
@@ -155,23 +155,12 @@ impl RunningHost {
             source,
         })?;
 
-        let workers: WorkerFactory = {
-            let (js, router, generations, metrics) = (
-                js.clone(),
-                router.clone(),
-                generations.clone(),
-                metrics.clone(),
-            );
-            Arc::new(move |unit| {
-                UnitWorker::new(
-                    js.clone(),
-                    router.clone(),
-                    unit,
-                    generations.subscribe(),
-                    metrics.clone(),
-                )
-            })
-        };
+        let workers = UnitWorker::factory(
+            js.clone(),
+            router.clone(),
+            generations.clone(),
+            metrics.clone(),
+        );
         let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
         let kv = NatsKv::open(&client, &router.coordination_bucket())
             .await

@@ -30,8 +30,6 @@ const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// How long a release whose unpin failed waits for rows still on their way.
 const RELEASE_WAIT: Duration = Duration::from_millis(500);
-/// The header the server stamps on every row it delivers to the pinned client.
-const PIN_ID_HEADER: &str = "Nats-Pin-Id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -158,35 +156,33 @@ impl Puller {
         let mut rows = Vec::new();
         // Unpinned even if no row came yet: one may be on the wire, and the
         // server pins the receiver of the first row.
-        {
-            let pin = self.pin.take();
-            let started = Instant::now();
-            match unpin(&self.client, &self.stream, &self.consumer).await {
-                // Once the unpin is answered the server sends this request
-                // nothing more (a new row gets it a 423), and every row it
-                // sent before is ahead of the answer on the connection: a
-                // flush round trip puts them all in the subscription.
-                Ok(()) => {
-                    if let Err(err) = self.client.flush().await {
-                        tracing::debug!(error = %err, "flush after unpin failed");
-                    }
-                    while let Some(Some(message)) = self.subscriber.next().now_or_never() {
-                        rows.extend(self.receive(message).await);
-                    }
+        let pin = self.pin.take();
+        let started = Instant::now();
+        match unpin(&self.client, &self.stream, &self.consumer).await {
+            // Once the unpin is answered the server sends this request
+            // nothing more (a new row gets it a 423), and every row it
+            // sent before is ahead of the answer on the connection: a
+            // flush round trip puts them all in the subscription.
+            Ok(()) => {
+                if let Err(err) = self.client.flush().await {
+                    tracing::debug!(error = %err, "flush after unpin failed");
                 }
-                Err(err) => {
-                    tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
-                    let deadline = started + RELEASE_WAIT;
-                    while self.outstanding.is_some() {
-                        match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
-                            Ok(Some(message)) => rows.extend(self.receive(message).await),
-                            Ok(None) | Err(_) => break,
-                        }
+                while let Some(Some(message)) = self.subscriber.next().now_or_never() {
+                    rows.extend(self.receive(message).await);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
+                let deadline = started + RELEASE_WAIT;
+                while self.outstanding.is_some() {
+                    match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
+                        Ok(Some(message)) => rows.extend(self.receive(message).await),
+                        Ok(None) | Err(_) => break,
                     }
                 }
             }
-            tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
         }
+        tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
         let _ = self.subscriber.unsubscribe().await;
         rows
     }
@@ -232,7 +228,9 @@ impl Puller {
                 if let Some(pin) = message
                     .headers
                     .as_ref()
-                    .and_then(|headers| headers.get(PIN_ID_HEADER))
+                    // Stamped on every row delivered to the pinned client; the
+                    // constant name skips parsing a header name per row.
+                    .and_then(|headers| headers.get(async_nats::header::NATS_PIN_ID))
                     && self.pin.as_deref() != Some(pin.as_str())
                 {
                     self.pin = Some(pin.to_string());

@@ -185,14 +185,13 @@ impl StatusSource {
                 }
             })
             .collect();
-        let live = fleet.live_members();
         let fleet_status = FleetStatus {
             me: fleet.me.clone(),
             member: fleet.member,
             members: fleet
                 .members
                 .iter()
-                .filter(|(id, _)| live.contains(id.as_str()))
+                .filter(|(id, _)| fleet.is_live(id))
                 .map(|(id, record)| MemberStatus {
                     id: id.clone(),
                     http: record.http.clone(),

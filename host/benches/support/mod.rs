@@ -151,3 +151,53 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::embedded_nats::EmbeddedN
         .expect("start task")
         .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")
 }
+
+/// The tenant of every bench row, and its API key.
+pub const TENANT: &str = "acme";
+pub const API_KEY: &str = "bench-key-0001";
+
+/// A host on a bench's server: one partition of `shards` units, every
+/// table through a pass-through transform into a null sink.
+pub fn pass_through_config(
+    nats_url: &str,
+    data_dir: &std::path::Path,
+    shards: u32,
+    tables: &[String],
+) -> String {
+    let tables = serde_json::to_string(tables).expect("table names serialize");
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = {data_dir:?}
+max_body_bytes = 4194304
+
+[nats]
+url = "{nats_url}"
+
+[stream]
+create = true
+partitions = 1
+shards = {shards}
+
+[[tenants]]
+name = "{TENANT}"
+api_keys = ["{API_KEY}"]
+
+[plugins.pass]
+wasm = {pass:?}
+world = "transform"
+
+[plugins.null]
+wasm = {null:?}
+world = "sink"
+
+[[pipelines]]
+tables = {tables}
+transforms = ["pass"]
+sink = "null"
+"#,
+        data_dir = data_dir.display().to_string(),
+        pass = weir_test_artifacts::PASSTHROUGH,
+        null = weir_test_artifacts::NULL_SINK,
+    )
+}

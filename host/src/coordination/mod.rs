@@ -130,10 +130,19 @@ impl FleetView {
         live
     }
 
+    /// Whether `member` counts, as [`FleetView::live_members`] has it.
+    pub fn is_live(&self, member: &str) -> bool {
+        if member == self.me {
+            self.member
+        } else {
+            self.members.contains_key(member)
+        }
+    }
+
     /// The live member that holds `unit`, if any.
     pub fn owner(&self, unit: Unit) -> Option<&str> {
         let (record, _) = self.owners.get(&unit)?;
-        (record.state == OwnerState::Owned && self.live_members().contains(record.member.as_str()))
+        (record.state == OwnerState::Owned && self.is_live(&record.member))
             .then_some(record.member.as_str())
     }
 
@@ -494,7 +503,7 @@ impl Coordinator {
                 }
                 Some(_) => {}
                 None if mine => {
-                    if let Some(claim) = claim(&self.view, &live, unit) {
+                    if let Some(claim) = claim(&self.view, unit) {
                         work.push((unit, UnitWork::Claim(claim)));
                     }
                 }
@@ -572,7 +581,7 @@ async fn drop_claim(ctx: &UnitContext, unit: Unit, revision: u64) {
 }
 
 /// Whether this host may claim `unit` now, and how.
-fn claim(view: &FleetView, live: &BTreeSet<&str>, unit: Unit) -> Option<Claim> {
+fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
     let Some((record, revision)) = view.owners.get(&unit) else {
         return Some(Claim {
             revision: None,
@@ -591,7 +600,7 @@ fn claim(view: &FleetView, live: &BTreeSet<&str>, unit: Unit) -> Option<Claim> {
             revision,
             takeover: true,
         }),
-        OwnerState::Owned if !live.contains(record.member.as_str()) => Some(Claim {
+        OwnerState::Owned if !view.is_live(&record.member) => Some(Claim {
             revision,
             takeover: true,
         }),
@@ -868,16 +877,14 @@ mod tests {
     fn a_unit_held_by_a_live_member_waits_for_its_release() {
         let mut view = view(&["me", "other"]);
         view.owners.insert(UNIT, owned_by("other"));
-        let live = view.live_members();
-        assert_eq!(claim(&view, &live, UNIT), None);
+        assert_eq!(claim(&view, UNIT), None);
         assert_eq!(view.owner(UNIT), Some("other"));
 
         let mut released = owned_by("other");
         released.0.state = OwnerState::Released;
         view.owners.insert(UNIT, released);
-        let live = view.live_members();
         assert_eq!(
-            claim(&view, &live, UNIT),
+            claim(&view, UNIT),
             Some(Claim {
                 revision: Some(7),
                 takeover: false
@@ -890,9 +897,8 @@ mod tests {
     fn units_of_a_dead_member_or_an_earlier_run_are_taken_over() {
         let mut view = view(&["me"]);
         view.owners.insert(UNIT, owned_by("gone"));
-        let live = view.live_members();
         assert_eq!(
-            claim(&view, &live, UNIT),
+            claim(&view, UNIT),
             Some(Claim {
                 revision: Some(7),
                 takeover: true
@@ -901,12 +907,10 @@ mod tests {
         assert_eq!(view.owner(UNIT), None);
 
         view.owners.insert(UNIT, owned_by("me"));
-        let live = view.live_members();
-        assert!(claim(&view, &live, UNIT).is_some_and(|c| c.takeover));
+        assert!(claim(&view, UNIT).is_some_and(|c| c.takeover));
         // Never recorded: there may be rows from before coordination.
         view.owners.clear();
-        let live = view.live_members();
-        assert!(claim(&view, &live, UNIT).is_some_and(|c| c.takeover && c.revision.is_none()));
+        assert!(claim(&view, UNIT).is_some_and(|c| c.takeover && c.revision.is_none()));
     }
 
     #[test]
