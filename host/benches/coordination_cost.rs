@@ -34,6 +34,7 @@ use weir::route::Router;
 use weir::status::unit_backlogs;
 use weir::telemetry::Metrics;
 use weir::topology::Manifest;
+use weir::usage::Ledger;
 
 const BENCH: &str = "coordination_cost";
 const PARTITIONS: u32 = 8;
@@ -187,6 +188,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                         workers: workers.clone(),
                         metrics: metrics.clone(),
                         plugins: Default::default(),
+                        ledger: Ledger::new(&format!("member-{member:03}")),
                     })
                     .await
                 }

@@ -109,6 +109,17 @@ pub struct Config {
     pub plugins_dir: PathBuf,
     pub plugins: BTreeMap<String, PluginConfig>,
     pub pipelines: Vec<Pipeline>,
+    pub policies: Policies,
+}
+
+/// The per-tenant policies the front door asks (plugins of the `budget`
+/// and `router` worlds). None: no budget, the default route.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Policies {
+    pub budget: Option<String>,
+    pub router: Option<String>,
+    /// A top-level row field whose value is the row's routing key.
+    pub routing_field: Option<String>,
 }
 
 /// Where NATS is. `url: None` means weir starts its own nats-server.
@@ -234,6 +245,8 @@ pub struct PluginConfig {
 pub enum World {
     Transform,
     Sink,
+    Budget,
+    Router,
 }
 
 impl World {
@@ -241,6 +254,8 @@ impl World {
         match self {
             World::Transform => "transform",
             World::Sink => "sink",
+            World::Budget => "budget",
+            World::Router => "router",
         }
     }
 }
@@ -298,6 +313,16 @@ struct RawConfig {
     plugins: BTreeMap<Spanned<String>, RawPlugin>,
     #[serde(default)]
     pipelines: Vec<RawPipeline>,
+    #[serde(default)]
+    policies: RawPolicies,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicies {
+    budget: Option<Spanned<String>>,
+    router: Option<Spanned<String>>,
+    routing_field: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -757,22 +782,7 @@ impl<'a> Checker<'a> {
                 .map(|t| (t, World::Transform))
                 .chain(pipeline.sink.iter().map(|s| (s, World::Sink)));
             for (used, world) in uses {
-                match plugins.get(used.get_ref()) {
-                    None => self.report(
-                        used.span().start,
-                        format!("pipeline uses unknown plugin `{}`", used.get_ref()),
-                    ),
-                    Some(plugin) if plugin.world != world => self.report(
-                        used.span().start,
-                        format!(
-                            "plugin `{}` is a {} but is used here as a {}",
-                            used.get_ref(),
-                            plugin.world.as_str(),
-                            world.as_str()
-                        ),
-                    ),
-                    Some(_) => {}
-                }
+                self.check_plugin_world(&plugins, used, world, "pipeline");
             }
             pipelines.push(Pipeline {
                 tables: pipeline
@@ -788,6 +798,21 @@ impl<'a> Checker<'a> {
                 sink: pipeline.sink.map(Spanned::into_inner),
             });
         }
+
+        let policy_uses = [
+            (&raw.policies.budget, World::Budget),
+            (&raw.policies.router, World::Router),
+        ];
+        for (used, world) in policy_uses {
+            if let Some(used) = used {
+                self.check_plugin_world(&plugins, used, world, "policies");
+            }
+        }
+        let policies = Policies {
+            budget: raw.policies.budget.map(Spanned::into_inner),
+            router: raw.policies.router.map(Spanned::into_inner),
+            routing_field: raw.policies.routing_field,
+        };
 
         let problems = self.problems.into_inner();
         if !problems.is_empty() {
@@ -808,7 +833,34 @@ impl<'a> Checker<'a> {
             plugins_dir,
             plugins,
             pipelines,
+            policies,
         })
+    }
+
+    /// `used` names a plugin of `world`.
+    fn check_plugin_world(
+        &self,
+        plugins: &BTreeMap<String, PluginConfig>,
+        used: &Spanned<String>,
+        world: World,
+        user: &str,
+    ) {
+        match plugins.get(used.get_ref()) {
+            None => self.report(
+                used.span().start,
+                format!("{user} uses unknown plugin `{}`", used.get_ref()),
+            ),
+            Some(plugin) if plugin.world != world => self.report(
+                used.span().start,
+                format!(
+                    "plugin `{}` is a {} but is used here as a {}",
+                    used.get_ref(),
+                    plugin.world.as_str(),
+                    world.as_str()
+                ),
+            ),
+            Some(_) => {}
+        }
     }
 }
 
@@ -906,6 +958,29 @@ mod tests {
         );
         assert!(
             found[0].starts_with("/etc/weir/weir.toml:2:8:"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn policies_name_plugins_of_their_world() {
+        let found = problems(concat!(
+            "[plugins.s]\nwasm = \"s.wasm\"\nworld = \"sink\"\n",
+            "[policies]\nbudget = \"s\"\nrouter = \"nope\"\n",
+        ));
+        let policy: Vec<&String> = found
+            .iter()
+            .filter(|p| !p.contains("does not exist"))
+            .collect();
+        assert_eq!(policy.len(), 2, "{found:?}");
+        assert!(
+            policy[0].starts_with(
+                "/etc/weir/weir.toml:5:10: plugin `s` is a sink but is used here as a budget"
+            ),
+            "{found:?}"
+        );
+        assert!(
+            policy[1].starts_with("/etc/weir/weir.toml:6:10: policies uses unknown plugin `nope`"),
             "{found:?}"
         );
     }

@@ -17,11 +17,14 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Config;
+use crate::delivery::Pipelines;
 use crate::ndjson;
+use crate::policy::{Admit, Policies, PolicyError};
 use crate::publish::{PublishError, Published, Publisher};
 use crate::route::encode_token;
 use crate::status::StatusSource;
 use crate::telemetry::Metrics;
+use crate::usage::{Ledger, Queued};
 
 /// The request header that makes a retried request store its rows once.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -30,15 +33,20 @@ const MAX_KEY_BYTES: usize = 200;
 /// Seconds a client is told to wait when NATS is unavailable or full.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// What a request is checked against (tenants, tables, limits): replaced
-/// as a whole by a hot reload; a request reads one snapshot from start to end.
+/// What a request is checked against (tenants, tables, limits, the budget
+/// and router policies): replaced as a whole by a hot reload; a request
+/// reads one snapshot from start to end.
 pub struct Gate {
     tenants_by_key: HashMap<String, String>,
     config: Arc<Config>,
+    policies: Policies,
 }
 
 impl Gate {
-    pub fn new(config: Arc<Config>) -> Gate {
+    /// The gate of one generation: its config and its policy plugins.
+    pub fn new(pipelines: &Pipelines) -> Gate {
+        let config = pipelines.config().clone();
+        let policies = Policies::new(&config, |name| pipelines.plugin(name).cloned());
         let tenants_by_key = config
             .tenants
             .iter()
@@ -52,6 +60,7 @@ impl Gate {
         Gate {
             tenants_by_key,
             config,
+            policies,
         }
     }
 }
@@ -63,6 +72,7 @@ pub struct FrontDoor {
     metrics: Metrics,
     status: StatusSource,
     reloads: ReloadRequests,
+    ledger: Ledger,
 }
 
 /// Asks the reloader for a reload; the answer says whether it was applied
@@ -79,6 +89,7 @@ impl FrontDoor {
         metrics: Metrics,
         status: StatusSource,
         reloads: ReloadRequests,
+        ledger: Ledger,
     ) -> FrontDoor {
         FrontDoor {
             gates,
@@ -86,6 +97,7 @@ impl FrontDoor {
             metrics,
             status,
             reloads,
+            ledger,
         }
     }
 
@@ -116,8 +128,12 @@ struct Refusal {
     error: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     line: Option<usize>,
+    /// Seconds in `Retry-After`.
     #[serde(skip)]
-    retry_after: bool,
+    retry_after: Option<u64>,
+    /// The wait the budget asked for, to the millisecond.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
 }
 
 impl Refusal {
@@ -126,25 +142,49 @@ impl Refusal {
             status,
             error: error.into(),
             line: None,
-            retry_after: false,
+            retry_after: None,
+            retry_after_ms: None,
         }
     }
 
     fn retry_later(status: StatusCode, error: impl Into<String>) -> Refusal {
         Refusal {
-            retry_after: true,
+            retry_after: Some(RETRY_AFTER_SECS),
             ..Refusal::new(status, error)
         }
+    }
+
+    /// 429: the tenant's budget says not now.
+    fn throttled(tenant: &str, wait: Duration) -> Refusal {
+        Refusal {
+            // The header counts whole seconds: round up, so a client that
+            // honours it is not throttled again.
+            retry_after: Some(wait.as_millis().div_ceil(1000).max(1) as u64),
+            retry_after_ms: Some(wait.as_millis() as u64),
+            ..Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("tenant `{tenant}` is over its budget; retry later"),
+            )
+        }
+    }
+
+    /// 503: a policy could not answer; nothing was stored.
+    fn policy_failed(err: PolicyError) -> Refusal {
+        tracing::error!(error = %err, "a policy failed; the request is refused");
+        Refusal::retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("a policy failed: {err}"),
+        )
     }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(&self)).into_response();
-        if self.retry_after {
+        if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }
@@ -200,11 +240,14 @@ async fn accept(
             Refusal::new(status, rejection.body_text())
         }
     })?;
-    let rows =
-        ndjson::split(&body, gate.config.idempotency_field.as_deref()).map_err(|bad| Refusal {
-            line: Some(bad.line),
-            ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
-        })?;
+    let fields = ndjson::Fields {
+        key: gate.config.idempotency_field.as_deref(),
+        route: gate.config.policies.routing_field.as_deref(),
+    };
+    let rows = ndjson::split(&body, fields).map_err(|bad| Refusal {
+        line: Some(bad.line),
+        ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
+    })?;
     if rows.is_empty() {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -215,6 +258,7 @@ async fn accept(
     let ids = MessageIds::new(tenant, table, request_key);
     let mut numbers = Vec::with_capacity(rows.len());
     let mut to_publish = Vec::with_capacity(rows.len());
+    let mut route_keys = Vec::with_capacity(rows.len());
     for (index, row) in rows.into_iter().enumerate() {
         let id = ids
             .for_row(index, row.key.as_deref())
@@ -226,11 +270,22 @@ async fn accept(
                 )
             })?;
         numbers.push(row.number);
+        route_keys.push(row.route_key);
         to_publish.push((row.payload, id));
     }
-    let published = door
+    let amount = Queued {
+        rows: to_publish.len() as u64,
+        bytes: to_publish.iter().map(|(p, _)| p.len() as u64).sum(),
+    };
+    let _reservation = admit(door, &gate, tenant, table, amount).await?;
+    let placement = gate
+        .policies
+        .place(tenant, table, || route_keys)
+        .await
+        .map_err(Refusal::policy_failed)?;
+    let mut published = door
         .publisher
-        .publish(tenant, table, to_publish)
+        .publish(tenant, table, &placement, to_publish)
         .await
         .map_err(|err| match err {
             PublishError::Unavailable(_) | PublishError::StreamFull(_) => {
@@ -247,7 +302,45 @@ async fn accept(
     door.metrics
         .rows_accepted
         .inc_by((published.stored - published.duplicates) as u64);
+    door.ledger.accepted(std::mem::take(&mut published.accepts));
     Ok(published)
+}
+
+/// Asks the tenant's budget about a request; an admitted request counts as
+/// queued on this host (the reservation) until its rows are published.
+async fn admit(
+    door: &FrontDoor,
+    gate: &Gate,
+    tenant: &str,
+    table: &str,
+    amount: Queued,
+) -> Result<Option<crate::usage::Reservation>, Refusal> {
+    if !gate.policies.has_budget() {
+        return Ok(None);
+    }
+    let decision = gate
+        .policies
+        .admit(
+            tenant,
+            table,
+            amount.rows as usize,
+            amount.bytes,
+            door.ledger.usage(tenant),
+            door.ledger.tenant_settings(tenant),
+        )
+        .await
+        .map_err(Refusal::policy_failed)?;
+    match decision {
+        Admit::Yes => Ok(Some(door.ledger.reserve(tenant, amount))),
+        Admit::Throttle(wait) => {
+            door.metrics.requests_throttled.inc();
+            Err(Refusal::throttled(tenant, wait))
+        }
+        Admit::Reject(reason) => {
+            door.metrics.requests_rejected.inc();
+            Err(Refusal::new(StatusCode::FORBIDDEN, reason))
+        }
+    }
 }
 
 /// The request's `Idempotency-Key`, if it sent one.

@@ -29,6 +29,7 @@ use crate::status::{NatsStatus, StatusSource};
 use crate::telemetry::Metrics;
 use crate::telemetry::SeverityLabels;
 use crate::topology::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
+use crate::usage::Ledger;
 
 /// How long the first connection to NATS may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -133,6 +134,7 @@ impl RunningHost {
             plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
         }
         let pipelines = Pipelines::new(config.clone(), plugins);
+        let first_gate = Gate::new(&pipelines);
         let running_plugins = Arc::new(std::sync::RwLock::new(plugin_status(pipelines.plugins())));
         let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
 
@@ -165,8 +167,9 @@ impl RunningHost {
         let kv = NatsKv::open(&client, &router.coordination_bucket())
             .await
             .map_err(CoordinationError::from)?;
+        let ledger = Ledger::new(&me);
         let coordination = Coordination::join(Membership {
-            kv,
+            kv: kv.clone(),
             client: client.clone(),
             router: router.clone(),
             me: me.clone(),
@@ -175,10 +178,19 @@ impl RunningHost {
             workers,
             metrics: metrics.clone(),
             plugins: running_plugins.clone(),
+            ledger: ledger.clone(),
         })
         .await?;
+        let usage = ledger.clone().run(
+            client.clone(),
+            kv,
+            router.clone(),
+            coordination.view(),
+            shutdown.clone(),
+        );
+        tasks.push(tokio::spawn(usage));
 
-        let (gates, gate) = tokio::sync::watch::channel(Arc::new(Gate::new(config.clone())));
+        let (gates, gate) = tokio::sync::watch::channel(Arc::new(first_gate));
         let (reload_sender, reload_requests) = tokio::sync::mpsc::channel(4);
         let reloader = Reloader::new(
             sandbox.clone(),
@@ -205,6 +217,7 @@ impl RunningHost {
             client: client.clone(),
             router: router.clone(),
             fleet: coordination.view(),
+            ledger: ledger.clone(),
             nats: NatsStatus {
                 url: nats_url.clone(),
                 connected: true,
@@ -224,6 +237,7 @@ impl RunningHost {
             metrics.clone(),
             status.clone(),
             reload_sender,
+            ledger.clone(),
         );
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {

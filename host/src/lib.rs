@@ -3,7 +3,8 @@
 //! The path of a row, module by module:
 //!
 //! - ingest: [`front_door`] (HTTP, API keys) → [`ndjson`] (rows, line
-//!   numbers, keys) → [`route`] (which unit and subject) → [`publish`]
+//!   numbers, keys) → [`policy`] (the tenant's budget, from [`usage`]; its
+//!   router) → [`route`] (which unit and subject) → [`publish`]
 //!   (JetStream, PubAck before 2xx);
 //! - delivery: [`topology`] (streams and consumers) → [`delivery`] (pull a
 //!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
@@ -26,6 +27,7 @@ pub mod ndjson;
 pub mod permissions;
 pub mod pipeline;
 pub mod plugin_store;
+pub mod policy;
 pub mod publish;
 pub mod pull;
 pub mod reload;
@@ -35,3 +37,4 @@ pub mod send;
 pub mod status;
 pub mod telemetry;
 pub mod topology;
+pub mod usage;

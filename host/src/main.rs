@@ -55,6 +55,11 @@ enum Command {
         #[command(subcommand)]
         what: DlqCommand,
     },
+    /// Per-tenant settings the budget policy reads, fleet-wide.
+    Tenant {
+        #[command(subcommand)]
+        what: TenantCommand,
+    },
     /// Roll a plugin out to every host of the fleet, or back.
     Plugin {
         #[command(subcommand)]
@@ -134,6 +139,24 @@ enum DlqCommand {
     Replay {
         #[command(flatten)]
         target: DlqTarget,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Set a tenant's settings for the budget policy (a JSON object, e.g.
+    /// '{"queued_bytes": 1000000}'); every host sees them at once, no reload.
+    Set {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        tenant: String,
+        settings: String,
+    },
+    /// Remove a tenant's settings: the policy's own settings apply again.
+    Unset {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        tenant: String,
     },
 }
 
@@ -406,6 +429,30 @@ async fn run(command: Command) -> anyhow::Result<()> {
             match &release.digest {
                 Some(digest) => println!("plugin {name}: the fleet now runs {digest}"),
                 None => println!("plugin {name}: the fleet now runs each host's own file"),
+            }
+            Ok(())
+        }
+        Command::Tenant { what } => {
+            let (fleet, tenant, settings) = match &what {
+                TenantCommand::Set {
+                    fleet,
+                    tenant,
+                    settings,
+                } => (fleet, tenant, Some(settings.as_str())),
+                TenantCommand::Unset { fleet, tenant } => (fleet, tenant, None),
+            };
+            let (config, client) = fleet.connect().await?;
+            anyhow::ensure!(
+                config.tenants.iter().any(|t| &t.name == tenant),
+                "{}: no tenant `{tenant}` in the config",
+                fleet.config.display()
+            );
+            weir::usage::set_tenant_settings(&client, &router_of(&config), tenant, settings)
+                .await?;
+            client.flush().await?;
+            match settings {
+                Some(settings) => println!("tenant {tenant}: settings are now {settings}"),
+                None => println!("tenant {tenant}: settings removed"),
             }
             Ok(())
         }

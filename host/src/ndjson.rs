@@ -1,7 +1,7 @@
 //! Splitting an NDJSON body into rows: each keeps its line number (for a
 //! 400 that names it) and shares the body's buffer (no copy per row). One
 //! pass over each line both checks it is a JSON object and, when asked,
-//! picks out the row's idempotency field.
+//! picks out the row's idempotency and routing fields.
 
 use std::fmt;
 
@@ -16,6 +16,17 @@ pub struct Line {
     pub payload: Bytes,
     /// The value of the configured idempotency field, when the row has one.
     pub key: Option<String>,
+    /// The value of the configured routing field, when the row has one.
+    pub route_key: Option<String>,
+}
+
+/// The top-level fields picked out of each row.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fields<'f> {
+    /// Its value dedupes the row (its message id).
+    pub key: Option<&'f str>,
+    /// Its value is the row's routing key.
+    pub route: Option<&'f str>,
 }
 
 /// The first line that is not a JSON object.
@@ -27,9 +38,9 @@ pub struct BadLine {
 }
 
 /// Splits `body` into rows. Blank lines are skipped; a `\r` before `\n` is
-/// dropped. `key_field` names a top-level field whose value (string or
-/// number) becomes the row's key.
-pub fn split(body: &Bytes, key_field: Option<&str>) -> Result<Vec<Line>, BadLine> {
+/// dropped. `fields` names top-level fields whose values (string or
+/// number) become the row's keys.
+pub fn split(body: &Bytes, fields: Fields<'_>) -> Result<Vec<Line>, BadLine> {
     let mut lines = Vec::new();
     let mut start = 0;
     for (index, line) in body.split(|b| *b == b'\n').enumerate() {
@@ -37,7 +48,7 @@ pub fn split(body: &Bytes, key_field: Option<&str>) -> Result<Vec<Line>, BadLine
         let trimmed = line.strip_suffix(b"\r").unwrap_or(line);
         if !trimmed.iter().all(u8::is_ascii_whitespace) {
             let number = index + 1;
-            let key = scan(trimmed, key_field).map_err(|reason| BadLine {
+            let (key, route_key) = scan(trimmed, fields).map_err(|reason| BadLine {
                 line: number,
                 reason,
             })?;
@@ -45,6 +56,7 @@ pub fn split(body: &Bytes, key_field: Option<&str>) -> Result<Vec<Line>, BadLine
                 number,
                 payload: body.slice(start..start + trimmed.len()),
                 key,
+                route_key,
             });
         }
         start = end + 1;
@@ -52,27 +64,30 @@ pub fn split(body: &Bytes, key_field: Option<&str>) -> Result<Vec<Line>, BadLine
     Ok(lines)
 }
 
-/// Checks that `line` is one JSON object and returns its `key_field` value.
-fn scan(line: &[u8], key_field: Option<&str>) -> Result<Option<String>, String> {
+/// The values of a row's idempotency and routing fields.
+type Keys = (Option<String>, Option<String>);
+
+/// Checks that `line` is one JSON object and returns its fields' values.
+fn scan(line: &[u8], fields: Fields<'_>) -> Result<Keys, String> {
     let first = line.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         return Err("a row must be a JSON object".into());
     }
     let mut deserializer = serde_json::Deserializer::from_slice(line);
-    let key = ObjectScan { key_field }
+    let keys = ObjectScan { fields }
         .deserialize(&mut deserializer)
-        .and_then(|key| deserializer.end().map(|()| key))
+        .and_then(|keys| deserializer.end().map(|()| keys))
         .map_err(|err| format!("invalid JSON: {err}"))?;
-    Ok(key)
+    Ok(keys)
 }
 
-/// Walks an object's entries, skipping every value but the key field's.
+/// Walks an object's entries, skipping every value but the fields'.
 struct ObjectScan<'f> {
-    key_field: Option<&'f str>,
+    fields: Fields<'f>,
 }
 
 impl<'de> DeserializeSeed<'de> for ObjectScan<'_> {
-    type Value = Option<String>;
+    type Value = Keys;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
@@ -80,31 +95,43 @@ impl<'de> DeserializeSeed<'de> for ObjectScan<'_> {
 }
 
 impl<'de> Visitor<'de> for ObjectScan<'_> {
-    type Value = Option<String>;
+    type Value = Keys;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
+        let (mut key, mut route) = (None, None);
         while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if found.is_none() && self.key_field == Some(name.as_ref()) {
-                found = match map.next_value::<serde_json::Value>()? {
-                    serde_json::Value::String(text) => Some(text),
-                    serde_json::Value::Number(number) => Some(number.to_string()),
-                    serde_json::Value::Null => None,
-                    _ => {
-                        return Err(de::Error::custom(format!(
-                            "field `{name}` must be a string or a number to serve as the row's idempotency key"
-                        )));
-                    }
-                };
-            } else {
+            let name = name.as_ref();
+            let (is_key, is_route) = (
+                key.is_none() && self.fields.key == Some(name),
+                route.is_none() && self.fields.route == Some(name),
+            );
+            if !is_key && !is_route {
                 map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let role = if is_key { "idempotency" } else { "routing" };
+            let value = match map.next_value::<serde_json::Value>()? {
+                serde_json::Value::String(text) => Some(text),
+                serde_json::Value::Number(number) => Some(number.to_string()),
+                serde_json::Value::Null => None,
+                _ => {
+                    return Err(de::Error::custom(format!(
+                        "field `{name}` must be a string or a number to serve as the row's {role} key"
+                    )));
+                }
+            };
+            if is_key {
+                key = value.clone();
+            }
+            if is_route {
+                route = value;
             }
         }
-        Ok(found)
+        Ok((key, route))
     }
 }
 
@@ -115,7 +142,7 @@ mod tests {
     #[test]
     fn rows_keep_their_line_numbers_and_skip_blanks() {
         let body = Bytes::from_static(b"{\"a\":1}\r\n\n  \n{\"b\":2}");
-        let lines = split(&body, None).unwrap();
+        let lines = split(&body, Fields::default()).unwrap();
         let seen: Vec<(usize, &[u8])> = lines.iter().map(|l| (l.number, &l.payload[..])).collect();
         assert_eq!(seen, vec![(1, &b"{\"a\":1}"[..]), (4, &b"{\"b\":2}"[..])]);
     }
@@ -123,12 +150,16 @@ mod tests {
     #[test]
     fn the_first_bad_line_is_named() {
         let body = Bytes::from_static(b"{\"a\":1}\n{\"b\":\n[1]\n");
-        let bad = split(&body, None).unwrap_err();
+        let bad = split(&body, Fields::default()).unwrap_err();
         assert_eq!(bad.line, 2);
         assert!(bad.to_string().starts_with("line 2: invalid JSON"), "{bad}");
-        let bad = split(&Bytes::from_static(b"[1]"), None).unwrap_err();
+        let bad = split(&Bytes::from_static(b"[1]"), Fields::default()).unwrap_err();
         assert_eq!(bad.to_string(), "line 1: a row must be a JSON object");
-        let bad = split(&Bytes::from_static(b"{\"a\":1} {\"b\":2}"), None).unwrap_err();
+        let bad = split(
+            &Bytes::from_static(b"{\"a\":1} {\"b\":2}"),
+            Fields::default(),
+        )
+        .unwrap_err();
         assert!(bad.reason.contains("trailing characters"), "{bad}");
     }
 
@@ -137,7 +168,11 @@ mod tests {
         let body = Bytes::from_static(
             b"{\"x\":{\"id\":\"nested\"},\"id\":\"e-1\"}\n{\"id\":42}\n{\"other\":1}\n{\"id\":null}\n{\"i\\u0064\":\"escaped\"}",
         );
-        let keys: Vec<Option<String>> = split(&body, Some("id"))
+        let id = Fields {
+            key: Some("id"),
+            route: None,
+        };
+        let keys: Vec<Option<String>> = split(&body, id)
             .unwrap()
             .into_iter()
             .map(|l| l.key)
@@ -152,7 +187,39 @@ mod tests {
                 Some("escaped".to_string())
             ]
         );
-        let bad = split(&Bytes::from_static(b"{\"id\":[1]}"), Some("id")).unwrap_err();
+        let bad = split(&Bytes::from_static(b"{\"id\":[1]}"), id).unwrap_err();
         assert!(bad.reason.contains("must be a string or a number"), "{bad}");
+    }
+
+    #[test]
+    fn the_routing_field_is_picked_out_too_even_when_it_is_the_key_field() {
+        let body = Bytes::from_static(b"{\"id\":\"e-1\",\"user\":7}\n{\"id\":\"e-2\"}");
+        let fields = Fields {
+            key: Some("id"),
+            route: Some("user"),
+        };
+        let rows: Vec<(Option<String>, Option<String>)> = split(&body, fields)
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.key, l.route_key))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (Some("e-1".into()), Some("7".into())),
+                (Some("e-2".into()), None)
+            ]
+        );
+        let same = Fields {
+            key: Some("id"),
+            route: Some("id"),
+        };
+        let line = &split(&body, same).unwrap()[0];
+        assert_eq!(
+            (line.key.as_deref(), line.route_key.as_deref()),
+            (Some("e-1"), Some("e-1"))
+        );
+        let bad = split(&Bytes::from_static(b"{\"user\":{}}"), fields).unwrap_err();
+        assert!(bad.reason.contains("routing key"), "{bad}");
     }
 }

@@ -26,9 +26,11 @@ impl Permissions {
     pub fn for_host(router: &Router, manifest: &Manifest) -> Permissions {
         let prefix = router.prefix();
         let mut publish = vec![
-            // Rows at the front door, dead letters from delivery.
+            // Rows at the front door, dead letters from delivery, and the
+            // rows each host accepted, shared for fleet-wide usage.
             format!("{prefix}.in.>"),
             format!("{prefix}.dlq.>"),
+            router.usage_subject(),
         ];
         for stream in &manifest.streams {
             publish.push(format!("$JS.API.STREAM.INFO.{}", stream.name));
@@ -87,7 +89,7 @@ impl Permissions {
             publish: Allow { allow: publish },
             // Replies to requests and pulls.
             subscribe: Allow {
-                allow: vec!["_INBOX.>".to_string()],
+                allow: vec!["_INBOX.>".to_string(), router.usage_subject()],
             },
         }
     }
@@ -136,6 +138,9 @@ mod tests {
                 );
             }
         }
-        assert_eq!(permissions.subscribe.allow, ["_INBOX.>"]);
+        assert_eq!(
+            permissions.subscribe.allow,
+            ["_INBOX.>", "weir.usage.accepts"]
+        );
     }
 }

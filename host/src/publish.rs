@@ -8,7 +8,9 @@ use async_nats::jetstream::{
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::route::Router;
+use crate::policy::Placement;
+use crate::route::{Router, Unit};
+use crate::usage::Accept;
 
 /// PubAcks awaited at once per request; bounds memory on a huge body while
 /// keeping the connection busy.
@@ -50,61 +52,101 @@ impl Publisher {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Publishes `rows` of `tenant`/`table` in order and waits for every
-    /// PubAck. A row with a message id is stored once within the stream's
-    /// duplicate window, however often it is sent. On error, rows before the
-    /// failing one may already be stored; sending them again with the same
-    /// ids stores nothing twice.
+    /// Publishes `rows` of `tenant`/`table` in order, each to the unit
+    /// `placement` gives it, and waits for every PubAck. A row with a
+    /// message id is stored once within the stream's duplicate window,
+    /// however often it is sent. On error, rows before the failing one may
+    /// already be stored; sending them again with the same ids stores
+    /// nothing twice.
     pub async fn publish(
         &self,
         tenant: &str,
         table: &str,
+        placement: &Placement,
         rows: impl IntoIterator<Item = (Bytes, Option<String>)>,
     ) -> Result<Published, PublishError> {
         if !self.connected() {
             return Err(PublishError::Unavailable("not connected".into()));
         }
-        let unit = self.router.route(tenant, table);
-        let subject = async_nats::Subject::from(self.router.subject(unit, tenant, table));
+        // A request's rows go to one unit, or (routed by key) to a few.
+        let mut subjects: Vec<(Unit, async_nats::Subject)> = Vec::new();
         let mut in_flight = FuturesUnordered::new();
         let mut published = Published::default();
-        let mut settle = |ack: PublishAck| {
+        let mut settle = |ack: PublishAck, partition: u32, bytes: u64| {
             published.stored += 1;
             if ack.duplicate {
                 published.duplicates += 1;
+                return;
+            }
+            match published
+                .accepts
+                .iter_mut()
+                .find(|a| a.partition == partition)
+            {
+                Some(accept) => {
+                    accept.last_seq = accept.last_seq.max(ack.sequence);
+                    accept.rows += 1;
+                    accept.bytes += bytes;
+                }
+                None => published.accepts.push(Accept {
+                    tenant: tenant.to_string(),
+                    partition,
+                    last_seq: ack.sequence,
+                    rows: 1,
+                    bytes,
+                }),
             }
         };
         for (index, (payload, message_id)) in rows.into_iter().enumerate() {
+            let unit = placement
+                .unit(index)
+                .ok_or_else(|| PublishError::Other(format!("row {index} has no route")))?;
+            let subject = match subjects.iter().find(|(u, _)| *u == unit) {
+                Some((_, subject)) => subject.clone(),
+                None => {
+                    let subject =
+                        async_nats::Subject::from(self.router.subject(unit, tenant, table));
+                    subjects.push((unit, subject.clone()));
+                    subject
+                }
+            };
+            let bytes = payload.len() as u64;
             let mut message = PublishMessage::build().payload(payload);
             if let Some(id) = message_id {
                 message = message.message_id(id);
             }
             let ack = self
                 .js
-                .send_publish(subject.clone(), message)
+                .send_publish(subject, message)
                 .await
                 .map_err(|err| classify(err.kind(), err.to_string(), index))?;
-            in_flight.push(ack.into_future());
+            let ack = ack.into_future();
+            in_flight.push(async move { (ack.await, unit.partition, bytes) });
             if in_flight.len() >= PUBLISH_WINDOW
-                && let Some(result) = in_flight.next().await
+                && let Some((result, partition, bytes)) = in_flight.next().await
             {
-                settle(result.map_err(|err| classify(err.kind(), err.to_string(), index))?);
+                let ack = result.map_err(|err| classify(err.kind(), err.to_string(), index))?;
+                settle(ack, partition, bytes);
             }
         }
-        while let Some(result) = in_flight.next().await {
-            settle(result.map_err(|err| classify(err.kind(), err.to_string(), 0))?);
+        while let Some((result, partition, bytes)) = in_flight.next().await {
+            let ack = result.map_err(|err| classify(err.kind(), err.to_string(), 0))?;
+            settle(ack, partition, bytes);
         }
         Ok(published)
     }
 }
 
 /// What one publish call stored.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Published {
     /// Rows JetStream acknowledged (new or already stored).
     pub stored: usize,
     /// Of those, rows it already had under the same message id.
     pub duplicates: usize,
+    /// The new rows, by partition, with their highest stream sequence: what
+    /// fleet-wide usage counts until a snapshot covers them.
+    pub accepts: Vec<Accept>,
 }
 
 fn classify(kind: PublishErrorKind, message: String, index: usize) -> PublishError {

@@ -172,7 +172,7 @@ impl Reloader {
         }
         // Workers first: a row the new gate lets in (a new table) finds its
         // pipeline when a worker pulls it.
-        let gate = Gate::new(next.config().clone());
+        let gate = Gate::new(&next);
         self.generations.send_replace(Arc::new(next));
         self.gates.send_replace(Arc::new(gate));
         Ok(())

@@ -166,6 +166,11 @@ impl Router {
         format!("{}_coord", self.prefix)
     }
 
+    /// Where hosts share the rows they accepted, for fleet-wide usage.
+    pub fn usage_subject(&self) -> String {
+        format!("{}.usage.accepts", self.prefix)
+    }
+
     pub fn dead_letter_subjects(&self) -> String {
         format!("{}.dlq.>", self.prefix)
     }

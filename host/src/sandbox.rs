@@ -45,13 +45,39 @@ pub mod bindings {
             },
         });
     }
+    pub mod budget {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "weir:plugin/budget",
+            exports: { default: async },
+            with: {
+                "weir:plugin/host": super::transform::weir::plugin::host,
+            },
+        });
+    }
+    pub mod router {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "weir:plugin/router",
+            exports: { default: async },
+            with: {
+                "weir:plugin/host": super::transform::weir::plugin::host,
+                "weir:plugin/policy": super::budget::weir::plugin::policy,
+            },
+        });
+    }
+    pub use budget::weir::plugin::policy::{
+        Admission, Decision, Route, TableRoute, Topology, Unit as RouteUnit, Usage,
+    };
     pub use transform::weir::plugin::types::{Delivery, EmittedRow, Outcome, Row};
 }
 
+use bindings::budget::{Budget, BudgetPre};
+use bindings::router::{Router as RouterPolicy, RouterPre};
 use bindings::sink::{Sink, SinkPre};
 use bindings::transform::weir::plugin::host::{self as host_api, Level};
 use bindings::transform::{Transform, TransformPre};
-use bindings::{Delivery, Outcome, Row};
+use bindings::{Admission, Decision, Delivery, Outcome, Route, Row, TableRoute, Topology};
 
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
@@ -294,6 +320,8 @@ impl Sandbox {
                 PluginPre::Transform(TransformPre::new(instance_pre).map_err(link_error)?)
             }
             World::Sink => PluginPre::Sink(SinkPre::new(instance_pre).map_err(link_error)?),
+            World::Budget => PluginPre::Budget(BudgetPre::new(instance_pre).map_err(link_error)?),
+            World::Router => PluginPre::Router(RouterPre::new(instance_pre).map_err(link_error)?),
         };
         for grant in &config.grants.dirs {
             if grant.writable {
@@ -344,6 +372,8 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
     let required: &[&str] = match world {
         World::Transform => &["init", "transform"],
         World::Sink => &["init", "deliver"],
+        World::Budget => &["init", "admit"],
+        World::Router => &["init", "route-table", "route-keys"],
     };
     let ty = component.component_type();
     let missing: Vec<String> = required
@@ -446,6 +476,8 @@ pub fn version_of(bytes: &[u8]) -> String {
 enum PluginPre {
     Transform(TransformPre<PluginState>),
     Sink(SinkPre<PluginState>),
+    Budget(BudgetPre<PluginState>),
+    Router(RouterPre<PluginState>),
 }
 
 /// One loaded version of a plugin: compiled, linked, ready to instantiate.
@@ -546,6 +578,14 @@ impl Plugin {
                 .instantiate_async(&mut instance.store)
                 .await
                 .map(Exports::Sink),
+            PluginPre::Budget(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Budget),
+            PluginPre::Router(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Router),
         };
         instance.exports = exports.map_err(|err| instance.failure(err))?;
         self.metrics.plugin_instances.inc();
@@ -555,6 +595,8 @@ impl Plugin {
         let result = match &instance.exports {
             Exports::Transform(t) => t.call_init(&mut instance.store, settings).await,
             Exports::Sink(s) => s.call_init(&mut instance.store, settings).await,
+            Exports::Budget(b) => b.call_init(&mut instance.store, settings).await,
+            Exports::Router(r) => r.call_init(&mut instance.store, settings).await,
             Exports::None => unreachable!("exports were just set"),
         };
         match result {
@@ -575,6 +617,8 @@ enum Exports {
     None,
     Transform(Transform),
     Sink(Sink),
+    Budget(Budget),
+    Router(RouterPolicy),
 }
 
 /// A live instance of one plugin version. Not shared: one caller at a time.
@@ -668,6 +712,61 @@ impl PluginInstance {
             )));
         }
         Ok(results)
+    }
+
+    /// Asks a budget about one request.
+    pub async fn admit(&mut self, request: &Admission) -> Result<Decision, CallError> {
+        self.begin_call();
+        let Exports::Budget(exports) = &self.exports else {
+            return Err(self.contract("is not a budget"));
+        };
+        exports
+            .call_admit(&mut self.store, request)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Asks a router how a table's rows are routed.
+    pub async fn route_table(
+        &mut self,
+        topology: Topology,
+        tenant: &str,
+        table: &str,
+    ) -> Result<TableRoute, CallError> {
+        self.begin_call();
+        let Exports::Router(exports) = &self.exports else {
+            return Err(self.contract("is not a router"));
+        };
+        exports
+            .call_route_table(&mut self.store, topology, tenant, table)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Asks a router for the route of each key of one request.
+    pub async fn route_keys(
+        &mut self,
+        topology: Topology,
+        tenant: &str,
+        table: &str,
+        keys: &[Option<String>],
+    ) -> Result<Vec<Route>, CallError> {
+        self.begin_call();
+        let Exports::Router(exports) = &self.exports else {
+            return Err(self.contract("is not a router"));
+        };
+        let routes = exports
+            .call_route_keys(&mut self.store, topology, tenant, table, keys)
+            .await
+            .map_err(|err| self.failure(err))?;
+        if routes.len() != keys.len() {
+            return Err(self.contract(&format!(
+                "returned {} routes for {} keys",
+                routes.len(),
+                keys.len()
+            )));
+        }
+        Ok(routes)
     }
 
     fn contract(&self, what: &str) -> CallError {

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::coordination::FleetView;
 use crate::route::Router;
 use crate::telemetry::Metrics;
+use crate::usage::Ledger;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -28,6 +29,21 @@ pub struct StatusReport {
     pub units: Vec<UnitStatus>,
     pub plugins: Vec<PluginStatus>,
     pub nats: NatsStatus,
+    /// Each tenant's fleet-wide usage as this host counts it (what its
+    /// budget is asked with).
+    #[serde(default)]
+    pub tenants: Vec<TenantUsage>,
+}
+
+/// One tenant's queued rows and bytes fleet-wide, and what it sent in the
+/// last second.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TenantUsage {
+    pub tenant: String,
+    pub queued_rows: u64,
+    pub queued_bytes: u64,
+    pub recent_rows: u64,
+    pub recent_bytes: u64,
 }
 
 /// The fleet as the answering host sees it.
@@ -132,6 +148,7 @@ pub struct StatusSource {
     pub(crate) router: Router,
     pub(crate) nats: NatsStatus,
     pub(crate) fleet: watch::Receiver<Arc<FleetView>>,
+    pub(crate) ledger: Ledger,
 }
 
 /// Pending and ack-pending rows by consumer name.
@@ -219,6 +236,18 @@ impl StatusSource {
                     == async_nats::connection::State::Connected,
                 ..self.nats.clone()
             },
+            tenants: self
+                .ledger
+                .tenants()
+                .into_iter()
+                .map(|(tenant, usage)| TenantUsage {
+                    tenant,
+                    queued_rows: usage.queued.rows,
+                    queued_bytes: usage.queued.bytes,
+                    recent_rows: usage.recent.rows,
+                    recent_bytes: usage.recent.bytes,
+                })
+                .collect(),
         }
     }
 }

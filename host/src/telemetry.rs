@@ -44,6 +44,10 @@ pub struct Metrics {
     pub batches: Counter,
     /// Ingest requests refused with a 4xx or 5xx.
     pub requests_refused: Counter,
+    /// Of those, requests the budget throttled (429).
+    pub requests_throttled: Counter,
+    /// Of those, requests the budget rejected (403).
+    pub requests_rejected: Counter,
     /// Plugin calls that trapped, ran out of time or out of memory.
     pub plugin_failures: Family<PluginLabels, Counter>,
     /// Plugin calls made.
@@ -97,6 +101,16 @@ impl Metrics {
             "requests_refused",
             "Ingest requests answered with an error",
             self.requests_refused.clone(),
+        );
+        weir.register(
+            "requests_throttled",
+            "Ingest requests the tenant's budget throttled (429)",
+            self.requests_throttled.clone(),
+        );
+        weir.register(
+            "requests_rejected",
+            "Ingest requests the tenant's budget rejected (403)",
+            self.requests_rejected.clone(),
         );
         weir.register(
             "plugin_failures",

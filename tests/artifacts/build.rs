@@ -18,6 +18,8 @@ const PLUGINS: &[(&str, &str)] = &[
     ("PASSTHROUGH", "weir_bench_passthrough.wasm"),
     ("NULL_SINK", "weir_bench_null_sink.wasm"),
     ("HTTP_SINK", "weir_http_sink.wasm"),
+    ("TENANT_BUDGET", "weir_tenant_budget.wasm"),
+    ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";

@@ -5,8 +5,7 @@
 //! kill. Takeover and handover times are printed, not asserted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -14,21 +13,12 @@ use std::time::{Duration, Instant};
 use weir::route::{Router, Unit};
 use weir::status::StatusReport;
 
-use crate::support::{ACME_KEY, Nats, TestHost, base_config, eventually, free_port};
+use crate::support::{ACME_KEY, Host, Nats, TestHost, base_config, eventually, output};
 
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 const PARTITIONS: u32 = 4;
 const SHARDS: u32 = 8;
 const TABLES: usize = 64;
 const MEMBER_TTL_SECS: u64 = 5;
-
-/// One `weir run` process with its own directory (config, data, sink output).
-struct Host {
-    id: &'static str,
-    child: Child,
-    dir: tempfile::TempDir,
-    url: String,
-}
 
 /// The base config over 4 × 8 units and 64 tables, as member `id`
 /// listening on `port` (0: any).
@@ -52,86 +42,9 @@ fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> String {
     )
 }
 
-impl Host {
-    fn spawn(nats_url: &str, id: &'static str) -> Host {
-        Host::spawn_with(id, fleet_config(nats_url, id, 0, MEMBER_TTL_SECS))
-    }
-
-    fn spawn_with(id: &'static str, config: String) -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("weir.toml"), config).unwrap();
-        let (child, url) = Host::run(dir.path());
-        Host {
-            id,
-            child,
-            dir,
-            url,
-        }
-    }
-
-    /// Runs `weir` on the config in `dir`, on a fresh port.
-    fn run(dir: &Path) -> (Child, String) {
-        let path = dir.join("weir.toml");
-        let port = free_port();
-        let config = std::fs::read_to_string(&path).unwrap();
-        let listen = config
-            .lines()
-            .find(|line| line.starts_with("listen = "))
-            .unwrap()
-            .to_string();
-        let config = config.replace(&listen, &format!("listen = \"127.0.0.1:{port}\""));
-        std::fs::write(&path, config).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("weir.log"))
-            .unwrap();
-        let child = Command::new(WEIR)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env(
-                "WEIR_LOG",
-                "info,weir::coordination=debug,wasmtime=warn,cranelift=warn",
-            )
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        (child, format!("http://127.0.0.1:{port}"))
-    }
-
-    /// SIGKILL, then the same host (directory, id, config) again at once.
-    fn crash_and_restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        let (child, url) = Host::run(self.dir.path());
-        self.child = child;
-        self.url = url;
-    }
-
-    async fn status(&self) -> Option<StatusReport> {
-        let response = reqwest::get(format!("{}/v1/status", self.url)).await.ok()?;
-        response.json().await.ok()
-    }
-
-    fn output(&self, table: &str) -> PathBuf {
-        output(self.dir.path(), table)
-    }
-
-    fn terminate(&self) {
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("weir.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A fleet host as member `id`.
+fn spawn(nats_url: &str, id: &'static str) -> Host {
+    Host::spawn_with(id, fleet_config(nats_url, id, 0, MEMBER_TTL_SECS))
 }
 
 /// Waits until `observer` sees exactly `members` members holding every
@@ -171,10 +84,6 @@ fn tables_of(consumers: &[String]) -> Vec<String> {
 }
 
 /// Where a host in `dir` writes the rows of `table`.
-fn output(dir: &Path, table: &str) -> PathBuf {
-    dir.join("out").join("acme").join(format!("{table}.ndjson"))
-}
-
 fn size(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
 }
@@ -269,8 +178,8 @@ async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<u64> 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fleet_splits_units_hands_over_on_join_and_leave_and_takes_over_a_killed_host() {
     let nats = Nats::start();
-    let a = Host::spawn(nats.url(), "host-a");
-    let b = Host::spawn(nats.url(), "host-b");
+    let a = spawn(nats.url(), "host-a");
+    let b = spawn(nats.url(), "host-b");
     let owners = balanced(&a, &["host-a", "host-b"]).await;
     assert_eq!(owners["host-a"].len(), 16);
     assert_eq!(owners["host-b"].len(), 16);
@@ -283,7 +192,7 @@ async fn a_fleet_splits_units_hands_over_on_join_and_leave_and_takes_over_a_kill
 
     // A third host joins: it takes its share by handover.
     let joined = Instant::now();
-    let c = Host::spawn(nats.url(), "host-c");
+    let c = spawn(nats.url(), "host-c");
     let owners = balanced(&a, &["host-a", "host-b", "host-c"]).await;
     let join_settled = joined.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;

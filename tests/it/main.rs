@@ -10,6 +10,7 @@ mod fleet;
 mod front_door;
 mod http_sink;
 mod kv;
+mod policies;
 mod reload;
 mod retries;
 mod sandbox;

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
@@ -10,6 +11,10 @@ use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
 use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
 use weir::host::RunningHost;
+use weir::status::StatusReport;
+
+/// The `weir` binary, for tests that run real processes.
+pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 /// An API key of the test tenant `acme`.
 pub const ACME_KEY: &str = "acme-key-123";
@@ -307,4 +312,95 @@ impl Nats {
         })
         .expect("nats-server restarts on its port");
     }
+}
+
+/// One `weir run` process with its own directory (config, data, sink output).
+pub struct Host {
+    pub id: &'static str,
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl Host {
+    pub fn spawn_with(id: &'static str, config: String) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("weir.toml"), config).unwrap();
+        let (child, url) = Host::run(dir.path());
+        Host {
+            id,
+            child,
+            dir,
+            url,
+        }
+    }
+
+    /// Runs `weir` on the config in `dir`, on a fresh port.
+    pub fn run(dir: &Path) -> (Child, String) {
+        let path = dir.join("weir.toml");
+        let port = free_port();
+        let config = std::fs::read_to_string(&path).unwrap();
+        let listen = config
+            .lines()
+            .find(|line| line.starts_with("listen = "))
+            .unwrap()
+            .to_string();
+        let config = config.replace(&listen, &format!("listen = \"127.0.0.1:{port}\""));
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("weir.log"))
+            .unwrap();
+        let child = Command::new(WEIR)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "WEIR_LOG",
+                "info,weir::coordination=debug,wasmtime=warn,cranelift=warn",
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        (child, format!("http://127.0.0.1:{port}"))
+    }
+
+    /// SIGKILL, then the same host (directory, id, config) again at once.
+    pub fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let (child, url) = Host::run(self.dir.path());
+        self.child = child;
+        self.url = url;
+    }
+
+    pub async fn status(&self) -> Option<StatusReport> {
+        let response = reqwest::get(format!("{}/v1/status", self.url)).await.ok()?;
+        response.json().await.ok()
+    }
+
+    pub fn output(&self, table: &str) -> PathBuf {
+        output(self.dir.path(), table)
+    }
+
+    pub fn terminate(&self) {
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("weir.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The file the NDJSON sink writes for `acme`/`table` under `dir`.
+pub fn output(dir: &Path, table: &str) -> PathBuf {
+    dir.join("out").join("acme").join(format!("{table}.ndjson"))
 }

@@ -2,8 +2,9 @@
 //! coordinator and no polling.
 //!
 //! Every host keeps a member key (`members.<id>`) in the coordination KV
-//! bucket with a per-key TTL it renews, and follows `members.`, `owners.`
-//! and `plugins.` (releases pushed to the fleet) through ONE watch. From the live member set each host computes
+//! bucket with a per-key TTL it renews, and follows `members.`, `owners.`,
+//! `plugins.` (releases pushed to the fleet), `usage.` and `tenants.` (for
+//! the [`crate::usage::Ledger`]) through ONE watch. From the live member set each host computes
 //! the same [`assignment`]; a host pulls only units assigned to it, and
 //! records what it holds in `owners.<partition>.<shard>` so every host (and
 //! `weir status`) sees owners and unowned units from its watch alone.
@@ -45,6 +46,7 @@ use crate::plugin_store::{RELEASES, Release};
 use crate::route::{Router, Unit};
 use crate::status::PluginStatus;
 use crate::telemetry::Metrics;
+use crate::usage::{Ledger, TENANTS, USAGE};
 use takeover::Takeover;
 
 /// Key prefix of member keys.
@@ -171,6 +173,8 @@ pub struct Membership {
     pub metrics: Metrics,
     /// The plugin versions this host runs now (replaced by each reload).
     pub plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
+    /// Takes the usage snapshots and tenant settings the watch brings.
+    pub ledger: Ledger,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -424,6 +428,10 @@ impl Coordinator {
                 None => self.view.releases.remove(name),
             };
             true
+        } else if entry.key.starts_with(USAGE) || entry.key.starts_with(TENANTS) {
+            // Not the fleet's shape: nothing to reassign.
+            self.ctx.membership.ledger.apply_entry(&entry);
+            false
         } else if let Some(unit) = entry.key.strip_prefix(OWNERS).and_then(parse_unit) {
             let record = entry
                 .operation
@@ -451,6 +459,7 @@ impl Coordinator {
         self.view.members.clear();
         self.view.owners.clear();
         self.view.releases.clear();
+        self.ctx.membership.ledger.forget_settings();
         loop {
             match open_watch(&self.ctx.membership.kv).await {
                 Ok(watch) => return watch,
@@ -752,8 +761,11 @@ async fn renew(
 }
 
 async fn open_watch(kv: &NatsKv) -> Result<Watch, KvError> {
-    kv.watch_prefixes(&[MEMBERS, OWNERS, RELEASES], WatchStart::CurrentValues)
-        .await
+    kv.watch_prefixes(
+        &[MEMBERS, OWNERS, RELEASES, USAGE, TENANTS],
+        WatchStart::CurrentValues,
+    )
+    .await
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -1,4 +1,4 @@
-//! The Rust guest SDK for weir plugins: the WIT bindings of both worlds plus logging, counter and settings helpers.
+//! The Rust guest SDK for weir plugins: the WIT bindings of every world plus logging, counter and settings helpers.
 //!
 //! A plugin is a `cdylib` crate built for `wasm32-wasip2`. It implements the
 //! `Guest` trait of its world and exports it with the world's macro:
@@ -32,14 +32,22 @@
 //! ```
 //!
 //! A sink does the same with [`sink::Guest`] (`init` and `deliver`) and
-//! [`export_sink!`].
+//! [`export_sink!`]; a per-tenant budget with [`budget::Guest`] and
+//! [`export_budget!`]; a routing policy with [`router::Guest`] and
+//! [`export_router!`].
 
+pub mod budget;
 pub mod log;
+pub mod router;
 pub mod sink;
 pub mod transform;
 
 mod settings;
 
+#[doc(inline)]
+pub use budget::export_budget;
+#[doc(inline)]
+pub use router::export_router;
 pub use settings::settings;
 #[doc(inline)]
 pub use sink::export_sink;

@@ -1,0 +1,718 @@
+//! Fleet-wide usage per tenant: rows and bytes queued (accepted, not yet
+//! acked or dead-lettered) across every host and partition, and what was
+//! accepted lately, for the budget policy.
+//!
+//! The streams are the truth. Once a second the fleet's leader (its first
+//! live member) reads each partition stream's per-subject counts in one
+//! paged request and writes a snapshot (`usage.snapshot` in the
+//! coordination bucket) with each stream's last sequence. Between
+//! snapshots every host adds the rows accepted since: its own at once, the
+//! others' as they share them (`<prefix>.usage.accepts`, right after each PubAck), each
+//! tagged with the stream sequence of its PubAck, so a snapshot that covers
+//! it drops it exactly. Nothing is kept per host that a crash could lose:
+//! after a crash, the next snapshot is right again. Rows delivered since the
+//! last snapshot still count until the next one (at most a second).
+//!
+//! A snapshot counts rows exactly; a stream does not keep bytes per
+//! subject, so a tenant's queued bytes are its rows times its mean row size
+//! (from the accepts the fleet shared, else the partition's mean).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_nats::Client;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::coordination::FleetView;
+use crate::kv::{Entry, KvError, KvWrite, NatsKv};
+use crate::pull::api_error;
+use crate::route::{Router, decode_token, encode_token};
+
+/// Key prefix of the usage snapshot in the coordination bucket.
+pub const USAGE: &str = "usage.";
+/// The snapshot's key.
+const SNAPSHOT_KEY: &str = "usage.snapshot";
+/// Key prefix of per-tenant settings (`tenants.<tenant>`, a JSON object).
+pub const TENANTS: &str = "tenants.";
+/// How often the leader reconciles usage from the streams.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+/// The window of `recent-rows`/`recent-bytes`.
+pub const RATE_WINDOW: Duration = Duration::from_secs(1);
+/// Without a snapshot for this long, any host takes one itself.
+const STALE_AFTER: Duration = Duration::from_secs(3);
+
+/// Rows and their payload bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queued {
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl Queued {
+    fn add(&mut self, other: Queued) {
+        self.rows = self.rows.saturating_add(other.rows);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+}
+
+/// What a tenant has queued and sent lately, fleet-wide.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub queued: Queued,
+    pub recent: Queued,
+}
+
+/// Rows of one tenant one request stored in one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accept {
+    pub tenant: String,
+    pub partition: u32,
+    /// The highest stream sequence among them.
+    pub last_seq: u64,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// The streams' truth at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Who took it.
+    pub by: String,
+    /// Each partition stream's last sequence when it was read.
+    pub last_seq: Vec<u64>,
+    pub tenants: BTreeMap<String, Queued>,
+}
+
+impl Snapshot {
+    fn covers(&self, accept: &Accept) -> bool {
+        self.last_seq
+            .get(accept.partition as usize)
+            .is_some_and(|last| accept.last_seq <= *last)
+    }
+
+    /// Streams only grow their sequences: a snapshot older in any partition
+    /// than the one held (two leaders for a moment) is ignored.
+    fn is_newer_than(&self, other: &Snapshot) -> bool {
+        self.last_seq.len() == other.last_seq.len()
+            && self
+                .last_seq
+                .iter()
+                .zip(&other.last_seq)
+                .all(|(mine, theirs)| mine >= theirs)
+            || other.last_seq.is_empty()
+    }
+}
+
+/// What a host shares with the others every `SHARE_INTERVAL`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Shared {
+    host: String,
+    accepts: Vec<Accept>,
+}
+
+/// One host's view of fleet-wide usage. Cheap to clone.
+#[derive(Clone)]
+pub struct Ledger {
+    me: String,
+    state: Arc<Mutex<State>>,
+    /// Wakes the task that shares the outbox.
+    to_share: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    snapshot: Snapshot,
+    snapshot_at: Option<Instant>,
+    /// Accepts no snapshot covers yet, by tenant.
+    pending: HashMap<String, Vec<Accept>>,
+    /// Admitted requests of this host still being published.
+    reserved: HashMap<String, Queued>,
+    /// Accepts within the rate window, by tenant, oldest first.
+    recent: HashMap<String, VecDeque<(Instant, Queued)>>,
+    /// Everything accepted fleet-wide since this host started, by tenant:
+    /// the mean row size a snapshot's bytes are estimated with.
+    accepted: HashMap<String, Queued>,
+    /// This host's accepts not shared yet.
+    outbox: Vec<Accept>,
+    /// `tenants.<tenant>` settings from the coordination bucket.
+    settings: HashMap<String, Arc<str>>,
+}
+
+impl Ledger {
+    pub fn new(me: &str) -> Ledger {
+        Ledger {
+            me: me.to_string(),
+            state: Arc::default(),
+            to_share: Arc::new(Notify::new()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain counters behind: keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The tenant's fleet-wide usage now.
+    pub fn usage(&self, tenant: &str) -> Usage {
+        let mut state = self.state();
+        let mut queued = state
+            .snapshot
+            .tenants
+            .get(tenant)
+            .copied()
+            .unwrap_or_default();
+        for accept in state.pending.get(tenant).into_iter().flatten() {
+            queued.add(Queued {
+                rows: accept.rows,
+                bytes: accept.bytes,
+            });
+        }
+        if let Some(reserved) = state.reserved.get(tenant) {
+            queued.add(*reserved);
+        }
+        let now = Instant::now();
+        let mut recent = Queued::default();
+        if let Some(window) = state.recent.get_mut(tenant) {
+            prune_window(window, now);
+            for (_, amount) in window.iter() {
+                recent.add(*amount);
+            }
+        }
+        Usage { queued, recent }
+    }
+
+    /// Every tenant with rows queued or sent lately, by name.
+    pub fn tenants(&self) -> Vec<(String, Usage)> {
+        let names: std::collections::BTreeSet<String> = {
+            let state = self.state();
+            state
+                .snapshot
+                .tenants
+                .keys()
+                .chain(state.pending.keys())
+                .chain(state.reserved.keys())
+                .chain(state.recent.keys())
+                .cloned()
+                .collect()
+        };
+        names
+            .into_iter()
+            .map(|tenant| {
+                let usage = self.usage(&tenant);
+                (tenant, usage)
+            })
+            .filter(|(_, usage)| *usage != Usage::default())
+            .collect()
+    }
+
+    /// The tenant's settings from the coordination bucket, if set.
+    pub fn tenant_settings(&self, tenant: &str) -> Option<Arc<str>> {
+        self.state().settings.get(tenant).cloned()
+    }
+
+    /// Counts an admitted request as queued while it is being published, so
+    /// concurrent requests on this host see each other. Released on drop.
+    pub fn reserve(&self, tenant: &str, amount: Queued) -> Reservation {
+        self.state()
+            .reserved
+            .entry(tenant.to_string())
+            .or_default()
+            .add(amount);
+        Reservation {
+            ledger: self.clone(),
+            tenant: tenant.to_string(),
+            amount,
+        }
+    }
+
+    /// Rows this host stored: counted at once, shared with the others
+    /// right away (accepts that pile up meanwhile go in one message).
+    pub fn accepted(&self, accepts: Vec<Accept>) {
+        if accepts.is_empty() {
+            return;
+        }
+        let mut state = self.state();
+        for accept in accepts {
+            state.outbox.push(accept.clone());
+            state.record(accept, Instant::now());
+        }
+        drop(state);
+        self.to_share.notify_one();
+    }
+
+    /// Another host's accepts.
+    fn shared(&self, shared: Shared) {
+        if shared.host == self.me {
+            return;
+        }
+        let mut state = self.state();
+        let now = Instant::now();
+        for accept in shared.accepts {
+            state.record(accept, now);
+        }
+    }
+
+    /// A snapshot from the coordination bucket (or taken here).
+    pub fn apply_snapshot(&self, snapshot: Snapshot) {
+        let mut state = self.state();
+        if !snapshot.is_newer_than(&state.snapshot) {
+            return;
+        }
+        for accepts in state.pending.values_mut() {
+            accepts.retain(|accept| !snapshot.covers(accept));
+        }
+        state.pending.retain(|_, accepts| !accepts.is_empty());
+        state.snapshot = snapshot;
+        state.snapshot_at = Some(Instant::now());
+    }
+
+    /// A change of `usage.` or `tenants.` keys, from the coordination watch.
+    pub fn apply_entry(&self, entry: &Entry) {
+        if let Some(tenant) = entry.key.strip_prefix(TENANTS).and_then(tenant_of_key) {
+            let mut state = self.state();
+            if entry.operation.is_put() {
+                let settings = Arc::from(String::from_utf8_lossy(&entry.value).as_ref());
+                state.settings.insert(tenant, settings);
+            } else {
+                state.settings.remove(&tenant);
+            }
+        } else if entry.key == SNAPSHOT_KEY && entry.operation.is_put() {
+            match serde_json::from_slice::<Snapshot>(&entry.value) {
+                Ok(snapshot) => self.apply_snapshot(snapshot),
+                Err(err) => tracing::warn!(error = %err, "ignoring an unreadable usage snapshot"),
+            }
+        }
+    }
+
+    /// The coordination watch starts over: settings come again in full.
+    pub fn forget_settings(&self) {
+        self.state().settings.clear();
+    }
+
+    fn take_outbox(&self) -> Vec<Accept> {
+        std::mem::take(&mut self.state().outbox)
+    }
+
+    fn snapshot_age(&self) -> Option<Duration> {
+        self.state().snapshot_at.map(|at| at.elapsed())
+    }
+
+    /// Mean payload bytes of a tenant's rows, from what the fleet accepted.
+    fn mean_row_bytes(&self, tenant: &str) -> Option<f64> {
+        let state = self.state();
+        let accepted = state.accepted.get(tenant)?;
+        (accepted.rows > 0).then(|| accepted.bytes as f64 / accepted.rows as f64)
+    }
+
+    /// Shares this host's accepts, follows the others', and (as the
+    /// leader) reconciles from the streams, until `stop`.
+    pub async fn run(
+        self,
+        client: Client,
+        kv: NatsKv,
+        router: Router,
+        fleet: watch::Receiver<Arc<FleetView>>,
+        stop: CancellationToken,
+    ) {
+        let subject = router.usage_subject();
+        let mut incoming = match client.subscribe(subject.clone()).await {
+            Ok(subscription) => Some(subscription),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot follow the fleet's accepts; usage lags by a snapshot");
+                None
+            }
+        };
+        let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
+        reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                Some(message) = async {
+                    match incoming.as_mut() {
+                        Some(subscription) => subscription.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match serde_json::from_slice::<Shared>(&message.payload) {
+                    Ok(shared) => self.shared(shared),
+                    Err(err) => tracing::debug!(error = %err, "ignoring an unreadable usage message"),
+                },
+                _ = self.to_share.notified() => {
+                    let accepts = self.take_outbox();
+                    if !accepts.is_empty() {
+                        let shared = Shared { host: self.me.clone(), accepts };
+                        let payload = Bytes::from(serde_json::to_vec(&shared).unwrap_or_default());
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            sent = client.publish(subject.clone(), payload) => if let Err(err) = sent {
+                                tracing::debug!(error = %err, "cannot share accepts; the next snapshot counts them");
+                            }
+                        }
+                    }
+                }
+                _ = reconcile.tick() => {
+                    let leads = leads(&fleet.borrow(), &self.me);
+                    let stale = self.snapshot_age().is_none_or(|age| age > STALE_AFTER);
+                    if leads || stale {
+                        // NATS may be down: a stop does not wait for the request's timeout.
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            _ = self.reconcile(&client, &kv, &router) => {}
+                        }
+                    }
+                }
+            }
+        }
+        // What is still in the outbox is in the streams: the next snapshot
+        // counts it. The host flushes the client (with a timeout) after this.
+    }
+
+    /// Reads the streams and writes a snapshot for the fleet.
+    async fn reconcile(&self, client: &Client, kv: &NatsKv, router: &Router) {
+        match take_snapshot(client, router, &self.me, |tenant| {
+            self.mean_row_bytes(tenant)
+        })
+        .await
+        {
+            Ok(snapshot) => {
+                if let Ok(value) = serde_json::to_vec(&snapshot)
+                    && let Err(err) = kv.put(SNAPSHOT_KEY, value.into()).await
+                {
+                    tracing::warn!(error = %err, "cannot write the usage snapshot");
+                }
+                self.apply_snapshot(snapshot);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot reconcile usage from the streams"),
+        }
+    }
+}
+
+impl State {
+    fn record(&mut self, accept: Accept, now: Instant) {
+        let amount = Queued {
+            rows: accept.rows,
+            bytes: accept.bytes,
+        };
+        self.accepted
+            .entry(accept.tenant.clone())
+            .or_default()
+            .add(amount);
+        let window = self.recent.entry(accept.tenant.clone()).or_default();
+        prune_window(window, now);
+        window.push_back((now, amount));
+        if !self.snapshot.covers(&accept) {
+            self.pending
+                .entry(accept.tenant.clone())
+                .or_default()
+                .push(accept);
+        }
+    }
+}
+
+fn prune_window(window: &mut VecDeque<(Instant, Queued)>, now: Instant) {
+    while window
+        .front()
+        .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
+    {
+        window.pop_front();
+    }
+}
+
+/// The leader is the first live member; a host that is not a member (yet)
+/// leads only when the snapshot is stale.
+fn leads(fleet: &FleetView, me: &str) -> bool {
+    fleet.member && fleet.live_members().first() == Some(&me)
+}
+
+/// `tenants.<tenant>`: the name encoded as a subject token, with `=` for
+/// its escape character (a KV key cannot hold `~`).
+pub fn tenant_key(tenant: &str) -> String {
+    format!("{TENANTS}{}", encode_token(tenant).replace('~', "="))
+}
+
+fn tenant_of_key(encoded: &str) -> Option<String> {
+    decode_token(&encoded.replace('=', "~")).map(|name| name.into_owned())
+}
+
+/// Why tenant settings could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantSettingsError {
+    #[error("tenant settings must be a JSON object, e.g. '{{\"queued_bytes\": 1000000}}': {0}")]
+    NotAnObject(String),
+    #[error("cannot write tenant settings to the coordination bucket: {0}")]
+    Kv(#[from] KvError),
+}
+
+/// Writes (or with `None`, deletes) a tenant's settings in the coordination
+/// bucket; every host's budget sees them within its watch's latency.
+pub async fn set_tenant_settings(
+    client: &Client,
+    router: &Router,
+    tenant: &str,
+    settings: Option<&str>,
+) -> Result<(), TenantSettingsError> {
+    let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
+    let key = tenant_key(tenant);
+    match settings {
+        Some(text) => {
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|err| TenantSettingsError::NotAnObject(err.to_string()))?;
+            if !value.is_object() {
+                return Err(TenantSettingsError::NotAnObject(format!("got {value}")));
+            }
+            kv.put(&key, Bytes::from(value.to_string())).await?;
+        }
+        None => {
+            kv.delete(&key).await?;
+        }
+    }
+    Ok(())
+}
+
+/// An admitted request's rows, counted until its publish is over.
+pub struct Reservation {
+    ledger: Ledger,
+    tenant: String,
+    amount: Queued,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut state = self.ledger.state();
+        if let Some(reserved) = state.reserved.get_mut(&self.tenant) {
+            reserved.rows = reserved.rows.saturating_sub(self.amount.rows);
+            reserved.bytes = reserved.bytes.saturating_sub(self.amount.bytes);
+            if reserved.rows == 0 && reserved.bytes == 0 {
+                state.reserved.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// Why a snapshot could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("stream {stream}: {reason}")]
+    Stream { stream: String, reason: String },
+}
+
+#[derive(Deserialize)]
+struct StreamInfoReply {
+    state: StreamStateReply,
+    #[serde(default)]
+    total: usize,
+    #[serde(default)]
+    offset: usize,
+}
+
+#[derive(Deserialize)]
+struct StreamStateReply {
+    #[serde(default)]
+    messages: u64,
+    #[serde(default)]
+    bytes: u64,
+    #[serde(default)]
+    last_seq: u64,
+    #[serde(default)]
+    subjects: Option<HashMap<String, u64>>,
+}
+
+/// Reads every partition stream's per-subject counts (one paged request
+/// per partition) and sums them by tenant.
+async fn take_snapshot(
+    client: &Client,
+    router: &Router,
+    me: &str,
+    mean_row_bytes: impl Fn(&str) -> Option<f64>,
+) -> Result<Snapshot, SnapshotError> {
+    let mut snapshot = Snapshot {
+        by: me.to_string(),
+        ..Snapshot::default()
+    };
+    let mut rows_by_tenant: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+    for partition in 0..router.partitions() {
+        let stream = router.partition_stream(partition);
+        let failed = |reason: String| SnapshotError::Stream {
+            stream: stream.clone(),
+            reason,
+        };
+        let filter = router.partition_subjects(partition);
+        let mut offset = 0;
+        let mut last_seq = None;
+        loop {
+            let request = serde_json::json!({ "subjects_filter": filter, "offset": offset });
+            let reply = client
+                .request(
+                    format!("$JS.API.STREAM.INFO.{stream}"),
+                    Bytes::from(request.to_string()),
+                )
+                .await
+                .map_err(|err| failed(err.to_string()))?;
+            if let Some(error) = api_error(&reply.payload) {
+                return Err(failed(error));
+            }
+            let info: StreamInfoReply = serde_json::from_slice(&reply.payload)
+                .map_err(|err| failed(format!("unreadable info: {err}")))?;
+            // The first page's sequence: later pages only add subjects
+            // stored after it, which the accepts count as well (a brief
+            // overcount, never a loss).
+            last_seq.get_or_insert(info.state.last_seq);
+            let partition_mean = if info.state.messages > 0 {
+                info.state.bytes as f64 / info.state.messages as f64
+            } else {
+                0.0
+            };
+            let subjects = info.state.subjects.unwrap_or_default();
+            let page = subjects.len();
+            for (subject, count) in subjects {
+                let Ok((tenant, _table)) = router.parse(&subject) else {
+                    continue;
+                };
+                let mean = mean_row_bytes(&tenant).unwrap_or(partition_mean);
+                let entry = rows_by_tenant.entry(tenant.into_owned()).or_default();
+                entry.0 += count;
+                entry.1 += count as f64 * mean;
+            }
+            offset = info.offset + page;
+            if page == 0 || offset >= info.total {
+                break;
+            }
+        }
+        snapshot.last_seq.push(last_seq.unwrap_or(0));
+    }
+    snapshot.tenants = rows_by_tenant
+        .into_iter()
+        .map(|(tenant, (rows, bytes))| {
+            (
+                tenant,
+                Queued {
+                    rows,
+                    bytes: bytes.round() as u64,
+                },
+            )
+        })
+        .collect();
+    Ok(snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(tenant: &str, partition: u32, last_seq: u64, rows: u64, bytes: u64) -> Accept {
+        Accept {
+            tenant: tenant.into(),
+            partition,
+            last_seq,
+            rows,
+            bytes,
+        }
+    }
+
+    fn snapshot(last_seq: Vec<u64>, tenants: &[(&str, u64, u64)]) -> Snapshot {
+        Snapshot {
+            by: "leader".into(),
+            last_seq,
+            tenants: tenants
+                .iter()
+                .map(|(t, rows, bytes)| {
+                    (
+                        t.to_string(),
+                        Queued {
+                            rows: *rows,
+                            bytes: *bytes,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_drops_exactly_the_accepts_it_covers() {
+        let ledger = Ledger::new("me");
+        ledger.apply_snapshot(snapshot(vec![10, 10], &[("a", 5, 500)]));
+        ledger.accepted(vec![accept("a", 0, 12, 2, 200), accept("a", 1, 15, 3, 300)]);
+        ledger.shared(Shared {
+            host: "other".into(),
+            accepts: vec![accept("a", 0, 13, 1, 100)],
+        });
+        assert_eq!(
+            ledger.usage("a").queued,
+            Queued {
+                rows: 11,
+                bytes: 1100
+            }
+        );
+        // The streams now hold partition 0 up to 13, and 2 of a's rows were delivered.
+        ledger.apply_snapshot(snapshot(vec![13, 10], &[("a", 6, 600)]));
+        assert_eq!(
+            ledger.usage("a").queued,
+            Queued {
+                rows: 9,
+                bytes: 900
+            }
+        );
+        // An older snapshot (another leader a moment ago) changes nothing.
+        ledger.apply_snapshot(snapshot(vec![12, 10], &[("a", 100, 10_000)]));
+        assert_eq!(
+            ledger.usage("a").queued,
+            Queued {
+                rows: 9,
+                bytes: 900
+            }
+        );
+        // An accept that arrives after the snapshot that covers it is not counted twice.
+        ledger.shared(Shared {
+            host: "other".into(),
+            accepts: vec![accept("a", 0, 11, 4, 400)],
+        });
+        assert_eq!(
+            ledger.usage("a").queued,
+            Queued {
+                rows: 9,
+                bytes: 900
+            }
+        );
+        assert_eq!(ledger.usage("b").queued, Queued::default());
+    }
+
+    #[test]
+    fn reservations_count_until_dropped_and_own_messages_are_ignored() {
+        let ledger = Ledger::new("me");
+        let held = ledger.reserve("a", Queued { rows: 3, bytes: 30 });
+        assert_eq!(ledger.usage("a").queued, Queued { rows: 3, bytes: 30 });
+        drop(held);
+        assert_eq!(ledger.usage("a").queued, Queued::default());
+        ledger.accepted(vec![accept("a", 0, 1, 1, 10)]);
+        let outbox = ledger.take_outbox();
+        ledger.shared(Shared {
+            host: "me".into(),
+            accepts: outbox,
+        });
+        assert_eq!(ledger.usage("a").queued, Queued { rows: 1, bytes: 10 });
+        assert_eq!(ledger.usage("a").recent, Queued { rows: 1, bytes: 10 });
+        assert_eq!(ledger.mean_row_bytes("a"), Some(10.0));
+    }
+
+    #[test]
+    fn any_tenant_name_makes_a_kv_key_and_back() {
+        for name in ["acme", "with space", "dots.and~tilde", "ünï"] {
+            let key = tenant_key(name);
+            assert!(
+                key.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-=".contains(&b)),
+                "{key}"
+            );
+            let suffix = key.strip_prefix(TENANTS).unwrap();
+            assert_eq!(tenant_of_key(suffix).as_deref(), Some(name));
+        }
+    }
+}
