@@ -32,7 +32,17 @@ use weir::host::RunningHost;
 use weir::route::Router;
 use weir::topology::Manifest;
 
-use support::{TENANT, Table, env_count, median, print_figure, publish_pipelined};
+use support::{
+    CountingAllocator, TENANT, Table, env_count, median, print_figure, publish_pipelined,
+};
+
+/// Counts every allocation of this process: the delivery path's
+/// allocations per row are read around the measured window.
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// The target of allocations per row on the delivery path (outside the plugin).
+const TARGET_ALLOCS_PER_ROW: f64 = 2.0;
 
 const BENCH: &str = "delivery";
 const DEFAULT_ROWS: usize = 200_000;
@@ -73,6 +83,11 @@ struct Measured {
     /// Resident memory of this process with the weir host started and
     /// idle (0 for the raw consumer).
     host_rss_kib: u64,
+    /// Allocations (and their bytes) this process made per row while
+    /// delivering: the host's side only; a plugin allocates in its own
+    /// linear memory, which this does not see.
+    allocs_per_row: f64,
+    alloc_bytes_per_row: f64,
 }
 
 /// CPU time used so far by this process and by the nats-server.
@@ -80,6 +95,8 @@ struct Measured {
 struct CpuUsed {
     client: Duration,
     server: Duration,
+    /// Allocations and bytes of this process so far.
+    allocations: (u64, u64),
 }
 
 impl CpuUsed {
@@ -87,7 +104,18 @@ impl CpuUsed {
         CpuUsed {
             client: process_cpu("self"),
             server: process_cpu(&server_pid.to_string()),
+            allocations: CountingAllocator::so_far(),
         }
+    }
+
+    /// Allocations and bytes per row since `self`.
+    fn allocations_per_row_since(self, rows: u64) -> (f64, f64) {
+        let (count, bytes) = CountingAllocator::so_far();
+        let rows = rows.max(1) as f64;
+        (
+            count.saturating_sub(self.allocations.0) as f64 / rows,
+            bytes.saturating_sub(self.allocations.1) as f64 / rows,
+        )
     }
 
     /// Microseconds of (client, server) CPU per row since `self`.
@@ -239,12 +267,16 @@ async fn measure_limit(
         // The first row's arrival starts the clocks: it is not counted.
         let rows = payloads.len() as u64 - 1;
         let rate = rows as f64 / first_at.elapsed().as_secs_f64();
-        (rate, first_cpu.per_row_since(server_pid, rows))
+        let allocations = first_cpu.allocations_per_row_since(rows);
+        (rate, first_cpu.per_row_since(server_pid, rows), allocations)
     };
-    let (deliver_rows_per_sec, (client_cpu_us_per_row, server_cpu_us_per_row)) =
-        tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-            .await
-            .expect("the raw consumer drains the stream in time");
+    let (
+        deliver_rows_per_sec,
+        (client_cpu_us_per_row, server_cpu_us_per_row),
+        (allocs_per_row, alloc_bytes_per_row),
+    ) = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+        .await
+        .expect("the raw consumer drains the stream in time");
     drop(messages);
     wait_empty(js, "raw").await;
     js.delete_stream("raw")
@@ -257,6 +289,8 @@ async fn measure_limit(
         client_cpu_us_per_row,
         server_cpu_us_per_row,
         host_rss_kib: 0,
+        allocs_per_row,
+        alloc_bytes_per_row,
     }
 }
 
@@ -315,16 +349,24 @@ async fn measure_weir(
                 let last_at = below_at + (read_at - below_at) / 2;
                 let rows = expected - first_count;
                 let rate = rows as f64 / (last_at - first_at).as_secs_f64();
-                break (rate, first_cpu.per_row_since(server.pid(), rows));
+                let allocations = first_cpu.allocations_per_row_since(rows);
+                break (
+                    rate,
+                    first_cpu.per_row_since(server.pid(), rows),
+                    allocations,
+                );
             }
             below_at = read_at;
             tokio::time::sleep(STATUS_POLL).await;
         }
     };
-    let (deliver_rows_per_sec, (client_cpu_us_per_row, server_cpu_us_per_row)) =
-        tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-            .await
-            .expect("weir drains its stream in time");
+    let (
+        deliver_rows_per_sec,
+        (client_cpu_us_per_row, server_cpu_us_per_row),
+        (allocs_per_row, alloc_bytes_per_row),
+    ) = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
+        .await
+        .expect("weir drains its stream in time");
     host.shutdown().await;
     wait_empty(js, &router.partition_stream(0)).await;
     for stream in [router.partition_stream(0), router.dead_letter_stream()] {
@@ -339,6 +381,8 @@ async fn measure_weir(
         client_cpu_us_per_row,
         server_cpu_us_per_row,
         host_rss_kib,
+        allocs_per_row,
+        alloc_bytes_per_row,
     }
 }
 
@@ -432,6 +476,8 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
         "weir_4_shards_publish_rows_per_sec",
         published(weir_many),
     );
+    let allocs = |runs: &[Measured]| median_of(runs, |m| m.allocs_per_row);
+    let alloc_bytes = |runs: &[Measured]| median_of(runs, |m| m.alloc_bytes_per_row);
     for (scenario, runs) in [
         ("limit", limit),
         ("weir", weir_one),
@@ -441,6 +487,12 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
         print_figure(BENCH, &client, client_cpu(runs));
         let server = format!("{scenario}_server_cpu_us_per_row");
         print_figure(BENCH, &server, server_cpu(runs));
+        print_figure(BENCH, &format!("{scenario}_allocs_per_row"), allocs(runs));
+        print_figure(
+            BENCH,
+            &format!("{scenario}_alloc_bytes_per_row"),
+            alloc_bytes(runs),
+        );
     }
 
     println!();
@@ -455,6 +507,8 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
         "x limit",
         "client CPU µs/row",
         "server CPU µs/row",
+        "allocs/row",
+        "alloc bytes/row",
         "publish rows/s",
         "each round",
     ]);
@@ -473,11 +527,16 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
             format!("{:.2}", ratio(runs)),
             format!("{:.2}", client_cpu(runs)),
             format!("{:.2}", server_cpu(runs)),
+            format!("{:.1}", allocs(runs)),
+            format!("{:.0}", alloc_bytes(runs)),
             format!("{:.0}", published(runs)),
             rounds.join(" "),
         ]);
     }
     table.print();
+    println!(
+        "target: weir ≥ 0.7 × the limit; ≤ {TARGET_ALLOCS_PER_ROW} allocations per row outside the plugin (host side, this process)"
+    );
 }
 
 /// Throughput as units grow on one host, and the memory each unit adds.

@@ -1,11 +1,15 @@
 //! What KV watches cost the server: nats-server's resident memory and
 //! consumer count when H hosts each follow K = 50 key prefixes — through
 //! weir's watcher (one multi-filter consumer per host) or the naive way (one
-//! consumer per prefix). Prints one JSON line per figure and a table; asserts
-//! nothing. Run: `cargo bench -p weir --bench kv_watch_cost`.
+//! consumer per prefix). Prints one JSON line per figure and a table; fails
+//! when a watch does not catch up or the consumer count is not what the mode
+//! makes. Run: `cargo bench -p weir --bench kv_watch_cost`.
 //!
 //! Every figure gets a fresh server, so memory from one run never counts in
 //! the next. Each host is its own NATS connection, as in production.
+
+#[allow(dead_code)] // each bench uses part of the helpers
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +18,10 @@ use futures::StreamExt;
 use weir::config::SyncPolicy;
 use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
 use weir::kv::{BucketOptions, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
+
+use support::print_figure;
+
+const BENCH: &str = "kv_watch_cost";
 
 /// Prefixes every host follows.
 const PREFIXES: usize = 50;
@@ -148,6 +156,17 @@ async fn run(server: &EmbeddedNats, mode: Mode, hosts: usize) -> anyhow::Result<
         .context("stream info")?
         .state
         .consumer_count;
+    // A wrong count is a broken watcher, not a figure.
+    let expected = match mode {
+        Mode::Weir => hosts,
+        Mode::Naive => hosts * PREFIXES,
+    };
+    if refused.is_none() && consumers != expected {
+        bail!(
+            "{} watches of {hosts} hosts left {consumers} consumers on the server, not {expected}",
+            mode.name()
+        );
+    }
 
     // One put under p00.: every host's watch of it must see it.
     let fan_out = if refused.is_none() {
@@ -212,21 +231,23 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no VmRSS in {path}"))
 }
 
+/// One JSON line per figure, named by mode and host count.
 fn print_json(figure: &Figure) {
-    let line = serde_json::json!({
-        "bench": "kv_watch_cost",
-        "mode": figure.mode.name(),
-        "hosts": figure.hosts,
-        "prefixes_per_host": PREFIXES,
-        "consumers": figure.consumers,
-        "server_rss_before_kib": figure.rss_before_kib,
-        "server_rss_after_kib": figure.rss_after_kib,
-        "server_rss_delta_kib": figure.rss_after_kib as i64 - figure.rss_before_kib as i64,
-        "setup_ms": figure.setup.as_millis() as u64,
-        "fan_out_ms": figure.fan_out.map(|delay| delay.as_secs_f64() * 1000.0),
-        "refused": figure.refused,
-    });
-    println!("{line}");
+    let name = |what: &str| format!("{}_{}_hosts_{what}", figure.mode.name(), figure.hosts);
+    print_figure(BENCH, &name("consumers"), figure.consumers as f64);
+    print_figure(
+        BENCH,
+        &name("server_rss_delta_kib"),
+        figure.rss_after_kib as f64 - figure.rss_before_kib as f64,
+    );
+    print_figure(
+        BENCH,
+        &name("setup_ms"),
+        figure.setup.as_secs_f64() * 1000.0,
+    );
+    if let Some(delay) = figure.fan_out {
+        print_figure(BENCH, &name("fan_out_ms"), delay.as_secs_f64() * 1000.0);
+    }
 }
 
 fn print_table(figures: &[Figure]) {

@@ -1,7 +1,7 @@
 //! The front door's per-tenant policies, both plugins: a budget asked once
 //! per request (admit, throttle or reject, from fleet-wide usage), and a
-//! router asked once per table (and once per request for a table it routes
-//! by key). Without them: no budget, the default route.
+//! router asked once per table (remembered until a reload) and, for a table
+//! it routes by key, once per request. Without them: no budget, the default route.
 //!
 //! A generation of policies lives in the front door's `Gate`: a reload
 //! brings fresh instances and forgets every remembered table route.
@@ -108,7 +108,7 @@ impl Pool {
 pub struct Policies {
     budget: Option<Pool>,
     router: Option<Pool>,
-    routes: Mutex<HashMap<(String, String), Route>>,
+    routes: Mutex<HashMap<(String, String), TableRoute>>,
     default_routes: Router,
     topology: Topology,
 }
@@ -189,10 +189,10 @@ impl Policies {
         let remembered = self.routes.lock().ok().and_then(|routes| {
             routes
                 .get(&(tenant.to_string(), table.to_string()))
-                .cloned()
+                .copied()
         });
-        let fixed = match remembered {
-            Some(route) => Some(route),
+        let table_route = match remembered {
+            Some(table_route) => table_route,
             None => {
                 let mut instance = router.take().await?;
                 let table_route = instance
@@ -200,16 +200,11 @@ impl Policies {
                     .await
                     .map_err(PolicyError::Call)?;
                 router.put(instance);
-                match table_route {
-                    TableRoute::Fixed(route) => {
-                        self.remember(tenant, table, route);
-                        Some(route)
-                    }
-                    TableRoute::ByKey => None,
-                }
+                self.remember(tenant, table, table_route);
+                table_route
             }
         };
-        if let Some(route) = fixed {
+        if let TableRoute::Fixed(route) = table_route {
             return Ok(Placement::Table(self.unit_of(
                 &router.plugin,
                 tenant,
@@ -231,7 +226,7 @@ impl Policies {
             .map(Placement::Rows)
     }
 
-    fn remember(&self, tenant: &str, table: &str, route: Route) {
+    fn remember(&self, tenant: &str, table: &str, route: TableRoute) {
         if let Ok(mut routes) = self.routes.lock() {
             if routes.len() >= MAX_REMEMBERED_TABLES {
                 routes.clear();

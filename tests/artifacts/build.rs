@@ -24,6 +24,11 @@ const PLUGINS: &[(&str, &str)] = &[
 
 const TARGET: &str = "wasm32-wasip2";
 
+/// The Extism peer of the boundary bench: a core module, in its own
+/// workspace (`plugins/bench/extism-mask`), for this target.
+const PEER_TARGET: &str = "wasm32-unknown-unknown";
+const PEER_PLUGINS: &[(&str, &str)] = &[("EXTISM_MASK", "weir_bench_extism_mask.wasm")];
+
 /// Variables passed through to the child cargo: where the toolchain and the
 /// registry cache are, and how to reach the registry. Nothing else.
 const PASSED: &[&str] = &[
@@ -64,6 +69,35 @@ fn main() {
     println!("cargo:rerun-if-changed={}", repo.join("wit").display());
     rerun_if_changed_under(&plugins);
 
+    let mut consts = String::new();
+    for (manifest, target, plugins_built) in [
+        (plugins.join("Cargo.toml"), TARGET, PLUGINS),
+        (
+            plugins.join("bench/extism-mask/Cargo.toml"),
+            PEER_TARGET,
+            PEER_PLUGINS,
+        ),
+    ] {
+        build(&manifest, target, &target_dir);
+        let release = target_dir.join(target).join("release");
+        for (name, file) in plugins_built {
+            let path = release.join(file);
+            assert!(
+                path.is_file(),
+                "the plugins built but {} is missing",
+                path.display()
+            );
+            let path = path.to_str().expect("the repository path is UTF-8");
+            consts.push_str(&format!(
+                "/// Absolute path of `{file}`.\npub const {name}: &str = {path:?};\n"
+            ));
+        }
+    }
+    fs::write(out_dir.join("plugins.rs"), consts).expect("write $OUT_DIR/plugins.rs");
+}
+
+/// `cargo build --release` of one guest workspace for `target`.
+fn build(manifest: &Path, target: &str, target_dir: &Path) {
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(&cargo);
     command
@@ -73,11 +107,11 @@ fn main() {
                 .iter()
                 .filter_map(|name| Some((name, env::var_os(name)?))),
         )
-        .current_dir(&plugins)
-        .args(["build", "--release", "--target", TARGET, "--manifest-path"])
-        .arg(plugins.join("Cargo.toml"))
+        .current_dir(manifest.parent().expect("a manifest has a folder"))
+        .args(["build", "--release", "--target", target, "--manifest-path"])
+        .arg(manifest)
         .arg("--target-dir")
-        .arg(&target_dir);
+        .arg(target_dir);
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", Path::new(&cargo).display()));
@@ -85,28 +119,12 @@ fn main() {
         panic!(
             "building the plugins failed ({status}): {command:?}\n\
              --- stdout ---\n{stdout}\n--- stderr ---\n{stderr}\n\
-             hint: is the target installed? `rustup target add {TARGET}`",
+             hint: is the target installed? `rustup target add {target}`",
             status = output.status,
             stdout = String::from_utf8_lossy(&output.stdout),
             stderr = String::from_utf8_lossy(&output.stderr),
         );
     }
-
-    let release = target_dir.join(TARGET).join("release");
-    let mut consts = String::new();
-    for (name, file) in PLUGINS {
-        let path = release.join(file);
-        assert!(
-            path.is_file(),
-            "the plugins built but {} is missing",
-            path.display()
-        );
-        let path = path.to_str().expect("the repository path is UTF-8");
-        consts.push_str(&format!(
-            "/// Absolute path of `{file}`.\npub const {name}: &str = {path:?};\n"
-        ));
-    }
-    fs::write(out_dir.join("plugins.rs"), consts).expect("write $OUT_DIR/plugins.rs");
 }
 
 /// Emits `rerun-if-changed` for each entry of `dir` but `target`. Cargo

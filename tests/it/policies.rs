@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 
-use crate::support::{Host, Nats, TestHost, WEIR, eventually, free_port, plugins_dir};
+use crate::support::{Host, Nats, TestHost, WEIR, eventually, free_port, plugins_dir, start_error};
 
 const ALPHA_KEY: &str = "alpha-key-123";
 const BETA_KEY: &str = "beta-key-1234";
@@ -597,4 +597,25 @@ async fn a_budget_added_by_a_reload_takes_effect_without_a_restart() {
     )
     .await;
     host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_that_is_not_of_its_world_is_refused_naming_the_missing_export() {
+    let nats = Nats::start();
+    let wrong = r#"
+[policies]
+budget = "budget"
+
+[plugins.budget]
+wasm = "weir_hot_tenant_router.wasm"
+world = "budget"
+"#;
+    let config = policy_config(nats.url(), "wrong", free_port(), wrong);
+    let error = start_error(&config).await.to_string();
+    assert!(
+        error.contains(
+            "does not implement world `weir:plugin/budget@0.1.0`: missing export `admit`"
+        ),
+        "{error}"
+    );
 }

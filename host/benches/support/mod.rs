@@ -201,3 +201,48 @@ sink = "null"
         null = weir_test_artifacts::NULL_SINK,
     )
 }
+
+/// A global allocator that counts allocations (and reallocations) and
+/// their bytes, for a bench that declares it `#[global_allocator]`:
+/// allocations per row on a path are a steadier figure than time.
+pub struct CountingAllocator;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static ALLOCATED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl CountingAllocator {
+    fn count(bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        ALLOCATED_BYTES.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// (allocations, bytes) since the process started.
+    pub fn so_far() -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (ALLOCATIONS.load(Relaxed), ALLOCATED_BYTES.load(Relaxed))
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counters are plain atomics that never allocate.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        Self::count(layout.size());
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        Self::count(layout.size());
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        Self::count(new_size);
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}

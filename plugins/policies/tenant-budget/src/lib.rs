@@ -85,17 +85,46 @@ impl Guest for TenantBudget {
         if let Some(over) = settings.tenants.get(&request.tenant) {
             limits = limits.under(over);
         }
-        if let Some(json) = &request.tenant_settings {
-            match serde_json::from_str::<Limits>(json) {
-                Ok(over) => limits = limits.under(&over),
-                Err(err) => weir_plugin::log::warn(&format!(
-                    "tenant `{}`: ignoring its settings in the coordination bucket: {err}",
-                    request.tenant
-                )),
-            }
+        if let Some(json) = &request.tenant_settings
+            && let Some(over) = tenant_limits(&request.tenant, json)
+        {
+            limits = limits.under(&over);
         }
         decide(&limits, &request)
     }
+}
+
+/// Tenant settings parsed once per distinct JSON text, not once per request.
+const MAX_CACHED_SETTINGS: usize = 10_000;
+
+thread_local! {
+    static PARSED: std::cell::RefCell<BTreeMap<String, Option<Limits>>> =
+        const { std::cell::RefCell::new(BTreeMap::new()) };
+}
+
+/// A tenant's limits from its settings in the coordination bucket; `None`
+/// (logged once) when they do not parse.
+fn tenant_limits(tenant: &str, json: &str) -> Option<Limits> {
+    PARSED.with(|parsed| {
+        let mut parsed = parsed.borrow_mut();
+        if let Some(limits) = parsed.get(json) {
+            return limits.clone();
+        }
+        let limits = match serde_json::from_str::<Limits>(json) {
+            Ok(limits) => Some(limits),
+            Err(err) => {
+                weir_plugin::log::warn(&format!(
+                    "tenant `{tenant}`: ignoring its settings in the coordination bucket: {err}"
+                ));
+                None
+            }
+        };
+        if parsed.len() >= MAX_CACHED_SETTINGS {
+            parsed.clear();
+        }
+        parsed.insert(json.to_string(), limits.clone());
+        limits
+    })
 }
 
 fn decide(limits: &Limits, request: &Admission) -> Decision {

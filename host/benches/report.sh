@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every weir benchmark and writes a report (Markdown + SVG charts) to
+# DIR: `bash host/benches/report.sh target/bench-report`, then open
+# DIR/report.md (or any DIR/*.svg in a browser). Sized to finish in under
+# 10 minutes on 2 cores once built; WEIR_BENCH_* variables change the sizes
+# (see each bench's header). A benchmark that fails stops the run with a
+# non-zero exit: no report is written from half the figures.
+set -euo pipefail
+dir=${1:?usage: bash host/benches/report.sh DIR}
+cd "$(dirname "$0")/../.."
+. .ci/setup
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md
+
+# The fleet of 64 members only (256 members take minutes to settle).
+export WEIR_BENCH_MEMBERS=${WEIR_BENCH_MEMBERS:-64}
+export WEIR_BENCH_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || true)
+
+echo "== building the benchmarks (release)"
+cargo bench -p weir --locked --no-run
+started=$(date +%s)
+for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost; do
+  echo "== $bench"
+  bench_started=$(date +%s)
+  cargo bench -p weir --locked --bench "$bench" 2>"$dir/$bench.log" | tee "$dir/$bench.txt"
+  echo "== $bench took $(( $(date +%s) - bench_started )) s"
+done
+cargo bench -p weir --locked --bench report -- "$dir"
+echo "== all benchmarks took $(( $(date +%s) - started )) s; report: $dir/report.md"
