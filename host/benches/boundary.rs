@@ -112,16 +112,7 @@ fn main() {
     let mut mask_instance = instantiate(&mask);
     let mut noop_instance = instantiate(&noop);
 
-    let rows: Vec<Row> = (0..DISTINCT_ROWS as u64)
-        .map(|id| Row {
-            tenant: "acme".into(),
-            table: "orders".into(),
-            payload: support::row(id),
-            headers: Vec::new(),
-            sequence: id + 1,
-            attempt: 1,
-        })
-        .collect();
+    let rows = support::plugin_rows(DISTINCT_ROWS);
     check_same_work(&runtime, &mut mask_instance, &rows);
     eprintln!(
         "boundary bench: {rows_per_sample} rows per sample, {samples} samples per figure, batches {BATCH_SIZES:?}"

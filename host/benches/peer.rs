@@ -61,16 +61,7 @@ fn main() {
     let mut extism =
         extism::Plugin::new(wasm, [], false).unwrap_or_else(|err| panic!("Extism loads: {err}"));
 
-    let rows: Vec<Row> = (0..DISTINCT_ROWS as u64)
-        .map(|id| Row {
-            tenant: "acme".into(),
-            table: "orders".into(),
-            payload: support::row(id),
-            headers: Vec::new(),
-            sequence: id + 1,
-            attempt: 1,
-        })
-        .collect();
+    let rows = support::plugin_rows(DISTINCT_ROWS);
     check_same_work(&runtime, &mut weir, &mut extism, &rows);
 
     let mut table = Table::new(&["batch", "weir ns/row", "Extism ns/row", "Extism / weir"]);

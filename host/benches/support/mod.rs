@@ -26,6 +26,21 @@ pub fn row(id: u64) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// `count` rows as delivery hands them to a plugin: tenant `acme`, table
+/// `orders`, the payload of [`row`], first delivery.
+pub fn plugin_rows(count: usize) -> Vec<weir::sandbox::bindings::Row> {
+    (0..count as u64)
+        .map(|id| weir::sandbox::bindings::Row {
+            tenant: TENANT.into(),
+            table: "orders".into(),
+            payload: row(id),
+            headers: Vec::new(),
+            sequence: id + 1,
+            attempt: 1,
+        })
+        .collect()
+}
+
 /// A count from the environment (`WEIR_BENCH_ROWS=50000`), else `default`.
 pub fn env_count(name: &str, default: usize) -> usize {
     match std::env::var(name) {
