@@ -79,6 +79,15 @@ pub struct Accept {
     pub bytes: u64,
 }
 
+impl Accept {
+    fn amount(&self) -> Queued {
+        Queued {
+            rows: self.rows,
+            bytes: self.bytes,
+        }
+    }
+}
+
 /// The streams' truth at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -130,11 +139,11 @@ struct State {
     snapshot: Snapshot,
     snapshot_at: Option<Instant>,
     /// Accepts no snapshot covers yet, by tenant.
-    pending: HashMap<String, Vec<Accept>>,
+    pending: HashMap<String, Pending>,
     /// Admitted requests of this host still being published.
     reserved: HashMap<String, Queued>,
-    /// Accepts within the rate window, by tenant, oldest first.
-    recent: HashMap<String, VecDeque<(Instant, Queued)>>,
+    /// Accepts within the rate window, by tenant.
+    recent: HashMap<String, Window>,
     /// Everything accepted fleet-wide since this host started, by tenant:
     /// the mean row size a snapshot's bytes are estimated with.
     accepted: HashMap<String, Queued>,
@@ -169,23 +178,20 @@ impl Ledger {
             .get(tenant)
             .copied()
             .unwrap_or_default();
-        for accept in state.pending.get(tenant).into_iter().flatten() {
-            queued.add(Queued {
-                rows: accept.rows,
-                bytes: accept.bytes,
-            });
+        if let Some(pending) = state.pending.get(tenant) {
+            queued.add(pending.total);
         }
         if let Some(reserved) = state.reserved.get(tenant) {
             queued.add(*reserved);
         }
-        let now = Instant::now();
-        let mut recent = Queued::default();
-        if let Some(window) = state.recent.get_mut(tenant) {
-            prune_window(window, now);
-            for (_, amount) in window.iter() {
-                recent.add(*amount);
-            }
-        }
+        let recent = state
+            .recent
+            .get_mut(tenant)
+            .map(|window| {
+                window.prune(Instant::now());
+                window.total
+            })
+            .unwrap_or_default();
         Usage { queued, recent }
     }
 
@@ -266,10 +272,16 @@ impl Ledger {
         if !snapshot.is_newer_than(&state.snapshot) {
             return;
         }
-        for accepts in state.pending.values_mut() {
-            accepts.retain(|accept| !snapshot.covers(accept));
+        for pending in state.pending.values_mut() {
+            pending.accepts.retain(|accept| !snapshot.covers(accept));
+            pending.total = Queued::default();
+            for accept in &pending.accepts {
+                pending.total.add(accept.amount());
+            }
         }
-        state.pending.retain(|_, accepts| !accepts.is_empty());
+        state
+            .pending
+            .retain(|_, pending| !pending.accepts.is_empty());
         state.snapshot = snapshot;
         state.snapshot_at = Some(Instant::now());
     }
@@ -396,32 +408,47 @@ impl Ledger {
 
 impl State {
     fn record(&mut self, accept: Accept, now: Instant) {
-        let amount = Queued {
-            rows: accept.rows,
-            bytes: accept.bytes,
-        };
+        let amount = accept.amount();
         self.accepted
             .entry(accept.tenant.clone())
             .or_default()
             .add(amount);
         let window = self.recent.entry(accept.tenant.clone()).or_default();
-        prune_window(window, now);
-        window.push_back((now, amount));
+        window.prune(now);
+        window.entries.push_back((now, amount));
+        window.total.add(amount);
         if !self.snapshot.covers(&accept) {
-            self.pending
-                .entry(accept.tenant.clone())
-                .or_default()
-                .push(accept);
+            let pending = self.pending.entry(accept.tenant.clone()).or_default();
+            pending.total.add(amount);
+            pending.accepts.push(accept);
         }
     }
 }
 
-fn prune_window(window: &mut VecDeque<(Instant, Queued)>, now: Instant) {
-    while window
-        .front()
-        .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
-    {
-        window.pop_front();
+/// A tenant's accepts no snapshot covers yet, and their sum.
+#[derive(Default)]
+struct Pending {
+    accepts: Vec<Accept>,
+    total: Queued,
+}
+
+/// A tenant's accepts within the rate window, oldest first, and their sum.
+#[derive(Default)]
+struct Window {
+    entries: VecDeque<(Instant, Queued)>,
+    total: Queued,
+}
+
+impl Window {
+    fn prune(&mut self, now: Instant) {
+        while let Some((at, amount)) = self.entries.front().copied() {
+            if now.duration_since(at) <= RATE_WINDOW {
+                break;
+            }
+            self.entries.pop_front();
+            self.total.rows = self.total.rows.saturating_sub(amount.rows);
+            self.total.bytes = self.total.bytes.saturating_sub(amount.bytes);
+        }
     }
 }
 
@@ -700,6 +727,25 @@ mod tests {
         assert_eq!(ledger.usage("a").queued, Queued { rows: 1, bytes: 10 });
         assert_eq!(ledger.usage("a").recent, Queued { rows: 1, bytes: 10 });
         assert_eq!(ledger.mean_row_bytes("a"), Some(10.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_window_forgets_what_is_older_than_a_second() {
+        let ledger = Ledger::new("me");
+        ledger.accepted(vec![accept("a", 0, 1, 2, 20)]);
+        tokio::time::advance(Duration::from_millis(600)).await;
+        ledger.accepted(vec![accept("a", 0, 2, 3, 30)]);
+        assert_eq!(ledger.usage("a").recent, Queued { rows: 5, bytes: 50 });
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(ledger.usage("a").recent, Queued { rows: 3, bytes: 30 });
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let usage = ledger.usage("a");
+        assert_eq!(usage.recent, Queued::default());
+        assert_eq!(
+            usage.queued,
+            Queued { rows: 5, bytes: 50 },
+            "queued until a snapshot"
+        );
     }
 
     #[test]
