@@ -124,11 +124,14 @@ impl<'de> Visitor<'de> for ObjectScan<'_> {
                     )));
                 }
             };
-            if is_key {
-                key = value.clone();
-            }
-            if is_route {
-                route = value;
+            // One field may be both; only then is its value copied.
+            match (is_key, is_route) {
+                (true, true) => {
+                    key = value.clone();
+                    route = value;
+                }
+                (true, false) => key = value,
+                _ => route = value,
             }
         }
         Ok((key, route))

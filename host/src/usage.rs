@@ -108,17 +108,19 @@ impl Snapshot {
     /// Streams only grow their sequences: a snapshot older in any partition
     /// than the one held (two leaders for a moment) is ignored.
     fn is_newer_than(&self, other: &Snapshot) -> bool {
+        if other.last_seq.is_empty() {
+            return true;
+        }
         self.last_seq.len() == other.last_seq.len()
             && self
                 .last_seq
                 .iter()
                 .zip(&other.last_seq)
                 .all(|(mine, theirs)| mine >= theirs)
-            || other.last_seq.is_empty()
     }
 }
 
-/// What a host shares with the others every `SHARE_INTERVAL`.
+/// What a host shares with the others after its PubAcks.
 #[derive(Debug, Serialize, Deserialize)]
 struct Shared {
     host: String,
@@ -317,11 +319,17 @@ impl Ledger {
         self.state().snapshot_at.map(|at| at.elapsed())
     }
 
-    /// Mean payload bytes of a tenant's rows, from what the fleet accepted.
-    fn mean_row_bytes(&self, tenant: &str) -> Option<f64> {
-        let state = self.state();
-        let accepted = state.accepted.get(tenant)?;
-        (accepted.rows > 0).then(|| accepted.bytes as f64 / accepted.rows as f64)
+    /// Mean payload bytes of each tenant's rows, from what the fleet
+    /// accepted: read once per snapshot, not once per subject.
+    fn mean_row_bytes(&self) -> HashMap<String, f64> {
+        self.state()
+            .accepted
+            .iter()
+            .filter(|(_, accepted)| accepted.rows > 0)
+            .map(|(tenant, accepted)| {
+                (tenant.clone(), accepted.bytes as f64 / accepted.rows as f64)
+            })
+            .collect()
     }
 
     /// Shares this host's accepts, follows the others', and (as the
@@ -388,11 +396,7 @@ impl Ledger {
 
     /// Reads the streams and writes a snapshot for the fleet.
     async fn reconcile(&self, client: &Client, kv: &NatsKv, router: &Router) {
-        match take_snapshot(client, router, &self.me, |tenant| {
-            self.mean_row_bytes(tenant)
-        })
-        .await
-        {
+        match take_snapshot(client, router, &self.me, &self.mean_row_bytes()).await {
             Ok(snapshot) => {
                 if let Ok(value) = serde_json::to_vec(&snapshot)
                     && let Err(err) = kv.put(SNAPSHOT_KEY, value.into()).await
@@ -557,7 +561,7 @@ async fn take_snapshot(
     client: &Client,
     router: &Router,
     me: &str,
-    mean_row_bytes: impl Fn(&str) -> Option<f64>,
+    mean_row_bytes: &HashMap<String, f64>,
 ) -> Result<Snapshot, SnapshotError> {
     let mut snapshot = Snapshot {
         by: me.to_string(),
@@ -602,7 +606,10 @@ async fn take_snapshot(
                 let Ok((tenant, _table)) = router.parse(&subject) else {
                     continue;
                 };
-                let mean = mean_row_bytes(&tenant).unwrap_or(partition_mean);
+                let mean = mean_row_bytes
+                    .get(tenant.as_ref())
+                    .copied()
+                    .unwrap_or(partition_mean);
                 let entry = rows_by_tenant.entry(tenant.into_owned()).or_default();
                 entry.0 += count;
                 entry.1 += count as f64 * mean;
@@ -726,7 +733,7 @@ mod tests {
         });
         assert_eq!(ledger.usage("a").queued, Queued { rows: 1, bytes: 10 });
         assert_eq!(ledger.usage("a").recent, Queued { rows: 1, bytes: 10 });
-        assert_eq!(ledger.mean_row_bytes("a"), Some(10.0));
+        assert_eq!(ledger.mean_row_bytes().get("a").copied(), Some(10.0));
     }
 
     #[tokio::test(start_paused = true)]
