@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use indexmap::IndexMap;
 use serde_json::Value;
+use weir::batch::Batch;
 use weir::config::{Config, Overrides};
-use weir::sandbox::bindings::{EmittedRow, Outcome, Row};
 use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 
@@ -112,23 +112,24 @@ fn main() {
     let mut mask_instance = instantiate(&mask);
     let mut noop_instance = instantiate(&noop);
 
-    let rows = support::plugin_rows(DISTINCT_ROWS);
-    check_same_work(&runtime, &mut mask_instance, &rows);
+    check_same_work(
+        &runtime,
+        &mut mask_instance,
+        &support::plugin_batches(10, 10)[0],
+    );
     eprintln!(
         "boundary bench: {rows_per_sample} rows per sample, {samples} samples per figure, batches {BATCH_SIZES:?}"
     );
 
     let mut results = Vec::new();
     for batch in BATCH_SIZES {
+        let batches = support::plugin_batches(DISTINCT_ROWS, batch);
+        let calls = rows_per_sample / batch;
         let mut per_row = |variant: Variant| {
             let elapsed = match variant {
-                Variant::Native => time_native(&rows, batch, rows_per_sample),
-                Variant::Plugin => {
-                    time_plugin(&runtime, &mut mask_instance, &rows, batch, rows_per_sample)
-                }
-                Variant::NoOp => {
-                    time_plugin(&runtime, &mut noop_instance, &rows, batch, rows_per_sample)
-                }
+                Variant::Native => time_native(&batches, calls),
+                Variant::Plugin => time_plugin(&runtime, &mut mask_instance, &batches, calls),
+                Variant::NoOp => time_plugin(&runtime, &mut noop_instance, &batches, calls),
             };
             elapsed.as_nanos() as f64 / rows_per_sample as f64
         };
@@ -168,89 +169,84 @@ fn main() {
 
 /// Fails the bench unless the plugin and the native transform produce the
 /// same bytes: the comparison is only fair if they do the same work.
-fn check_same_work(runtime: &tokio::runtime::Runtime, instance: &mut PluginInstance, rows: &[Row]) {
-    let sample = &rows[..10];
-    let from_plugin = runtime
-        .block_on(instance.transform(sample))
+fn check_same_work(runtime: &tokio::runtime::Runtime, instance: &mut PluginInstance, rows: &Batch) {
+    let transformed = runtime
+        .block_on(instance.transform(rows))
         .expect("the masking plugin runs");
-    let from_native = mask_native(sample);
-    for (index, (plugin, native)) in from_plugin.iter().zip(&from_native).enumerate() {
-        match (plugin, native) {
-            (Outcome::Emit(plugin), Outcome::Emit(native))
-                if plugin.len() == 1 && native.len() == 1 =>
-            {
-                assert_eq!(
-                    String::from_utf8_lossy(&plugin[0].payload),
-                    String::from_utf8_lossy(&native[0].payload),
-                    "row {index}: plugin and native masking differ"
-                );
-            }
-            _ => panic!(
-                "row {index}: expected one masked row from both, got {plugin:?} and {native:?}"
-            ),
-        }
+    let from_plugin = support::replaced_payloads(rows, &transformed);
+    let native = mask_native(rows);
+    assert_eq!(from_plugin.len(), native.payloads.len());
+    for (index, (plugin, native)) in from_plugin.iter().zip(native.payloads()).enumerate() {
+        assert_eq!(
+            String::from_utf8_lossy(plugin),
+            String::from_utf8_lossy(native),
+            "row {index}: plugin and native masking differ"
+        );
     }
 }
 
-/// The validator's masking, natively: parse into an insertion-ordered map
-/// (as the plugin's `preserve_order` serde_json does), replace the masked
-/// fields, serialize, and emit the new row with the input's headers.
-fn mask_native(rows: &[Row]) -> Vec<Outcome> {
-    rows.iter()
-        .map(|row| {
-            let mut object: IndexMap<String, Value> = match serde_json::from_slice(&row.payload) {
-                Ok(object) => object,
-                Err(err) => {
-                    return Outcome::DeadLetter(format!("payload is not a JSON object: {err}"));
-                }
-            };
-            let mut masked = 0;
-            for field in MASKED_FIELDS {
-                if let Some(value) = object.get_mut(field) {
-                    *value = Value::String(MASK_WITH.to_string());
-                    masked += 1;
-                }
-            }
-            if masked == 0 {
-                return Outcome::Ok;
-            }
-            let payload = serde_json::to_vec(&object).expect("a JSON map always serializes");
-            Outcome::Emit(vec![EmittedRow {
-                table: None,
-                payload,
-                headers: row.headers.clone(),
-            }])
-        })
-        .collect()
+/// What the native transform makes of a batch, packed as a plugin packs it:
+/// every masked payload in one buffer.
+struct Masked {
+    data: Vec<u8>,
+    payloads: Vec<std::ops::Range<usize>>,
 }
 
-/// Time to run `total` rows through the native transform, `batch` at a time.
-fn time_native(rows: &[Row], batch: usize, total: usize) -> Duration {
+impl Masked {
+    fn payloads(&self) -> impl Iterator<Item = &[u8]> {
+        self.payloads.iter().map(|range| &self.data[range.clone()])
+    }
+}
+
+/// The validator's masking, natively: parse each payload into an
+/// insertion-ordered map (as the plugin's `preserve_order` serde_json does),
+/// replace the masked fields and serialize into one output buffer.
+fn mask_native(rows: &Batch) -> Masked {
+    let mut masked = Masked {
+        data: Vec::with_capacity(rows.data_len()),
+        payloads: Vec::with_capacity(rows.len()),
+    };
+    for index in 0..rows.len() {
+        let start = masked.data.len();
+        let Ok(mut object) = serde_json::from_slice::<IndexMap<String, Value>>(rows.payload(index))
+        else {
+            continue;
+        };
+        for field in MASKED_FIELDS {
+            if let Some(value) = object.get_mut(field) {
+                *value = Value::String(MASK_WITH.to_string());
+            }
+        }
+        serde_json::to_writer(&mut masked.data, &object).expect("a JSON map always serializes");
+        masked.payloads.push(start..masked.data.len());
+    }
+    masked
+}
+
+/// Time to run `calls` batches through the native transform.
+fn time_native(batches: &[Batch], calls: usize) -> Duration {
     let started = Instant::now();
-    for start in (0..total).step_by(batch) {
-        let start = start % rows.len();
-        black_box(mask_native(black_box(&rows[start..start + batch])));
+    for call in 0..calls {
+        black_box(mask_native(black_box(&batches[call % batches.len()])));
     }
     started.elapsed()
 }
 
-/// Time to run `total` rows through a plugin instance, one call per `batch`.
+/// Time to run `calls` batches through a plugin instance, one call each.
 fn time_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut PluginInstance,
-    rows: &[Row],
-    batch: usize,
-    total: usize,
+    batches: &[Batch],
+    calls: usize,
 ) -> Duration {
     runtime.block_on(async {
         let started = Instant::now();
-        for start in (0..total).step_by(batch) {
-            let start = start % rows.len();
-            let outcomes = instance
-                .transform(&rows[start..start + batch])
+        for call in 0..calls {
+            let transformed = instance
+                .transform(&batches[call % batches.len()])
                 .await
                 .expect("the plugin call succeeds");
-            black_box(outcomes);
+            black_box(transformed);
         }
         started.elapsed()
     })

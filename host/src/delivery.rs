@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{Batch, Position};
 use crate::config::{Config, DeliveryConfig};
 use crate::coordination::WorkerFactory;
 use crate::dead_letter::{DeadLetter, DeadLetters};
@@ -23,7 +24,6 @@ use crate::pipeline::{PipelineRunner, Verdict};
 use crate::pull::Puller;
 use crate::route::{Router, Unit};
 use crate::sandbox::Plugin;
-use crate::sandbox::bindings::Row;
 use crate::telemetry::Metrics;
 
 /// Shortest interval between in-progress acks of a running batch.
@@ -231,20 +231,20 @@ async fn run_pipelines(
     batch: &[Message],
 ) -> Vec<Verdict> {
     let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
-    let mut rows: Vec<Option<Row>> = Vec::with_capacity(batch.len());
+    let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(batch.len());
     // Batch indexes by pipeline, in batch order.
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (index, message) in batch.iter().enumerate() {
         match decode(router, pipelines, message) {
-            Ok((pipeline, row)) => {
-                rows.push(Some(row));
-                match groups.iter_mut().find(|(p, _)| *p == pipeline) {
+            Ok(row) => {
+                match groups.iter_mut().find(|(p, _)| *p == row.pipeline) {
                     Some((_, indexes)) => indexes.push(index),
-                    None => groups.push((pipeline, vec![index])),
+                    None => groups.push((row.pipeline, vec![index])),
                 }
+                decoded.push(Some(row));
             }
             Err(reason) => {
-                rows.push(None);
+                decoded.push(None);
                 verdicts[index] = Verdict::DeadLetter {
                     plugin: None,
                     reason,
@@ -259,21 +259,8 @@ async fn run_pipelines(
         let mut parts = vec![indexes];
         let mut isolating = false;
         while let Some(part) = parts.pop() {
-            // Rows are decoded again for a retried part: the first run consumed them.
-            let part_rows: Vec<Row> = part
-                .iter()
-                .filter_map(|&i| {
-                    rows[i].take().or_else(|| {
-                        decode(router, pipelines, &batch[i])
-                            .ok()
-                            .map(|(_, row)| row)
-                    })
-                })
-                .collect();
-            if part_rows.len() != part.len() {
-                continue;
-            }
-            match runner.run(part_rows).await {
+            let rows = pack(batch, &decoded, &part);
+            match runner.run(rows).await {
                 Ok(results) => {
                     for (index, verdict) in part.into_iter().zip(results) {
                         verdicts[index] = verdict;
@@ -343,12 +330,20 @@ async fn keep_alive<F: std::future::Future>(
     }
 }
 
-/// The pipeline index and the plugin-facing row of one message.
-fn decode(
+/// What delivery needs of a message besides its payload: the pipeline that
+/// takes it and what the plugins are told. Borrows the subject: no copy.
+struct Decoded<'a> {
+    pipeline: usize,
+    tenant: Cow<'a, str>,
+    table: Cow<'a, str>,
+    position: Position,
+}
+
+fn decode<'a>(
     router: &Router,
     pipelines: &Pipelines,
-    message: &Message,
-) -> Result<(usize, Row), String> {
+    message: &'a Message,
+) -> Result<Decoded<'a>, String> {
     let info = message
         .info()
         .map_err(|err| format!("no delivery info: {err}"))?;
@@ -358,29 +353,41 @@ fn decode(
     let pipeline = pipelines
         .index_of(&table)
         .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
-    let headers = message
-        .headers
-        .as_ref()
-        .map(|headers| {
-            headers
-                .iter()
-                .flat_map(|(name, values)| {
-                    values
-                        .iter()
-                        .map(move |value| (name.to_string(), value.to_string()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let row = Row {
-        tenant: tenant.into_owned(),
-        table: table.into_owned(),
-        payload: message.payload.to_vec(),
-        headers,
-        sequence: info.stream_sequence,
-        attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
-    };
-    Ok((pipeline, row))
+    Ok(Decoded {
+        pipeline,
+        tenant,
+        table,
+        position: Position {
+            sequence: info.stream_sequence,
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+        },
+    })
+}
+
+/// Packs the rows `part` of a batch for the plugins, straight from their messages.
+fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch {
+    let bytes = part.iter().map(|&i| batch[i].payload.len() + 64).sum();
+    let mut rows = Batch::with_capacity(part.len(), bytes);
+    for &index in part {
+        let (Some(message), Some(Some(row))) = (batch.get(index), decoded.get(index)) else {
+            continue;
+        };
+        let headers = message.headers.iter().flat_map(|headers| {
+            headers.iter().flat_map(|(name, values)| {
+                values
+                    .iter()
+                    .map(move |value| (name.as_ref(), value.as_str()))
+            })
+        });
+        rows.push(
+            &row.tenant,
+            &row.table,
+            &message.payload,
+            headers,
+            row.position,
+        );
+    }
+    rows
 }
 
 impl Settler {

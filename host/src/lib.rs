@@ -7,7 +7,8 @@
 //!   router) → [`route`] (which unit and subject) → [`publish`]
 //!   (JetStream, PubAck before 2xx);
 //! - delivery: [`topology`] (streams and consumers) → [`delivery`] (pull a
-//!   unit, batch, settle every row) → [`pipeline`] (plugins in order) →
+//!   unit, batch, settle every row) → [`batch`] (rows packed into one
+//!   buffer) → [`pipeline`] (plugins in order) →
 //!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
 //!
 //! Beside the path: [`config`], [`embedded_nats`], [`permissions`], [`telemetry`], [`status`],
@@ -15,6 +16,7 @@
 //! one consumer, and the KV writes coordination needs) and [`host`], which
 //! wires them together.
 
+pub mod batch;
 pub mod config;
 pub mod coordination;
 pub mod dead_letter;

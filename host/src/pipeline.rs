@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::batch::{Answer, Batch, Malformed};
 use crate::config::Pipeline as PipelineConfig;
-use crate::sandbox::bindings::{Delivery, Outcome, Row};
-use crate::sandbox::{CallError, Plugin, PluginInstance};
+use crate::sandbox::bindings::{Delivery, Outcome};
+use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
@@ -79,6 +80,19 @@ impl Step {
         }
     }
 
+    /// The plugin's answer does not fit the batch it was given.
+    fn malformed(&mut self, err: Malformed) -> StepFailure {
+        let what = format!("returned a malformed answer: {err}");
+        let error = match &self.instance {
+            Some(instance) => instance.contract(&what),
+            None => CallError {
+                kind: FailureKind::Contract,
+                message: format!("plugin `{}` {what}", self.plugin.name()),
+            },
+        };
+        self.failed(error)
+    }
+
     /// A failed call leaves the instance in an unknown state: drop it.
     fn failed(&mut self, error: CallError) -> StepFailure {
         self.instance = None;
@@ -118,7 +132,7 @@ impl PipelineRunner {
     }
 
     /// Runs `rows` through every step; returns one verdict per input row.
-    pub async fn run(&mut self, rows: Vec<Row>) -> Result<Vec<Verdict>, StepFailure> {
+    pub async fn run(&mut self, rows: Batch) -> Result<Vec<Verdict>, StepFailure> {
         let mut verdicts = vec![Verdict::Done; rows.len()];
         let mut origins: Vec<usize> = (0..rows.len()).collect();
         let mut rows = rows;
@@ -127,36 +141,48 @@ impl PipelineRunner {
             if rows.is_empty() {
                 break;
             }
-            let result = step.instance().await?.transform(&rows).await;
-            let outcomes = result.map_err(|error| step.failed(error))?;
-            let mut next_rows = Vec::with_capacity(rows.len());
+            let instance = step.instance().await?;
+            let result = instance.transform(&rows).await;
+            let transformed = result.map_err(|error| step.failed(error))?;
+            // The common answer, every row passed on as it is, keeps the batch.
+            if transformed
+                .outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Ok))
+            {
+                continue;
+            }
+            let answer = Answer::new(&transformed);
+            let mut next_rows = Batch::with_capacity(rows.len(), transformed.data.len());
             let mut next_origins = Vec::with_capacity(rows.len());
-            for ((row, origin), outcome) in rows.into_iter().zip(origins).zip(outcomes) {
+            for (index, (origin, outcome)) in
+                origins.into_iter().zip(&transformed.outcomes).enumerate()
+            {
                 match outcome {
                     Outcome::Ok => {
-                        next_rows.push(row);
+                        next_rows.push_from(&rows, index);
                         next_origins.push(origin);
                     }
-                    Outcome::Emit(emitted) => {
+                    Outcome::Emit(range) => {
+                        let emitted = match answer.emitted(*range) {
+                            Ok(emitted) => emitted,
+                            Err(err) => return Err(step.malformed(err)),
+                        };
                         for new in emitted {
-                            next_rows.push(Row {
-                                tenant: row.tenant.clone(),
-                                table: new.table.unwrap_or_else(|| row.table.clone()),
-                                payload: new.payload,
-                                headers: new.headers,
-                                sequence: row.sequence,
-                                attempt: row.attempt,
-                            });
+                            if let Err(err) = answer.push_emitted(&mut next_rows, &rows, index, new)
+                            {
+                                return Err(step.malformed(err));
+                            }
                             next_origins.push(origin);
                         }
                     }
                     Outcome::Retry(delay_ms) => verdicts[origin].merge(Verdict::Retry {
-                        delay: Duration::from_millis(delay_ms.into()),
+                        delay: Duration::from_millis((*delay_ms).into()),
                         reason: format!("plugin `{}` asked for a retry", step.plugin.name()),
                     }),
                     Outcome::DeadLetter(reason) => verdicts[origin].merge(Verdict::DeadLetter {
                         plugin: Some(step.plugin.clone()),
-                        reason,
+                        reason: reason.clone(),
                     }),
                 }
             }

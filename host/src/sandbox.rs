@@ -69,15 +69,19 @@ pub mod bindings {
     pub use budget::weir::plugin::policy::{
         Admission, Decision, Route, TableRoute, Topology, Unit as RouteUnit, Usage,
     };
-    pub use transform::weir::plugin::types::{Delivery, EmittedRow, Outcome, Row};
+    pub use transform::weir::plugin::types::{
+        Batch, Delivery, EmittedRow, Header, Outcome, Range as PackedRange, Row as PackedRow, Span,
+        Transformed,
+    };
 }
 
+use crate::batch::Batch;
 use bindings::budget::{Budget, BudgetPre};
 use bindings::router::{Router as RouterPolicy, RouterPre};
 use bindings::sink::{Sink, SinkPre};
 use bindings::transform::weir::plugin::host::{self as host_api, Level};
 use bindings::transform::{Transform, TransformPre};
-use bindings::{Admission, Decision, Delivery, Outcome, Route, Row, TableRoute, Topology};
+use bindings::{Admission, Decision, Delivery, Route, TableRoute, Topology, Transformed};
 
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
@@ -116,7 +120,7 @@ pub enum LoadError {
         reason: String,
     },
     #[error(
-        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@0.1.0`: missing export {missing}"
+        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@0.2.0`: missing export {missing}"
     )]
     WrongWorld {
         plugin: String,
@@ -674,34 +678,35 @@ impl PluginInstance {
             .inc();
     }
 
-    /// Runs a transform over a batch: one outcome per row.
-    pub async fn transform(&mut self, rows: &[Row]) -> Result<Vec<Outcome>, CallError> {
+    /// Runs a transform over a batch: one outcome per row. The emitted rows'
+    /// spans are checked as they are read ([`crate::batch::Answer`]).
+    pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
         self.begin_call();
         let Exports::Transform(exports) = &self.exports else {
             return Err(self.contract("is not a transform"));
         };
-        let outcomes = exports
-            .call_transform(&mut self.store, rows)
+        let transformed = exports
+            .call_transform(&mut self.store, rows.packed())
             .await
             .map_err(|err| self.failure(err))?;
-        if outcomes.len() != rows.len() {
+        if transformed.outcomes.len() != rows.len() {
             return Err(self.contract(&format!(
                 "returned {} outcomes for {} rows",
-                outcomes.len(),
+                transformed.outcomes.len(),
                 rows.len()
             )));
         }
-        Ok(outcomes)
+        Ok(transformed)
     }
 
     /// Hands a batch to a sink: one delivery result per row.
-    pub async fn deliver(&mut self, rows: &[Row]) -> Result<Vec<Delivery>, CallError> {
+    pub async fn deliver(&mut self, rows: &Batch) -> Result<Vec<Delivery>, CallError> {
         self.begin_call();
         let Exports::Sink(exports) = &self.exports else {
             return Err(self.contract("is not a sink"));
         };
         let results = exports
-            .call_deliver(&mut self.store, rows)
+            .call_deliver(&mut self.store, rows.packed())
             .await
             .map_err(|err| self.failure(err))?;
         if results.len() != rows.len() {
@@ -769,7 +774,9 @@ impl PluginInstance {
         Ok(routes)
     }
 
-    fn contract(&self, what: &str) -> CallError {
+    /// The plugin broke the WIT contract (`what` it did), e.g. an answer
+    /// that does not fit the batch it was given.
+    pub fn contract(&self, what: &str) -> CallError {
         self.count_failure();
         CallError {
             kind: FailureKind::Contract,

@@ -153,7 +153,7 @@ world = "transform"
     assert!(missing.starts_with("`transform`"), "{missing}");
     let message = err.to_string();
     assert!(
-        message.contains("weir_ndjson_sink.wasm does not implement world `weir:plugin/transform@0.1.0`: missing export `transform`"),
+        message.contains("weir_ndjson_sink.wasm does not implement world `weir:plugin/transform@0.2.0`: missing export `transform`"),
         "{message}"
     );
 }
@@ -264,8 +264,9 @@ fn rss_kib() -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100_000_batches() {
+    use weir::batch::{Batch, Position};
     use weir::pipeline::{PipelineRunner, Verdict};
-    use weir::sandbox::{Sandbox, bindings::Row};
+    use weir::sandbox::Sandbox;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weir.toml");
@@ -289,19 +290,22 @@ async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100
         ..pipeline
     };
     let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone())).unwrap();
-    let row = Row {
-        tenant: "acme".into(),
-        table: "leaky".into(),
-        payload: b"{\"id\":1}".to_vec(),
-        headers: Vec::new(),
-        sequence: 1,
-        attempt: 1,
-    };
+    let mut row = Batch::default();
+    row.push(
+        "acme",
+        "leaky",
+        b"{\"id\":1}",
+        [],
+        Position {
+            sequence: 1,
+            attempt: 1,
+        },
+    );
 
     let batches = 100_000;
     let mut rss = Vec::new();
     for batch in 0..batches {
-        let verdicts = runner.run(vec![row.clone()]).await.expect("no call fails");
+        let verdicts = runner.run(row.clone()).await.expect("no call fails");
         assert!(matches!(verdicts[0], Verdict::Done));
         if batch % 20_000 == 0 || batch == batches - 1 {
             rss.push((batch, rss_kib()));

@@ -26,19 +26,51 @@ pub fn row(id: u64) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// `count` rows as delivery hands them to a plugin: tenant `acme`, table
-/// `orders`, the payload of [`row`], first delivery.
-pub fn plugin_rows(count: usize) -> Vec<weir::sandbox::bindings::Row> {
-    (0..count as u64)
-        .map(|id| weir::sandbox::bindings::Row {
-            tenant: TENANT.into(),
-            table: "orders".into(),
-            payload: row(id),
-            headers: Vec::new(),
-            sequence: id + 1,
-            attempt: 1,
+/// Rows `0..count` as delivery hands them to a plugin, packed `batch` rows
+/// at a time: tenant `acme`, table `orders`, the payload of [`row`], first
+/// delivery.
+pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::batch::Batch> {
+    let ids: Vec<u64> = (0..count as u64).collect();
+    ids.chunks(batch)
+        .map(|ids| {
+            let mut packed = weir::batch::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
+            for &id in ids {
+                packed.push(
+                    TENANT,
+                    "orders",
+                    &row(id),
+                    [],
+                    weir::batch::Position {
+                        sequence: id + 1,
+                        attempt: 1,
+                    },
+                );
+            }
+            packed
         })
         .collect()
+}
+
+/// The payloads a transform emitted for `input`, one per row; panics unless
+/// it replaced every row by exactly one row (what the masking bench expects).
+pub fn replaced_payloads(
+    input: &weir::batch::Batch,
+    transformed: &weir::sandbox::bindings::Transformed,
+) -> Vec<Vec<u8>> {
+    use weir::sandbox::bindings::Outcome;
+    let answer = weir::batch::Answer::new(transformed);
+    let mut next = weir::batch::Batch::default();
+    for (index, outcome) in transformed.outcomes.iter().enumerate() {
+        let emitted = match outcome {
+            Outcome::Emit(range) => answer.emitted(*range).expect("emitted rows in bounds"),
+            other => panic!("row {index}: expected one replaced row, got {other:?}"),
+        };
+        assert_eq!(emitted.len(), 1, "row {index}: expected one replaced row");
+        answer
+            .push_emitted(&mut next, input, index, &emitted[0])
+            .expect("a well-formed answer");
+    }
+    (0..next.len()).map(|i| next.payload(i).to_vec()).collect()
 }
 
 /// A count from the environment (`WEIR_BENCH_ROWS=50000`), else `default`.

@@ -18,7 +18,6 @@
 //! `rows_posted`.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use serde::Deserialize;
 use wasi::http::outgoing_handler;
@@ -26,7 +25,7 @@ use wasi::http::types::{
     ErrorCode, Fields, IncomingResponse, Method, OutgoingBody, OutgoingRequest, Scheme,
 };
 use wasi::io::streams::StreamError;
-use weir_plugin::sink::{Delivery, Guest, Row};
+use weir_plugin::{Delivery, Rows, Sink};
 
 /// How long the host waits before retrying rows the endpoint could not take.
 const RETRY_MS: u32 = 500;
@@ -54,12 +53,12 @@ struct Target {
     headers: Vec<(String, Vec<u8>)>,
 }
 
-static TARGET: OnceLock<Target> = OnceLock::new();
+struct HttpSink {
+    target: Target,
+}
 
-struct HttpSink;
-
-impl Guest for HttpSink {
-    fn init(settings: String) -> Result<(), String> {
+impl Sink for HttpSink {
+    fn init(settings: String) -> Result<Self, String> {
         let settings: Settings = weir_plugin::settings(&settings)?;
         let (scheme, authority, path) = split_url(&settings.url)?;
         let headers = settings
@@ -70,22 +69,19 @@ impl Guest for HttpSink {
         // Refuse a bad header now, not on every batch.
         Fields::from_list(&headers)
             .map_err(|e| format!("http-sink: bad `headers` setting: {e:?}"))?;
-        TARGET
-            .set(Target {
+        Ok(HttpSink {
+            target: Target {
                 url: settings.url,
                 scheme,
                 authority,
                 path,
                 headers,
-            })
-            .map_err(|_| "http-sink: init called twice".to_string())
+            },
+        })
     }
 
-    fn deliver(rows: Vec<Row>) -> Vec<Delivery> {
-        let Some(target) = TARGET.get() else {
-            weir_plugin::log::error("http-sink: deliver called before init");
-            return rows.iter().map(|_| Delivery::Retry(RETRY_MS)).collect();
-        };
+    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
+        let target = &self.target;
         let mut results: Vec<Option<Delivery>> = rows
             .iter()
             .map(|row| {
@@ -100,7 +96,7 @@ impl Guest for HttpSink {
         let mut posted = 0u64;
         for (row, result) in rows.iter().zip(&results) {
             if result.is_none() {
-                body.extend_from_slice(&row.payload);
+                body.extend_from_slice(row.payload);
                 body.push(b'\n');
                 posted += 1;
             }

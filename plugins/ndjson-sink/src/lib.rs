@@ -16,14 +16,12 @@
 //! after a second. The sink sees only the directories the host preopens.
 //! Counter: `rows_written`.
 
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use std::sync::OnceLock;
-
-use serde::Deserialize;
-use weir_plugin::sink::{Delivery, Guest, Row};
+use weir_plugin::{Delivery, Row, Rows, Sink};
 
 /// How long the host waits before retrying rows whose write failed.
 const RETRY_MS: u32 = 1000;
@@ -41,12 +39,12 @@ fn default_dir() -> String {
     "/out".to_string()
 }
 
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
+struct NdjsonSink {
+    settings: Settings,
+}
 
-struct NdjsonSink;
-
-impl Guest for NdjsonSink {
-    fn init(settings: String) -> Result<(), String> {
+impl Sink for NdjsonSink {
+    fn init(settings: String) -> Result<Self, String> {
         let settings: Settings = weir_plugin::settings(&settings)?;
         match fs::metadata(&settings.dir) {
             Ok(meta) if meta.is_dir() => {}
@@ -63,26 +61,22 @@ impl Guest for NdjsonSink {
                 ));
             }
         }
-        SETTINGS
-            .set(settings)
-            .map_err(|_| "ndjson-sink: init called twice".to_string())
+        Ok(NdjsonSink { settings })
     }
 
-    fn deliver(rows: Vec<Row>) -> Vec<Delivery> {
-        let settings = SETTINGS
-            .get()
-            .expect("ndjson-sink: deliver called before init");
-        let mut results: Vec<Delivery> = (0..rows.len()).map(|_| Delivery::Ok).collect();
+    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
+        let settings = &self.settings;
+        let mut results: Vec<Delivery> = vec![Delivery::Ok; rows.len()];
 
         // Groups in order of first appearance: (tenant, table) -> row indexes.
         let mut groups: Vec<(&str, &str, Vec<usize>)> = Vec::new();
         let mut index: HashMap<(&str, &str), usize> = HashMap::new();
         for (i, row) in rows.iter().enumerate() {
-            if let Some(reason) = refusal(row) {
+            if let Some(reason) = refusal(&row) {
                 results[i] = Delivery::DeadLetter(reason);
                 continue;
             }
-            let key = (row.tenant.as_str(), row.table.as_str());
+            let key = (row.tenant, row.table);
             let g = *index.entry(key).or_insert_with(|| {
                 groups.push((key.0, key.1, Vec::new()));
                 groups.len() - 1
@@ -92,10 +86,13 @@ impl Guest for NdjsonSink {
 
         let mut written = 0;
         for (tenant, table, members) in groups {
-            let mut buf =
-                Vec::with_capacity(members.iter().map(|&i| rows[i].payload.len() + 1).sum());
-            for &i in &members {
-                buf.extend_from_slice(&rows[i].payload);
+            let payloads = members
+                .iter()
+                .filter_map(|&i| rows.get(i))
+                .map(|row| row.payload);
+            let mut buf = Vec::with_capacity(payloads.clone().map(|p| p.len() + 1).sum());
+            for payload in payloads {
+                buf.extend_from_slice(payload);
                 buf.push(b'\n');
             }
             let tenant_dir = Path::new(&settings.dir).join(tenant);
@@ -124,11 +121,11 @@ impl Guest for NdjsonSink {
 weir_plugin::export_sink!(NdjsonSink);
 
 /// Why a row can never be written, if it cannot.
-fn refusal(row: &Row) -> Option<String> {
+fn refusal(row: &Row<'_>) -> Option<String> {
     if row.payload.contains(&b'\n') {
         return Some("payload contains a newline; not one NDJSON line".to_string());
     }
-    for (what, name) in [("tenant", &row.tenant), ("table", &row.table)] {
+    for (what, name) in [("tenant", row.tenant), ("table", row.table)] {
         if !is_plain_name(name) {
             return Some(format!(
                 "{what} `{}` is not a plain file name",
@@ -157,23 +154,23 @@ fn append(tenant_dir: &Path, path: &Path, buf: &[u8], fsync: bool) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_plugin::RowData;
 
-    fn row(tenant: &str, table: &str, payload: &str) -> Row {
-        Row {
+    fn refusal_of(tenant: &str, table: &str, payload: &str) -> Option<String> {
+        let row = RowData {
             tenant: tenant.into(),
             table: table.into(),
-            payload: payload.as_bytes().to_vec(),
-            headers: Vec::new(),
-            sequence: 1,
-            attempt: 1,
-        }
+            ..RowData::new(payload)
+        };
+        let rows = Rows::pack([&row]);
+        refusal(&rows.get(0).unwrap())
     }
 
     #[test]
     fn refuses_what_it_cannot_write() {
-        assert_eq!(refusal(&row("acme", "events", r#"{"a":1}"#)), None);
+        assert_eq!(refusal_of("acme", "events", r#"{"a":1}"#), None);
         assert_eq!(
-            refusal(&row("acme", "events", "{}\n{}")).as_deref(),
+            refusal_of("acme", "events", "{}\n{}").as_deref(),
             Some("payload contains a newline; not one NDJSON line")
         );
         for (tenant, table) in [
@@ -183,7 +180,7 @@ mod tests {
             ("a/b", "t"),
         ] {
             assert!(
-                refusal(&row(tenant, table, "{}")).is_some(),
+                refusal_of(tenant, table, "{}").is_some(),
                 "{tenant}/{table}"
             );
         }

@@ -13,7 +13,7 @@ wit_bindgen::generate!({
     export_macro_name: "export_budget",
     default_bindings_module: "weir_plugin::budget",
     with: {
-        "weir:plugin/host@0.1.0": crate::transform::weir::plugin::host,
+        "weir:plugin/host@0.2.0": crate::transform::weir::plugin::host,
     },
 });
 

@@ -1,28 +1,36 @@
 //! Structured log lines sent to the host, which attributes them to the plugin.
+//! Outside wasm (a plugin's own tests) they go to stderr.
 
-use crate::transform::weir::plugin::host::{self, Level};
+use crate::transform::weir::plugin::host::Level;
+
+fn log(level: Level, message: &str) {
+    #[cfg(target_family = "wasm")]
+    crate::transform::weir::plugin::host::log(level, message);
+    #[cfg(not(target_family = "wasm"))]
+    eprintln!("{level:?}: {message}");
+}
 
 /// Logs `message` at trace level.
 pub fn trace(message: &str) {
-    host::log(Level::Trace, message);
+    log(Level::Trace, message);
 }
 
 /// Logs `message` at debug level.
 pub fn debug(message: &str) {
-    host::log(Level::Debug, message);
+    log(Level::Debug, message);
 }
 
 /// Logs `message` at info level.
 pub fn info(message: &str) {
-    host::log(Level::Info, message);
+    log(Level::Info, message);
 }
 
 /// Logs `message` at warn level.
 pub fn warn(message: &str) {
-    host::log(Level::Warn, message);
+    log(Level::Warn, message);
 }
 
 /// Logs `message` at error level.
 pub fn error(message: &str) {
-    host::log(Level::Error, message);
+    log(Level::Error, message);
 }

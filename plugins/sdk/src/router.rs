@@ -14,8 +14,8 @@ wit_bindgen::generate!({
     export_macro_name: "export_router",
     default_bindings_module: "weir_plugin::router",
     with: {
-        "weir:plugin/host@0.1.0": crate::transform::weir::plugin::host,
-        "weir:plugin/policy@0.1.0": crate::budget::weir::plugin::policy,
+        "weir:plugin/host@0.2.0": crate::transform::weir::plugin::host,
+        "weir:plugin/policy@0.2.0": crate::budget::weir::plugin::policy,
     },
 });
 

@@ -16,11 +16,9 @@
 //! replaced by `mask_with` (same headers and table); any other valid row
 //! passes unchanged. Counters: `rows_valid`, `rows_invalid`, `fields_masked`.
 
-use std::sync::OnceLock;
-
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use weir_plugin::transform::{EmittedRow, Guest, Outcome, Row};
+use weir_plugin::{Outcomes, Row, Rows, Transform};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,29 +45,23 @@ enum OnInvalid {
     Drop,
 }
 
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
+struct Validator {
+    settings: Settings,
+}
 
-struct Validator;
-
-impl Guest for Validator {
-    fn init(settings: String) -> Result<(), String> {
-        let settings: Settings = weir_plugin::settings(&settings)?;
-        SETTINGS
-            .set(settings)
-            .map_err(|_| "validator: init called twice".to_string())
+impl Transform for Validator {
+    fn init(settings: String) -> Result<Self, String> {
+        Ok(Validator {
+            settings: weir_plugin::settings(&settings)?,
+        })
     }
 
-    fn transform(rows: Vec<Row>) -> Vec<Outcome> {
-        let settings = SETTINGS
-            .get()
-            .expect("validator: transform called before init");
+    fn transform(&mut self, rows: &Rows, out: &mut Outcomes) {
         let mut tally = Tally::default();
-        let outcomes = rows
-            .into_iter()
-            .map(|row| check(settings, row, &mut tally))
-            .collect();
+        for row in rows.iter() {
+            check(&self.settings, &row, &mut tally, out);
+        }
         tally.report();
-        outcomes
     }
 }
 
@@ -96,25 +88,26 @@ impl Tally {
     }
 }
 
-fn check(settings: &Settings, row: Row, tally: &mut Tally) -> Outcome {
-    let invalid = |tally: &mut Tally, reason: String| {
+/// Decides one row into `out`.
+fn check(settings: &Settings, row: &Row<'_>, tally: &mut Tally, out: &mut Outcomes) {
+    let mut invalid = |reason: String| {
         tally.invalid += 1;
         match settings.on_invalid {
-            OnInvalid::DeadLetter => Outcome::DeadLetter(reason),
-            OnInvalid::Drop => Outcome::Emit(Vec::new()),
+            OnInvalid::DeadLetter => out.dead_letter(reason),
+            OnInvalid::Drop => out.discard(),
         }
     };
 
-    let mut object: Map<String, Value> = match serde_json::from_slice(&row.payload) {
+    let mut object: Map<String, Value> = match serde_json::from_slice(row.payload) {
         Ok(object) => object,
-        Err(e) => return invalid(tally, format!("payload is not a JSON object: {e}")),
+        Err(e) => return invalid(format!("payload is not a JSON object: {e}")),
     };
     if let Some(field) = settings
         .required
         .iter()
         .find(|field| object.get(field.as_str()).is_none_or(Value::is_null))
     {
-        return invalid(tally, format!("missing required field `{field}`"));
+        return invalid(format!("missing required field `{field}`"));
     }
     tally.valid += 1;
 
@@ -126,39 +119,33 @@ fn check(settings: &Settings, row: Row, tally: &mut Tally) -> Outcome {
         }
     }
     if masked == 0 {
-        return Outcome::Ok;
+        return out.ok();
     }
     tally.masked += masked;
-    let payload = serde_json::to_vec(&object).expect("a JSON map always serializes");
-    Outcome::Emit(vec![EmittedRow {
-        table: None,
-        payload,
-        headers: row.headers,
-    }])
+    out.replace_with(row, |payload| {
+        serde_json::to_writer(payload, &object).expect("a JSON map always serializes")
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_plugin::RowData;
+    use weir_plugin::transform::Outcome;
 
     fn settings(json: &str) -> Settings {
         weir_plugin::settings(json).unwrap()
     }
 
-    fn row(payload: &str) -> Row {
-        Row {
-            tenant: "t".into(),
-            table: "events".into(),
-            payload: payload.as_bytes().to_vec(),
-            headers: vec![("h".into(), "v".into())],
-            sequence: 7,
-            attempt: 1,
-        }
-    }
-
     fn run(settings: &Settings, payload: &str) -> (Outcome, Tally) {
+        let mut input = RowData::new(payload);
+        input.headers.push(("h".into(), "v".into()));
+        let rows = Rows::pack([&input]);
         let mut tally = Tally::default();
-        (check(settings, row(payload), &mut tally), tally)
+        let mut out = Outcomes::with_capacity(1);
+        check(settings, &rows.get(0).unwrap(), &mut tally, &mut out);
+        let outcome = out.decided().pop().unwrap();
+        (outcome, tally)
     }
 
     #[test]

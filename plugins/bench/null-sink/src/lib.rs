@@ -2,17 +2,17 @@
 //!
 //! It takes no settings (any are ignored) and makes no host call.
 
-use weir_plugin::sink::{Delivery, Guest, Row};
+use weir_plugin::{Delivery, Rows, Sink};
 
 struct NullSink;
 
-impl Guest for NullSink {
-    fn init(_settings: String) -> Result<(), String> {
-        Ok(())
+impl Sink for NullSink {
+    fn init(_settings: String) -> Result<Self, String> {
+        Ok(NullSink)
     }
 
-    fn deliver(rows: Vec<Row>) -> Vec<Delivery> {
-        rows.iter().map(|_| Delivery::Ok).collect()
+    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
+        vec![Delivery::Ok; rows.len()]
     }
 }
 

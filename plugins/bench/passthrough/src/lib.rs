@@ -3,17 +3,19 @@
 //! It takes no settings (any are ignored), logs nothing and keeps no counter:
 //! each of those would be a host call that the boundary figure must not include.
 
-use weir_plugin::transform::{Guest, Outcome, Row};
+use weir_plugin::{Outcomes, Rows, Transform};
 
 struct Passthrough;
 
-impl Guest for Passthrough {
-    fn init(_settings: String) -> Result<(), String> {
-        Ok(())
+impl Transform for Passthrough {
+    fn init(_settings: String) -> Result<Self, String> {
+        Ok(Passthrough)
     }
 
-    fn transform(rows: Vec<Row>) -> Vec<Outcome> {
-        rows.iter().map(|_| Outcome::Ok).collect()
+    fn transform(&mut self, rows: &Rows, out: &mut Outcomes) {
+        for _ in 0..rows.len() {
+            out.ok();
+        }
     }
 }
 

@@ -39,11 +39,10 @@
 //! - `fail-init`: `init` returns `Err("chaos: init refused")`.
 
 use std::hint::black_box;
-use std::sync::OnceLock;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use weir_plugin::transform::{EmittedRow, Guest, Outcome, Row};
+use weir_plugin::{Outcomes, Row, Rows, Transform};
 
 const MIB: usize = 1 << 20;
 
@@ -96,12 +95,12 @@ enum Mode {
     FailInit,
 }
 
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
+struct Chaos {
+    settings: Settings,
+}
 
-struct Chaos;
-
-impl Guest for Chaos {
-    fn init(settings: String) -> Result<(), String> {
+impl Transform for Chaos {
+    fn init(settings: String) -> Result<Self, String> {
         let settings: Settings = weir_plugin::settings(&settings)?;
         match settings.mode {
             Mode::TrapInit => panic!("chaos: trapping in init on purpose"),
@@ -112,18 +111,16 @@ impl Guest for Chaos {
             _ => {}
         }
         weir_plugin::log::debug(&format!("chaos: mode {:?}", settings.mode));
-        SETTINGS
-            .set(settings)
-            .map_err(|_| "chaos: init called twice".to_string())
+        Ok(Chaos { settings })
     }
 
-    fn transform(rows: Vec<Row>) -> Vec<Outcome> {
-        let settings = SETTINGS.get().expect("chaos: transform called before init");
+    fn transform(&mut self, rows: &Rows, out: &mut Outcomes) {
+        let settings = &self.settings;
         let triggered = match &settings.trigger {
             None => true,
             Some(needle) => rows
                 .iter()
-                .any(|row| contains(&row.payload, needle.as_bytes())),
+                .any(|row| contains(row.payload, needle.as_bytes())),
         };
         match settings.mode {
             Mode::TrapFirstAttempt if triggered && rows.iter().any(|row| row.attempt == 1) => {
@@ -149,36 +146,39 @@ impl Guest for Chaos {
                         std::env::var(target).unwrap_or_else(|_| "unset".into())
                     )),
                 };
-                return rows
-                    .iter()
-                    .map(|_| match &verdict {
-                        Ok(()) => Outcome::Ok,
-                        Err(reason) => Outcome::DeadLetter(reason.clone()),
-                    })
-                    .collect();
+                for _ in 0..rows.len() {
+                    match &verdict {
+                        Ok(()) => out.ok(),
+                        Err(reason) => out.dead_letter(reason.as_str()),
+                    }
+                }
+                return;
             }
             Mode::Slow if triggered => busy_for(settings.slow_ms),
             Mode::Retry => {
                 let needle = settings.trigger.as_deref().unwrap_or("").as_bytes();
-                return rows
-                    .iter()
-                    .map(|row| {
-                        if contains(&row.payload, needle) {
-                            Outcome::Retry(10)
-                        } else {
-                            Outcome::Ok
-                        }
-                    })
-                    .collect();
+                for row in rows.iter() {
+                    if contains(row.payload, needle) {
+                        out.retry(10);
+                    } else {
+                        out.ok();
+                    }
+                }
+                return;
             }
             Mode::Grow if triggered => grow(settings.grow_mb),
             Mode::Tag => {
                 let tag = settings.tag.as_deref().expect("checked by init");
-                return rows.into_iter().map(|row| add_tag(row, tag)).collect();
+                for row in rows.iter() {
+                    add_tag(&row, tag, out);
+                }
+                return;
             }
             _ => {}
         }
-        rows.iter().map(|_| Outcome::Ok).collect()
+        for _ in 0..rows.len() {
+            out.ok();
+        }
     }
 }
 
@@ -216,31 +216,29 @@ fn grow(mb: u32) {
     black_box(&chunks);
 }
 
-fn add_tag(row: Row, tag: &str) -> Outcome {
-    let Ok(mut object) = serde_json::from_slice::<Map<String, Value>>(&row.payload) else {
-        return Outcome::Ok;
+fn add_tag(row: &Row<'_>, tag: &str, out: &mut Outcomes) {
+    let Ok(mut object) = serde_json::from_slice::<Map<String, Value>>(row.payload) else {
+        return out.ok();
     };
     object.insert("tag".to_string(), Value::String(tag.to_string()));
-    Outcome::Emit(vec![EmittedRow {
-        table: None,
-        payload: serde_json::to_vec(&object).expect("a JSON map always serializes"),
-        headers: row.headers,
-    }])
+    out.replace_with(row, |payload| {
+        serde_json::to_writer(payload, &object).expect("a JSON map always serializes")
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_plugin::RowData;
+    use weir_plugin::transform::Outcome;
 
-    fn row(payload: &str) -> Row {
-        Row {
-            tenant: "t".into(),
-            table: "events".into(),
-            payload: payload.as_bytes().to_vec(),
-            headers: vec![("h".into(), "v".into())],
-            sequence: 1,
-            attempt: 1,
-        }
+    fn tag(payload: &str) -> Outcome {
+        let mut input = RowData::new(payload);
+        input.headers.push(("h".into(), "v".into()));
+        let rows = Rows::pack([&input]);
+        let mut out = Outcomes::with_capacity(1);
+        add_tag(&rows.get(0).unwrap(), "seen", &mut out);
+        out.decided().pop().unwrap()
     }
 
     #[test]
@@ -261,13 +259,13 @@ mod tests {
 
     #[test]
     fn tags_objects_only() {
-        match add_tag(row(r#"{"a":1}"#), "seen") {
+        match tag(r#"{"a":1}"#) {
             Outcome::Emit(rows) => {
                 assert_eq!(rows[0].payload, br#"{"a":1,"tag":"seen"}"#);
                 assert_eq!(rows[0].headers, vec![("h".to_string(), "v".to_string())]);
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(add_tag(row("[1]"), "seen"), Outcome::Ok));
+        assert_eq!(tag("[1]"), Outcome::Ok);
     }
 }
