@@ -12,6 +12,10 @@
 //! plugin's cost includes what the validator does beyond masking: two
 //! counter calls to the host per batch. The no-op plugin (`ok` for every
 //! row, no host call) gives the boundary's own cost, per call and per row.
+//! The naive reference (`plugins/bench/naive-mask`: the same masking behind
+//! a `list<list<u8>>` interface, the kind the reference figures were
+//! measured with) runs beside them on an engine configured like weir's, so
+//! the packed batch is compared with the interface it replaces.
 //!
 //! `cargo bench -p weir --bench boundary`.
 
@@ -62,12 +66,78 @@ world = "transform"
     )
 }
 
-/// The three ways a batch is transformed.
+/// The ways a batch is transformed.
 #[derive(Clone, Copy)]
 enum Variant {
     Native,
     Plugin,
     NoOp,
+    Naive,
+}
+
+/// The naive `list<list<u8>>` reference, on its own engine (epoch
+/// interruption and async calls, as weir's), with an empty WASI context.
+mod naive {
+    wasmtime::component::bindgen!({
+        path: "../plugins/bench/naive-mask/wit",
+        world: "naive",
+        exports: { default: async },
+    });
+
+    use wasmtime::component::{Component, Linker, ResourceTable};
+    use wasmtime::{Engine, Store};
+    use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+    pub struct State {
+        wasi: WasiCtx,
+        table: ResourceTable,
+    }
+
+    impl WasiView for State {
+        fn ctx(&mut self) -> WasiCtxView<'_> {
+            WasiCtxView {
+                ctx: &mut self.wasi,
+                table: &mut self.table,
+            }
+        }
+    }
+
+    pub struct Instance {
+        store: Store<State>,
+        naive: Naive,
+    }
+
+    impl Instance {
+        pub async fn load(wasm: &str) -> Instance {
+            let mut config = wasmtime::Config::new();
+            config.wasm_component_model(true).epoch_interruption(true);
+            if std::env::var("WEIR_WASM_PROFILER").is_ok_and(|value| value == "perfmap") {
+                config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            }
+            let engine = Engine::new(&config).expect("wasm engine");
+            let component = Component::from_file(&engine, wasm).expect("the naive plugin compiles");
+            let mut linker = Linker::new(&engine);
+            wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("WASI links");
+            let state = State {
+                wasi: WasiCtx::builder().build(),
+                table: ResourceTable::new(),
+            };
+            let mut store = Store::new(&engine, state);
+            // The epoch never advances here: the checks run, as in weir, and never fire.
+            store.set_epoch_deadline(u64::MAX);
+            let naive = Naive::instantiate_async(&mut store, &component, &linker)
+                .await
+                .expect("the naive plugin instantiates");
+            Instance { store, naive }
+        }
+
+        pub async fn mask(&mut self, rows: &[Vec<u8>]) -> Vec<Vec<u8>> {
+            self.naive
+                .call_mask(&mut self.store, rows)
+                .await
+                .expect("the naive plugin runs")
+        }
+    }
 }
 
 /// Nanoseconds per row of each variant at one batch size.
@@ -79,6 +149,10 @@ struct AtBatch {
     /// plugin / native, taken sample by sample (neighbours in time see the
     /// same load), then the median.
     ratio: f64,
+    /// The naive `list<list<u8>>` reference doing the masking.
+    naive: f64,
+    /// naive / native, the same way.
+    naive_ratio: f64,
 }
 
 fn main() {
@@ -111,10 +185,13 @@ fn main() {
     };
     let mut mask_instance = instantiate(&mask);
     let mut noop_instance = instantiate(&noop);
+    let mut naive_instance =
+        runtime.block_on(naive::Instance::load(weir_test_artifacts::NAIVE_MASK));
 
     check_same_work(
         &runtime,
         &mut mask_instance,
+        &mut naive_instance,
         &support::plugin_batches(10, 10)[0],
     );
     eprintln!(
@@ -124,36 +201,48 @@ fn main() {
     let mut results = Vec::new();
     for batch in BATCH_SIZES {
         let batches = support::plugin_batches(DISTINCT_ROWS, batch);
+        let naive_batches: Vec<Vec<Vec<u8>>> = batches.iter().map(payloads).collect();
         let calls = rows_per_sample / batch;
         let mut per_row = |variant: Variant| {
             let elapsed = match variant {
                 Variant::Native => time_native(&batches, calls),
                 Variant::Plugin => time_plugin(&runtime, &mut mask_instance, &batches, calls),
                 Variant::NoOp => time_plugin(&runtime, &mut noop_instance, &batches, calls),
+                Variant::Naive => time_naive(&runtime, &mut naive_instance, &naive_batches, calls),
             };
             elapsed.as_nanos() as f64 / rows_per_sample as f64
         };
         // One unmeasured turn warms caches and the guests' allocators.
-        for variant in [Variant::Native, Variant::Plugin, Variant::NoOp] {
+        for variant in [
+            Variant::Native,
+            Variant::Plugin,
+            Variant::NoOp,
+            Variant::Naive,
+        ] {
             per_row(variant);
         }
-        let (mut native, mut plugin, mut noop) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut native, mut plugin, mut noop, mut naive) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..samples {
             native.push(per_row(Variant::Native));
             plugin.push(per_row(Variant::Plugin));
             noop.push(per_row(Variant::NoOp));
+            naive.push(per_row(Variant::Naive));
         }
         let ratios: Vec<f64> = plugin.iter().zip(&native).map(|(p, n)| p / n).collect();
+        let naive_ratios: Vec<f64> = naive.iter().zip(&native).map(|(p, n)| p / n).collect();
         let measured = AtBatch {
             batch,
             native: median(&native),
             plugin: median(&plugin),
             noop: median(&noop),
             ratio: median(&ratios),
+            naive: median(&naive),
+            naive_ratio: median(&naive_ratios),
         };
         eprintln!(
-            "batch {batch}: native {:.0}, plugin {:.0}, no-op {:.0} ns/row",
-            measured.native, measured.plugin, measured.noop
+            "batch {batch}: native {:.0}, plugin {:.0}, no-op {:.0}, naive {:.0} ns/row",
+            measured.native, measured.plugin, measured.noop, measured.naive
         );
         results.push(measured);
     }
@@ -169,20 +258,58 @@ fn main() {
 
 /// Fails the bench unless the plugin and the native transform produce the
 /// same bytes: the comparison is only fair if they do the same work.
-fn check_same_work(runtime: &tokio::runtime::Runtime, instance: &mut PluginInstance, rows: &Batch) {
+fn check_same_work(
+    runtime: &tokio::runtime::Runtime,
+    instance: &mut PluginInstance,
+    naive: &mut naive::Instance,
+    rows: &Batch,
+) {
     let transformed = runtime
         .block_on(instance.transform(rows))
         .expect("the masking plugin runs");
     let from_plugin = support::replaced_payloads(rows, &transformed);
+    let from_naive = runtime.block_on(naive.mask(&payloads(rows)));
     let native = mask_native(rows);
     assert_eq!(from_plugin.len(), native.payloads.len());
-    for (index, (plugin, native)) in from_plugin.iter().zip(native.payloads()).enumerate() {
+    assert_eq!(from_naive.len(), native.payloads.len());
+    for (index, ((plugin, naive), native)) in from_plugin
+        .iter()
+        .zip(&from_naive)
+        .zip(native.payloads())
+        .enumerate()
+    {
         assert_eq!(
             String::from_utf8_lossy(plugin),
             String::from_utf8_lossy(native),
             "row {index}: plugin and native masking differ"
         );
+        assert_eq!(
+            String::from_utf8_lossy(naive),
+            String::from_utf8_lossy(native),
+            "row {index}: the naive reference and native masking differ"
+        );
     }
+}
+
+/// A batch's payloads as the naive interface takes them: one list each.
+fn payloads(rows: &Batch) -> Vec<Vec<u8>> {
+    (0..rows.len()).map(|i| rows.payload(i).to_vec()).collect()
+}
+
+/// Time to run `calls` batches through the naive reference, one call each.
+fn time_naive(
+    runtime: &tokio::runtime::Runtime,
+    instance: &mut naive::Instance,
+    batches: &[Vec<Vec<u8>>],
+    calls: usize,
+) -> Duration {
+    runtime.block_on(async {
+        let started = Instant::now();
+        for call in 0..calls {
+            black_box(instance.mask(&batches[call % batches.len()]).await);
+        }
+        started.elapsed()
+    })
 }
 
 /// What the native transform makes of a batch, packed as a plugin packs it:
@@ -271,6 +398,12 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             at.ratio,
         );
         print_figure(BENCH, &format!("noop_ns_per_row_batch_{batch}"), at.noop);
+        print_figure(BENCH, &format!("naive_ns_per_row_batch_{batch}"), at.naive);
+        print_figure(
+            BENCH,
+            &format!("ratio_naive_to_native_batch_{batch}"),
+            at.naive_ratio,
+        );
     }
     // A call of n rows costs per_call + n × per_row. The slope comes from the
     // two largest batches (where per-call cost hardly matters), the
@@ -295,6 +428,8 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
         "x native",
         "no-op plugin",
         "plugin - no-op",
+        "naive list<list<u8>>",
+        "naive x native",
     ]);
     for at in results {
         table.push(vec![
@@ -304,6 +439,8 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             format!("{:.2}", at.ratio),
             format!("{:.0}", at.noop),
             format!("{:.0}", at.plugin - at.noop),
+            format!("{:.0}", at.naive),
+            format!("{:.2}", at.naive_ratio),
         ]);
     }
     table.print();

@@ -52,6 +52,60 @@ const TARGETS: &[&str] = &[
     "front door ≥ 100,000 rows/s with 1000-row requests; p99 ≤ 50 ms at half that load",
 ];
 
+/// Which way a figure must go to meet its target.
+#[derive(Clone, Copy)]
+enum Goal {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Goal {
+    /// How far along the figure is: 1 meets the target, above 1 beats it.
+    fn progress(self, value: f64) -> f64 {
+        match self {
+            Goal::AtLeast(goal) => value / goal,
+            Goal::AtMost(goal) if value > 0.0 => goal / value,
+            Goal::AtMost(_) => f64::INFINITY,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Goal::AtLeast(goal) => format!("≥ {}", format_value(goal)),
+            Goal::AtMost(goal) => format!("≤ {}", format_value(goal)),
+        }
+    }
+}
+
+/// Each target as (bench, figure, goal): the figures the targets are read from.
+const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
+    ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.7)),
+    ("delivery", "weir_allocs_per_row", Goal::AtMost(2.0)),
+    (
+        "boundary",
+        "ratio_plugin_to_native_batch_100",
+        Goal::AtMost(1.3),
+    ),
+    (
+        "boundary",
+        "ratio_plugin_to_native_batch_1000",
+        Goal::AtMost(1.3),
+    ),
+    ("boundary", "noop_ns_per_row", Goal::AtMost(25.0)),
+    (
+        "peer",
+        "ratio_extism_best_batched_to_weir_batch_100",
+        Goal::AtLeast(1.7),
+    ),
+    (
+        "peer",
+        "ratio_extism_per_row_calls_to_weir_batch_100",
+        Goal::AtLeast(4.0),
+    ),
+    ("front_door", "weir_rows_per_sec", Goal::AtLeast(100_000.0)),
+    ("front_door", "latency_p99_ms", Goal::AtMost(50.0)),
+];
+
 /// Units a figure's name may carry, most specific first; figures are
 /// charted together when they share one.
 const UNITS: &[&str] = &[
@@ -141,8 +195,9 @@ fn write_report(dir: &Path) -> Result<PathBuf, String> {
     for target in TARGETS {
         let _ = writeln!(report, "- {target}");
     }
+    let mut captures = BTreeMap::new();
     let mut missing = Vec::new();
-    for (bench, what) in BENCHES {
+    for (bench, _) in BENCHES {
         let path = dir.join(format!("{bench}.txt"));
         if !path.exists() {
             missing.push(*bench);
@@ -155,6 +210,13 @@ fn write_report(dir: &Path) -> Result<PathBuf, String> {
                 path.display()
             ));
         }
+        captures.insert(*bench, capture);
+    }
+    write_targets(&mut report, dir, &captures)?;
+    for (bench, what) in BENCHES {
+        let Some(capture) = captures.get(bench) else {
+            continue;
+        };
         let _ = writeln!(report, "\n## {bench}\n\n{what}.\n");
         let mut by_unit: BTreeMap<&str, Vec<(String, f64)>> = BTreeMap::new();
         for (name, value) in &capture.figures {
@@ -184,6 +246,115 @@ fn write_report(dir: &Path) -> Result<PathBuf, String> {
     let path = dir.join("report.md");
     std::fs::write(&path, report).map_err(|err| format!("write {}: {err}", path.display()))?;
     Ok(path)
+}
+
+/// The targets as a table (figure, goal, measured, met) and a chart of how
+/// far along each is, 1 being the target.
+fn write_targets(
+    report: &mut String,
+    dir: &Path,
+    captures: &BTreeMap<&str, Capture>,
+) -> Result<(), String> {
+    let mut progress = Vec::new();
+    let _ = writeln!(
+        report,
+        "\n| bench | figure | target | measured | met |\n| --- | --- | ---: | ---: | :---: |"
+    );
+    for (bench, figure, goal) in TARGET_FIGURES {
+        let measured = captures.get(bench).and_then(|capture| {
+            capture
+                .figures
+                .iter()
+                .find(|(name, _)| name == figure)
+                .map(|(_, value)| *value)
+        });
+        let (value, met) = match measured {
+            Some(value) => {
+                progress.push((format!("{bench} {figure}"), goal.progress(value)));
+                let met = if goal.progress(value) >= 1.0 {
+                    "yes"
+                } else {
+                    "no"
+                };
+                (format_value(value), met)
+            }
+            None => ("not run".to_string(), "—"),
+        };
+        let _ = writeln!(
+            report,
+            "| {bench} | `{figure}` | {} | {value} | {met} |",
+            goal.describe()
+        );
+    }
+    if progress.is_empty() {
+        return Ok(());
+    }
+    let file = "targets.svg";
+    std::fs::write(dir.join(file), target_chart(&progress))
+        .map_err(|err| format!("write {file}: {err}"))?;
+    let _ = writeln!(report, "\n![progress to each target]({file})");
+    Ok(())
+}
+
+/// A horizontal bar per target: its progress (measured against the goal,
+/// 1 = met), green when met, red when not, with a line at 1.
+fn target_chart(progress: &[(String, f64)]) -> String {
+    const WIDTH: f64 = 860.0;
+    const LABEL: f64 = 420.0;
+    const BAR: f64 = 22.0;
+    const GAP: f64 = 8.0;
+    const TOP: f64 = 36.0;
+    // Far past the target is still drawn as "well past": the axis ends at 2.
+    const AXIS_MAX: f64 = 2.0;
+    let span = WIDTH - LABEL - 80.0;
+    let height = TOP + progress.len() as f64 * (BAR + GAP) + 24.0;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="10" y="22" font-size="14" font-weight="bold">progress to each target (1 = met)</text>"#
+    );
+    for (index, (name, value)) in progress.iter().enumerate() {
+        let y = TOP + index as f64 * (BAR + GAP);
+        let length = (value.min(AXIS_MAX) / AXIS_MAX * span).max(1.0);
+        let colour = if *value >= 1.0 { "#3a9a5b" } else { "#c8553d" };
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            LABEL - 8.0,
+            y + BAR * 0.7,
+            escape(&name.replace('_', " "))
+        );
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{LABEL}" y="{y}" width="{length:.1}" height="{BAR}" fill="{colour}"/>"#
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{}">{:.2}</text>"#,
+            LABEL + length + 6.0,
+            y + BAR * 0.7,
+            value
+        );
+    }
+    let target_x = LABEL + span / AXIS_MAX;
+    let _ = writeln!(
+        svg,
+        r#"<line x1="{target_x:.1}" y1="{}" x2="{target_x:.1}" y2="{}" stroke="black" stroke-dasharray="4 3"/>"#,
+        TOP - 6.0,
+        height - 18.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{target_x:.1}" y="{}" text-anchor="middle">target</text>"#,
+        height - 4.0
+    );
+    svg.push_str("</svg>\n");
+    svg
 }
 
 /// The CPU model and count, from `/proc/cpuinfo`.

@@ -8,9 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::batch::{Answer, Batch, Malformed};
+use crate::batch::{Answer, Batch, Malformed, Outcome};
 use crate::config::Pipeline as PipelineConfig;
-use crate::sandbox::bindings::{Delivery, Outcome};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 
 /// What becomes of one input row.
@@ -28,6 +27,22 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict of a plugin's outcome for a row (`Ok` and `Emit` leave the
+    /// row to the steps after: done here); `what` names the plugin's role.
+    fn of(outcome: Outcome<'_>, plugin: &Arc<Plugin>, what: &str) -> Verdict {
+        match outcome {
+            Outcome::Ok | Outcome::Emit(_) => Verdict::Done,
+            Outcome::Retry(delay_ms) => Verdict::Retry {
+                delay: Duration::from_millis(delay_ms.into()),
+                reason: format!("{what} `{}` asked for a retry", plugin.name()),
+            },
+            Outcome::DeadLetter(reason) => Verdict::DeadLetter {
+                plugin: Some(plugin.clone()),
+                reason: reason.to_string(),
+            },
+        }
+    }
+
     /// Keeps the worse of two verdicts: retry beats dead letter beats done.
     fn merge(&mut self, other: Verdict) {
         let rank = |v: &Verdict| match v {
@@ -144,30 +159,27 @@ impl PipelineRunner {
             let instance = step.instance().await?;
             let result = instance.transform(&rows).await;
             let transformed = result.map_err(|error| step.failed(error))?;
+            let mut answer = match Answer::new(&transformed, rows.len()) {
+                Ok(answer) => answer,
+                Err(err) => return Err(step.malformed(err)),
+            };
             // The common answer, every row passed on as it is, keeps the batch.
-            if transformed
-                .outcomes
-                .iter()
-                .all(|o| matches!(o, Outcome::Ok))
-            {
+            if answer.all_ok() {
                 continue;
             }
-            let answer = Answer::new(&transformed);
             let mut next_rows = Batch::with_capacity(rows.len(), transformed.data.len());
             let mut next_origins = Vec::with_capacity(rows.len());
-            for (index, (origin, outcome)) in
-                origins.into_iter().zip(&transformed.outcomes).enumerate()
-            {
+            for (index, origin) in origins.into_iter().enumerate() {
+                let outcome = match answer.outcome(index) {
+                    Ok(outcome) => outcome,
+                    Err(err) => return Err(step.malformed(err)),
+                };
                 match outcome {
                     Outcome::Ok => {
                         next_rows.push_from(&rows, index);
                         next_origins.push(origin);
                     }
-                    Outcome::Emit(range) => {
-                        let emitted = match answer.emitted(*range) {
-                            Ok(emitted) => emitted,
-                            Err(err) => return Err(step.malformed(err)),
-                        };
+                    Outcome::Emit(emitted) => {
                         for new in emitted {
                             if let Err(err) = answer.push_emitted(&mut next_rows, &rows, index, new)
                             {
@@ -176,14 +188,7 @@ impl PipelineRunner {
                             next_origins.push(origin);
                         }
                     }
-                    Outcome::Retry(delay_ms) => verdicts[origin].merge(Verdict::Retry {
-                        delay: Duration::from_millis((*delay_ms).into()),
-                        reason: format!("plugin `{}` asked for a retry", step.plugin.name()),
-                    }),
-                    Outcome::DeadLetter(reason) => verdicts[origin].merge(Verdict::DeadLetter {
-                        plugin: Some(step.plugin.clone()),
-                        reason: reason.clone(),
-                    }),
+                    other => verdicts[origin].merge(Verdict::of(other, &step.plugin, "plugin")),
                 }
             }
             rows = next_rows;
@@ -194,19 +199,13 @@ impl PipelineRunner {
             && !rows.is_empty()
         {
             let result = step.instance().await?.deliver(&rows).await;
-            let results = result.map_err(|error| step.failed(error))?;
-            for (origin, delivery) in origins.into_iter().zip(results) {
-                match delivery {
-                    Delivery::Ok => {}
-                    Delivery::Retry(delay_ms) => verdicts[origin].merge(Verdict::Retry {
-                        delay: Duration::from_millis(delay_ms.into()),
-                        reason: format!("sink `{}` asked for a retry", step.plugin.name()),
-                    }),
-                    Delivery::DeadLetter(reason) => verdicts[origin].merge(Verdict::DeadLetter {
-                        plugin: Some(step.plugin.clone()),
-                        reason,
-                    }),
-                }
+            let delivered = result.map_err(|error| step.failed(error))?;
+            let outcomes = match crate::batch::delivered(&delivered, rows.len()) {
+                Ok(outcomes) => outcomes,
+                Err(err) => return Err(step.malformed(err)),
+            };
+            for (origin, outcome) in origins.into_iter().zip(outcomes) {
+                verdicts[origin].merge(Verdict::of(outcome, &step.plugin, "sink"));
             }
         }
         Ok(verdicts)

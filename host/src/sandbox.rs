@@ -69,10 +69,8 @@ pub mod bindings {
     pub use budget::weir::plugin::policy::{
         Admission, Decision, Route, TableRoute, Topology, Unit as RouteUnit, Usage,
     };
-    pub use transform::weir::plugin::types::{
-        Batch, Delivery, EmittedRow, Header, Outcome, Range as PackedRange, Row as PackedRow, Span,
-        Transformed,
-    };
+    pub use sink::weir::plugin::types::Delivered;
+    pub use transform::weir::plugin::types::{Batch, Transformed};
 }
 
 use crate::batch::Batch;
@@ -81,7 +79,7 @@ use bindings::router::{Router as RouterPolicy, RouterPre};
 use bindings::sink::{Sink, SinkPre};
 use bindings::transform::weir::plugin::host::{self as host_api, Level};
 use bindings::transform::{Transform, TransformPre};
-use bindings::{Admission, Decision, Delivery, Route, TableRoute, Topology, Transformed};
+use bindings::{Admission, Decision, Delivered, Route, TableRoute, Topology, Transformed};
 
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
@@ -207,6 +205,10 @@ impl Sandbox {
             .wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        // `perf` names plugin functions only if the engine writes a perf map.
+        if std::env::var("WEIR_WASM_PROFILER").is_ok_and(|value| value == "perfmap") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(SandboxError::Engine)?;
 
         let base_linker = || -> wasmtime::Result<Linker<PluginState>> {
@@ -678,45 +680,30 @@ impl PluginInstance {
             .inc();
     }
 
-    /// Runs a transform over a batch: one outcome per row. The emitted rows'
-    /// spans are checked as they are read ([`crate::batch::Answer`]).
+    /// Runs a transform over a batch. Its answer is checked against the batch
+    /// as it is read ([`crate::batch::Answer`]).
     pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
         self.begin_call();
         let Exports::Transform(exports) = &self.exports else {
             return Err(self.contract("is not a transform"));
         };
-        let transformed = exports
+        exports
             .call_transform(&mut self.store, rows.packed())
             .await
-            .map_err(|err| self.failure(err))?;
-        if transformed.outcomes.len() != rows.len() {
-            return Err(self.contract(&format!(
-                "returned {} outcomes for {} rows",
-                transformed.outcomes.len(),
-                rows.len()
-            )));
-        }
-        Ok(transformed)
+            .map_err(|err| self.failure(err))
     }
 
-    /// Hands a batch to a sink: one delivery result per row.
-    pub async fn deliver(&mut self, rows: &Batch) -> Result<Vec<Delivery>, CallError> {
+    /// Hands a batch to a sink. Its answer is checked against the batch by
+    /// [`crate::batch::delivered`].
+    pub async fn deliver(&mut self, rows: &Batch) -> Result<Delivered, CallError> {
         self.begin_call();
         let Exports::Sink(exports) = &self.exports else {
             return Err(self.contract("is not a sink"));
         };
-        let results = exports
+        exports
             .call_deliver(&mut self.store, rows.packed())
             .await
-            .map_err(|err| self.failure(err))?;
-        if results.len() != rows.len() {
-            return Err(self.contract(&format!(
-                "returned {} results for {} rows",
-                results.len(),
-                rows.len()
-            )));
-        }
-        Ok(results)
+            .map_err(|err| self.failure(err))
     }
 
     /// Asks a budget about one request.

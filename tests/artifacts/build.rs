@@ -17,6 +17,7 @@ const PLUGINS: &[(&str, &str)] = &[
     ("CHAOS", "weir_chaos.wasm"),
     ("PASSTHROUGH", "weir_bench_passthrough.wasm"),
     ("NULL_SINK", "weir_bench_null_sink.wasm"),
+    ("NAIVE_MASK", "weir_bench_naive_mask.wasm"),
     ("HTTP_SINK", "weir_http_sink.wasm"),
     ("TENANT_BUDGET", "weir_tenant_budget.wasm"),
     ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),

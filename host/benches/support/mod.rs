@@ -57,18 +57,16 @@ pub fn replaced_payloads(
     input: &weir::batch::Batch,
     transformed: &weir::sandbox::bindings::Transformed,
 ) -> Vec<Vec<u8>> {
-    use weir::sandbox::bindings::Outcome;
-    let answer = weir::batch::Answer::new(transformed);
-    let mut next = weir::batch::Batch::default();
-    for (index, outcome) in transformed.outcomes.iter().enumerate() {
-        let emitted = match outcome {
-            Outcome::Emit(range) => answer.emitted(*range).expect("emitted rows in bounds"),
+    use weir::batch::{Answer, Batch, Outcome};
+    let mut answer = Answer::new(transformed, input.len()).expect("a well-formed answer");
+    let mut next = Batch::default();
+    for index in 0..input.len() {
+        match answer.outcome(index).expect("a well-formed outcome") {
+            Outcome::Emit(emitted) if emitted.len() == 1 => answer
+                .push_emitted(&mut next, input, index, emitted.start)
+                .expect("a well-formed emitted row"),
             other => panic!("row {index}: expected one replaced row, got {other:?}"),
-        };
-        assert_eq!(emitted.len(), 1, "row {index}: expected one replaced row");
-        answer
-            .push_emitted(&mut next, input, index, &emitted[0])
-            .expect("a well-formed answer");
+        }
     }
     (0..next.len()).map(|i| next.payload(i).to_vec()).collect()
 }

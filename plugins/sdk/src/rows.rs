@@ -1,7 +1,12 @@
 //! The rows of a batch as a plugin reads them: borrowed views into the one
 //! buffer the host packed them in, so reading a row allocates nothing.
 
-use crate::transform::weir::plugin::types::{Batch, Header, Range, Row as PackedRow, Span};
+use crate::transform::weir::plugin::types::Batch;
+
+/// Numbers per row in `batch.rows` (see `wit/types.wit`).
+const ROW_WIDTH: usize = 8;
+/// Numbers per header.
+pub(crate) const HEADER_WIDTH: usize = 4;
 
 /// A batch of rows handed to a transform or a sink.
 pub struct Rows {
@@ -17,60 +22,67 @@ impl Rows {
     /// Packs rows the way the host does: for a plugin's own tests.
     pub fn pack<'a>(rows: impl IntoIterator<Item = &'a RowData>) -> Rows {
         let mut packer = Packer::default();
-        let rows = rows
-            .into_iter()
-            .map(|row| PackedRow {
-                tenant: packer.append(row.tenant.as_bytes()),
-                table: packer.append(row.table.as_bytes()),
-                payload: packer.append(&row.payload),
-                headers: packer.headers(row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
-                sequence: row.sequence,
-                attempt: row.attempt,
-            })
-            .collect();
+        let (mut numbers, mut sequences, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
+        for row in rows {
+            numbers.extend(packer.append(row.tenant.as_bytes()));
+            numbers.extend(packer.append(row.table.as_bytes()));
+            numbers.extend(packer.append(&row.payload));
+            numbers
+                .extend(packer.headers(row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))));
+            sequences.push(row.sequence);
+            attempts.push(row.attempt);
+        }
         Rows {
             batch: Batch {
                 data: packer.data,
-                rows,
-                headers: packer.header_list,
+                rows: numbers,
+                sequences,
+                attempts,
+                headers: packer.header_numbers,
             },
         }
     }
 
     pub fn len(&self) -> usize {
-        self.batch.rows.len()
+        self.batch.sequences.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.batch.rows.is_empty()
+        self.batch.sequences.is_empty()
     }
 
     /// Row `index`, if the batch has it.
     pub fn get(&self, index: usize) -> Option<Row<'_>> {
-        self.batch.rows.get(index).map(|row| self.view(row))
+        let numbers = self
+            .batch
+            .rows
+            .get(index * ROW_WIDTH..(index + 1) * ROW_WIDTH)?;
+        let data = &self.batch.data;
+        let headers = self
+            .batch
+            .headers
+            .get(numbers[6] as usize * HEADER_WIDTH..)
+            .unwrap_or_default();
+        let header_count = (numbers[7] as usize).min(headers.len() / HEADER_WIDTH);
+        Some(Row {
+            tenant: text(data, numbers[0], numbers[1]),
+            table: text(data, numbers[2], numbers[3]),
+            payload: bytes(data, numbers[4], numbers[5]),
+            sequence: self.batch.sequences.get(index).copied().unwrap_or(0),
+            attempt: self.batch.attempts.get(index).copied().unwrap_or(0),
+            headers: &headers[..header_count * HEADER_WIDTH],
+            data,
+        })
     }
 
     /// The rows in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Row<'_>> {
-        self.batch.rows.iter().map(|row| self.view(row))
-    }
-
-    fn view(&self, row: &PackedRow) -> Row<'_> {
-        let data = &self.batch.data;
-        Row {
-            tenant: text(data, row.tenant),
-            table: text(data, row.table),
-            payload: bytes(data, row.payload),
-            sequence: row.sequence,
-            attempt: row.attempt,
-            headers: items(&self.batch.headers, row.headers),
-            data,
-        }
+        (0..self.len()).map(|index| self.get(index).unwrap_or_default())
     }
 }
 
 /// One row: its tenant, table, payload and headers borrow the batch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Row<'a> {
     /// The tenant that sent the row (decided by its credential).
     pub tenant: &'a str,
@@ -82,7 +94,8 @@ pub struct Row<'a> {
     pub sequence: u64,
     /// How many times it has been handed to the pipeline (1 the first time).
     pub attempt: u32,
-    headers: &'a [Header],
+    /// Four numbers per header, into `data`.
+    headers: &'a [u32],
     data: &'a [u8],
 }
 
@@ -91,8 +104,8 @@ impl<'a> Row<'a> {
     pub fn headers(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a str)> + use<'a> {
         let data = self.data;
         self.headers
-            .iter()
-            .map(move |h| (text(data, h.name), text(data, h.value)))
+            .chunks_exact(HEADER_WIDTH)
+            .map(move |h| (text(data, h[0], h[1]), text(data, h[2], h[3])))
     }
 
     /// The first value of header `name` (exact match).
@@ -128,67 +141,60 @@ impl RowData {
     }
 }
 
-/// Appends bytes and headers to one buffer, handing out spans.
+/// Appends bytes and headers to one buffer, handing out (offset, length) spans.
 #[derive(Default)]
 pub(crate) struct Packer {
     pub data: Vec<u8>,
-    pub header_list: Vec<Header>,
+    /// Four numbers per header.
+    pub header_numbers: Vec<u32>,
 }
 
 impl Packer {
-    pub fn append(&mut self, bytes: &[u8]) -> Span {
-        let offset = index(self.data.len());
+    pub fn append(&mut self, bytes: &[u8]) -> [u32; 2] {
+        let offset = number(self.data.len());
         self.data.extend_from_slice(bytes);
-        Span {
-            offset,
-            len: index(bytes.len()),
-        }
+        [offset, number(bytes.len())]
     }
 
-    /// Appends bytes written by `write`.
-    pub fn append_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Span {
+    /// Appends the bytes `write` writes.
+    pub fn append_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> [u32; 2] {
         let start = self.data.len();
         write(&mut self.data);
-        Span {
-            offset: index(start),
-            len: index(self.data.len() - start),
-        }
+        [number(start), number(self.data.len() - start)]
     }
 
-    pub fn headers<'h>(&mut self, headers: impl IntoIterator<Item = (&'h str, &'h str)>) -> Range {
-        let first = self.header_list.len();
+    /// Appends headers; returns (first header, count).
+    pub fn headers<'h>(
+        &mut self,
+        headers: impl IntoIterator<Item = (&'h str, &'h str)>,
+    ) -> [u32; 2] {
+        let first = self.header_numbers.len() / HEADER_WIDTH;
         for (name, value) in headers {
             let name = self.append(name.as_bytes());
             let value = self.append(value.as_bytes());
-            self.header_list.push(Header { name, value });
+            self.header_numbers.extend(name.into_iter().chain(value));
         }
-        Range {
-            first: index(first),
-            count: index(self.header_list.len() - first),
-        }
+        [
+            number(first),
+            number(self.header_numbers.len() / HEADER_WIDTH - first),
+        ]
     }
 }
 
 // The host packs batches itself, so spans are in bounds and strings UTF-8;
 // the fallbacks keep a broken host from making a plugin panic.
-pub(crate) fn bytes(data: &[u8], span: Span) -> &[u8] {
-    let start = span.offset as usize;
-    data.get(start..start.saturating_add(span.len as usize))
+pub(crate) fn bytes(data: &[u8], offset: u32, len: u32) -> &[u8] {
+    let start = offset as usize;
+    data.get(start..start.saturating_add(len as usize))
         .unwrap_or_default()
 }
 
-pub(crate) fn text(data: &[u8], span: Span) -> &str {
-    std::str::from_utf8(bytes(data, span)).unwrap_or_default()
-}
-
-pub(crate) fn items<T>(list: &[T], range: Range) -> &[T] {
-    let start = range.first as usize;
-    list.get(start..start.saturating_add(range.count as usize))
-        .unwrap_or_default()
+pub(crate) fn text(data: &[u8], offset: u32, len: u32) -> &str {
+    std::str::from_utf8(bytes(data, offset, len)).unwrap_or_default()
 }
 
 /// Offsets are u32 on the boundary; a batch is far below 4 GiB.
-fn index(value: usize) -> u32 {
+pub(crate) fn number(value: usize) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
 

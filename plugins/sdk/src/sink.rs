@@ -5,6 +5,9 @@
 //! `types` and `host` interfaces are those of [`crate::transform`], so a
 //! [`Row`](crate::Row) is one type for both worlds.
 
+// The generated export glue flattens a batch into many arguments.
+#![allow(clippy::too_many_arguments)]
+
 wit_bindgen::generate!({
     path: "../../wit",
     world: "weir:plugin/sink",
@@ -21,6 +24,17 @@ use std::cell::RefCell;
 use std::thread::LocalKey;
 
 use crate::rows::Rows;
+
+/// What a sink decided for one row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// Delivered: the row is acked.
+    Ok,
+    /// Not delivered now: try again after this many milliseconds.
+    Retry(u32),
+    /// Never deliverable: dead-letter with this reason.
+    DeadLetter(String),
+}
 
 /// The last step of a pipeline: it delivers rows somewhere.
 pub trait Sink: Sized + 'static {
@@ -43,13 +57,38 @@ pub fn init<P: Sink>(slot: &'static LocalKey<Slot<P>>, settings: String) -> Resu
 }
 
 #[doc(hidden)]
-pub fn run<P: Sink>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Vec<Delivery> {
+pub fn run<P: Sink>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Delivered {
     let rows = Rows::from_batch(batch);
-    slot.with(|slot| match slot.borrow_mut().as_mut() {
+    let deliveries = slot.with(|slot| match slot.borrow_mut().as_mut() {
         Some(plugin) => plugin.deliver(&rows),
         // The host always calls `init` first; a trap tells it otherwise.
         None => panic!("weir-plugin: deliver called before init"),
-    })
+    });
+    pack(deliveries)
+}
+
+/// Packs a sink's answer (see `delivered` in `wit/types.wit`).
+fn pack(deliveries: Vec<Delivery>) -> Delivered {
+    use crate::transform::{DEAD_LETTER, OK, RETRY};
+    let mut delivered = Delivered {
+        outcomes: Vec::with_capacity(deliveries.len() * 2),
+        reasons: Vec::new(),
+    };
+    for delivery in deliveries {
+        let pair = match delivery {
+            Delivery::Ok => [OK, 0],
+            Delivery::Retry(ms) => [RETRY, ms],
+            Delivery::DeadLetter(reason) => {
+                delivered.reasons.push(reason);
+                [
+                    DEAD_LETTER,
+                    crate::rows::number(delivered.reasons.len() - 1),
+                ]
+            }
+        };
+        delivered.outcomes.extend(pair);
+    }
+    delivered
 }
 
 /// Exports a [`Sink`] as the plugin's `sink` world.
@@ -67,11 +106,27 @@ macro_rules! export_sink {
                 }
                 fn deliver(
                     rows: $crate::sink::Batch,
-                ) -> Vec<$crate::sink::Delivery> {
+                ) -> $crate::sink::Delivered {
                     $crate::sink::run(&PLUGIN, rows)
                 }
             }
             $crate::sink::export_world!(Export with_types_in $crate::sink);
         };
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_pack_as_codes_with_reasons_by_index() {
+        let delivered = pack(vec![
+            Delivery::Ok,
+            Delivery::DeadLetter("no".into()),
+            Delivery::Retry(500),
+        ]);
+        assert_eq!(delivered.outcomes, vec![0, 0, 3, 0, 2, 500]);
+        assert_eq!(delivered.reasons, vec!["no".to_string()]);
+    }
 }

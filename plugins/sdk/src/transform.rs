@@ -4,6 +4,9 @@
 //!
 //! [`export_transform!`](crate::export_transform) exports an implementation.
 
+// The generated export glue flattens a batch into many arguments.
+#![allow(clippy::too_many_arguments)]
+
 wit_bindgen::generate!({
     path: "../../wit",
     world: "weir:plugin/transform",
@@ -15,8 +18,17 @@ wit_bindgen::generate!({
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use self::weir::plugin::types as wit;
-use crate::rows::{Packer, Row, Rows, bytes, items, text};
+use crate::rows::{HEADER_WIDTH, Packer, Row, Rows, bytes, number, text};
+
+/// Outcome codes (see `transformed` in `wit/types.wit`).
+pub(crate) const OK: u32 = 0;
+pub(crate) const EMIT: u32 = 1;
+pub(crate) const RETRY: u32 = 2;
+pub(crate) const DEAD_LETTER: u32 = 3;
+/// Numbers per emitted row.
+const EMITTED_WIDTH: usize = 6;
+/// An emitted row's table length meaning "the input's table".
+const SAME_TABLE: [u32; 2] = [0, u32::MAX];
 
 /// A pipeline step that validates, transforms or enriches rows.
 pub trait Transform: Sized + 'static {
@@ -34,8 +46,11 @@ pub trait Transform: Sized + 'static {
 /// reads it: emitted rows' bytes go straight into one buffer.
 pub struct Outcomes {
     packer: Packer,
-    outcomes: Vec<wit::Outcome>,
-    rows: Vec<wit::EmittedRow>,
+    /// Two numbers per decided row: code, argument.
+    outcomes: Vec<u32>,
+    /// Six numbers per emitted row.
+    emitted: Vec<u32>,
+    reasons: Vec<String>,
 }
 
 /// A row to emit: `table` none keeps the input row's table.
@@ -51,70 +66,64 @@ impl Outcomes {
     pub fn with_capacity(rows: usize) -> Outcomes {
         Outcomes {
             packer: Packer::default(),
-            outcomes: Vec::with_capacity(rows),
-            rows: Vec::new(),
+            outcomes: Vec::with_capacity(rows * 2),
+            emitted: Vec::new(),
+            reasons: Vec::new(),
         }
     }
 
     /// Pass the row on unchanged.
     pub fn ok(&mut self) {
-        self.outcomes.push(wit::Outcome::Ok);
+        self.outcomes.extend([OK, 0]);
     }
 
     /// Try the row again after `after_ms` milliseconds.
     pub fn retry(&mut self, after_ms: u32) {
-        self.outcomes.push(wit::Outcome::Retry(after_ms));
+        self.outcomes.extend([RETRY, after_ms]);
     }
 
     /// Give up on the row: it is dead-lettered with `reason`.
     pub fn dead_letter(&mut self, reason: impl Into<String>) {
-        self.outcomes.push(wit::Outcome::DeadLetter(reason.into()));
+        self.outcomes
+            .extend([DEAD_LETTER, number(self.reasons.len())]);
+        self.reasons.push(reason.into());
     }
 
     /// Drop the row: it emits nothing and is acked.
     pub fn discard(&mut self) {
-        self.emit([]);
+        self.outcomes.extend([EMIT, 0]);
     }
 
     /// Replace `row` by one row with its table and headers, and the payload
     /// `write` appends to the buffer it is given (e.g. `serde_json::to_writer`).
     pub fn replace_with(&mut self, row: &Row<'_>, write: impl FnOnce(&mut Vec<u8>)) {
-        let first = self.rows.len();
         let payload = self.packer.append_with(write);
         let headers = self.packer.headers(row.headers());
-        self.rows.push(wit::EmittedRow {
-            table: None,
-            payload,
-            headers,
-        });
-        self.close_emit(first);
+        self.emitted
+            .extend(SAME_TABLE.into_iter().chain(payload).chain(headers));
+        self.outcomes.extend([EMIT, 1]);
     }
 
     /// Replace the row by `rows` (none drops it).
     pub fn emit<'a>(&mut self, rows: impl IntoIterator<Item = Emitted<'a>>) {
-        let first = self.rows.len();
+        let mut count = 0;
         for row in rows {
-            let emitted = wit::EmittedRow {
-                table: row.table.map(|table| self.packer.append(table.as_bytes())),
-                payload: self.packer.append(row.payload),
-                headers: self.packer.headers(row.headers.iter().copied()),
+            let table = match row.table {
+                Some(table) => self.packer.append(table.as_bytes()),
+                None => SAME_TABLE,
             };
-            self.rows.push(emitted);
+            let payload = self.packer.append(row.payload);
+            let headers = self.packer.headers(row.headers.iter().copied());
+            self.emitted
+                .extend(table.into_iter().chain(payload).chain(headers));
+            count += 1;
         }
-        self.close_emit(first);
-    }
-
-    /// Records an `emit` of the rows pushed since `first`.
-    fn close_emit(&mut self, first: usize) {
-        self.outcomes.push(wit::Outcome::Emit(wit::Range {
-            first: u32::try_from(first).unwrap_or(u32::MAX),
-            count: u32::try_from(self.rows.len() - first).unwrap_or(u32::MAX),
-        }));
+        self.outcomes.extend([EMIT, count]);
     }
 
     /// How many rows have been decided.
     pub fn len(&self) -> usize {
-        self.outcomes.len()
+        self.outcomes.len() / 2
     }
 
     pub fn is_empty(&self) -> bool {
@@ -124,25 +133,41 @@ impl Outcomes {
     /// The decisions so far, readable: for a plugin's own tests.
     pub fn decided(&self) -> Vec<Outcome> {
         let data = &self.packer.data;
+        let mut emitted = self.emitted.chunks_exact(EMITTED_WIDTH);
         self.outcomes
-            .iter()
-            .map(|outcome| match outcome {
-                wit::Outcome::Ok => Outcome::Ok,
-                wit::Outcome::Retry(ms) => Outcome::Retry(*ms),
-                wit::Outcome::DeadLetter(reason) => Outcome::DeadLetter(reason.clone()),
-                wit::Outcome::Emit(range) => Outcome::Emit(
-                    items(&self.rows, *range)
-                        .iter()
-                        .map(|row| EmittedRow {
-                            table: row.table.map(|span| text(data, span).to_string()),
-                            payload: bytes(data, row.payload).to_vec(),
-                            headers: items(&self.packer.header_list, row.headers)
-                                .iter()
-                                .map(|h| (text(data, h.name).into(), text(data, h.value).into()))
+            .chunks_exact(2)
+            .map(|pair| match (pair[0], pair[1]) {
+                (EMIT, count) => Outcome::Emit(
+                    emitted
+                        .by_ref()
+                        .take(count as usize)
+                        .map(|e| EmittedRow {
+                            table: (e[1] != u32::MAX).then(|| text(data, e[0], e[1]).to_string()),
+                            payload: bytes(data, e[2], e[3]).to_vec(),
+                            headers: self
+                                .packer
+                                .header_numbers
+                                .chunks_exact(HEADER_WIDTH)
+                                .skip(e[4] as usize)
+                                .take(e[5] as usize)
+                                .map(|h| {
+                                    (
+                                        text(data, h[0], h[1]).to_string(),
+                                        text(data, h[2], h[3]).to_string(),
+                                    )
+                                })
                                 .collect(),
                         })
                         .collect(),
                 ),
+                (RETRY, ms) => Outcome::Retry(ms),
+                (DEAD_LETTER, reason) => Outcome::DeadLetter(
+                    self.reasons
+                        .get(reason as usize)
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+                _ => Outcome::Ok,
             })
             .collect()
     }
@@ -151,8 +176,9 @@ impl Outcomes {
         Transformed {
             data: self.packer.data,
             outcomes: self.outcomes,
-            rows: self.rows,
-            headers: self.packer.header_list,
+            emitted: self.emitted,
+            headers: self.packer.header_numbers,
+            reasons: self.reasons,
         }
     }
 }
@@ -189,7 +215,7 @@ pub fn init<P: Transform>(
 }
 
 #[doc(hidden)]
-pub fn run<P: Transform>(slot: &'static LocalKey<Slot<P>>, batch: wit::Batch) -> Transformed {
+pub fn run<P: Transform>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Transformed {
     let rows = Rows::from_batch(batch);
     let mut out = Outcomes::with_capacity(rows.len());
     slot.with(|slot| match slot.borrow_mut().as_mut() {
