@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use futures::future::join_all;
 
+use crate::pull::is_delivery_header;
 use crate::route::Router;
 
 /// Header names a dead letter carries. The original row's headers are kept
@@ -83,7 +84,14 @@ impl DeadLetters {
 }
 
 fn letter_headers(letter: &DeadLetter<'_>) -> HeaderMap {
-    let mut headers = letter.original_headers.cloned().unwrap_or_default();
+    let mut headers = HeaderMap::new();
+    for (name, values) in letter.original_headers.iter().flat_map(|h| h.iter()) {
+        if !is_delivery_header(name.as_ref()) {
+            for value in values {
+                headers.append(name.clone(), value.as_str());
+            }
+        }
+    }
     headers.insert(headers::TENANT, letter.tenant.as_ref());
     headers.insert(headers::TABLE, letter.table.as_ref());
     headers.insert(headers::REASON, header_safe(letter.reason).as_str());
@@ -239,7 +247,8 @@ impl DeadLetters {
             let mut original = HeaderMap::new();
             if let Some(stored) = &message.headers {
                 for (name, values) in stored.iter() {
-                    if !name.to_string().starts_with("Weir-") {
+                    if !name.to_string().starts_with("Weir-") && !is_delivery_header(name.as_ref())
+                    {
                         for value in values {
                             original.append(name.to_string(), value.as_str());
                         }

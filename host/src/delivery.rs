@@ -21,7 +21,7 @@ use crate::config::{Config, DeliveryConfig};
 use crate::coordination::WorkerFactory;
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::pipeline::{PipelineRunner, Verdict};
-use crate::pull::Puller;
+use crate::pull::{Puller, is_delivery_header};
 use crate::route::{Router, Unit};
 use crate::sandbox::Plugin;
 use crate::telemetry::Metrics;
@@ -373,11 +373,14 @@ fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch
             continue;
         };
         let headers = message.headers.iter().flat_map(|headers| {
-            headers.iter().flat_map(|(name, values)| {
-                values
-                    .iter()
-                    .map(move |value| (name.as_ref(), value.as_str()))
-            })
+            headers
+                .iter()
+                .filter(|(name, _)| !is_delivery_header(name.as_ref()))
+                .flat_map(|(name, values)| {
+                    values
+                        .iter()
+                        .map(move |value| (name.as_ref(), value.as_str()))
+                })
         });
         rows.push(
             &row.tenant,

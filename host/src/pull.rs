@@ -20,6 +20,13 @@ use tokio::time::Instant;
 /// The priority group every unit consumer has.
 pub const PIN_GROUP: &str = "weir";
 /// How long the server keeps one pull request waiting for rows.
+/// Whether header `name` is one the server adds as it delivers a message
+/// (the pin of a priority group), not part of the stored row: plugins, dead
+/// letters and replays never see it.
+pub fn is_delivery_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case(async_nats::header::NATS_PIN_ID.as_ref())
+}
+
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
