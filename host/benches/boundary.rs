@@ -1,11 +1,12 @@
 //! Benchmark: what crossing weir's plugin boundary costs — one masking transform as native Rust and as a weir WASM plugin, and a no-op plugin for the boundary alone.
 //!
-//! The transform parses a 256-byte JSON row into an insertion-ordered map,
-//! replaces `email` and `card` with `"***"` and serializes it again. As a
-//! plugin it is the validator (`{ mask = ["email","card"] }`) called through
-//! weir's sandbox exactly as delivery calls it (`PluginInstance::transform`,
-//! one reused instance); natively it is the same steps in this process, and
-//! the two are checked to produce the same bytes. Batch sizes 1, 10, 100 and
+//! The transform parses a 256-byte JSON row (`weir_json`: keys borrowed,
+//! values raw), replaces `email` and `card` with `"***"` and writes it
+//! again. As a plugin it is the validator (`{ mask = ["email","card"] }`)
+//! called through weir's sandbox exactly as delivery calls it
+//! (`PluginInstance::transform`, one reused instance); natively it is the
+//! same code in this process, and the two are checked to produce the same
+//! bytes. Batch sizes 1, 10, 100 and
 //! 1000; each figure is the median of `WEIR_BENCH_SAMPLES` samples of
 //! `WEIR_BENCH_ROWS` rows, the variants taking turns so the machine's noise
 //! hits them alike, and each ratio the median of per-sample ratios. The
@@ -24,15 +25,14 @@ mod support;
 
 use std::hint::black_box;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use indexmap::IndexMap;
-use serde_json::Value;
 use weir::batch::Batch;
 use weir::config::{Config, Overrides};
 use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
+use weir_json::{Object, RawValue};
 
 use support::{Table, env_count, median, print_figure};
 
@@ -325,26 +325,25 @@ impl Masked {
     }
 }
 
-/// The validator's masking, natively: parse each payload into an
-/// insertion-ordered map (as the plugin's `preserve_order` serde_json does),
-/// replace the masked fields and serialize into one output buffer.
+/// The validator's masking, natively: the same `weir_json` code, each row
+/// parsed (keys borrowed, values raw), the masked fields replaced, and
+/// written into one output buffer.
 fn mask_native(rows: &Batch) -> Masked {
+    static MASK: OnceLock<Box<RawValue>> = OnceLock::new();
+    let mask = MASK.get_or_init(|| weir_json::raw(MASK_WITH));
     let mut masked = Masked {
         data: Vec::with_capacity(rows.data_len()),
         payloads: Vec::with_capacity(rows.len()),
     };
     for index in 0..rows.len() {
         let start = masked.data.len();
-        let Ok(mut object) = serde_json::from_slice::<IndexMap<String, Value>>(rows.payload(index))
-        else {
+        let Ok(mut object) = Object::parse(rows.payload(index)) else {
             continue;
         };
         for field in MASKED_FIELDS {
-            if let Some(value) = object.get_mut(field) {
-                *value = Value::String(MASK_WITH.to_string());
-            }
+            object.replace(field, mask);
         }
-        serde_json::to_writer(&mut masked.data, &object).expect("a JSON map always serializes");
+        object.write(&mut masked.data);
         masked.payloads.push(start..masked.data.len());
     }
     masked
