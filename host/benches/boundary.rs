@@ -16,7 +16,9 @@
 //! The naive reference (`plugins/bench/naive-mask`: the same masking behind
 //! a `list<list<u8>>` interface, the kind the reference figures were
 //! measured with) runs beside them on an engine configured like weir's, so
-//! the packed batch is compared with the interface it replaces.
+//! the packed batch is compared with the interface it replaces; and once
+//! more compiled without epoch interruption, to show what weir's per-call
+//! deadlines cost the guest's code.
 //!
 //! `cargo bench -p weir --bench boundary`.
 
@@ -73,6 +75,8 @@ enum Variant {
     Plugin,
     NoOp,
     Naive,
+    /// The naive reference without epoch interruption (no deadlines).
+    NaiveNoDeadline,
 }
 
 /// The naive `list<list<u8>>` reference, on its own engine (epoch
@@ -108,9 +112,13 @@ mod naive {
     }
 
     impl Instance {
-        pub async fn load(wasm: &str) -> Instance {
+        /// `deadlines`: compile with epoch interruption, as weir does (a check
+        /// at every function entry and loop back-edge), or without.
+        pub async fn load(wasm: &str, deadlines: bool) -> Instance {
             let mut config = wasmtime::Config::new();
-            config.wasm_component_model(true).epoch_interruption(true);
+            config
+                .wasm_component_model(true)
+                .epoch_interruption(deadlines);
             if std::env::var("WEIR_WASM_PROFILER").is_ok_and(|value| value == "perfmap") {
                 config.profiler(wasmtime::ProfilingStrategy::PerfMap);
             }
@@ -123,8 +131,10 @@ mod naive {
                 table: ResourceTable::new(),
             };
             let mut store = Store::new(&engine, state);
-            // The epoch never advances here: the checks run, as in weir, and never fire.
-            store.set_epoch_deadline(u64::MAX);
+            if deadlines {
+                // The epoch never advances here: the checks run, as in weir, and never fire.
+                store.set_epoch_deadline(u64::MAX);
+            }
             let naive = Naive::instantiate_async(&mut store, &component, &linker)
                 .await
                 .expect("the naive plugin instantiates");
@@ -153,6 +163,9 @@ struct AtBatch {
     naive: f64,
     /// naive / native, the same way.
     naive_ratio: f64,
+    /// The naive reference compiled without epoch interruption, / native:
+    /// what weir's per-call deadlines cost the guest's code.
+    unbounded_ratio: f64,
 }
 
 fn main() {
@@ -186,7 +199,11 @@ fn main() {
     let mut mask_instance = instantiate(&mask);
     let mut noop_instance = instantiate(&noop);
     let mut naive_instance =
-        runtime.block_on(naive::Instance::load(weir_test_artifacts::NAIVE_MASK));
+        runtime.block_on(naive::Instance::load(weir_test_artifacts::NAIVE_MASK, true));
+    let mut unbounded_instance = runtime.block_on(naive::Instance::load(
+        weir_test_artifacts::NAIVE_MASK,
+        false,
+    ));
 
     check_same_work(
         &runtime,
@@ -209,6 +226,9 @@ fn main() {
                 Variant::Plugin => time_plugin(&runtime, &mut mask_instance, &batches, calls),
                 Variant::NoOp => time_plugin(&runtime, &mut noop_instance, &batches, calls),
                 Variant::Naive => time_naive(&runtime, &mut naive_instance, &naive_batches, calls),
+                Variant::NaiveNoDeadline => {
+                    time_naive(&runtime, &mut unbounded_instance, &naive_batches, calls)
+                }
             };
             elapsed.as_nanos() as f64 / rows_per_sample as f64
         };
@@ -218,19 +238,23 @@ fn main() {
             Variant::Plugin,
             Variant::NoOp,
             Variant::Naive,
+            Variant::NaiveNoDeadline,
         ] {
             per_row(variant);
         }
-        let (mut native, mut plugin, mut noop, mut naive) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut native, mut plugin, mut noop, mut naive, mut unbounded) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..samples {
             native.push(per_row(Variant::Native));
             plugin.push(per_row(Variant::Plugin));
             noop.push(per_row(Variant::NoOp));
             naive.push(per_row(Variant::Naive));
+            unbounded.push(per_row(Variant::NaiveNoDeadline));
         }
         let ratios: Vec<f64> = plugin.iter().zip(&native).map(|(p, n)| p / n).collect();
         let naive_ratios: Vec<f64> = naive.iter().zip(&native).map(|(p, n)| p / n).collect();
+        let unbounded_ratios: Vec<f64> =
+            unbounded.iter().zip(&native).map(|(p, n)| p / n).collect();
         let measured = AtBatch {
             batch,
             native: median(&native),
@@ -239,6 +263,7 @@ fn main() {
             ratio: median(&ratios),
             naive: median(&naive),
             naive_ratio: median(&naive_ratios),
+            unbounded_ratio: median(&unbounded_ratios),
         };
         eprintln!(
             "batch {batch}: native {:.0}, plugin {:.0}, no-op {:.0}, naive {:.0} ns/row",
@@ -403,6 +428,11 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             &format!("ratio_naive_to_native_batch_{batch}"),
             at.naive_ratio,
         );
+        print_figure(
+            BENCH,
+            &format!("ratio_naive_without_deadlines_to_native_batch_{batch}"),
+            at.unbounded_ratio,
+        );
     }
     // A call of n rows costs per_call + n × per_row. The slope comes from the
     // two largest batches (where per-call cost hardly matters), the
@@ -429,6 +459,7 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
         "plugin - no-op",
         "naive list<list<u8>>",
         "naive x native",
+        "naive, no deadlines, x native",
     ]);
     for at in results {
         table.push(vec![
@@ -440,6 +471,7 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             format!("{:.0}", at.plugin - at.noop),
             format!("{:.0}", at.naive),
             format!("{:.2}", at.naive_ratio),
+            format!("{:.2}", at.unbounded_ratio),
         ]);
     }
     table.print();

@@ -6,8 +6,9 @@
 //! per row instead of one per key and value. [`Object::write`] writes the
 //! fields back in their order: keys re-escaped, values verbatim, so numbers
 //! and nested values keep exactly the text the producer sent. A duplicated
-//! key keeps its first position and its last value, as `serde_json`'s
-//! ordered map does.
+//! key is kept as sent: [`Object::get`] reads its last value (as most
+//! parsers would), [`Object::replace`] replaces every one, so a masked
+//! field cannot slip through as a duplicate.
 //!
 //! ```
 //! use weir_json::{Object, raw};
@@ -20,11 +21,10 @@
 //! assert_eq!(out, br#"{"id":1,"email":"***"}"#);
 //! ```
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Cow;
 use std::fmt;
 
-use indexmap::IndexMap;
-use serde::de::{self, Deserialize, Deserializer, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 
 pub use serde_json::Error;
 pub use serde_json::value::RawValue;
@@ -32,19 +32,26 @@ pub use serde_json::value::RawValue;
 /// A JSON object whose keys borrow the input and whose values are raw JSON.
 #[derive(Debug)]
 pub struct Object<'a> {
-    fields: IndexMap<Key<'a>, &'a RawValue>,
+    fields: Vec<(Key<'a>, &'a RawValue)>,
 }
 
 impl<'a> Object<'a> {
     /// Parses `json`, which must be one JSON object (surrounding whitespace allowed).
     pub fn parse(json: &'a [u8]) -> Result<Object<'a>, Error> {
-        let fields = serde_json::from_slice(json)?;
-        Ok(Object { fields })
+        // One UTF-8 check of the whole row: parsing a `str` spares serde_json
+        // from checking every key and value on its own.
+        let text = std::str::from_utf8(json)
+            .map_err(|err| <Error as de::Error>::custom(format_args!("not UTF-8 ({err})")))?;
+        serde_json::from_str(text)
     }
 
-    /// The raw text of field `key`, if present.
+    /// The raw text of field `key` (its last value if duplicated), if present.
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        self.fields.get(key).map(|value| value.get())
+        self.fields
+            .iter()
+            .rev()
+            .find(|(name, _)| name.0 == key)
+            .map(|(_, value)| value.get())
     }
 
     /// True when field `key` is absent or `null`.
@@ -52,15 +59,16 @@ impl<'a> Object<'a> {
         self.get(key).is_none_or(|value| value == "null")
     }
 
-    /// Replaces the value of field `key` if present; true if it was.
+    /// Replaces the value of field `key` (every one, if duplicated); true if present.
     pub fn replace(&mut self, key: &str, value: &'a RawValue) -> bool {
-        match self.fields.get_mut(key) {
-            Some(slot) => {
+        let mut found = false;
+        for (name, slot) in &mut self.fields {
+            if name.0 == key {
                 *slot = value;
-                true
+                found = true;
             }
-            None => false,
         }
+        found
     }
 
     pub fn len(&self) -> usize {
@@ -78,7 +86,16 @@ impl<'a> Object<'a> {
             if index > 0 {
                 out.push(b',');
             }
-            write_string(out, &key.0);
+            match &key.0 {
+                // Borrowed means it had no escapes (and JSON strings hold no
+                // raw control characters): its text goes back as it came.
+                Cow::Borrowed(text) => {
+                    out.push(b'"');
+                    out.extend_from_slice(text.as_bytes());
+                    out.push(b'"');
+                }
+                Cow::Owned(text) => write_string(out, text),
+            }
             out.push(b':');
             out.extend_from_slice(value.get().as_bytes());
         }
@@ -100,16 +117,36 @@ fn write_string(out: &mut Vec<u8>, text: &str) {
     let _ = serde_json::to_writer(out, text);
 }
 
-/// A key: borrowed from the input unless it had escapes.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Key<'a>(Cow<'a, str>);
+/// Fields most rows have, reserved up front so a row's parse allocates once.
+const USUAL_FIELDS: usize = 16;
 
-// `Cow<str>` hashes and compares as the `str` it holds, so lookups by `&str` agree.
-impl Borrow<str> for Key<'_> {
-    fn borrow(&self) -> &str {
-        &self.0
+impl<'de> Deserialize<'de> for Object<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = Object<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(USUAL_FIELDS));
+                while let Some(field) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                    fields.push(field);
+                }
+                Ok(Object { fields })
+            }
+        }
+
+        deserializer.deserialize_map(ObjectVisitor)
     }
 }
+
+/// A key: borrowed from the input unless it had escapes.
+#[derive(Debug)]
+struct Key<'a>(Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -178,8 +215,18 @@ mod tests {
     }
 
     #[test]
-    fn a_duplicate_key_keeps_its_first_place_and_last_value() {
-        assert_eq!(rewrite(r#"{"a":1,"b":2,"a":3}"#, &[]), r#"{"a":3,"b":2}"#);
+    fn a_duplicated_key_is_kept_read_by_its_last_value_and_masked_everywhere() {
+        assert_eq!(
+            rewrite(r#"{"a":1,"b":2,"a":3}"#, &[]),
+            r#"{"a":1,"b":2,"a":3}"#
+        );
+        assert_eq!(
+            rewrite(r#"{"a":1,"b":2,"a":3}"#, &["a"]),
+            r#"{"a":"***","b":2,"a":"***"}"#
+        );
+        let object = Object::parse(br#"{"a":1,"a":null}"#).unwrap();
+        assert_eq!(object.get("a"), Some("null"));
+        assert!(object.is_absent_or_null("a"));
     }
 
     #[test]
@@ -192,9 +239,18 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_one_object() {
-        for bad in ["[1]", "1", "{oops", r#"{"a":1} x"#, r#"{"a":[1,}"#] {
+        for bad in [
+            "[1]",
+            "1",
+            "{oops",
+            r#"{"a":1} x"#,
+            r#"{"a":[1,}"#,
+            "{\"a\":\"\u{1}\"}",
+        ] {
             assert!(Object::parse(bad.as_bytes()).is_err(), "{bad}");
         }
+        let err = Object::parse(b"{\"a\":\"\xff\"}").unwrap_err();
+        assert!(err.to_string().starts_with("not UTF-8"), "{err}");
     }
 
     #[test]
