@@ -171,6 +171,9 @@ pub struct StreamConfig {
 #[derive(Debug, Clone)]
 pub struct DeliveryConfig {
     pub batch_rows: usize,
+    /// Rows asked for per pull request (at least `batch_rows`): the server
+    /// sends the next batches' rows while one runs, in fewer requests.
+    pub pull_rows: usize,
     pub batch_bytes: usize,
     /// How long a batch waits to fill after its first row.
     pub batch_wait: Duration,
@@ -348,6 +351,7 @@ struct RawStream {
 #[serde(deny_unknown_fields)]
 struct RawDelivery {
     batch_rows: Option<usize>,
+    pull_rows: Option<usize>,
     batch_bytes: Option<usize>,
     batch_wait_ms: Option<u64>,
     ack_wait_secs: Option<u64>,
@@ -622,8 +626,10 @@ impl<'a> Checker<'a> {
             duplicate_window: Duration::from_secs(raw.stream.duplicate_window_secs.unwrap_or(120)),
         };
 
+        let batch_rows = raw.delivery.batch_rows.unwrap_or(256).max(1);
         let delivery = DeliveryConfig {
-            batch_rows: raw.delivery.batch_rows.unwrap_or(256).max(1),
+            batch_rows,
+            pull_rows: raw.delivery.pull_rows.unwrap_or(1000).max(batch_rows),
             batch_bytes: raw.delivery.batch_bytes.unwrap_or(1 << 20).max(1),
             batch_wait: Duration::from_millis(raw.delivery.batch_wait_ms.unwrap_or(5)),
             ack_wait: Duration::from_secs(raw.delivery.ack_wait_secs.unwrap_or(30).max(1)),

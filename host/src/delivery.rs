@@ -141,7 +141,7 @@ impl UnitWorker {
             self.js.clone(),
             stream_name,
             consumer_name.clone(),
-            self.settings.batch_rows,
+            self.settings.pull_rows,
         )
         .await
         .map_err(|err| DeliveryError::Bind {
@@ -154,20 +154,21 @@ impl UnitWorker {
                 first = puller.next() => first,
             };
             let batch = fill_batch(&self.settings, first, &mut puller).await;
-            self.process(batch).await;
+            self.process(batch, Some(&mut puller)).await;
         }
         let mut rest = puller.release().await;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
-            self.process(batch).await;
+            self.process(batch, None).await;
         }
         Ok(())
     }
 
     /// Runs a batch through its pipelines, keeping its rows alive while it
     /// runs, then settles every row.
-    async fn process(&mut self, batch: Vec<Message>) {
+    /// `puller`: where rows received meanwhile are kept alive too.
+    async fn process(&mut self, batch: Vec<Message>, puller: Option<&mut Puller>) {
         self.adopt_new_generation();
         self.metrics.batches.inc();
         let work = run_pipelines(
@@ -177,7 +178,7 @@ impl UnitWorker {
             &self.settings,
             &batch,
         );
-        let verdicts = keep_alive(&batch, self.settings.ack_wait, work).await;
+        let verdicts = keep_alive(&batch, puller, self.settings.ack_wait, work).await;
         self.settler.settle(batch, verdicts).await;
     }
 }
@@ -306,10 +307,11 @@ async fn run_pipelines(
 }
 
 /// Runs `work` while telling JetStream every third of the ack wait that the
-/// batch's rows are still being worked on, so a long batch is not
-/// redelivered under its own feet.
+/// batch's rows, and those received for the next batches, are still being
+/// worked on, so a long batch is not redelivered under its own feet.
 async fn keep_alive<F: std::future::Future>(
     batch: &[Message],
+    mut puller: Option<&mut Puller>,
     ack_wait: Duration,
     work: F,
 ) -> F::Output {
@@ -324,6 +326,9 @@ async fn keep_alive<F: std::future::Future>(
                     if let Err(err) = message.ack_with(AckKind::Progress).await {
                         tracing::debug!(error = %err, "cannot extend a row's ack wait");
                     }
+                }
+                if let Some(puller) = puller.as_deref_mut() {
+                    puller.keep_received_alive().await;
                 }
             }
         }

@@ -9,7 +9,10 @@
 //! returns the rows that were already on their way, for the caller to
 //! finish before the next owner starts.
 
+use std::collections::VecDeque;
 use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
 
 use async_nats::jetstream::{self, Message};
 use async_nats::{Client, StatusCode, Subscriber};
@@ -19,7 +22,7 @@ use tokio::time::Instant;
 
 /// The priority group every unit consumer has.
 pub const PIN_GROUP: &str = "weir";
-/// How long the server keeps one pull request waiting for rows.
+
 /// Whether header `name` is one the server adds as it delivers a message
 /// (the pin of a priority group), not part of the stored row: plugins, dead
 /// letters and replays never see it.
@@ -27,6 +30,7 @@ pub fn is_delivery_header(name: &str) -> bool {
     name.eq_ignore_ascii_case(async_nats::header::NATS_PIN_ID.as_ref())
 }
 
+/// How long the server keeps one pull request waiting for rows.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
@@ -83,6 +87,9 @@ pub struct Puller {
     batch: usize,
     pin: Option<String>,
     outstanding: Option<Outstanding>,
+    /// Rows received while a batch ran ([`Puller::keep_received_alive`]),
+    /// handed out before any newer one.
+    received: VecDeque<Message>,
 }
 
 impl Puller {
@@ -113,6 +120,7 @@ impl Puller {
             batch: batch.max(1),
             pin: None,
             outstanding: None,
+            received: VecDeque::new(),
         })
     }
 
@@ -129,6 +137,9 @@ impl Puller {
     /// Cancel-safe: a request is either not sent or sent and recorded
     /// (sending to the client's queue is the only await before recording).
     pub async fn next_until(&mut self, deadline: Option<Instant>) -> Option<Message> {
+        if let Some(row) = self.received.pop_front() {
+            return Some(row);
+        }
         loop {
             if self.outstanding.is_none() {
                 self.request().await;
@@ -160,7 +171,7 @@ impl Puller {
     /// reaches this puller afterwards; the caller finishes these rows and
     /// the next owner can start.
     pub async fn release(mut self) -> Vec<Message> {
-        let mut rows = Vec::new();
+        let mut rows: Vec<Message> = self.received.drain(..).collect();
         // Unpinned even if no row came yet: one may be on the wire, and the
         // server pins the receiver of the first row.
         let pin = self.pin.take();
@@ -195,6 +206,23 @@ impl Puller {
     }
 
     /// Sends one pull request and records it as outstanding.
+    /// A request asks for more rows than a batch takes, so the server sends
+    /// the next batches' rows while one runs. Their ack wait runs too: this
+    /// takes in what has arrived and tells the server every such row is
+    /// still being worked on. Called as a running batch is kept alive.
+    pub async fn keep_received_alive(&mut self) {
+        while let Some(Some(message)) = self.subscriber.next().now_or_never() {
+            if let Some(row) = self.receive(message).await {
+                self.received.push_back(row);
+            }
+        }
+        for row in &self.received {
+            if let Err(err) = row.ack_with(AckKind::Progress).await {
+                tracing::debug!(error = %err, "cannot extend a received row's ack wait");
+            }
+        }
+    }
+
     async fn request(&mut self) {
         let body = PullRequest {
             batch: self.batch,

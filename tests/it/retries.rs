@@ -157,25 +157,40 @@ async fn a_row_that_keeps_asking_for_retry_is_dead_lettered_and_replayed_after_a
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_that_outlives_the_ack_wait_is_not_redelivered_while_it_runs() {
+    slow_batches_are_not_redelivered("ack_wait_secs = 1", 3500, 3).await;
+}
+
+/// One-row batches from ten-row pull requests: the rows received for the
+/// next batches wait in the host while a slow batch runs, past the ack
+/// wait, and must be kept alive too.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_received_for_later_batches_are_kept_alive_while_a_batch_runs() {
+    slow_batches_are_not_redelivered("ack_wait_secs = 1\nbatch_rows = 1\npull_rows = 10", 1500, 3)
+        .await;
+}
+
+/// Runs `rows` rows through a plugin that takes `slow_ms` per batch, with
+/// `delivery` settings, and checks every row was delivered exactly once.
+async fn slow_batches_are_not_redelivered(delivery: &str, slow_ms: u64, rows: usize) {
     let nats = Nats::start();
     let extra = chaos(
         "slow",
-        "mode = \"slow\", slow_ms = 3500",
+        &format!("mode = \"slow\", slow_ms = {slow_ms}"),
         "deadline_ms = 10000",
     );
-    let config =
-        base_config(nats.url(), &extra).replace("[delivery]\n", "[delivery]\nack_wait_secs = 1\n");
+    let config = base_config(nats.url(), &extra)
+        .replace("[delivery]\n", &format!("[delivery]\n{delivery}\n"));
     let host = TestHost::start(&config).await;
-    assert_eq!(host.ingest("slow", orders(0, 3)).await.status(), 202);
+    assert_eq!(host.ingest("slow", orders(0, rows)).await.status(), 202);
 
-    eventually(Duration::from_secs(30), "3 rows delivered", || async {
-        (host.sink_lines("slow").len() >= 3).then_some(())
+    eventually(Duration::from_secs(30), "every row delivered", || async {
+        (host.sink_lines("slow").len() >= rows).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
         host.sink_lines("slow").len(),
-        3,
+        rows,
         "delivered once, not again after the ack wait"
     );
     let client = nats.client().await;
