@@ -485,7 +485,8 @@ async fn fill_batch(
     puller: &mut Puller,
 ) -> Vec<Message> {
     let mut bytes = first.payload.len();
-    let mut batch = vec![first];
+    let mut batch = Vec::with_capacity(settings.batch_rows);
+    batch.push(first);
     let deadline = Instant::now() + settings.batch_wait;
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes {
         match puller.next_until(Some(deadline)).await {
