@@ -51,14 +51,19 @@ pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::batch::Batch> {
         .collect()
 }
 
-/// The payloads a transform emitted for `input`, one per row; panics unless
-/// it replaced every row by exactly one row (what the masking bench expects).
-pub fn replaced_payloads(
+/// Runs `input` through a masking plugin and returns the payloads it
+/// emitted, one per row; panics unless it replaced every row by exactly one
+/// row (what the masking benches expect).
+pub fn masked_by_plugin(
+    runtime: &tokio::runtime::Runtime,
+    instance: &mut weir::sandbox::PluginInstance,
     input: &weir::batch::Batch,
-    transformed: &weir::sandbox::bindings::Transformed,
 ) -> Vec<Vec<u8>> {
     use weir::batch::{Answer, Batch, Outcome};
-    let mut answer = Answer::new(transformed, input.len()).expect("a well-formed answer");
+    let transformed = runtime
+        .block_on(instance.transform(input))
+        .expect("the masking plugin runs");
+    let mut answer = Answer::new(&transformed, input.len()).expect("a well-formed answer");
     let mut next = Batch::default();
     for index in 0..input.len() {
         match answer.outcome(index).expect("a well-formed outcome") {

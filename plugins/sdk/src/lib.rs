@@ -52,6 +52,7 @@ pub mod sink;
 pub mod transform;
 
 mod settings;
+mod slot;
 
 #[doc(inline)]
 pub use budget::export_budget;

@@ -20,8 +20,10 @@ wit_bindgen::generate!({
     },
 });
 
-use std::cell::RefCell;
 use std::thread::LocalKey;
+
+#[doc(hidden)]
+pub use crate::slot::Slot;
 
 use crate::rows::Rows;
 
@@ -45,26 +47,17 @@ pub trait Sink: Sized + 'static {
     fn deliver(&mut self, rows: &Rows) -> Vec<Delivery>;
 }
 
-/// Where [`export_sink!`](crate::export_sink) keeps the instance's plugin.
-#[doc(hidden)]
-pub type Slot<P> = RefCell<Option<P>>;
-
 #[doc(hidden)]
 pub fn init<P: Sink>(slot: &'static LocalKey<Slot<P>>, settings: String) -> Result<(), String> {
-    let plugin = P::init(settings)?;
-    slot.with(|slot| *slot.borrow_mut() = Some(plugin));
-    Ok(())
+    crate::slot::fill(slot, P::init(settings))
 }
 
 #[doc(hidden)]
 pub fn run<P: Sink>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Delivered {
     let rows = Rows::from_batch(batch);
-    let deliveries = slot.with(|slot| match slot.borrow_mut().as_mut() {
-        Some(plugin) => plugin.deliver(&rows),
-        // The host always calls `init` first; a trap tells it otherwise.
-        None => panic!("weir-plugin: deliver called before init"),
-    });
-    pack(deliveries)
+    pack(crate::slot::with(slot, |plugin: &mut P| {
+        plugin.deliver(&rows)
+    }))
 }
 
 /// Packs a sink's answer (see `delivered` in `wit/types.wit`).

@@ -15,8 +15,10 @@ wit_bindgen::generate!({
     default_bindings_module: "weir_plugin::transform",
 });
 
-use std::cell::RefCell;
 use std::thread::LocalKey;
+
+#[doc(hidden)]
+pub use crate::slot::Slot;
 
 use crate::rows::{HEADER_WIDTH, Packer, Row, Rows, bytes, number, text};
 
@@ -200,29 +202,19 @@ pub struct EmittedRow {
     pub headers: Vec<(String, String)>,
 }
 
-/// Where [`export_transform!`](crate::export_transform) keeps the instance's plugin.
-#[doc(hidden)]
-pub type Slot<P> = RefCell<Option<P>>;
-
 #[doc(hidden)]
 pub fn init<P: Transform>(
     slot: &'static LocalKey<Slot<P>>,
     settings: String,
 ) -> Result<(), String> {
-    let plugin = P::init(settings)?;
-    slot.with(|slot| *slot.borrow_mut() = Some(plugin));
-    Ok(())
+    crate::slot::fill(slot, P::init(settings))
 }
 
 #[doc(hidden)]
 pub fn run<P: Transform>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Transformed {
     let rows = Rows::from_batch(batch);
     let mut out = Outcomes::with_capacity(rows.len());
-    slot.with(|slot| match slot.borrow_mut().as_mut() {
-        Some(plugin) => plugin.transform(&rows, &mut out),
-        // The host always calls `init` first; a trap tells it otherwise.
-        None => panic!("weir-plugin: transform called before init"),
-    });
+    crate::slot::with(slot, |plugin: &mut P| plugin.transform(&rows, &mut out));
     out.into_transformed()
 }
 
