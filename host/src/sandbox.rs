@@ -81,6 +81,8 @@ use bindings::transform::weir::plugin::host::{self as host_api, Level};
 use bindings::transform::{Transform, TransformPre};
 use bindings::{Admission, Decision, Delivered, Route, TableRoute, Topology, Transformed};
 
+/// The version of the `weir:plugin` WIT package (`wit/types.wit`) this host speaks.
+pub const WIT_VERSION: &str = "0.2.0";
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -118,13 +120,21 @@ pub enum LoadError {
         reason: String,
     },
     #[error(
-        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@0.2.0`: missing export {missing}"
+        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@{WIT_VERSION}`: missing export {missing}"
     )]
     WrongWorld {
         plugin: String,
         path: String,
         world: &'static str,
         missing: String,
+    },
+    #[error(
+        "plugin `{plugin}`: {path} was built against `weir:plugin@{found}`; this weir speaks `weir:plugin@{WIT_VERSION}`: rebuild it with the matching SDK"
+    )]
+    WrongVersion {
+        plugin: String,
+        path: String,
+        found: String,
     },
     #[error("plugin `{plugin}`: {path} imports something weir does not provide: {reason}")]
     Link {
@@ -284,6 +294,13 @@ impl Sandbox {
                 reason: format!("{err:#}"),
             })?;
 
+        if let Some(found) = foreign_version(&self.engine, &component) {
+            return Err(LoadError::WrongVersion {
+                plugin,
+                path,
+                found,
+            });
+        }
         check_world(&self.engine, &component, config.world).map_err(|missing| {
             LoadError::WrongWorld {
                 plugin: plugin.clone(),
@@ -412,6 +429,24 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
 
 /// The component's `wasi:http/…` import, if it has any; the outgoing
 /// handler is named first, since that is what reaches the network.
+/// The version of `weir:plugin` a component imports, when it is not this
+/// host's (a plugin built with an older SDK).
+fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .find_map(|(name, _)| imported_version(name).filter(|v| *v != WIT_VERSION))
+        .map(str::to_string)
+}
+
+/// `weir:plugin/host@0.1.0` → `0.1.0`; none for anything else.
+fn imported_version(import: &str) -> Option<&str> {
+    import
+        .strip_prefix("weir:plugin/")?
+        .split_once('@')
+        .map(|(_, version)| version)
+}
+
 fn http_import(engine: &Engine, component: &Component) -> Option<String> {
     let mut imports: Vec<String> = component
         .component_type()
@@ -1088,5 +1123,27 @@ impl tokio::io::AsyncWrite for StderrTail {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wit_version_is_the_packages() {
+        let wit = include_str!("../../wit/types.wit");
+        assert!(
+            wit.contains(&format!("package weir:plugin@{WIT_VERSION};")),
+            "wit/types.wit names another version than WIT_VERSION"
+        );
+    }
+
+    #[test]
+    fn an_imports_weir_plugin_version_is_read_from_its_name() {
+        assert_eq!(imported_version("weir:plugin/host@0.1.0"), Some("0.1.0"));
+        assert_eq!(imported_version("weir:plugin/types@0.2.0"), Some("0.2.0"));
+        assert_eq!(imported_version("wasi:io/streams@0.2.6"), None);
+        assert_eq!(imported_version("weir:plugin/host"), None);
     }
 }
