@@ -21,7 +21,7 @@ use crate::config::{Config, DeliveryConfig};
 use crate::coordination::WorkerFactory;
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::pipeline::{PipelineRunner, Verdict};
-use crate::pull::{Puller, is_delivery_header};
+use crate::pull::{PullSize, Puller, is_delivery_header};
 use crate::route::{Router, Unit};
 use crate::sandbox::Plugin;
 use crate::telemetry::Metrics;
@@ -141,7 +141,15 @@ impl UnitWorker {
             self.js.clone(),
             stream_name,
             consumer_name.clone(),
-            self.settings.pull_rows,
+            PullSize {
+                min_rows: self.settings.batch_rows,
+                max_rows: self.settings.pull_rows,
+                // As many bytes as the batches the largest request makes.
+                bytes: self
+                    .settings
+                    .batch_bytes
+                    .saturating_mul(self.settings.pull_rows.div_ceil(self.settings.batch_rows)),
+            },
         )
         .await
         .map_err(|err| DeliveryError::Bind {

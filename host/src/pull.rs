@@ -76,6 +76,33 @@ struct Outstanding {
     lost_after: Instant,
 }
 
+/// How much one pull request asks for: up to `max_rows` rows, but no more
+/// than about `bytes` of them at the rows' mean size so far, and at least
+/// `min_rows` (a batch). Large rows thus get a batch per request, as before
+/// requests grew, and small rows a larger request.
+#[derive(Debug, Clone, Copy)]
+pub struct PullSize {
+    pub min_rows: usize,
+    pub max_rows: usize,
+    pub bytes: usize,
+}
+
+impl PullSize {
+    /// The rows to ask for, given the mean row size seen (0: none seen yet).
+    pub fn rows_for(&self, mean_row_bytes: f64) -> usize {
+        let min = self.min_rows.max(1);
+        let max = self.max_rows.max(min);
+        if mean_row_bytes <= 0.0 {
+            return min;
+        }
+        let by_bytes = (self.bytes as f64 / mean_row_bytes) as usize;
+        by_bytes.clamp(min, max)
+    }
+}
+
+/// Weight of the newest row in the running mean of row sizes.
+const MEAN_WEIGHT: f64 = 0.01;
+
 /// Pulls one unit consumer, one request at a time.
 pub struct Puller {
     client: Client,
@@ -84,7 +111,9 @@ pub struct Puller {
     consumer: String,
     inbox: async_nats::Subject,
     subscriber: Subscriber,
-    batch: usize,
+    size: PullSize,
+    /// Running mean of the payload sizes received, 0 until the first row.
+    mean_row_bytes: f64,
     pin: Option<String>,
     outstanding: Option<Outstanding>,
     /// Rows received while a batch ran ([`Puller::keep_received_alive`]),
@@ -98,7 +127,7 @@ impl Puller {
         js: jetstream::Context,
         stream: String,
         consumer: String,
-        batch: usize,
+        size: PullSize,
     ) -> Result<Puller, PullError> {
         let client = js.client();
         let inbox = async_nats::Subject::from(client.new_inbox());
@@ -117,7 +146,8 @@ impl Puller {
             consumer,
             inbox,
             subscriber,
-            batch: batch.max(1),
+            size,
+            mean_row_bytes: 0.0,
             pin: None,
             outstanding: None,
             received: VecDeque::new(),
@@ -224,8 +254,9 @@ impl Puller {
     }
 
     async fn request(&mut self) {
+        let batch = self.size.rows_for(self.mean_row_bytes);
         let body = PullRequest {
-            batch: self.batch,
+            batch,
             expires: PULL_EXPIRES,
             idle_heartbeat: PULL_HEARTBEAT,
             group: PIN_GROUP,
@@ -245,7 +276,7 @@ impl Puller {
         {
             Ok(()) => {
                 self.outstanding = Some(Outstanding {
-                    remaining: self.batch,
+                    remaining: batch,
                     lost_after: Instant::now() + PULL_EXPIRES + LOST_REQUEST_GRACE,
                 })
             }
@@ -270,6 +301,12 @@ impl Puller {
                 {
                     self.pin = Some(pin.to_string());
                 }
+                self.mean_row_bytes = if self.mean_row_bytes == 0.0 {
+                    message.payload.len() as f64
+                } else {
+                    self.mean_row_bytes * (1.0 - MEAN_WEIGHT)
+                        + message.payload.len() as f64 * MEAN_WEIGHT
+                };
                 if let Some(outstanding) = &mut self.outstanding {
                     outstanding.remaining = outstanding.remaining.saturating_sub(1);
                     if outstanding.remaining == 0 {
@@ -336,5 +373,23 @@ pub fn api_error(payload: &[u8]) -> Option<String> {
         }
         Ok(_) => None,
         Err(err) => Some(format!("unreadable reply: {err}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_holds_many_small_rows_but_only_a_batch_of_large_ones() {
+        let size = PullSize {
+            min_rows: 256,
+            max_rows: 1000,
+            bytes: 4 << 20,
+        };
+        assert_eq!(size.rows_for(0.0), 256, "no row seen yet: one batch");
+        assert_eq!(size.rows_for(256.0), 1000);
+        assert_eq!(size.rows_for(8192.0), 512);
+        assert_eq!(size.rows_for(1_000_000.0), 256);
     }
 }
