@@ -11,11 +11,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, Message};
+use async_nats::jetstream::{self, AckKind};
+use async_nats::{Client, Message};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::ack;
 use crate::batch::{Batch, Position};
 use crate::config::{Config, DeliveryConfig};
 use crate::coordination::WorkerFactory;
@@ -94,6 +96,8 @@ pub struct UnitWorker {
 /// Settles rows: the part of a worker that holds no plugin instance, so it
 /// can be borrowed across awaits while the worker is sent between threads.
 struct Settler {
+    /// Answers every row's ack subject: one handle for all rows.
+    client: Client,
     router: Router,
     settings: DeliveryConfig,
     dead_letters: DeadLetters,
@@ -112,6 +116,7 @@ impl UnitWorker {
         let settings = pipelines.config.delivery.clone();
         let runners = pipelines.runners();
         let settler = Settler {
+            client: js.client(),
             router: router.clone(),
             settings: settings.clone(),
             dead_letters: DeadLetters::new(js.clone(), router.clone()),
@@ -186,7 +191,8 @@ impl UnitWorker {
             &self.settings,
             &batch,
         );
-        let verdicts = keep_alive(&batch, puller, self.settings.ack_wait, work).await;
+        let client = &self.settler.client;
+        let verdicts = keep_alive(&batch, client, puller, self.settings.ack_wait, work).await;
         self.settler.settle(batch, verdicts).await;
     }
 }
@@ -292,7 +298,7 @@ async fn run_pipelines(
                 }
                 Err(failure) => {
                     let index = part[0];
-                    let attempt = batch[index].info().map_or(1, |info| info.delivered);
+                    let attempt = ack::info(&batch[index]).map_or(1, |info| info.delivered);
                     tracing::warn!(
                         plugin = failure.plugin.name(),
                         subject = %batch[index].subject,
@@ -303,7 +309,7 @@ async fn run_pipelines(
                     verdicts[index] = Verdict::Retry {
                         delay: settings.backoff(
                             attempt,
-                            batch[index].info().map_or(0, |i| i.stream_sequence),
+                            ack::info(&batch[index]).map_or(0, |i| i.stream_sequence),
                         ),
                         reason: failure.error.message,
                     };
@@ -319,6 +325,7 @@ async fn run_pipelines(
 /// worked on, so a long batch is not redelivered under its own feet.
 async fn keep_alive<F: std::future::Future>(
     batch: &[Message],
+    client: &Client,
     mut puller: Option<&mut Puller>,
     ack_wait: Duration,
     work: F,
@@ -331,7 +338,7 @@ async fn keep_alive<F: std::future::Future>(
             output = &mut work => return output,
             _ = ticker.tick() => {
                 for message in batch {
-                    if let Err(err) = message.ack_with(AckKind::Progress).await {
+                    if let Err(err) = ack::reply(client, message, AckKind::Progress).await {
                         tracing::debug!(error = %err, "cannot extend a row's ack wait");
                     }
                 }
@@ -357,9 +364,7 @@ fn decode<'a>(
     pipelines: &Pipelines,
     message: &'a Message,
 ) -> Result<Decoded<'a>, String> {
-    let info = message
-        .info()
-        .map_err(|err| format!("no delivery info: {err}"))?;
+    let info = ack::info(message).ok_or("no delivery info: not a JetStream delivery")?;
     let (tenant, table) = router
         .parse(message.subject.as_str())
         .map_err(|err| err.to_string())?;
@@ -407,12 +412,16 @@ fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch
 }
 
 impl Settler {
+    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), String> {
+        ack::reply(&self.client, message, kind).await
+    }
+
     /// Acks, naks or dead-letters each row. Dead letters are stored before
     /// their rows are acked; a row whose letter was not stored is retried.
     async fn settle(&self, batch: Vec<Message>, mut verdicts: Vec<Verdict>) {
         let deliveries: Vec<i64> = batch
             .iter()
-            .map(|m| m.info().map_or(1, |info| info.delivered))
+            .map(|m| ack::info(m).map_or(1, |info| info.delivered))
             .collect();
         for (verdict, delivered) in verdicts.iter_mut().zip(&deliveries) {
             if let Verdict::Retry { reason, .. } = verdict
@@ -429,7 +438,7 @@ impl Settler {
         let mut lettered = Vec::new();
         for (index, (message, verdict)) in batch.iter().zip(&verdicts).enumerate() {
             if let Verdict::DeadLetter { plugin, reason } = verdict {
-                let info = message.info().ok();
+                let info = ack::info(message);
                 let (tenant, table) = self
                     .router
                     .parse(message.subject.as_str())
@@ -461,22 +470,21 @@ impl Settler {
             let result = match verdict {
                 Verdict::DeadLetter { .. } if failed => {
                     self.metrics.rows_retried.inc();
-                    message
-                        .ack_with(AckKind::Nak(Some(self.settings.failure_delay)))
+                    self.answer(message, AckKind::Nak(Some(self.settings.failure_delay)))
                         .await
                 }
                 Verdict::Done => {
                     self.metrics.rows_delivered.inc();
-                    message.ack().await
+                    self.answer(message, AckKind::Ack).await
                 }
                 Verdict::DeadLetter { reason, .. } => {
                     tracing::info!(subject = %message.subject, %reason, "row dead-lettered");
                     self.metrics.rows_dead_lettered.inc();
-                    message.ack().await
+                    self.answer(message, AckKind::Ack).await
                 }
                 Verdict::Retry { delay, .. } => {
                     self.metrics.rows_retried.inc();
-                    message.ack_with(AckKind::Nak(Some(delay))).await
+                    self.answer(message, AckKind::Nak(Some(delay))).await
                 }
             };
             if let Err(err) = result {

@@ -16,6 +16,7 @@
 //! one consumer, and the KV writes coordination needs) and [`host`], which
 //! wires them together.
 
+pub mod ack;
 pub mod batch;
 pub mod config;
 pub mod coordination;

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 
-use async_nats::jetstream::{self, Message};
+use async_nats::Message;
+use async_nats::jetstream;
 use async_nats::{Client, StatusCode, Subscriber};
 use futures::{FutureExt, StreamExt};
 use serde::Serialize;
@@ -106,7 +107,6 @@ const MEAN_WEIGHT: f64 = 0.01;
 /// Pulls one unit consumer, one request at a time.
 pub struct Puller {
     client: Client,
-    js: jetstream::Context,
     stream: String,
     consumer: String,
     inbox: async_nats::Subject,
@@ -141,7 +141,6 @@ impl Puller {
                 })?;
         Ok(Puller {
             client,
-            js,
             stream,
             consumer,
             inbox,
@@ -247,7 +246,7 @@ impl Puller {
             }
         }
         for row in &self.received {
-            if let Err(err) = row.ack_with(AckKind::Progress).await {
+            if let Err(err) = crate::ack::reply(&self.client, row, AckKind::Progress).await {
                 tracing::debug!(error = %err, "cannot extend a received row's ack wait");
             }
         }
@@ -288,7 +287,7 @@ impl Puller {
     }
 
     /// A row, or `None` for a status the server sent about the request.
-    async fn receive(&mut self, message: async_nats::Message) -> Option<Message> {
+    async fn receive(&mut self, message: Message) -> Option<Message> {
         match message.status {
             None | Some(StatusCode::OK) => {
                 if let Some(pin) = message
@@ -313,10 +312,7 @@ impl Puller {
                         self.outstanding = None;
                     }
                 }
-                Some(Message {
-                    message,
-                    context: self.js.clone(),
-                })
+                Some(message)
             }
             Some(StatusCode::IDLE_HEARTBEAT) => None,
             Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {

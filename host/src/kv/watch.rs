@@ -12,7 +12,7 @@
 //! consumer sequence number is skipped (messages dropped on the way), or
 //! when the server sends a status it should not.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
@@ -332,7 +332,7 @@ impl WatchTask {
                 ));
             }
         }
-        let Some(delivery) = message.reply.as_deref().and_then(parse_ack_subject) else {
+        let Some(delivery) = crate::ack::info(&message) else {
             return Next::Replace(format!(
                 "a message on `{}` without a JetStream reply subject",
                 message.subject
@@ -510,35 +510,6 @@ async fn delete_consumer(js: &jetstream::Context, stream: &str, name: &str) {
     }
 }
 
-/// What the `$JS.ACK…` reply subject of a delivered message says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Delivery {
-    stream_sequence: u64,
-    consumer_sequence: u64,
-    /// Messages left for the consumer after this one.
-    pending: u64,
-    created: SystemTime,
-}
-
-/// Parses `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>`
-/// and its newer form with `<domain>.<account hash>.` before the stream
-/// (and possibly more tokens after `<pending>`).
-fn parse_ack_subject(reply: &str) -> Option<Delivery> {
-    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
-    let numbers = match tokens.len() {
-        7 => &tokens[2..7],
-        n if n >= 9 => &tokens[4..9],
-        _ => return None,
-    };
-    let number = |index: usize| numbers[index].parse::<u64>().ok();
-    Some(Delivery {
-        stream_sequence: number(1)?,
-        consumer_sequence: number(2)?,
-        created: SystemTime::UNIX_EPOCH + Duration::from_nanos(number(3)?),
-        pending: number(4)?,
-    })
-}
-
 /// The operation of a KV message: its `KV-Operation` header, else the reason
 /// of a server-placed delete marker, else a put.
 pub(super) fn operation(headers: Option<&HeaderMap>) -> Operation {
@@ -565,25 +536,6 @@ fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_both_ack_subject_forms() {
-        let old = parse_ack_subject("$JS.ACK.KV_cfg.watch1.1.42.7.1700000000123456789.3");
-        let new = parse_ack_subject(
-            "$JS.ACK._.ACCHASH.KV_cfg.watch1.1.42.7.1700000000123456789.3.random",
-        );
-        let expected = Delivery {
-            stream_sequence: 42,
-            consumer_sequence: 7,
-            pending: 3,
-            created: SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789),
-        };
-        assert_eq!(old, Some(expected.clone()));
-        assert_eq!(new, Some(expected));
-        assert_eq!(parse_ack_subject("_INBOX.abc"), None);
-        assert_eq!(parse_ack_subject("$JS.ACK.KV_cfg.w.1.x.7.1.3"), None);
-        assert_eq!(parse_ack_subject("$JS.ACK.KV_cfg.w.1"), None);
-    }
 
     #[test]
     fn operations_come_from_headers_and_markers() {
