@@ -181,9 +181,14 @@ impl UnitWorker {
     /// Runs a batch through its pipelines, keeping its rows alive while it
     /// runs, then settles every row.
     /// `puller`: where rows received meanwhile are kept alive too.
-    async fn process(&mut self, batch: Vec<Message>, puller: Option<&mut Puller>) {
+    async fn process(&mut self, batch: Vec<Message>, mut puller: Option<&mut Puller>) {
         self.adopt_new_generation();
         self.metrics.batches.inc();
+        if let Some(puller) = puller.as_deref_mut() {
+            puller
+                .keep_received_alive_within(progress_period(self.settings.ack_wait))
+                .await;
+        }
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -320,6 +325,12 @@ async fn run_pipelines(
     verdicts
 }
 
+/// How often rows being worked on are answered "in progress": a third of
+/// the ack wait, so a row is answered in time even when a tick comes late.
+fn progress_period(ack_wait: Duration) -> Duration {
+    (ack_wait / 3).max(MIN_PROGRESS_PERIOD)
+}
+
 /// Runs `work` while telling JetStream every third of the ack wait that the
 /// batch's rows, and those received for the next batches, are still being
 /// worked on, so a long batch is not redelivered under its own feet.
@@ -330,7 +341,7 @@ async fn keep_alive<F: std::future::Future>(
     ack_wait: Duration,
     work: F,
 ) -> F::Output {
-    let period = (ack_wait / 3).max(MIN_PROGRESS_PERIOD);
+    let period = progress_period(ack_wait);
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     tokio::pin!(work);
     loop {

@@ -119,6 +119,8 @@ pub struct Puller {
     /// Rows received while a batch ran ([`Puller::keep_received_alive`]),
     /// handed out before any newer one.
     received: VecDeque<Message>,
+    /// When rows received were last kept alive.
+    kept_alive: Instant,
 }
 
 impl Puller {
@@ -150,6 +152,7 @@ impl Puller {
             pin: None,
             outstanding: None,
             received: VecDeque::new(),
+            kept_alive: Instant::now(),
         })
     }
 
@@ -234,7 +237,6 @@ impl Puller {
         rows
     }
 
-    /// Sends one pull request and records it as outstanding.
     /// A request asks for more rows than a batch takes, so the server sends
     /// the next batches' rows while one runs. Their ack wait runs too: this
     /// takes in what has arrived and tells the server every such row is
@@ -250,8 +252,19 @@ impl Puller {
                 tracing::debug!(error = %err, "cannot extend a received row's ack wait");
             }
         }
+        self.kept_alive = Instant::now();
     }
 
+    /// Keeps received rows alive unless that was done within `period`.
+    /// Called as each batch starts, so rows that wait through several short
+    /// batches (none long enough for a tick of its own) are answered too.
+    pub async fn keep_received_alive_within(&mut self, period: Duration) {
+        if self.kept_alive.elapsed() >= period {
+            self.keep_received_alive().await;
+        }
+    }
+
+    /// Sends one pull request and records it as outstanding.
     async fn request(&mut self) {
         let batch = self.size.rows_for(self.mean_row_bytes);
         let body = PullRequest {

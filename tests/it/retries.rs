@@ -169,6 +169,15 @@ async fn rows_received_for_later_batches_are_kept_alive_while_a_batch_runs() {
         .await;
 }
 
+/// Batches shorter than the keep-alive period, so none ticks on its own:
+/// the rows received for the last ones still wait past the ack wait in all,
+/// and must be answered as each batch starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_waiting_through_many_short_batches_are_kept_alive() {
+    slow_batches_are_not_redelivered("ack_wait_secs = 1\nbatch_rows = 1\npull_rows = 10", 250, 8)
+        .await;
+}
+
 /// Runs `rows` rows through a plugin that takes `slow_ms` per batch, with
 /// `delivery` settings, and checks every row was delivered exactly once.
 async fn slow_batches_are_not_redelivered(delivery: &str, slow_ms: u64, rows: usize) {
