@@ -30,8 +30,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use weir::batch::Batch;
 use weir::config::{Config, Overrides};
+use weir::delivery::batch::Batch;
 use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 use weir_json::{Object, RawValue};
@@ -391,7 +391,7 @@ fn time_plugin(
         let started = Instant::now();
         for call in 0..calls {
             let transformed = instance
-                .transform(&batches[call % batches.len()])
+                .transform(batches[call % batches.len()].packed())
                 .await
                 .expect("the plugin call succeeds");
             black_box(transformed);

@@ -28,14 +28,17 @@ use futures::future::join_all;
 use support::{Table, env_count, print_figure};
 use weir::config::{Config, Overrides};
 use weir::coordination::assignment::assign;
-use weir::coordination::{Coordination, Membership};
-use weir::delivery::{Pipelines, UnitWorker};
-use weir::kv::NatsKv;
-use weir::route::Router;
-use weir::status::unit_backlogs;
+use weir::coordination::{Coordination, Membership, UnitRunner};
+use weir::delivery::worker::Workers;
+use weir::host::DeliveryUnits;
+use weir::ingest::usage::Ledger;
+use weir::nats::kv::NatsKv;
+use weir::ops::status::unit_backlogs;
+use weir::reload::generation::Generation;
+use weir::reload::releases::ReleaseFollower;
 use weir::telemetry::Metrics;
-use weir::topology::Manifest;
-use weir::usage::Ledger;
+use weir::topology::manifest::Manifest;
+use weir::topology::route::Router;
 
 const BENCH: &str = "coordination_cost";
 const PARTITIONS: u32 = 8;
@@ -152,15 +155,15 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         .await?;
 
     // No pipelines: there are no rows, only coordination and idle pulls.
-    let pipelines = Pipelines::new(Arc::new(config), HashMap::new());
-    let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
+    let generation = Generation::new(Arc::new(config), HashMap::new());
+    let (generations, _) = tokio::sync::watch::channel(Arc::new(generation));
     let pulls = async_nats::connect(&url).await?;
-    let workers = UnitWorker::factory(
-        async_nats::jetstream::new(pulls.clone()),
-        router.clone(),
+    let workers: Arc<dyn UnitRunner> = Arc::new(DeliveryUnits(Workers {
+        js: async_nats::jetstream::new(pulls.clone()),
+        router: router.clone(),
         generations,
-        Metrics::default(),
-    );
+        metrics: Metrics::default(),
+    }));
 
     // Members join 16 at a time, as a fleet rolling out would.
     let started = Instant::now();
@@ -186,10 +189,14 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                         me: format!("member-{member:03}"),
                         http: String::new(),
                         ttl,
-                        workers: workers.clone(),
+                        units: workers.clone(),
                         metrics: metrics.clone(),
-                        plugins: Default::default(),
-                        ledger: Ledger::new(&format!("member-{member:03}")),
+                        plugins: Arc::new(Default::default),
+                        // Followed as a host follows them: the same watch.
+                        followers: vec![
+                            Arc::new(Ledger::new(&format!("member-{member:03}"))),
+                            ReleaseFollower::new().0,
+                        ],
                     })
                     .await
                 }

@@ -27,10 +27,10 @@ use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::stream::StreamExt;
 use weir::config::{Config, Overrides};
-use weir::embedded_nats::EmbeddedNats;
 use weir::host::RunningHost;
-use weir::route::Router;
-use weir::topology::Manifest;
+use weir::nats::embedded::EmbeddedNats;
+use weir::topology::manifest::Manifest;
+use weir::topology::route::Router;
 
 use support::{
     CountingAllocator, TENANT, Table, env_count, median, print_figure, publish_pipelined,
@@ -418,7 +418,7 @@ fn subjects(router: &Router, tables: &[String], shard_of: impl Fn(&str) -> u32) 
     tables
         .iter()
         .map(|table| {
-            let unit = weir::route::Unit {
+            let unit = weir::topology::route::Unit {
                 partition: 0,
                 shard: shard_of(table),
             };

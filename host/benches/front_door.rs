@@ -27,7 +27,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::route::Router;
+use weir::topology::route::Router;
 
 use support::{API_KEY, TENANT, Table, env_count, print_figure, publish_pipelined};
 

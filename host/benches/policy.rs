@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weir::config::{Config, Overrides};
-use weir::policy::{Admit, Placement, Policies};
+use weir::ingest::policy::{Admit, Placement, Policies};
+use weir::ingest::usage::{Queued, Usage};
 use weir::sandbox::{Plugin, Sandbox};
 use weir::telemetry::Metrics;
-use weir::usage::{Queued, Usage};
 
 use support::{Table, env_count, median, print_figure};
 

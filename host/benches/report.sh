@@ -17,14 +17,24 @@ rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md
 export WEIR_BENCH_MEMBERS=${WEIR_BENCH_MEMBERS:-64}
 export WEIR_BENCH_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || true)
 
+# weir's benches and the peer bench's own crate (host/benches/peer, outside
+# the workspace's default members so weir's tests never build Extism), always
+# named together: one feature resolution for every run, so nothing is rebuilt
+# between benches, and the same build as when the peer bench was weir's.
+packages=(-p weir -p weir-peer-bench)
+
+# CI's clippy leaves the peer bench's crate out with the rest of Extism.
+echo "== linting the peer bench"
+cargo clippy -p weir-peer-bench --all-targets --locked -- -D warnings
+
 echo "== building the benchmarks (release)"
-cargo bench -p weir --locked --no-run
+cargo bench "${packages[@]}" --locked --no-run
 started=$(date +%s)
 for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost; do
   echo "== $bench"
   bench_started=$(date +%s)
-  cargo bench -p weir --locked --bench "$bench" 2>"$dir/$bench.log" | tee "$dir/$bench.txt"
+  cargo bench "${packages[@]}" --locked --bench "$bench" 2>"$dir/$bench.log" | tee "$dir/$bench.txt"
   echo "== $bench took $(( $(date +%s) - bench_started )) s"
 done
-cargo bench -p weir --locked --bench report -- "$dir"
+cargo bench "${packages[@]}" --locked --bench report -- "$dir"
 echo "== all benchmarks took $(( $(date +%s) - started )) s; report: $dir/report.md"

@@ -1,9 +1,12 @@
-//! A running weir host: wires the parts together in the order a row meets
-//! them, and takes them down in reverse on shutdown.
+//! A running weir host, assembled in a straight line from the validated
+//! config: NATS → topology → sandbox (the first generation of plugins) →
+//! coordination (with delivery workers plugged in) → reload → front door and
+//! operator endpoints. Shutdown runs the other way: the front door stops,
+//! every unit is handed over after its last batch, acks are flushed, the
+//! embedded server stops.
 //!
-//! Start: NATS (embedded or configured) → topology → sandbox and plugins →
-//! delivery workers → front door. Stop: front door → workers finish their
-//! batch → NATS flushed → embedded server stopped.
+//! This is the only module that knows every subsystem: each of them takes
+//! the handles it needs here, and none reaches for another's internals.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,30 +14,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SyncPolicy};
-use crate::coordination::{Coordination, CoordinationError, Membership, host_id};
-use crate::delivery::{Pipelines, UnitWorker};
-use crate::embedded_nats::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
-use crate::front_door::{FrontDoor, Gate};
-use crate::kv::NatsKv;
-use crate::publish::Publisher;
-use crate::reload::{FleetReleases, Reloader, plugin_status};
-use crate::route::Router;
+use crate::coordination::{
+    Coordination, CoordinationError, KeyFollower, Membership, PluginVersions, UnitRunner, host_id,
+};
+use crate::delivery::worker::Workers;
+use crate::ingest::front_door::{FrontDoor, Gate};
+use crate::ingest::publish::Publisher;
+use crate::ingest::usage::Ledger;
+use crate::nats::connection::{self, ConnectError, Refusals};
+use crate::nats::embedded::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
+use crate::nats::kv::NatsKv;
+use crate::ops::http::Ops;
+use crate::ops::status::{NatsStatus, StatusSource};
+use crate::reload::generation::Generation;
+use crate::reload::releases::ReleaseFollower;
+use crate::reload::{FleetReleases, Reloader};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
-use crate::status::{NatsStatus, StatusSource};
-use crate::telemetry::Metrics;
-use crate::telemetry::SeverityLabels;
-use crate::topology::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
-use crate::usage::Ledger;
+use crate::telemetry::{Metrics, SeverityLabels};
+use crate::topology::manifest::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
+use crate::topology::route::{Router, Unit};
 
-/// How long the first connection to NATS may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Permission violations remembered for the boot report.
-const MAX_REMEMBERED_REFUSALS: usize = 32;
 /// How long shutdown waits for the last acks to reach NATS.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,8 +50,8 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum StartError {
     #[error("embedded nats-server: {0}")]
     Embedded(#[from] EmbeddedError),
-    #[error("cannot connect to NATS at {url}: {reason}")]
-    Connect { url: String, reason: String },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("topology: {0}")]
     Topology(#[from] TopologyError),
     #[error(transparent)]
@@ -77,36 +84,26 @@ impl RunningHost {
     /// Starts every part of a host from a validated config.
     pub async fn start(config: Config) -> Result<RunningHost, StartError> {
         let config = Arc::new(config);
+        let shutdown = CancellationToken::new();
+        // A start that fails half-way stops the tasks it had started.
+        let stop_if_failed = shutdown.clone().drop_guard();
+        let mut tasks = Vec::new();
         let metrics = Metrics::default();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
 
-        let embedded = match &config.nats.url {
-            Some(_) => None,
-            None => {
-                let options = EmbeddedOptions {
-                    binary: config.nats.embedded.binary.clone(),
-                    data_dir: config.data_dir.join("nats"),
-                    sync: config.nats.embedded.sync,
-                    port: None,
-                    extra_config: String::new(),
-                };
-                let started = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
-                    .await
-                    .map_err(|err| EmbeddedError::NotReady {
-                        output: err.to_string(),
-                    })??;
-                Some(started)
-            }
-        };
+        // NATS: the embedded default, or the configured server.
+        let embedded = start_embedded(&config).await?;
         let nats_url = match (&config.nats.url, &embedded) {
             (Some(url), _) => url.clone(),
             (None, Some(server)) => server.url().to_string(),
             (None, None) => unreachable!("an embedded server is started when no url is set"),
         };
         let refusals = Refusals::default();
-        let client = connect(&nats_url, &refusals).await?;
+        let client = connection::connect(&nats_url, &refusals).await?;
         let js = jetstream::new(client.clone());
+
+        // Topology: created, or verified (and re-verified while running).
         let router = Router::new(
             &config.stream.prefix,
             config.stream.partitions,
@@ -116,16 +113,12 @@ impl RunningHost {
         if embedded.is_some() || config.stream.create {
             manifest.create(&js).await?;
         } else {
-            let mut mismatches = manifest.verify(&js).await;
-            if let Ok(list) = refusals.lock() {
-                mismatches.extend(list.iter().map(|refused| Mismatch::refused(refused)));
-            }
-            record_mismatches(&metrics, &mismatches);
-            if mismatches.iter().any(|m| m.severity == Severity::Required) {
-                return Err(TopologyError::Mismatch(mismatches).into());
-            }
+            verify_topology(&manifest, &js, &refusals, &metrics).await?;
+            let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(recheck_topology(manifest, js, metrics, stop)));
         }
 
+        // Sandbox: the first generation of plugins.
         let sandbox = Arc::new(
             Sandbox::new(metrics.clone())?.with_cache_dir(config.data_dir.join("compiled")),
         );
@@ -133,19 +126,12 @@ impl RunningHost {
         for plugin in config.plugins.values() {
             plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
         }
-        let pipelines = Pipelines::new(config.clone(), plugins);
-        let first_gate = Gate::new(&pipelines);
-        let running_plugins = Arc::new(std::sync::RwLock::new(plugin_status(pipelines.plugins())));
-        let (generations, _) = tokio::sync::watch::channel(Arc::new(pipelines));
+        let generation = Generation::new(config.clone(), plugins);
+        let first_gate = Gate::new(config.clone(), |name| generation.plugin(name).cloned());
+        let (generations, _) = watch::channel(Arc::new(generation));
+        let (gates, gate) = watch::channel(Arc::new(first_gate));
 
-        let shutdown = CancellationToken::new();
-        let mut tasks = Vec::new();
-        if embedded.is_none() && !config.stream.create {
-            let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move {
-                recheck_topology(manifest, js, metrics, stop).await;
-            }));
-        }
+        // The front door's socket, bound before joining: members advertise it.
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Listen {
@@ -157,17 +143,14 @@ impl RunningHost {
             source,
         })?;
 
-        let workers = UnitWorker::factory(
-            js.clone(),
-            router.clone(),
-            generations.clone(),
-            metrics.clone(),
-        );
+        // Coordination: join the fleet; delivery runs the units it gives us.
         let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
         let kv = NatsKv::open(&client, &router.coordination_bucket())
             .await
             .map_err(CoordinationError::from)?;
         let ledger = Ledger::new(&me);
+        let (release_follower, releases) = ReleaseFollower::new();
+        let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
         let coordination = Coordination::join(Membership {
             kv: kv.clone(),
             client: client.clone(),
@@ -175,73 +158,64 @@ impl RunningHost {
             me: me.clone(),
             http: http_addr.to_string(),
             ttl: config.coordination.member_ttl,
-            workers,
+            units: Arc::new(DeliveryUnits(Workers {
+                js: js.clone(),
+                router: router.clone(),
+                generations: generations.clone(),
+                metrics: metrics.clone(),
+            })),
             metrics: metrics.clone(),
-            plugins: running_plugins.clone(),
-            ledger: ledger.clone(),
+            plugins: running_versions(generations.subscribe()),
+            followers,
         })
         .await?;
-        let usage = ledger.clone().run(
+        tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
             kv,
             router.clone(),
             coordination.view(),
             shutdown.clone(),
-        );
-        tasks.push(tokio::spawn(usage));
+        )));
 
-        let (gates, gate) = tokio::sync::watch::channel(Arc::new(first_gate));
-        let (reload_sender, reload_requests) = tokio::sync::mpsc::channel(4);
-        let reloader = Reloader::new(
-            sandbox.clone(),
-            generations,
-            gates,
-            running_plugins.clone(),
-            metrics.clone(),
-        )
-        .with_requests(reload_requests)
-        .with_fleet(FleetReleases {
-            view: coordination.view(),
-            client: client.clone(),
-            router: router.clone(),
-            dir: config.data_dir.join("pushed"),
-        });
-        let stop = shutdown.clone();
+        // Reload: files, SIGHUP, the admin API and fleet releases.
+        let (reload_requests, requests) = tokio::sync::mpsc::channel(4);
+        let reloader = Reloader::new(sandbox.clone(), generations.clone(), gates, metrics.clone())
+            .with_requests(requests)
+            .with_fleet(FleetReleases {
+                releases,
+                client: client.clone(),
+                router: router.clone(),
+                dir: config.data_dir.join("pushed"),
+            });
         let baseline = reloader.fingerprint().await;
-        tasks.push(tokio::spawn(reloader.watch(baseline, stop)));
+        tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
 
+        // The front door and the operator endpoints, on one listener.
         let status = StatusSource {
             metrics: metrics.clone(),
             registry: Arc::new(registry),
-            plugins: running_plugins,
+            generations: generations.subscribe(),
             client: client.clone(),
             router: router.clone(),
             fleet: coordination.view(),
             ledger: ledger.clone(),
-            nats: NatsStatus {
-                url: nats_url.clone(),
-                connected: true,
-                embedded: embedded.is_some(),
-                sync: embedded.as_ref().map(|_| {
-                    match config.nats.embedded.sync {
-                        SyncPolicy::Always => "always",
-                        SyncPolicy::Periodic => "periodic",
-                    }
-                    .to_string()
-                }),
-            },
+            nats: nats_status(&config, &nats_url, embedded.is_some()),
         };
         let front_door = FrontDoor::new(
             gate,
             Publisher::new(client.clone(), router.clone()),
             metrics.clone(),
-            status.clone(),
-            reload_sender,
-            ledger.clone(),
+            ledger,
         );
+        let ops = Ops {
+            status: status.clone(),
+            generations: generations.subscribe(),
+            reloads: reload_requests,
+        };
+        let routes = front_door.router().merge(ops.router());
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            let served = axum::serve(listener, front_door.router())
+            let served = axum::serve(listener, routes)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
             if let Err(err) = served {
@@ -249,6 +223,7 @@ impl RunningHost {
             }
         }));
         tracing::info!(listen = %http_addr, nats = %nats_url, member = %me, "weir is running");
+        stop_if_failed.disarm();
 
         Ok(RunningHost {
             http_addr,
@@ -305,57 +280,86 @@ impl RunningHost {
     }
 }
 
-/// A plain connection for operator commands (`weir dlq`), with the same
-/// handling of credentials in the URL as a host's.
-pub async fn connect_to(url: &str) -> Result<async_nats::Client, StartError> {
-    connect(url, &Refusals::default()).await
+/// Delivery plugged into coordination: running a unit is running its worker.
+pub struct DeliveryUnits(pub Workers);
+
+impl UnitRunner for DeliveryUnits {
+    fn run(
+        &self,
+        unit: Unit,
+        release: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let worker = self.0.worker(unit);
+        async move { worker.run(release).await.map_err(|err| err.to_string()) }.boxed()
+    }
 }
 
-/// Permission violations the server reported, kept to explain a failed boot.
-type Refusals = Arc<std::sync::Mutex<Vec<String>>>;
+/// The plugin versions of the running generation, for member keys.
+fn running_versions(generations: watch::Receiver<Arc<Generation>>) -> PluginVersions {
+    Arc::new(move || {
+        generations
+            .borrow()
+            .plugins()
+            .map(|plugin| (plugin.name().to_string(), plugin.version.clone()))
+            .collect()
+    })
+}
 
-async fn connect(url: &str, denied: &Refusals) -> Result<async_nats::Client, StartError> {
-    let error = |reason: String| StartError::Connect {
-        url: url.to_string(),
-        reason,
+/// Starts the embedded nats-server when no URL is configured.
+async fn start_embedded(config: &Config) -> Result<Option<EmbeddedNats>, EmbeddedError> {
+    if config.nats.url.is_some() {
+        return Ok(None);
+    }
+    let options = EmbeddedOptions {
+        binary: config.nats.embedded.binary.clone(),
+        data_dir: config.data_dir.join("nats"),
+        sync: config.nats.embedded.sync,
+        port: None,
+        extra_config: String::new(),
     };
-    // Credentials in the URL (`nats://user:password@host`) are not used by
-    // async-nats on their own: pass them explicitly.
-    let address: async_nats::ServerAddr = url.parse().map_err(|err| error(format!("{err}")))?;
-    let options = match (address.username(), address.password()) {
-        (Some(user), Some(password)) => {
-            async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
-        }
-        _ => async_nats::ConnectOptions::new(),
-    };
-    let refusals = denied.clone();
-    let options = options
-        .event_callback(move |event| {
-            let refusals = refusals.clone();
-            async move {
-                match event {
-                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
-                        if text.contains("Permissions Violation") =>
-                    {
-                        tracing::error!(refused = %text, "NATS refused an operation to weir's user");
-                        if let Ok(mut list) = refusals.lock()
-                            && list.len() < MAX_REMEMBERED_REFUSALS
-                        {
-                            list.push(text);
-                        }
-                    }
-                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
-                    other => tracing::warn!(event = %other, "NATS connection event"),
-                }
-            }
-        })
-        .name("weir")
-        .connection_timeout(CONNECT_TIMEOUT)
-        .retry_on_initial_connect();
-    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
+    let started = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
         .await
-        .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|err| error(err.to_string()))
+        .map_err(|err| EmbeddedError::NotReady {
+            output: err.to_string(),
+        })??;
+    Ok(Some(started))
+}
+
+fn nats_status(config: &Config, url: &str, embedded: bool) -> NatsStatus {
+    NatsStatus {
+        url: url.to_string(),
+        connected: true,
+        embedded,
+        sync: embedded.then(|| {
+            match config.nats.embedded.sync {
+                SyncPolicy::Always => "always",
+                SyncPolicy::Periodic => "periodic",
+            }
+            .to_string()
+        }),
+    }
+}
+
+/// Verifies an operator's topology at boot: every difference is logged and
+/// counted, and a required one (or a refused request) stops the host.
+async fn verify_topology(
+    manifest: &Manifest,
+    js: &jetstream::Context,
+    refusals: &Refusals,
+    metrics: &Metrics,
+) -> Result<(), TopologyError> {
+    let mut mismatches = manifest.verify(js).await;
+    mismatches.extend(
+        refusals
+            .list()
+            .iter()
+            .map(|refused| Mismatch::refused(refused)),
+    );
+    record_mismatches(metrics, &mismatches);
+    if mismatches.iter().any(|m| m.severity == Severity::Required) {
+        return Err(TopologyError::Mismatch(mismatches));
+    }
+    Ok(())
 }
 
 /// Logs every difference and exposes the counts as a metric.

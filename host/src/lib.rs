@@ -1,43 +1,33 @@
 //! weir: a WebAssembly-plugin ingest host on NATS JetStream.
 //!
-//! The path of a row, module by module:
+//! The subsystems, in the order a row meets them:
 //!
-//! - ingest: [`front_door`] (HTTP, API keys) → [`ndjson`] (rows, line
-//!   numbers, keys) → [`policy`] (the tenant's budget, from [`usage`]; its
-//!   router) → [`route`] (which unit and subject) → [`publish`]
-//!   (JetStream, PubAck before 2xx);
-//! - delivery: [`topology`] (streams and consumers) → [`delivery`] (pull a
-//!   unit, batch, settle every row) → [`batch`] (rows packed into one
-//!   buffer) → [`pipeline`] (plugins in order) →
-//!   [`sandbox`] (wasmtime, limits, grants) → [`dead_letter`].
+//! - [`ingest`]: front door (HTTP, API keys) → NDJSON rows → the tenant's
+//!   budget and router policies → publish (JetStream, PubAck before 2xx);
+//! - [`topology`]: the partition streams and units a row is routed to;
+//! - [`coordination`]: which host of the fleet pulls which unit;
+//! - [`delivery`]: pull a unit, pack a batch, run its pipeline, settle every
+//!   row (ack, retry, dead letter);
+//! - [`sandbox`]: the plugins a pipeline runs (wasmtime, limits, grants);
+//! - [`reload`]: the generation of config and plugins a hot reload swaps.
 //!
-//! Beside the path: [`config`], [`embedded_nats`], [`permissions`], [`telemetry`], [`status`],
-//! [`send`] (the `weir send` client), [`kv`] (watching key prefixes through
-//! one consumer, and the KV writes coordination needs) and [`host`], which
-//! wires them together.
+//! Beside the path: [`nats`] (connection, embedded server, JetStream and KV
+//! helpers), [`ops`] (status and operator endpoints), [`config`],
+//! [`telemetry`], [`client`] (the `weir send` client) and [`host`], which
+//! assembles a running host from them.
 
-pub mod ack;
-pub mod batch;
-pub mod config;
-pub mod coordination;
-pub mod dead_letter;
-pub mod delivery;
-pub mod embedded_nats;
-pub mod front_door;
-pub mod host;
-pub mod kv;
-pub mod ndjson;
-pub mod permissions;
-pub mod pipeline;
-pub mod plugin_store;
-pub mod policy;
-pub mod publish;
-pub mod pull;
-pub mod reload;
-pub mod route;
-pub mod sandbox;
-pub mod send;
-pub mod status;
-pub mod telemetry;
+// The path of a row, in order.
+pub mod ingest;
 pub mod topology;
-pub mod usage;
+pub mod coordination;
+pub mod delivery;
+pub mod sandbox;
+pub mod reload;
+
+// Beside it.
+pub mod client;
+pub mod config;
+pub mod host;
+pub mod nats;
+pub mod ops;
+pub mod telemetry;

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use weir::client::{SendOptions, default_url, fetch_status, send};
 use weir::config::{Config, ConfigError, Overrides};
-use weir::dead_letter::{DeadLetters, LetterFilter};
+use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
 use weir::host::RunningHost;
-use weir::permissions::Permissions;
-use weir::plugin_store;
-use weir::route::Router;
-use weir::send::{SendOptions, default_url, fetch_status, send};
-use weir::topology::Manifest;
+use weir::reload::releases;
+use weir::topology::manifest::Manifest;
+use weir::topology::permissions::Permissions;
+use weir::topology::route::Router;
 
 #[derive(Parser)]
 #[command(
@@ -205,7 +205,7 @@ impl FleetTarget {
                     .url
             }
         };
-        let client = weir::host::connect_to(&url).await?;
+        let client = weir::nats::connection::connect(&url, &Default::default()).await?;
         Ok((config, client))
     }
 }
@@ -414,14 +414,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         fleet.config.display()
                     );
                     let release =
-                        plugin_store::push(&client, &router_of(&config), name, &bytes).await?;
+                        releases::push(&client, &router_of(&config), name, &bytes).await?;
                     client.flush().await?;
                     (name, release)
                 }
                 PluginCommand::Rollback { fleet, name } => {
                     let (config, client) = fleet.connect().await?;
-                    let release =
-                        plugin_store::rollback(&client, &router_of(&config), name).await?;
+                    let release = releases::rollback(&client, &router_of(&config), name).await?;
                     client.flush().await?;
                     (name, release)
                 }
@@ -447,8 +446,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 "{}: no tenant `{tenant}` in the config",
                 fleet.config.display()
             );
-            weir::usage::set_tenant_settings(&client, &router_of(&config), tenant, settings)
-                .await?;
+            weir::ingest::usage::set_tenant_settings(
+                &client,
+                &router_of(&config),
+                tenant,
+                settings,
+            )
+            .await?;
             client.flush().await?;
             match settings {
                 Some(settings) => println!("tenant {tenant}: settings are now {settings}"),

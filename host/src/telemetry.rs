@@ -20,7 +20,7 @@ pub struct PluginCounterLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SeverityLabels {
-    pub severity: crate::topology::Severity,
+    pub severity: crate::topology::manifest::Severity,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

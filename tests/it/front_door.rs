@@ -3,11 +3,24 @@
 
 use std::time::Duration;
 
-use crate::support::{ACME_KEY, Nats, TestHost, backlog, base_config, orders};
+use crate::support::{ACME_KEY, Nats, TestHost, backlog, base_config, eventually, orders};
 
 async fn error_of(response: reqwest::Response) -> (u16, serde_json::Value) {
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or_default())
+}
+
+/// Waits until every row stored in the partition stream has been delivered
+/// and acked (a work-queue stream then holds none): from then on the sink
+/// holds every row it will ever get, so its line count can be compared
+/// exactly.
+async fn drained(client: &async_nats::Client) {
+    eventually(
+        Duration::from_secs(20),
+        "every stored row delivered and acked",
+        || async { (backlog(client).await == (0, 0, 0)).then_some(()) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -84,8 +97,13 @@ async fn nats_unreachable_is_a_503_with_retry_after() {
     assert_eq!(host.ingest("orders", orders(0, 1)).await.status(), 202);
 
     nats.server.stop();
-    // Give the client a moment to notice the connection is gone.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The front door refuses once the client has noticed the connection is
+    // gone, which `/readyz` reports from the same connection state.
+    eventually(Duration::from_secs(10), "/readyz says 503", || async {
+        let ready = host.http.get(host.url("/readyz")).send().await.ok()?;
+        (ready.status() == 503).then_some(())
+    })
+    .await;
     let response = host
         .http
         .post(host.url("/v1/ingest/orders"))
@@ -96,8 +114,6 @@ async fn nats_unreachable_is_a_503_with_retry_after() {
         .unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
-    let ready = host.http.get(host.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
     host.shutdown().await;
 }
 
@@ -132,11 +148,7 @@ async fn a_retried_request_with_the_same_idempotency_key_stores_its_rows_once() 
         (202, Some(50), Some(50))
     );
 
-    crate::support::eventually(Duration::from_secs(20), "50 rows in the sink", || async {
-        (host.sink_lines("orders").len() >= 50).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    drained(&nats.client().await).await;
     assert_eq!(
         host.sink_lines("orders").len(),
         50,
@@ -167,11 +179,7 @@ async fn rows_with_the_same_idempotency_field_are_stored_once() {
         (202, Some(10), Some(5))
     );
 
-    crate::support::eventually(Duration::from_secs(20), "15 rows in the sink", || async {
-        (host.sink_lines("orders").len() >= 15).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    drained(&nats.client().await).await;
     assert_eq!(host.sink_lines("orders").len(), 15);
     host.shutdown().await;
 }

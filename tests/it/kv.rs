@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use weir::kv::{
+use weir::nats::kv::{
     BucketOptions, Entry, KvError, KvWatch, KvWrite, MemoryKv, NatsKv, Operation, Watch,
     WatchEvent, WatchStart,
 };

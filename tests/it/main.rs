@@ -4,6 +4,7 @@
 
 mod support;
 
+mod boundaries;
 mod cli;
 mod delivery;
 mod fleet;

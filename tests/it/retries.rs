@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use weir::dead_letter::{DeadLetters, LetterFilter};
-use weir::route::Router;
+use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
+use weir::topology::route::Router;
 
 use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
 

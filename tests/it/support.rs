@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
-use weir::embedded_nats::{EmbeddedNats, EmbeddedOptions};
 use weir::host::RunningHost;
-use weir::status::StatusReport;
+use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
+use weir::ops::status::StatusReport;
 
 /// The `weir` binary, for tests that run real processes.
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -257,7 +257,7 @@ pub async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
                     letter
                         .headers
                         .as_ref()
-                        .and_then(|h| h.get(weir::dead_letter::headers::REASON))
+                        .and_then(|h| h.get(weir::delivery::dead_letter::headers::REASON))
                         .map(|v| v.to_string())
                         .unwrap_or_default()
                 })

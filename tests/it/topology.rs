@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
 use weir::host::StartError;
-use weir::topology::TopologyError;
+use weir::topology::manifest::TopologyError;
 
 use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
 

@@ -29,18 +29,19 @@ pub fn row(id: u64) -> Vec<u8> {
 /// Rows `0..count` as delivery hands them to a plugin, packed `batch` rows
 /// at a time: tenant `acme`, table `orders`, the payload of [`row`], first
 /// delivery.
-pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::batch::Batch> {
+pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::batch::Batch> {
     let ids: Vec<u64> = (0..count as u64).collect();
     ids.chunks(batch)
         .map(|ids| {
-            let mut packed = weir::batch::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
+            let mut packed =
+                weir::delivery::batch::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
             for &id in ids {
                 packed.push(
                     TENANT,
                     "orders",
                     &row(id),
                     [],
-                    weir::batch::Position {
+                    weir::delivery::batch::Position {
                         sequence: id + 1,
                         attempt: 1,
                     },
@@ -57,11 +58,11 @@ pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::batch::Batch> {
 pub fn masked_by_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut weir::sandbox::PluginInstance,
-    input: &weir::batch::Batch,
+    input: &weir::delivery::batch::Batch,
 ) -> Vec<Vec<u8>> {
-    use weir::batch::{Answer, Batch, Outcome};
+    use weir::delivery::batch::{Answer, Batch, Outcome};
     let transformed = runtime
-        .block_on(instance.transform(input))
+        .block_on(instance.transform(input.packed()))
         .expect("the masking plugin runs");
     let mut answer = Answer::new(&transformed, input.len()).expect("a well-formed answer");
     let mut next = Batch::default();
@@ -188,15 +189,15 @@ pub async fn publish_pipelined(
 
 /// A nats-server of the bench's own, storing in `dir`, with nats-server's
 /// default durability (`sync = "always"` is ~30x slower, NATS-NOTES.md).
-pub async fn start_nats(dir: &std::path::Path) -> weir::embedded_nats::EmbeddedNats {
-    let options = weir::embedded_nats::EmbeddedOptions {
+pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::EmbeddedNats {
+    let options = weir::nats::embedded::EmbeddedOptions {
         binary: None,
         data_dir: dir.to_path_buf(),
         sync: weir::config::SyncPolicy::Periodic,
         port: None,
         extra_config: String::new(),
     };
-    tokio::task::spawn_blocking(move || weir::embedded_nats::EmbeddedNats::start(&options))
+    tokio::task::spawn_blocking(move || weir::nats::embedded::EmbeddedNats::start(&options))
         .await
         .expect("start task")
         .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")

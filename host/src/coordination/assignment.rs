@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::route::Unit;
+use crate::topology::route::Unit;
 
 /// Seed of the rendezvous score. Changing it moves most units.
 const SCORE_SEED: u64 = 0x7765_6972_5f72_6e64; // "weir_rnd"
@@ -100,7 +100,7 @@ fn score(unit: Unit, member: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::Router;
+    use crate::topology::route::Router;
 
     fn members(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("host-{i}")).collect()

@@ -2,9 +2,10 @@
 //! coordinator and no polling.
 //!
 //! Every host keeps a member key (`members.<id>`) in the coordination KV
-//! bucket with a per-key TTL it renews, and follows `members.`, `owners.`,
-//! `plugins.` (releases pushed to the fleet), `usage.` and `tenants.` (for
-//! the [`crate::usage::Ledger`]) through ONE watch. From the live member set each host computes
+//! bucket with a per-key TTL it renews, and follows `members.` and `owners.`
+//! through ONE watch, which also carries the prefixes other subsystems
+//! follow ([`KeyFollower`]: plugin releases, usage, tenant settings) without
+//! coordination knowing what they mean. From the live member set each host computes
 //! the same [`assignment`]; a host pulls only units assigned to it, and
 //! records what it holds in `owners.<partition>.<shard>` so every host (and
 //! `weir status`) sees owners and unowned units from its watch alone.
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -40,13 +42,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::delivery::UnitWorker;
-use crate::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
-use crate::plugin_store::{RELEASES, Release};
-use crate::route::{Router, Unit};
-use crate::status::PluginStatus;
+use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::telemetry::Metrics;
-use crate::usage::{Ledger, TENANTS, USAGE};
+use crate::topology::route::{Router, Unit};
 use takeover::Takeover;
 
 /// Key prefix of member keys.
@@ -115,8 +113,6 @@ pub struct FleetView {
     pub members: BTreeMap<String, MemberRecord>,
     /// Each unit's owner record and its revision.
     pub owners: BTreeMap<Unit, (OwnerRecord, u64)>,
-    /// Plugin releases pushed to the fleet (`plugins.<name>`), by name.
-    pub releases: BTreeMap<String, Release>,
 }
 
 impl FleetView {
@@ -158,8 +154,31 @@ impl FleetView {
     }
 }
 
-/// Makes the worker of a unit this host just claimed.
-pub type WorkerFactory = Arc<dyn Fn(Unit) -> UnitWorker + Send + Sync>;
+/// Runs a unit this host claimed until `release` is cancelled, finishing
+/// every row it was sent. Coordination decides *which* units run here; what
+/// running one means (delivery) is the host's to plug in.
+pub trait UnitRunner: Send + Sync + 'static {
+    fn run(&self, unit: Unit, release: CancellationToken)
+    -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// A subsystem that follows some key prefixes of the coordination bucket
+/// through the host's one watch (plugin releases, usage, tenant settings):
+/// coordination hands their changes over and knows nothing of what they mean.
+pub trait KeyFollower: Send + Sync + 'static {
+    /// The key prefixes it follows (each ends with `.`).
+    fn prefixes(&self) -> &'static [&'static str];
+    /// A key under one of its prefixes changed (put, delete or expiry).
+    fn apply(&self, entry: &Entry);
+    /// The watch starts over from the bucket's current values: what was
+    /// applied before is stale until [`KeyFollower::caught_up`].
+    fn restart(&self);
+    /// Every current value has been applied.
+    fn caught_up(&self) {}
+}
+
+/// The plugin versions this host runs now, by name (member keys carry them).
+pub type PluginVersions = Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync>;
 
 /// What a host brings to the fleet.
 pub struct Membership {
@@ -169,12 +188,11 @@ pub struct Membership {
     pub me: String,
     pub http: String,
     pub ttl: Duration,
-    pub workers: WorkerFactory,
+    pub units: Arc<dyn UnitRunner>,
     pub metrics: Metrics,
-    /// The plugin versions this host runs now (replaced by each reload).
-    pub plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
-    /// Takes the usage snapshots and tenant settings the watch brings.
-    pub ledger: Ledger,
+    pub plugins: PluginVersions,
+    /// Who else follows keys through this host's coordination watch.
+    pub followers: Vec<Arc<dyn KeyFollower>>,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -189,7 +207,7 @@ impl Coordination {
     /// Joins the fleet: starts renewing the member key and following the
     /// bucket; units are claimed once the watch has caught up.
     pub async fn join(membership: Membership) -> Result<Coordination, CoordinationError> {
-        let watch = open_watch(&membership.kv).await?;
+        let watch = open_watch(&membership.kv, &membership.followers).await?;
         let run = format!(
             "{}-{}",
             std::process::id(),
@@ -326,6 +344,9 @@ impl Coordinator {
                         match event {
                             Some(Ok(WatchEvent::Update(entry))) => changed |= self.apply(entry),
                             Some(Ok(WatchEvent::CaughtUp)) => {
+                                for follower in &self.ctx.membership.followers {
+                                    follower.caught_up();
+                                }
                                 self.caught_up = true;
                                 changed = true;
                             }
@@ -417,20 +438,15 @@ impl Coordinator {
                     left
                 }
             }
-        } else if let Some(name) = entry.key.strip_prefix(RELEASES) {
-            let release = entry
-                .operation
-                .is_put()
-                .then(|| serde_json::from_slice::<Release>(&entry.value).ok())
-                .flatten();
-            match release {
-                Some(release) => self.view.releases.insert(name.to_string(), release),
-                None => self.view.releases.remove(name),
-            };
-            true
-        } else if entry.key.starts_with(USAGE) || entry.key.starts_with(TENANTS) {
+        } else if let Some(follower) = self
+            .ctx
+            .membership
+            .followers
+            .iter()
+            .find(|f| f.prefixes().iter().any(|p| entry.key.starts_with(p)))
+        {
             // Not the fleet's shape: nothing to reassign.
-            self.ctx.membership.ledger.apply_entry(&entry);
+            follower.apply(&entry);
             false
         } else if let Some(unit) = entry.key.strip_prefix(OWNERS).and_then(parse_unit) {
             let record = entry
@@ -458,10 +474,11 @@ impl Coordinator {
         self.caught_up = false;
         self.view.members.clear();
         self.view.owners.clear();
-        self.view.releases.clear();
-        self.ctx.membership.ledger.forget_settings();
+        for follower in &self.ctx.membership.followers {
+            follower.restart();
+        }
         loop {
-            match open_watch(&self.ctx.membership.kv).await {
+            match open_watch(&self.ctx.membership.kv, &self.ctx.membership.followers).await {
                 Ok(watch) => return watch,
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot watch the coordination bucket");
@@ -693,8 +710,7 @@ async fn run_unit(
     }
     if !release.is_cancelled() {
         tracing::debug!(%consumer, "pulling");
-        let worker = (membership.workers)(unit);
-        if let Err(err) = worker.run(release.clone()).await {
+        if let Err(err) = membership.units.run(unit, release.clone()).await {
             tracing::error!(error = %err, "cannot pull the unit");
             tokio::time::sleep(RETRY_PAUSE).await;
         }
@@ -723,19 +739,14 @@ async fn renew(
     kv: NatsKv,
     key: String,
     mut record: MemberRecord,
-    plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
+    plugins: PluginVersions,
     ttl: Duration,
     lease: watch::Sender<Option<Instant>>,
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
     loop {
-        if let Ok(running) = plugins.read() {
-            record.plugins = running
-                .iter()
-                .map(|p| (p.name.clone(), p.version.clone()))
-                .collect();
-        }
+        record.plugins = plugins();
         let value = to_bytes(&record);
         let sent = Instant::now();
         let pause =
@@ -760,12 +771,13 @@ async fn renew(
     }
 }
 
-async fn open_watch(kv: &NatsKv) -> Result<Watch, KvError> {
-    kv.watch_prefixes(
-        &[MEMBERS, OWNERS, RELEASES, USAGE, TENANTS],
-        WatchStart::CurrentValues,
-    )
-    .await
+async fn open_watch(kv: &NatsKv, followers: &[Arc<dyn KeyFollower>]) -> Result<Watch, KvError> {
+    let mut prefixes = vec![MEMBERS, OWNERS];
+    for follower in followers {
+        prefixes.extend_from_slice(follower.prefixes());
+    }
+    kv.watch_prefixes(&prefixes, WatchStart::CurrentValues)
+        .await
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -876,7 +888,6 @@ mod tests {
                 })
                 .collect(),
             owners: BTreeMap::new(),
-            releases: BTreeMap::new(),
         }
     }
 

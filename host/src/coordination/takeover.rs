@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::Client;
 use serde::Deserialize;
 
-use crate::pull::{PIN_GROUP, api_error, unpin};
+use crate::nats::jetstream::{PIN_GROUP, api_error, unpin};
 
 /// What the server says about a unit consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]

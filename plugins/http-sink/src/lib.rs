@@ -25,7 +25,7 @@ use wasi::http::types::{
     ErrorCode, Fields, IncomingResponse, Method, OutgoingBody, OutgoingRequest, Scheme,
 };
 use wasi::io::streams::StreamError;
-use weir_plugin::{Delivery, Rows, Sink};
+use weir_plugin::{Deliveries, Delivery, Rows, Sink};
 
 /// How long the host waits before retrying rows the endpoint could not take.
 const RETRY_MS: u32 = 500;
@@ -80,40 +80,38 @@ impl Sink for HttpSink {
         })
     }
 
-    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
-        let target = &self.target;
-        let mut results: Vec<Option<Delivery>> = rows
+    fn deliver(&mut self, rows: &Rows, out: &mut Deliveries) {
+        // A payload with a newline would break the NDJSON framing: that row
+        // alone is dead-lettered, the others share the endpoint's answer.
+        let framed: Vec<bool> = rows
             .iter()
-            .map(|row| {
-                row.payload.contains(&b'\n').then(|| {
-                    Delivery::DeadLetter(
-                        "http sink: payload contains a newline; not one NDJSON line".to_string(),
-                    )
-                })
-            })
+            .map(|row| !row.payload.contains(&b'\n'))
             .collect();
         let mut body = Vec::new();
         let mut posted = 0u64;
-        for (row, result) in rows.iter().zip(&results) {
-            if result.is_none() {
+        for (row, framed) in rows.iter().zip(&framed) {
+            if *framed {
                 body.extend_from_slice(row.payload);
                 body.push(b'\n');
                 posted += 1;
             }
         }
-        if posted == 0 {
-            return results.into_iter().flatten().collect();
-        }
-        let outcome = post(target, &body);
-        if matches!(outcome, Delivery::Ok) {
+        // With nothing to post, no row takes this outcome.
+        let outcome = if posted == 0 {
+            Delivery::Ok
+        } else {
+            post(&self.target, &body)
+        };
+        if posted > 0 && outcome == Delivery::Ok {
             weir_plugin::counter("rows_posted", posted);
         }
-        for result in &mut results {
-            if result.is_none() {
-                *result = Some(outcome.clone());
+        for framed in framed {
+            if framed {
+                out.push(outcome.clone());
+            } else {
+                out.dead_letter("http sink: payload contains a newline; not one NDJSON line");
             }
         }
-        results.into_iter().flatten().collect()
     }
 }
 

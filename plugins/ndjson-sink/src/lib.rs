@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use weir_plugin::{Delivery, Row, Rows, Sink};
+use weir_plugin::{Deliveries, Delivery, Row, Rows, Sink};
 
 /// How long the host waits before retrying rows whose write failed.
 const RETRY_MS: u32 = 1000;
@@ -64,8 +64,9 @@ impl Sink for NdjsonSink {
         Ok(NdjsonSink { settings })
     }
 
-    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
+    fn deliver(&mut self, rows: &Rows, out: &mut Deliveries) {
         let settings = &self.settings;
+        // Rows are decided group by group, so out of order: kept here, then written in order.
         let mut results: Vec<Delivery> = vec![Delivery::Ok; rows.len()];
 
         // Groups in order of first appearance: (tenant, table) -> row indexes.
@@ -114,7 +115,7 @@ impl Sink for NdjsonSink {
         if written > 0 {
             weir_plugin::counter("rows_written", written);
         }
-        results
+        out.extend(results);
     }
 }
 

@@ -39,10 +39,17 @@
 //! packs what the plugin emits the same way, so a batch crosses the
 //! boundary in a few copies whatever its size.
 //!
-//! A sink does the same with [`Sink`] and [`export_sink!`]; a per-tenant
-//! budget implements [`budget::Guest`] and exports it with
-//! [`export_budget!`]; a routing policy [`router::Guest`] with
-//! [`export_router!`].
+//! A sink does the same with [`Sink`] and [`export_sink!`], writing what
+//! became of each row to [`Deliveries`] as a transform writes to
+//! [`Outcomes`]. A per-tenant budget implements [`Budget`] and exports it
+//! with [`export_budget!`]; a routing policy [`Router`] with
+//! [`export_router!`]. Every kind is a value made by `init` and kept per
+//! instance, each call getting it as `&mut self`.
+//!
+//! Modules import one another without a cycle: `bindings` (the generated
+//! WIT bindings), `slot`, `settings`, `packed` and `answer` import no other
+//! module; `log` and `rows` build on them; the world modules (`transform`,
+//! `sink`, `budget`, `router`) on those.
 
 pub mod budget;
 pub mod log;
@@ -51,23 +58,27 @@ pub mod rows;
 pub mod sink;
 pub mod transform;
 
-mod settings;
-mod slot;
+#[doc(hidden)]
+pub mod bindings;
+#[doc(hidden)]
+pub mod slot;
 
-#[doc(inline)]
-pub use budget::export_budget;
-#[doc(inline)]
-pub use router::export_router;
+mod answer;
+mod packed;
+mod settings;
+
+pub use budget::Budget;
+pub use router::Router;
 pub use rows::{Row, RowData, Rows};
 pub use settings::settings;
-pub use sink::{Delivery, Sink};
+pub use sink::{Deliveries, Delivery, Sink};
 pub use transform::{Emitted, Outcomes, Transform};
 
 /// Adds `delta` to this plugin's counter `name`; the host exports it as a metric.
 /// Outside wasm (a plugin's own tests) it does nothing.
 pub fn counter(name: &str, delta: u64) {
     #[cfg(target_family = "wasm")]
-    transform::weir::plugin::host::add_counter(name, delta);
+    bindings::host::add_counter(name, delta);
     #[cfg(not(target_family = "wasm"))]
     let _ = (name, delta);
 }

@@ -1,11 +1,11 @@
 //! Structured log lines sent to the host, which attributes them to the plugin.
 //! Outside wasm (a plugin's own tests) they go to stderr.
 
-use crate::transform::weir::plugin::host::Level;
+use crate::bindings::host::Level;
 
 fn log(level: Level, message: &str) {
     #[cfg(target_family = "wasm")]
-    crate::transform::weir::plugin::host::log(level, message);
+    crate::bindings::host::log(level, message);
     #[cfg(not(target_family = "wasm"))]
     eprintln!("{level:?}: {message}");
 }

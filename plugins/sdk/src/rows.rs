@@ -1,12 +1,10 @@
 //! The rows of a batch as a plugin reads them: borrowed views into the one
 //! buffer the host packed them in, so reading a row allocates nothing.
 
-use crate::transform::weir::plugin::types::Batch;
+use weir_layout::{header, row};
 
-/// Numbers per row in `batch.rows` (see `wit/types.wit`).
-const ROW_WIDTH: usize = 8;
-/// Numbers per header.
-pub(crate) const HEADER_WIDTH: usize = 4;
+use crate::bindings::transform::Batch;
+use crate::packed::{Packer, bytes, text};
 
 /// A batch of rows handed to a transform or a sink.
 pub struct Rows {
@@ -24,11 +22,13 @@ impl Rows {
         let mut packer = Packer::default();
         let (mut numbers, mut sequences, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         for row in rows {
-            numbers.extend(packer.append(row.tenant.as_bytes()));
-            numbers.extend(packer.append(row.table.as_bytes()));
-            numbers.extend(packer.append(&row.payload));
-            numbers
-                .extend(packer.headers(row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))));
+            let record = row::Record {
+                tenant: packer.append(row.tenant.as_bytes()),
+                table: packer.append(row.table.as_bytes()),
+                payload: packer.append(&row.payload),
+                headers: packer.headers(row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
+            };
+            numbers.extend(record.encode());
             sequences.push(row.sequence);
             attempts.push(row.attempt);
         }
@@ -53,24 +53,15 @@ impl Rows {
 
     /// Row `index`, if the batch has it.
     pub fn get(&self, index: usize) -> Option<Row<'_>> {
-        let numbers = self
-            .batch
-            .rows
-            .get(index * ROW_WIDTH..(index + 1) * ROW_WIDTH)?;
+        let record = row::Record::read(&self.batch.rows, index)?;
         let data = &self.batch.data;
-        let headers = self
-            .batch
-            .headers
-            .get(numbers[6] as usize * HEADER_WIDTH..)
-            .unwrap_or_default();
-        let header_count = (numbers[7] as usize).min(headers.len() / HEADER_WIDTH);
         Some(Row {
-            tenant: text(data, numbers[0], numbers[1]),
-            table: text(data, numbers[2], numbers[3]),
-            payload: bytes(data, numbers[4], numbers[5]),
+            tenant: text(data, record.tenant),
+            table: text(data, record.table),
+            payload: bytes(data, record.payload),
             sequence: self.batch.sequences.get(index).copied().unwrap_or(0),
             attempt: self.batch.attempts.get(index).copied().unwrap_or(0),
-            headers: &headers[..header_count * HEADER_WIDTH],
+            headers: header::run(&self.batch.headers, record.headers),
             data,
         })
     }
@@ -94,7 +85,7 @@ pub struct Row<'a> {
     pub sequence: u64,
     /// How many times it has been handed to the pipeline (1 the first time).
     pub attempt: u32,
-    /// Four numbers per header, into `data`.
+    /// Its headers' numbers ([`header::WIDTH`] per header), into `data`.
     headers: &'a [u32],
     data: &'a [u8],
 }
@@ -103,9 +94,7 @@ impl<'a> Row<'a> {
     /// The row's headers as (name, value) pairs, in order.
     pub fn headers(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a str)> + use<'a> {
         let data = self.data;
-        self.headers
-            .chunks_exact(HEADER_WIDTH)
-            .map(move |h| (text(data, h[0], h[1]), text(data, h[2], h[3])))
+        header::records(self.headers).map(move |h| (text(data, h.name), text(data, h.value)))
     }
 
     /// The first value of header `name` (exact match).
@@ -139,63 +128,6 @@ impl RowData {
             attempt: 1,
         }
     }
-}
-
-/// Appends bytes and headers to one buffer, handing out (offset, length) spans.
-#[derive(Default)]
-pub(crate) struct Packer {
-    pub data: Vec<u8>,
-    /// Four numbers per header.
-    pub header_numbers: Vec<u32>,
-}
-
-impl Packer {
-    pub fn append(&mut self, bytes: &[u8]) -> [u32; 2] {
-        let offset = number(self.data.len());
-        self.data.extend_from_slice(bytes);
-        [offset, number(bytes.len())]
-    }
-
-    /// Appends the bytes `write` writes.
-    pub fn append_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> [u32; 2] {
-        let start = self.data.len();
-        write(&mut self.data);
-        [number(start), number(self.data.len() - start)]
-    }
-
-    /// Appends headers; returns (first header, count).
-    pub fn headers<'h>(
-        &mut self,
-        headers: impl IntoIterator<Item = (&'h str, &'h str)>,
-    ) -> [u32; 2] {
-        let first = self.header_numbers.len() / HEADER_WIDTH;
-        for (name, value) in headers {
-            let name = self.append(name.as_bytes());
-            let value = self.append(value.as_bytes());
-            self.header_numbers.extend(name.into_iter().chain(value));
-        }
-        [
-            number(first),
-            number(self.header_numbers.len() / HEADER_WIDTH - first),
-        ]
-    }
-}
-
-// The host packs batches itself, so spans are in bounds and strings UTF-8;
-// the fallbacks keep a broken host from making a plugin panic.
-pub(crate) fn bytes(data: &[u8], offset: u32, len: u32) -> &[u8] {
-    let start = offset as usize;
-    data.get(start..start.saturating_add(len as usize))
-        .unwrap_or_default()
-}
-
-pub(crate) fn text(data: &[u8], offset: u32, len: u32) -> &str {
-    std::str::from_utf8(bytes(data, offset, len)).unwrap_or_default()
-}
-
-/// Offsets are u32 on the boundary; a batch is far below 4 GiB.
-pub(crate) fn number(value: usize) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

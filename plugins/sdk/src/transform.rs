@@ -4,33 +4,16 @@
 //!
 //! [`export_transform!`](crate::export_transform) exports an implementation.
 
-// The generated export glue flattens a batch into many arguments.
-#![allow(clippy::too_many_arguments)]
-
-wit_bindgen::generate!({
-    path: "../../wit",
-    world: "weir:plugin/transform",
-    pub_export_macro: true,
-    export_macro_name: "export_world",
-    default_bindings_module: "weir_plugin::transform",
-});
-
-use std::thread::LocalKey;
-
+pub use crate::bindings::transform::{Batch, Transformed};
 #[doc(hidden)]
-pub use crate::slot::Slot;
+pub use crate::bindings::transform::{Guest, weir};
 
-use crate::rows::{HEADER_WIDTH, Packer, Row, Rows, bytes, number, text};
+use weir_layout::{emitted, header, outcome};
 
-/// Outcome codes (see `transformed` in `wit/types.wit`).
-pub(crate) const OK: u32 = 0;
-pub(crate) const EMIT: u32 = 1;
-pub(crate) const RETRY: u32 = 2;
-pub(crate) const DEAD_LETTER: u32 = 3;
-/// Numbers per emitted row.
-const EMITTED_WIDTH: usize = 6;
-/// An emitted row's table length meaning "the input's table".
-const SAME_TABLE: [u32; 2] = [0, u32::MAX];
+use crate::answer::Answer;
+use crate::packed::{Packer, bytes, text};
+use crate::rows::{Row, Rows};
+use crate::slot::Slot;
 
 /// A pipeline step that validates, transforms or enriches rows.
 pub trait Transform: Sized + 'static {
@@ -47,12 +30,10 @@ pub trait Transform: Sized + 'static {
 /// What a transform decided for each row of a batch, packed the way the host
 /// reads it: emitted rows' bytes go straight into one buffer.
 pub struct Outcomes {
+    answer: Answer,
     packer: Packer,
-    /// Two numbers per decided row: code, argument.
-    outcomes: Vec<u32>,
-    /// Six numbers per emitted row.
+    /// [`emitted::WIDTH`] numbers per emitted row.
     emitted: Vec<u32>,
-    reasons: Vec<String>,
 }
 
 /// A row to emit: `table` none keeps the input row's table.
@@ -67,120 +48,114 @@ impl Outcomes {
     /// Room for the outcomes of `rows` rows.
     pub fn with_capacity(rows: usize) -> Outcomes {
         Outcomes {
+            answer: Answer::with_capacity(rows),
             packer: Packer::default(),
-            outcomes: Vec::with_capacity(rows * 2),
             emitted: Vec::new(),
-            reasons: Vec::new(),
         }
     }
 
     /// Pass the row on unchanged.
     pub fn ok(&mut self) {
-        self.outcomes.extend([OK, 0]);
+        self.answer.ok();
     }
 
     /// Try the row again after `after_ms` milliseconds.
     pub fn retry(&mut self, after_ms: u32) {
-        self.outcomes.extend([RETRY, after_ms]);
+        self.answer.retry(after_ms);
     }
 
     /// Give up on the row: it is dead-lettered with `reason`.
     pub fn dead_letter(&mut self, reason: impl Into<String>) {
-        self.outcomes
-            .extend([DEAD_LETTER, number(self.reasons.len())]);
-        self.reasons.push(reason.into());
+        self.answer.dead_letter(reason.into());
     }
 
     /// Drop the row: it emits nothing and is acked.
     pub fn discard(&mut self) {
-        self.outcomes.extend([EMIT, 0]);
+        self.answer.emit(0);
     }
 
     /// Replace `row` by one row with its table and headers, and the payload
     /// `write` appends to the buffer it is given (e.g. `serde_json::to_writer`).
     pub fn replace_with(&mut self, row: &Row<'_>, write: impl FnOnce(&mut Vec<u8>)) {
-        let payload = self.packer.append_with(write);
-        let headers = self.packer.headers(row.headers());
-        self.emitted
-            .extend(SAME_TABLE.into_iter().chain(payload).chain(headers));
-        self.outcomes.extend([EMIT, 1]);
+        let record = emitted::Record {
+            table: None,
+            payload: self.packer.append_with(write),
+            headers: self.packer.headers(row.headers()),
+        };
+        self.emitted.extend(record.encode());
+        self.answer.emit(1);
     }
 
     /// Replace the row by `rows` (none drops it).
     pub fn emit<'a>(&mut self, rows: impl IntoIterator<Item = Emitted<'a>>) {
         let mut count = 0;
         for row in rows {
-            let table = match row.table {
-                Some(table) => self.packer.append(table.as_bytes()),
-                None => SAME_TABLE,
+            let record = emitted::Record {
+                table: row.table.map(|table| self.packer.append(table.as_bytes())),
+                payload: self.packer.append(row.payload),
+                headers: self.packer.headers(row.headers.iter().copied()),
             };
-            let payload = self.packer.append(row.payload);
-            let headers = self.packer.headers(row.headers.iter().copied());
-            self.emitted
-                .extend(table.into_iter().chain(payload).chain(headers));
+            self.emitted.extend(record.encode());
             count += 1;
         }
-        self.outcomes.extend([EMIT, count]);
+        self.answer.emit(count);
     }
 
     /// How many rows have been decided.
     pub fn len(&self) -> usize {
-        self.outcomes.len() / 2
+        self.answer.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.outcomes.is_empty()
+        self.answer.len() == 0
     }
 
     /// The decisions so far, readable: for a plugin's own tests.
     pub fn decided(&self) -> Vec<Outcome> {
-        let data = &self.packer.data;
-        let mut emitted = self.emitted.chunks_exact(EMITTED_WIDTH);
-        self.outcomes
-            .chunks_exact(2)
-            .map(|pair| match (pair[0], pair[1]) {
-                (EMIT, count) => Outcome::Emit(
-                    emitted
-                        .by_ref()
-                        .take(count as usize)
-                        .map(|e| EmittedRow {
-                            table: (e[1] != u32::MAX).then(|| text(data, e[0], e[1]).to_string()),
-                            payload: bytes(data, e[2], e[3]).to_vec(),
-                            headers: self
-                                .packer
-                                .header_numbers
-                                .chunks_exact(HEADER_WIDTH)
-                                .skip(e[4] as usize)
-                                .take(e[5] as usize)
-                                .map(|h| {
-                                    (
-                                        text(data, h[0], h[1]).to_string(),
-                                        text(data, h[2], h[3]).to_string(),
-                                    )
-                                })
-                                .collect(),
-                        })
-                        .collect(),
-                ),
-                (RETRY, ms) => Outcome::Retry(ms),
-                (DEAD_LETTER, reason) => Outcome::DeadLetter(
-                    self.reasons
-                        .get(reason as usize)
-                        .cloned()
-                        .unwrap_or_default(),
-                ),
+        let mut next_emitted = 0;
+        self.answer
+            .records()
+            .map(|decided| match decided.code {
+                outcome::EMIT => {
+                    let first = next_emitted;
+                    next_emitted += decided.argument as usize;
+                    Outcome::Emit(
+                        (first..next_emitted)
+                            .filter_map(|index| emitted::Record::read(&self.emitted, index))
+                            .map(|record| self.emitted_row(record))
+                            .collect(),
+                    )
+                }
+                outcome::RETRY => Outcome::Retry(decided.argument),
+                outcome::DEAD_LETTER => Outcome::DeadLetter(self.answer.reason(decided.argument)),
                 _ => Outcome::Ok,
             })
             .collect()
     }
 
+    fn emitted_row(&self, record: emitted::Record) -> EmittedRow {
+        let data = &self.packer.data;
+        EmittedRow {
+            table: record.table.map(|table| text(data, table).to_string()),
+            payload: bytes(data, record.payload).to_vec(),
+            headers: header::records(header::run(&self.packer.header_numbers, record.headers))
+                .map(|h| {
+                    (
+                        text(data, h.name).to_string(),
+                        text(data, h.value).to_string(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
     fn into_transformed(self) -> Transformed {
         Transformed {
             data: self.packer.data,
-            outcomes: self.outcomes,
+            outcomes: self.answer.outcomes,
             emitted: self.emitted,
             headers: self.packer.header_numbers,
-            reasons: self.reasons,
+            reasons: self.answer.reasons,
         }
     }
 }
@@ -202,16 +177,9 @@ pub struct EmittedRow {
     pub headers: Vec<(String, String)>,
 }
 
+/// The `transform` export: runs the instance's plugin on one batch.
 #[doc(hidden)]
-pub fn init<P: Transform>(
-    slot: &'static LocalKey<Slot<P>>,
-    settings: String,
-) -> Result<(), String> {
-    crate::slot::fill(slot, P::init(settings))
-}
-
-#[doc(hidden)]
-pub fn run<P: Transform>(slot: &'static LocalKey<Slot<P>>, batch: Batch) -> Transformed {
+pub fn run<P: Transform>(slot: &'static Slot<P>, batch: Batch) -> Transformed {
     let rows = Rows::from_batch(batch);
     let mut out = Outcomes::with_capacity(rows.len());
     crate::slot::with(slot, |plugin: &mut P| plugin.transform(&rows, &mut out));
@@ -224,20 +192,18 @@ macro_rules! export_transform {
     ($plugin:ty) => {
         const _: () = {
             ::std::thread_local! {
-                static PLUGIN: $crate::transform::Slot<$plugin> = const { ::std::cell::RefCell::new(None) };
+                static PLUGIN: $crate::slot::Cell<$plugin> = const { ::std::cell::RefCell::new(None) };
             }
             struct Export;
-            impl $crate::transform::Guest for Export {
+            impl $crate::bindings::transform::Guest for Export {
                 fn init(settings: String) -> Result<(), String> {
-                    $crate::transform::init(&PLUGIN, settings)
+                    $crate::slot::fill(&PLUGIN, <$plugin as $crate::transform::Transform>::init(settings))
                 }
-                fn transform(
-                    rows: $crate::transform::Batch,
-                ) -> $crate::transform::Transformed {
+                fn transform(rows: $crate::transform::Batch) -> $crate::transform::Transformed {
                     $crate::transform::run(&PLUGIN, rows)
                 }
             }
-            $crate::transform::export_world!(Export with_types_in $crate::transform);
+            $crate::bindings::transform::export_world!(Export with_types_in $crate::bindings::transform);
         };
     };
 }

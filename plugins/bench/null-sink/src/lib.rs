@@ -2,7 +2,7 @@
 //!
 //! It takes no settings (any are ignored) and makes no host call.
 
-use weir_plugin::{Delivery, Rows, Sink};
+use weir_plugin::{Deliveries, Rows, Sink};
 
 struct NullSink;
 
@@ -11,8 +11,10 @@ impl Sink for NullSink {
         Ok(NullSink)
     }
 
-    fn deliver(&mut self, rows: &Rows) -> Vec<Delivery> {
-        vec![Delivery::Ok; rows.len()]
+    fn deliver(&mut self, rows: &Rows, out: &mut Deliveries) {
+        for _ in 0..rows.len() {
+            out.ok();
+        }
     }
 }
 

@@ -23,10 +23,10 @@
 //! host was asked.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use serde::Deserialize;
-use weir_plugin::budget::{Admission, Decision, Guest};
+use weir_plugin::Budget;
+use weir_plugin::budget::{Admission, Decision};
 
 /// Limits of one tenant; a field left out keeps the value beneath it.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -61,53 +61,48 @@ struct Settings {
     tenants: BTreeMap<String, Limits>,
 }
 
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
-
 /// Shortest throttle: a client retrying sooner would only be throttled again.
 const MIN_RETRY_MS: u32 = 100;
 const DEFAULT_RETRY_MS: u32 = 1_000;
 
-struct TenantBudget;
-
-impl Guest for TenantBudget {
-    fn init(settings: String) -> Result<(), String> {
-        let settings: Settings = weir_plugin::settings(&settings)?;
-        SETTINGS
-            .set(settings)
-            .map_err(|_| "init called twice".to_string())
-    }
-
-    fn admit(request: Admission) -> Decision {
-        let Some(settings) = SETTINGS.get() else {
-            return Decision::Reject("the budget policy was not initialised".into());
-        };
-        let mut limits = settings.defaults.clone();
-        if let Some(over) = settings.tenants.get(&request.tenant) {
-            limits = limits.under(over);
-        }
-        if let Some(json) = &request.tenant_settings
-            && let Some(over) = tenant_limits(&request.tenant, json)
-        {
-            limits = limits.under(&over);
-        }
-        decide(&limits, &request)
-    }
-}
-
 /// Tenant settings parsed once per distinct JSON text, not once per request.
 const MAX_CACHED_SETTINGS: usize = 10_000;
 
-thread_local! {
-    static PARSED: std::cell::RefCell<BTreeMap<String, Option<Limits>>> =
-        const { std::cell::RefCell::new(BTreeMap::new()) };
+struct TenantBudget {
+    settings: Settings,
+    /// Each tenant settings text seen, parsed (`None`: it did not parse).
+    /// Only a cache: the answer depends on the text alone, so every host
+    /// still answers alike.
+    parsed: BTreeMap<String, Option<Limits>>,
 }
 
-/// A tenant's limits from its settings in the coordination bucket; `None`
-/// (logged once) when they do not parse.
-fn tenant_limits(tenant: &str, json: &str) -> Option<Limits> {
-    PARSED.with(|parsed| {
-        let mut parsed = parsed.borrow_mut();
-        if let Some(limits) = parsed.get(json) {
+impl Budget for TenantBudget {
+    fn init(settings: String) -> Result<Self, String> {
+        Ok(TenantBudget {
+            settings: weir_plugin::settings(&settings)?,
+            parsed: BTreeMap::new(),
+        })
+    }
+
+    fn admit(&mut self, request: &Admission) -> Decision {
+        let mut limits = self.settings.defaults.clone();
+        if let Some(over) = self.settings.tenants.get(&request.tenant) {
+            limits = limits.under(over);
+        }
+        if let Some(json) = &request.tenant_settings
+            && let Some(over) = self.tenant_limits(&request.tenant, json)
+        {
+            limits = limits.under(&over);
+        }
+        decide(&limits, request)
+    }
+}
+
+impl TenantBudget {
+    /// A tenant's limits from its settings in the coordination bucket; `None`
+    /// (logged once) when they do not parse.
+    fn tenant_limits(&mut self, tenant: &str, json: &str) -> Option<Limits> {
+        if let Some(limits) = self.parsed.get(json) {
             return limits.clone();
         }
         let limits = match serde_json::from_str::<Limits>(json) {
@@ -119,12 +114,12 @@ fn tenant_limits(tenant: &str, json: &str) -> Option<Limits> {
                 None
             }
         };
-        if parsed.len() >= MAX_CACHED_SETTINGS {
-            parsed.clear();
+        if self.parsed.len() >= MAX_CACHED_SETTINGS {
+            self.parsed.clear();
         }
-        parsed.insert(json.to_string(), limits.clone());
+        self.parsed.insert(json.to_string(), limits.clone());
         limits
-    })
+    }
 }
 
 fn decide(limits: &Limits, request: &Admission) -> Decision {
@@ -211,6 +206,40 @@ mod tests {
             tenant_settings: None,
         };
         format!("{:?}", decide(&limits, &request))
+    }
+
+    fn request(tenant: &str, bytes: u64, tenant_settings: Option<&str>) -> Admission {
+        Admission {
+            tenant: tenant.into(),
+            table: "orders".into(),
+            rows: 1,
+            bytes,
+            usage: Usage {
+                queued_rows: 0,
+                queued_bytes: 0,
+                recent_rows: 0,
+                recent_bytes: 0,
+                window_ms: 1000,
+            },
+            tenant_settings: tenant_settings.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn admit_stacks_the_tenant_overrides_and_parses_each_text_once() {
+        let mut budget = TenantBudget::init(
+            r#"{"queued_bytes": 1000, "tenants": {"big": {"queued_bytes": 100000}}}"#.into(),
+        )
+        .unwrap();
+        let admitted = |decision: Decision| matches!(decision, Decision::Admit);
+        assert!(!admitted(budget.admit(&request("acme", 5000, None))));
+        assert!(admitted(budget.admit(&request("big", 5000, None))));
+        let more = r#"{"queued_bytes": 100000}"#;
+        assert!(admitted(budget.admit(&request("acme", 5000, Some(more)))));
+        assert!(admitted(budget.admit(&request("acme", 5000, Some(more)))));
+        // Settings that do not parse are ignored: the defaults hold.
+        assert!(!admitted(budget.admit(&request("acme", 5000, Some("{")))));
+        assert_eq!(budget.parsed.len(), 2);
     }
 
     #[test]

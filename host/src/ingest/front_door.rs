@@ -1,6 +1,6 @@
-//! The front door: `POST /v1/ingest/{table}` with NDJSON, plus the health,
-//! status and metrics endpoints. The tenant comes from the API key, never
-//! from anything else the client sends; a 202 means JetStream stored every row.
+//! The front door: `POST /v1/ingest/{table}` with NDJSON. The tenant comes
+//! from the API key, never from anything else the client sends; a 202 means
+//! JetStream stored every row.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,20 +11,19 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::delivery::Pipelines;
-use crate::ndjson;
-use crate::policy::{Admit, Policies, PolicyError};
-use crate::publish::{PublishError, Published, Publisher};
-use crate::route::encode_token;
-use crate::status::StatusSource;
+use crate::ingest::ndjson;
+use crate::ingest::policy::{Admit, Policies, PolicyError};
+use crate::ingest::publish::{PublishError, Published, Publisher};
+use crate::ingest::usage::{Ledger, Queued};
+use crate::sandbox::Plugin;
 use crate::telemetry::Metrics;
-use crate::usage::{Ledger, Queued};
+use crate::topology::route::encode_token;
 
 /// The request header that makes a retried request store its rows once.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -43,10 +42,10 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// The gate of one generation: its config and its policy plugins.
-    pub fn new(pipelines: &Pipelines) -> Gate {
-        let config = pipelines.config().clone();
-        let policies = Policies::new(&config, |name| pipelines.plugin(name).cloned());
+    /// The gate of one generation: its config and its policy plugins (found
+    /// by name in the generation's loaded plugins).
+    pub fn new(config: Arc<Config>, plugin: impl Fn(&str) -> Option<Arc<Plugin>>) -> Gate {
+        let policies = Policies::new(&config, plugin);
         let tenants_by_key = config
             .tenants
             .iter()
@@ -70,33 +69,20 @@ pub struct FrontDoor {
     gates: watch::Receiver<Arc<Gate>>,
     publisher: Publisher,
     metrics: Metrics,
-    status: StatusSource,
-    reloads: ReloadRequests,
     ledger: Ledger,
 }
-
-/// Asks the reloader for a reload; the answer says whether it was applied
-/// or why it was refused.
-pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<(), String>>>;
-
-/// How long `POST /v1/admin/reload` waits for the reload to finish.
-const ADMIN_RELOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl FrontDoor {
     pub fn new(
         gates: watch::Receiver<Arc<Gate>>,
         publisher: Publisher,
         metrics: Metrics,
-        status: StatusSource,
-        reloads: ReloadRequests,
         ledger: Ledger,
     ) -> FrontDoor {
         FrontDoor {
             gates,
             publisher,
             metrics,
-            status,
-            reloads,
             ledger,
         }
     }
@@ -111,11 +97,6 @@ impl FrontDoor {
                 "/v1/ingest/{table}",
                 post(ingest).layer(DefaultBodyLimit::max(max_body)),
             )
-            .route("/v1/status", get(status))
-            .route("/v1/admin/reload", post(admin_reload))
-            .route("/livez", get(|| async { "ok" }))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
             .with_state(Arc::new(self))
     }
 }
@@ -314,7 +295,7 @@ async fn admit(
     tenant: &str,
     table: &str,
     amount: Queued,
-) -> Result<Option<crate::usage::Reservation>, Refusal> {
+) -> Result<Option<crate::ingest::usage::Reservation>, Refusal> {
     if !gate.policies.has_budget() {
         return Ok(None);
     }
@@ -406,70 +387,4 @@ fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refu
         .get(key.trim())
         .map(String::as_str)
         .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))
-}
-
-/// Forces a reload of the config and plugins, as SIGHUP does, and answers
-/// with its outcome: 200 applied, 422 refused (the running versions keep
-/// serving). Needs one of the config's `admin_api_keys`.
-async fn admin_reload(State(door): State<Arc<FrontDoor>>, headers: HeaderMap) -> Response {
-    let gate = door.gates.borrow().clone();
-    if gate.config.admin_api_keys.is_empty() {
-        return Refusal::new(
-            StatusCode::NOT_FOUND,
-            "the admin API is off: set `admin_api_keys` in the config",
-        )
-        .into_response();
-    }
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
-    if !key.is_some_and(|key| gate.config.admin_api_keys.iter().any(|k| k == key)) {
-        return Refusal::new(StatusCode::UNAUTHORIZED, "an admin api key is required")
-            .into_response();
-    }
-    let (reply, answer) = oneshot::channel();
-    if door.reloads.send(reply).await.is_err() {
-        return Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, "the host is stopping")
-            .into_response();
-    }
-    match tokio::time::timeout(ADMIN_RELOAD_TIMEOUT, answer).await {
-        Ok(Ok(Ok(()))) => axum::Json(serde_json::json!({ "result": "applied" })).into_response(),
-        Ok(Ok(Err(reason))) => {
-            Refusal::new(StatusCode::UNPROCESSABLE_ENTITY, reason).into_response()
-        }
-        Ok(Err(_)) | Err(_) => {
-            Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, "the reload did not finish")
-                .into_response()
-        }
-    }
-}
-
-async fn readyz(State(door): State<Arc<FrontDoor>>) -> Response {
-    if door.publisher.connected() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, "NATS is not connected")
-            .into_response()
-    }
-}
-
-async fn status(State(door): State<Arc<FrontDoor>>) -> Response {
-    axum::Json(door.status.report().await).into_response()
-}
-
-async fn metrics(State(door): State<Arc<FrontDoor>>) -> Response {
-    let mut text = String::new();
-    if prometheus_client::encoding::text::encode(&mut text, &door.status.registry()).is_err() {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
 }

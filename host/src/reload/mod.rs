@@ -11,23 +11,24 @@
 //! plugin that does not compile, misses its world or traps in `init`)
 //! changes nothing: the running generation keeps serving.
 
+pub mod generation;
+pub mod releases;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError, Overrides};
-use crate::coordination::FleetView;
-use crate::delivery::Pipelines;
-use crate::front_door::Gate;
-use crate::plugin_store::{self, Release};
-use crate::route::Router;
+use crate::ingest::front_door::Gate;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
-use crate::status::PluginStatus;
 use crate::telemetry::{Metrics, ReloadLabels};
+use crate::topology::route::Router;
+use generation::Generation;
+use releases::Release;
 
 /// How often the watched files are looked at.
 const POLL: Duration = Duration::from_millis(100);
@@ -44,13 +45,16 @@ pub enum ReloadError {
     Plugin(#[from] LoadError),
 }
 
+/// Asks the reloader for a reload; the answer says whether it was applied
+/// or why it was refused.
+pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<(), String>>>;
+
 /// The running generation of pipelines and what is needed to replace it.
 pub struct Reloader {
     source: PathBuf,
     sandbox: Arc<Sandbox>,
-    generations: watch::Sender<Arc<Pipelines>>,
+    generations: watch::Sender<Arc<Generation>>,
     gates: watch::Sender<Arc<Gate>>,
-    status: Arc<RwLock<Vec<PluginStatus>>>,
     metrics: Metrics,
     fleet: Option<FleetReleases>,
     /// Plugins whose `.wasm` comes from a fleet release instead of the
@@ -60,10 +64,11 @@ pub struct Reloader {
     requests: Option<mpsc::Receiver<oneshot::Sender<Result<(), String>>>>,
 }
 
-/// Where fleet releases come from: the coordination watch, and the object
-/// store their `.wasm` is fetched from into `dir` (weir's own).
+/// Where fleet releases come from: the coordination watch (through a
+/// [`releases::ReleaseFollower`]), and the object store their `.wasm` is
+/// fetched from into `dir` (weir's own).
 pub struct FleetReleases {
-    pub view: watch::Receiver<Arc<FleetView>>,
+    pub releases: watch::Receiver<BTreeMap<String, Release>>,
     pub client: async_nats::Client,
     pub router: Router,
     pub dir: PathBuf,
@@ -75,9 +80,8 @@ pub type Fingerprint = Vec<(PathBuf, Option<(SystemTime, u64)>)>;
 impl Reloader {
     pub fn new(
         sandbox: Arc<Sandbox>,
-        generations: watch::Sender<Arc<Pipelines>>,
+        generations: watch::Sender<Arc<Generation>>,
         gates: watch::Sender<Arc<Gate>>,
-        status: Arc<RwLock<Vec<PluginStatus>>>,
         metrics: Metrics,
     ) -> Reloader {
         let source = generations.borrow().config().source.clone();
@@ -86,7 +90,6 @@ impl Reloader {
             sandbox,
             generations,
             gates,
-            status,
             metrics,
             fleet: None,
             pushed: Mutex::new(BTreeMap::new()),
@@ -166,13 +169,10 @@ impl Reloader {
             };
             plugins.insert(entry.name.clone(), plugin);
         }
-        let next = Pipelines::new(Arc::new(config), plugins);
-        if let Ok(mut status) = self.status.write() {
-            *status = plugin_status(next.plugins());
-        }
+        let next = Generation::new(Arc::new(config), plugins);
         // Workers first: a row the new gate lets in (a new table) finds its
         // pipeline when a worker pulls it.
-        let gate = Gate::new(&next);
+        let gate = Gate::new(next.config().clone(), |name| next.plugin(name).cloned());
         self.generations.send_replace(Arc::new(next));
         self.gates.send_replace(Arc::new(gate));
         Ok(())
@@ -192,21 +192,21 @@ impl Reloader {
             }
         };
         let mut seen = baseline;
-        let mut fleet_view = self.fleet.as_ref().map(|fleet| fleet.view.clone());
+        let mut fleet_releases = self.fleet.as_ref().map(|fleet| fleet.releases.clone());
         let mut applied: BTreeMap<String, Release> = BTreeMap::new();
         loop {
             let signalled = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(POLL) => false,
                 Ok(()) = async {
-                    match fleet_view.as_mut() {
-                        Some(view) => view.changed().await,
+                    match fleet_releases.as_mut() {
+                        Some(releases) => releases.changed().await,
                         None => std::future::pending().await,
                     }
                 } => {
-                    let releases = fleet_view
+                    let releases = fleet_releases
                         .as_ref()
-                        .map(|view| view.borrow().releases.clone())
+                        .map(|releases| releases.borrow().clone())
                         .unwrap_or_default();
                     if releases != applied {
                         self.take_releases(&releases).await;
@@ -268,8 +268,7 @@ impl Reloader {
             let Some(digest) = &release.digest else {
                 continue;
             };
-            match plugin_store::fetch(&fleet.client, &fleet.router, name, digest, &fleet.dir).await
-            {
+            match releases::fetch(&fleet.client, &fleet.router, name, digest, &fleet.dir).await {
                 Ok(path) => {
                     pushed.insert(name.clone(), path);
                 }
@@ -319,19 +318,6 @@ impl Reloader {
         }
         found
     }
-}
-
-/// The status lines of the running plugin versions, by name.
-pub fn plugin_status<'a>(plugins: impl Iterator<Item = &'a Arc<Plugin>>) -> Vec<PluginStatus> {
-    let mut list: Vec<PluginStatus> = plugins
-        .map(|plugin| PluginStatus {
-            name: plugin.name().to_string(),
-            world: plugin.config.world.as_str().to_string(),
-            version: plugin.version.clone(),
-        })
-        .collect();
-    list.sort_by(|a, b| a.name.cmp(&b.name));
-    list
 }
 
 /// What a host was started with cannot change while it runs (its listener,

@@ -29,10 +29,10 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::FleetView;
-use crate::kv::{Entry, KvError, KvWrite, NatsKv};
-use crate::pull::api_error;
-use crate::route::{Router, decode_token, encode_token};
+use crate::coordination::{FleetView, KeyFollower};
+use crate::nats::jetstream::api_error;
+use crate::nats::kv::{Entry, KvError, KvWrite, NatsKv};
+use crate::topology::route::{Router, decode_token, encode_token};
 
 /// Key prefix of the usage snapshot in the coordination bucket.
 pub const USAGE: &str = "usage.";
@@ -288,29 +288,6 @@ impl Ledger {
         state.snapshot_at = Some(Instant::now());
     }
 
-    /// A change of `usage.` or `tenants.` keys, from the coordination watch.
-    pub fn apply_entry(&self, entry: &Entry) {
-        if let Some(tenant) = entry.key.strip_prefix(TENANTS).and_then(tenant_of_key) {
-            let mut state = self.state();
-            if entry.operation.is_put() {
-                let settings = Arc::from(String::from_utf8_lossy(&entry.value).as_ref());
-                state.settings.insert(tenant, settings);
-            } else {
-                state.settings.remove(&tenant);
-            }
-        } else if entry.key == SNAPSHOT_KEY && entry.operation.is_put() {
-            match serde_json::from_slice::<Snapshot>(&entry.value) {
-                Ok(snapshot) => self.apply_snapshot(snapshot),
-                Err(err) => tracing::warn!(error = %err, "ignoring an unreadable usage snapshot"),
-            }
-        }
-    }
-
-    /// The coordination watch starts over: settings come again in full.
-    pub fn forget_settings(&self) {
-        self.state().settings.clear();
-    }
-
     fn take_outbox(&self) -> Vec<Accept> {
         std::mem::take(&mut self.state().outbox)
     }
@@ -407,6 +384,36 @@ impl Ledger {
             }
             Err(err) => tracing::warn!(error = %err, "cannot reconcile usage from the streams"),
         }
+    }
+}
+
+/// Usage snapshots and tenant settings come through the host's coordination watch.
+impl KeyFollower for Ledger {
+    fn prefixes(&self) -> &'static [&'static str] {
+        &[USAGE, TENANTS]
+    }
+
+    /// A change of `usage.` or `tenants.` keys, from the coordination watch.
+    fn apply(&self, entry: &Entry) {
+        if let Some(tenant) = entry.key.strip_prefix(TENANTS).and_then(tenant_of_key) {
+            let mut state = self.state();
+            if entry.operation.is_put() {
+                let settings = Arc::from(String::from_utf8_lossy(&entry.value).as_ref());
+                state.settings.insert(tenant, settings);
+            } else {
+                state.settings.remove(&tenant);
+            }
+        } else if entry.key == SNAPSHOT_KEY && entry.operation.is_put() {
+            match serde_json::from_slice::<Snapshot>(&entry.value) {
+                Ok(snapshot) => self.apply_snapshot(snapshot),
+                Err(err) => tracing::warn!(error = %err, "ignoring an unreadable usage snapshot"),
+            }
+        }
+    }
+
+    /// The coordination watch starts over: settings come again in full.
+    fn restart(&self) {
+        self.state().settings.clear();
     }
 }
 

@@ -7,7 +7,6 @@
 //! that means redelivery, never loss.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,16 +16,16 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ack;
-use crate::batch::{Batch, Position};
-use crate::config::{Config, DeliveryConfig};
-use crate::coordination::WorkerFactory;
-use crate::dead_letter::{DeadLetter, DeadLetters};
-use crate::pipeline::{PipelineRunner, Verdict};
-use crate::pull::{PullSize, Puller, is_delivery_header};
-use crate::route::{Router, Unit};
-use crate::sandbox::Plugin;
+use crate::config::DeliveryConfig;
+use crate::delivery::batch::{Batch, Position};
+use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
+use crate::delivery::pipeline::{PipelineRunner, Verdict};
+use crate::delivery::pull::{PullSize, Puller};
+use crate::nats::ack;
+use crate::nats::jetstream::is_delivery_header;
+use crate::reload::generation::Generation;
 use crate::telemetry::Metrics;
+use crate::topology::route::{Router, Unit};
 
 /// Shortest interval between in-progress acks of a running batch.
 const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
@@ -37,45 +36,14 @@ pub enum DeliveryError {
     Bind { consumer: String, reason: String },
 }
 
-/// The pipelines of a host, by table, with their loaded plugin versions.
-pub struct Pipelines {
-    config: Arc<Config>,
-    plugins: HashMap<String, Arc<Plugin>>,
-}
-
-impl Pipelines {
-    pub fn new(config: Arc<Config>, plugins: HashMap<String, Arc<Plugin>>) -> Pipelines {
-        Pipelines { config, plugins }
-    }
-
-    pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
-        self.plugins.values()
-    }
-
-    pub fn config(&self) -> &Arc<Config> {
-        &self.config
-    }
-
-    /// The loaded version of plugin `name`, if this generation has it.
-    pub fn plugin(&self, name: &str) -> Option<&Arc<Plugin>> {
-        self.plugins.get(name)
-    }
-
-    /// A fresh runner (its own instances) for every pipeline, by index.
-    fn runners(&self) -> Vec<Option<PipelineRunner>> {
-        self.config
-            .pipelines
-            .iter()
-            .map(|pipeline| PipelineRunner::new(pipeline, |name| self.plugins.get(name).cloned()))
-            .collect()
-    }
-
-    fn index_of(&self, table: &str) -> Option<usize> {
-        self.config
-            .pipelines
-            .iter()
-            .position(|pipeline| pipeline.tables.iter().any(|t| t == table))
-    }
+/// A fresh runner (its own instances) for every pipeline of a generation, by index.
+fn runners(generation: &Generation) -> Vec<Option<PipelineRunner>> {
+    generation
+        .config()
+        .pipelines
+        .iter()
+        .map(|pipeline| PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned()))
+        .collect()
 }
 
 /// Pulls one unit and runs its rows through their pipelines.
@@ -84,10 +52,10 @@ pub struct UnitWorker {
     router: Router,
     unit: Unit,
     settings: DeliveryConfig,
-    pipelines: Arc<Pipelines>,
+    pipelines: Arc<Generation>,
     /// Where a hot reload publishes a new generation of pipelines; looked at
     /// only between batches, so a batch runs start to end on one version.
-    generations: watch::Receiver<Arc<Pipelines>>,
+    generations: watch::Receiver<Arc<Generation>>,
     runners: Vec<Option<PipelineRunner>>,
     settler: Settler,
     metrics: Metrics,
@@ -109,12 +77,12 @@ impl UnitWorker {
         js: jetstream::Context,
         router: Router,
         unit: Unit,
-        mut generations: watch::Receiver<Arc<Pipelines>>,
+        mut generations: watch::Receiver<Arc<Generation>>,
         metrics: Metrics,
     ) -> UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
-        let settings = pipelines.config.delivery.clone();
-        let runners = pipelines.runners();
+        let settings = pipelines.config().delivery.clone();
+        let runners = runners(&pipelines);
         let settler = Settler {
             client: js.client(),
             router: router.clone(),
@@ -202,26 +170,30 @@ impl UnitWorker {
     }
 }
 
-impl UnitWorker {
-    /// Makes the worker of each unit coordination gives this host; every
-    /// worker follows `generations` (hot reloads).
-    pub fn factory(
-        js: jetstream::Context,
-        router: Router,
-        generations: watch::Sender<Arc<Pipelines>>,
-        metrics: Metrics,
-    ) -> WorkerFactory {
-        Arc::new(move |unit| {
-            UnitWorker::new(
-                js.clone(),
-                router.clone(),
-                unit,
-                generations.subscribe(),
-                metrics.clone(),
-            )
-        })
-    }
+/// What every unit worker of a host shares: each worker made here follows
+/// `generations` (hot reloads).
+#[derive(Clone)]
+pub struct Workers {
+    pub js: jetstream::Context,
+    pub router: Router,
+    pub generations: watch::Sender<Arc<Generation>>,
+    pub metrics: Metrics,
+}
 
+impl Workers {
+    /// The worker of a unit this host was given.
+    pub fn worker(&self, unit: Unit) -> UnitWorker {
+        UnitWorker::new(
+            self.js.clone(),
+            self.router.clone(),
+            unit,
+            self.generations.subscribe(),
+            self.metrics.clone(),
+        )
+    }
+}
+
+impl UnitWorker {
     /// Between batches: if a reload published new pipelines, drops the old
     /// instances and builds runners (fresh instances) of the new versions.
     fn adopt_new_generation(&mut self) {
@@ -230,8 +202,8 @@ impl UnitWorker {
             return;
         }
         let next = self.generations.borrow_and_update().clone();
-        self.runners = next.runners();
-        self.settings = next.config.delivery.clone();
+        self.runners = runners(&next);
+        self.settings = next.config().delivery.clone();
         self.settler.settings = self.settings.clone();
         self.pipelines = next;
         tracing::debug!(unit = ?self.unit, "running a new generation of pipelines");
@@ -245,7 +217,7 @@ impl UnitWorker {
 /// failure as their reason.
 async fn run_pipelines(
     runners: &mut [Option<PipelineRunner>],
-    pipelines: &Pipelines,
+    pipelines: &Generation,
     router: &Router,
     settings: &DeliveryConfig,
     batch: &[Message],
@@ -372,7 +344,7 @@ struct Decoded<'a> {
 
 fn decode<'a>(
     router: &Router,
-    pipelines: &Pipelines,
+    pipelines: &Generation,
     message: &'a Message,
 ) -> Result<Decoded<'a>, String> {
     let info = ack::info(message).ok_or("no delivery info: not a JetStream delivery")?;
@@ -380,7 +352,7 @@ fn decode<'a>(
         .parse(message.subject.as_str())
         .map_err(|err| err.to_string())?;
     let pipeline = pipelines
-        .index_of(&table)
+        .pipeline_index(&table)
         .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
     Ok(Decoded {
         pipeline,

@@ -9,8 +9,8 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use futures::future::join_all;
 
-use crate::pull::is_delivery_header;
-use crate::route::Router;
+use crate::nats::jetstream::is_delivery_header;
+use crate::topology::route::Router;
 
 /// Header names a dead letter carries. The original row's headers are kept
 /// beside them unchanged.

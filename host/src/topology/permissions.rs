@@ -6,8 +6,8 @@
 
 use serde::Serialize;
 
-use crate::route::Router;
-use crate::topology::Manifest;
+use crate::topology::manifest::Manifest;
+use crate::topology::route::Router;
 
 /// A `permissions` block for a nats-server user (JSON is valid NATS config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

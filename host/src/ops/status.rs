@@ -17,9 +17,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::coordination::FleetView;
-use crate::route::Router;
+use crate::ingest::usage::Ledger;
+use crate::reload::generation::{Generation, PluginStatus};
 use crate::telemetry::Metrics;
-use crate::usage::Ledger;
+use crate::topology::route::Router;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -120,13 +121,6 @@ pub struct UnitStatus {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PluginStatus {
-    pub name: String,
-    pub world: String,
-    pub version: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NatsStatus {
     pub url: String,
     pub connected: bool,
@@ -142,8 +136,8 @@ pub struct NatsStatus {
 pub struct StatusSource {
     pub(crate) metrics: Metrics,
     pub(crate) registry: Arc<Registry>,
-    /// Replaced by a hot reload: always the versions running now.
-    pub(crate) plugins: Arc<std::sync::RwLock<Vec<PluginStatus>>>,
+    /// The running generation: always the plugin versions running now.
+    pub(crate) generations: watch::Receiver<Arc<Generation>>,
     pub(crate) client: async_nats::Client,
     pub(crate) router: Router,
     pub(crate) nats: NatsStatus,
@@ -157,6 +151,11 @@ pub type Backlogs = HashMap<String, (u64, u64)>;
 impl StatusSource {
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
+    }
+
+    /// Whether the NATS connection is up now.
+    pub fn nats_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     /// The row counters alone: no request to NATS.
@@ -226,14 +225,9 @@ impl StatusSource {
             rows: self.rows(),
             fleet: fleet_status,
             units,
-            plugins: self
-                .plugins
-                .read()
-                .map(|plugins| plugins.clone())
-                .unwrap_or_default(),
+            plugins: self.generations.borrow().plugin_status(),
             nats: NatsStatus {
-                connected: self.client.connection_state()
-                    == async_nats::connection::State::Connected,
+                connected: self.nats_connected(),
                 ..self.nats.clone()
             },
             tenants: self

@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::route::{Router, Unit};
+use crate::ingest::usage::Usage;
 use crate::sandbox::bindings::{Admission, Decision, Route, RouteUnit, TableRoute, Topology};
 use crate::sandbox::{CallError, Plugin, PluginInstance};
-use crate::usage::Usage;
+use crate::topology::route::{Router, Unit};
 
 /// Idle instances kept per policy; more concurrent requests instantiate more.
 const MAX_IDLE_INSTANCES: usize = 8;
@@ -161,7 +161,7 @@ impl Policies {
                 queued_bytes: usage.queued.bytes,
                 recent_rows: usage.recent.rows,
                 recent_bytes: usage.recent.bytes,
-                window_ms: crate::usage::RATE_WINDOW.as_millis() as u32,
+                window_ms: crate::ingest::usage::RATE_WINDOW.as_millis() as u32,
             },
             tenant_settings: tenant_settings.map(|s| s.to_string()),
         };

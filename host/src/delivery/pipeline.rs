@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::batch::{Answer, Batch, Malformed, Outcome};
 use crate::config::Pipeline as PipelineConfig;
+use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 
 /// What becomes of one input row.
@@ -157,7 +157,7 @@ impl PipelineRunner {
                 break;
             }
             let instance = step.instance().await?;
-            let result = instance.transform(&rows).await;
+            let result = instance.transform(rows.packed()).await;
             let transformed = result.map_err(|error| step.failed(error))?;
             let mut answer = match Answer::new(&transformed, rows.len()) {
                 Ok(answer) => answer,
@@ -198,9 +198,9 @@ impl PipelineRunner {
         if let Some(step) = &mut self.sink
             && !rows.is_empty()
         {
-            let result = step.instance().await?.deliver(&rows).await;
+            let result = step.instance().await?.deliver(rows.packed()).await;
             let delivered = result.map_err(|error| step.failed(error))?;
-            let outcomes = match crate::batch::delivered(&delivered, rows.len()) {
+            let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {
                 Ok(outcomes) => outcomes,
                 Err(err) => return Err(step.malformed(err)),
             };

@@ -156,7 +156,7 @@ pub fn default_url() -> String {
 }
 
 /// Reads a host's status report.
-pub async fn fetch_status(url: &str) -> Result<crate::status::StatusReport, SendError> {
+pub async fn fetch_status(url: &str) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
     let unreachable = |reason: String| SendError::Unreachable {
         url: endpoint.clone(),

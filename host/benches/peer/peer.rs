@@ -11,16 +11,19 @@
 //! `WEIR_BENCH_SAMPLES` samples of `WEIR_BENCH_ROWS` rows, the variants
 //! taking turns so the machine's noise hits them alike.
 //!
-//! `cargo bench -p weir --bench peer`.
+//! `cargo bench -p weir-peer-bench` (a crate of its own, outside the
+//! workspace's default members, so weir's tests never build Extism).
 
+// The helpers weir's other benches share, compiled in from there.
 #[allow(dead_code)] // each bench uses part of the helpers
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use weir::batch::Batch;
 use weir::config::{Config, Overrides};
+use weir::delivery::batch::Batch;
 use weir::sandbox::{PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 
@@ -77,7 +80,7 @@ fn main() {
         let mut time_weir = || {
             per_row(rows_per_sample, batch, |index| {
                 let outcomes = runtime
-                    .block_on(weir.transform(&batches[index % batches.len()]))
+                    .block_on(weir.transform(batches[index % batches.len()].packed()))
                     .expect("the validator runs");
                 std::hint::black_box(outcomes);
             })

@@ -8,9 +8,9 @@ use async_nats::jetstream::{
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::policy::Placement;
-use crate::route::{Router, Unit};
-use crate::usage::Accept;
+use crate::ingest::policy::Placement;
+use crate::ingest::usage::Accept;
+use crate::topology::route::{Router, Unit};
 
 /// PubAcks awaited at once per request; bounds memory on a huge body while
 /// keeping the connection busy.

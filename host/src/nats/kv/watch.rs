@@ -332,7 +332,7 @@ impl WatchTask {
                 ));
             }
         }
-        let Some(delivery) = crate::ack::info(&message) else {
+        let Some(delivery) = crate::nats::ack::info(&message) else {
             return Next::Replace(format!(
                 "a message on `{}` without a JetStream reply subject",
                 message.subject

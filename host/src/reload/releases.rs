@@ -5,16 +5,20 @@
 //! plugin in as a hot reload would. `weir plugin rollback` points the key
 //! back at the previous release.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, object_store};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
 
-use crate::kv::{KvError, KvWrite, NatsKv};
-use crate::route::Router;
+use crate::coordination::KeyFollower;
+use crate::nats::kv::{Entry, KvError, KvWrite, NatsKv};
+use crate::topology::route::Router;
 
 /// Key prefix of plugin releases in the coordination bucket.
 pub const RELEASES: &str = "plugins.";
@@ -34,6 +38,89 @@ pub struct Release {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Previous {
     pub digest: Option<String>,
+}
+
+/// The releases the fleet was told to run, as the coordination watch brings
+/// them: published to the reloader only when the watch is caught up, so a
+/// watch that starts over never looks like every release being withdrawn.
+pub struct ReleaseFollower {
+    state: Mutex<Following>,
+    published: watch::Sender<BTreeMap<String, Release>>,
+}
+
+struct Following {
+    releases: BTreeMap<String, Release>,
+    rebuilding: bool,
+}
+
+impl ReleaseFollower {
+    pub fn new() -> (
+        Arc<ReleaseFollower>,
+        watch::Receiver<BTreeMap<String, Release>>,
+    ) {
+        let (published, releases) = watch::channel(BTreeMap::new());
+        let follower = ReleaseFollower {
+            state: Mutex::new(Following {
+                releases: BTreeMap::new(),
+                rebuilding: true,
+            }),
+            published,
+        };
+        (Arc::new(follower), releases)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Following> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn publish(&self, following: &Following) {
+        if !following.rebuilding {
+            self.published.send_if_modified(|current| {
+                let changed = *current != following.releases;
+                if changed {
+                    current.clone_from(&following.releases);
+                }
+                changed
+            });
+        }
+    }
+}
+
+impl KeyFollower for ReleaseFollower {
+    fn prefixes(&self) -> &'static [&'static str] {
+        &[RELEASES]
+    }
+
+    fn apply(&self, entry: &Entry) {
+        let Some(name) = entry.key.strip_prefix(RELEASES) else {
+            return;
+        };
+        let release = entry
+            .operation
+            .is_put()
+            .then(|| serde_json::from_slice::<Release>(&entry.value).ok())
+            .flatten();
+        let mut following = self.state();
+        match release {
+            Some(release) => following.releases.insert(name.to_string(), release),
+            None => following.releases.remove(name),
+        };
+        self.publish(&following);
+    }
+
+    fn restart(&self) {
+        let mut following = self.state();
+        following.releases.clear();
+        following.rebuilding = true;
+    }
+
+    fn caught_up(&self) {
+        let mut following = self.state();
+        following.rebuilding = false;
+        self.publish(&following);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -12,24 +12,14 @@
 
 use std::ops::Range;
 
+// Every width, field position, code and sentinel of the layout comes from
+// `weir_layout`, which the guest SDK packs and reads with too.
+use weir_layout::outcome::{DEAD_LETTER, EMIT, OK, RETRY};
+use weir_layout::{Span, emitted, header, outcome, row};
+
 use crate::sandbox::bindings::{Delivered, Transformed};
 
 pub use crate::sandbox::bindings::Batch as Packed;
-
-/// Numbers per row in `batch.rows`.
-const ROW_WIDTH: usize = 8;
-/// Numbers per header in `headers`.
-const HEADER_WIDTH: usize = 4;
-/// Numbers per emitted row in `transformed.emitted`.
-const EMITTED_WIDTH: usize = 6;
-/// An emitted row's table length meaning "the input's table".
-const SAME_TABLE: u32 = u32::MAX;
-
-/// Outcome codes, shared by `transformed` and `delivered`.
-const OK: u32 = 0;
-const EMIT: u32 = 1;
-const RETRY: u32 = 2;
-const DEAD_LETTER: u32 = 3;
 
 /// A plugin's answer does not fit the batch it was given.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +50,7 @@ impl Batch {
         Batch {
             packed: Packed {
                 data: Vec::with_capacity(bytes),
-                rows: Vec::with_capacity(rows * ROW_WIDTH),
+                rows: Vec::with_capacity(rows * row::WIDTH),
                 sequences: Vec::with_capacity(rows),
                 attempts: Vec::with_capacity(rows),
                 headers: Vec::new(),
@@ -80,20 +70,21 @@ impl Batch {
         let tenant = self.append(tenant.as_bytes());
         let table = self.append(table.as_bytes());
         let payload = self.append(payload);
-        let first = self.packed.headers.len() / HEADER_WIDTH;
+        let first = self.header_count();
         for (name, value) in headers {
-            let name = self.append(name.as_bytes());
-            let value = self.append(value.as_bytes());
-            self.packed.headers.extend(name.into_iter().chain(value));
+            let header = header::Record {
+                name: self.append(name.as_bytes()),
+                value: self.append(value.as_bytes()),
+            };
+            self.packed.headers.extend(header.encode());
         }
-        let count = self.packed.headers.len() / HEADER_WIDTH - first;
-        self.packed.rows.extend(
-            tenant
-                .into_iter()
-                .chain(table)
-                .chain(payload)
-                .chain([number(first), number(count)]),
-        );
+        let row = row::Record {
+            tenant,
+            table,
+            payload,
+            headers: Span::from_range(first..self.header_count()),
+        };
+        self.packed.rows.extend(row.encode());
         self.packed.sequences.push(position.sequence);
         self.packed.attempts.push(position.attempt);
     }
@@ -128,15 +119,15 @@ impl Batch {
     }
 
     pub fn tenant(&self, row: usize) -> &str {
-        self.text(self.field(row, 0))
+        self.text(self.record(row).tenant)
     }
 
     pub fn table(&self, row: usize) -> &str {
-        self.text(self.field(row, 2))
+        self.text(self.record(row).table)
     }
 
     pub fn payload(&self, row: usize) -> &[u8] {
-        self.bytes(self.field(row, 4))
+        self.bytes(self.record(row).payload)
     }
 
     pub fn position(&self, row: usize) -> Position {
@@ -148,40 +139,32 @@ impl Batch {
 
     /// Row `row`'s headers as (name, value) pairs.
     pub fn headers(&self, row: usize) -> impl Iterator<Item = (&str, &str)> {
-        let (first, count) = self.field(row, 6);
-        let numbers = self
-            .packed
-            .headers
-            .get(first as usize * HEADER_WIDTH..)
-            .unwrap_or_default();
-        numbers
-            .chunks_exact(HEADER_WIDTH)
-            .take(count as usize)
-            .map(|h| (self.text((h[0], h[1])), self.text((h[2], h[3]))))
+        let numbers = header::run(&self.packed.headers, self.record(row).headers);
+        header::records(numbers).map(|h| (self.text(h.name), self.text(h.value)))
     }
 
-    /// Two numbers of row `row`, from `at`.
-    fn field(&self, row: usize, at: usize) -> (u32, u32) {
-        let start = row * ROW_WIDTH + at;
-        match self.packed.rows.get(start..start + 2) {
-            Some([a, b]) => (*a, *b),
-            _ => (0, 0),
-        }
+    /// Row `row`'s numbers; all zero (empty) past the end.
+    fn record(&self, row: usize) -> row::Record {
+        row::Record::read(&self.packed.rows, row).unwrap_or_default()
     }
 
-    fn append(&mut self, bytes: &[u8]) -> [u32; 2] {
-        let offset = number(self.packed.data.len());
+    fn header_count(&self) -> usize {
+        self.packed.headers.len() / header::WIDTH
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Span {
+        let start = self.packed.data.len();
         self.packed.data.extend_from_slice(bytes);
-        [offset, number(bytes.len())]
+        Span::from_range(start..self.packed.data.len())
     }
 
     // Spans this batch made itself are always in bounds and UTF-8 where
     // text was written; the fallbacks only keep a bug from panicking.
-    fn bytes(&self, (offset, len): (u32, u32)) -> &[u8] {
-        self.packed.data.get(span(offset, len)).unwrap_or_default()
+    fn bytes(&self, span: Span) -> &[u8] {
+        span.get(&self.packed.data).unwrap_or_default()
     }
 
-    fn text(&self, span: (u32, u32)) -> &str {
+    fn text(&self, span: Span) -> &str {
         std::str::from_utf8(self.bytes(span)).unwrap_or_default()
     }
 }
@@ -207,13 +190,15 @@ impl<'a> Answer<'a> {
     /// Checks the answer's shape against a batch of `rows` rows.
     pub fn new(transformed: &'a Transformed, rows: usize) -> Result<Answer<'a>, Malformed> {
         check_outcomes(&transformed.outcomes, rows)?;
-        if !transformed.emitted.len().is_multiple_of(EMITTED_WIDTH)
-            || !transformed.headers.len().is_multiple_of(HEADER_WIDTH)
+        if !transformed.emitted.len().is_multiple_of(emitted::WIDTH)
+            || !transformed.headers.len().is_multiple_of(header::WIDTH)
         {
             return Err(Malformed(format!(
-                "{} numbers of emitted rows and {} of headers; rows take {EMITTED_WIDTH} each, headers {HEADER_WIDTH}",
+                "{} numbers of emitted rows and {} of headers; rows take {} each, headers {}",
                 transformed.emitted.len(),
-                transformed.headers.len()
+                transformed.headers.len(),
+                emitted::WIDTH,
+                header::WIDTH
             )));
         }
         Ok(Answer {
@@ -224,10 +209,7 @@ impl<'a> Answer<'a> {
 
     /// True when every row is passed on unchanged: the batch goes on as it is.
     pub fn all_ok(&self) -> bool {
-        self.transformed
-            .outcomes
-            .chunks_exact(2)
-            .all(|pair| pair[0] == OK)
+        outcome::records(&self.transformed.outcomes).all(|decided| decided.code == OK)
     }
 
     /// The outcome of row `row`; rows must be read in order.
@@ -240,7 +222,7 @@ impl<'a> Answer<'a> {
         )?;
         if let Outcome::Emit(ref range) = outcome {
             let count = range.len();
-            let emitted = self.transformed.emitted.len() / EMITTED_WIDTH;
+            let emitted = self.transformed.emitted.len() / emitted::WIDTH;
             if self.next_emitted + count > emitted {
                 return Err(Malformed(format!(
                     "row {row} emits {count} rows past the {emitted} returned"
@@ -261,31 +243,28 @@ impl<'a> Answer<'a> {
         row: usize,
         emitted: usize,
     ) -> Result<(), Malformed> {
-        let numbers = self
-            .transformed
-            .emitted
-            .get(emitted * EMITTED_WIDTH..(emitted + 1) * EMITTED_WIDTH)
+        let record = emitted::Record::read(&self.transformed.emitted, emitted)
             .ok_or_else(|| Malformed(format!("no emitted row {emitted}")))?;
-        let table = match (numbers[0], numbers[1]) {
-            (_, SAME_TABLE) => input.table(row),
-            span => self.text(span, "an emitted row's table")?,
+        let table = match record.table {
+            None => input.table(row),
+            Some(span) => self.text(span, "an emitted row's table")?,
         };
-        let payload = self.bytes((numbers[2], numbers[3]), "an emitted row's payload")?;
-        let (first, count) = (numbers[4] as usize, numbers[5] as usize);
-        let headers = self
-            .transformed
-            .headers
-            .get(first * HEADER_WIDTH..(first + count) * HEADER_WIDTH)
-            .ok_or_else(|| Malformed("an emitted row's headers lie out of bounds".into()))?;
-        for header in headers.chunks_exact(HEADER_WIDTH) {
-            self.text((header[0], header[1]), "a header name")?;
-            self.text((header[2], header[3]), "a header value")?;
+        let payload = self.bytes(record.payload, "an emitted row's payload")?;
+        let headers = header::run(&self.transformed.headers, record.headers);
+        if header::records(headers).len() != record.headers.len as usize {
+            return Err(Malformed(
+                "an emitted row's headers lie out of bounds".into(),
+            ));
+        }
+        for header in header::records(headers) {
+            self.text(header.name, "a header name")?;
+            self.text(header.value, "a header value")?;
         }
         // Checked just above, so the lookups below cannot fall back.
-        let headers = headers.chunks_exact(HEADER_WIDTH).map(|h| {
+        let headers = header::records(headers).map(|h| {
             (
-                self.text((h[0], h[1]), "").unwrap_or_default(),
-                self.text((h[2], h[3]), "").unwrap_or_default(),
+                self.text(h.name, "").unwrap_or_default(),
+                self.text(h.value, "").unwrap_or_default(),
             )
         });
         next.push(
@@ -298,16 +277,18 @@ impl<'a> Answer<'a> {
         Ok(())
     }
 
-    fn bytes(&self, (offset, len): (u32, u32), what: &str) -> Result<&'a [u8], Malformed> {
-        self.transformed.data.get(span(offset, len)).ok_or_else(|| {
+    fn bytes(&self, span: Span, what: &str) -> Result<&'a [u8], Malformed> {
+        span.get(&self.transformed.data).ok_or_else(|| {
             Malformed(format!(
-                "{what} lies at {offset}..+{len}, past the {} bytes returned",
+                "{what} lies at {}..+{}, past the {} bytes returned",
+                span.offset,
+                span.len,
                 self.transformed.data.len()
             ))
         })
     }
 
-    fn text(&self, span: (u32, u32), what: &str) -> Result<&'a str, Malformed> {
+    fn text(&self, span: Span, what: &str) -> Result<&'a str, Malformed> {
         std::str::from_utf8(self.bytes(span, what)?)
             .map_err(|err| Malformed(format!("{what} is not UTF-8: {err}")))
     }
@@ -323,10 +304,10 @@ pub fn delivered(delivered: &Delivered, rows: usize) -> Result<Vec<Outcome<'_>>,
 }
 
 fn check_outcomes(outcomes: &[u32], rows: usize) -> Result<(), Malformed> {
-    if outcomes.len() != rows * 2 {
+    if outcomes.len() != rows * outcome::WIDTH {
         return Err(Malformed(format!(
             "{} outcomes for {rows} rows",
-            outcomes.len() / 2
+            outcomes.len() / outcome::WIDTH
         )));
     }
     Ok(())
@@ -339,9 +320,8 @@ fn read_outcome<'a>(
     row: usize,
     may_emit: bool,
 ) -> Result<Outcome<'a>, Malformed> {
-    let (code, argument) = match outcomes.get(row * 2..row * 2 + 2) {
-        Some([code, argument]) => (*code, *argument),
-        _ => return Err(Malformed(format!("no outcome for row {row}"))),
+    let Some(outcome::Record { code, argument }) = outcome::Record::read(outcomes, row) else {
+        return Err(Malformed(format!("no outcome for row {row}")));
     };
     match code {
         OK => Ok(Outcome::Ok),
@@ -360,17 +340,6 @@ fn read_outcome<'a>(
     }
 }
 
-fn span(offset: u32, len: u32) -> Range<usize> {
-    let start = offset as usize;
-    start..start.saturating_add(len as usize)
-}
-
-/// Offsets are u32 on the boundary: a batch is capped far below 4 GiB by
-/// `batch_bytes` and the plugin memory cap.
-fn number(value: usize) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,13 +351,27 @@ mod tests {
         }
     }
 
-    fn answer(data: &[u8], outcomes: &[u32], emitted: &[u32], reasons: &[&str]) -> Transformed {
+    fn answer(
+        data: &[u8],
+        outcomes: &[outcome::Record],
+        emitted: &[emitted::Record],
+        reasons: &[&str],
+    ) -> Transformed {
         Transformed {
             data: data.to_vec(),
-            outcomes: outcomes.to_vec(),
-            emitted: emitted.to_vec(),
+            outcomes: outcomes.iter().flat_map(|o| o.encode()).collect(),
+            emitted: emitted.iter().flat_map(|e| e.encode()).collect(),
             headers: vec![],
             reasons: reasons.iter().map(|r| r.to_string()).collect(),
+        }
+    }
+
+    /// An emitted row with `payload`, keeping the input's table, no headers.
+    fn emitted_row(payload: Span) -> emitted::Record {
+        emitted::Record {
+            table: None,
+            payload,
+            headers: Span::default(),
         }
     }
 
@@ -422,8 +405,18 @@ mod tests {
         // Row 0 ok, row 1 emits two rows (one to table `t2`), row 2 is dead-lettered.
         let transformed = answer(
             b"xyt2",
-            &[0, 0, 1, 2, 3, 0],
-            &[0, u32::MAX, 0, 1, 0, 0, 2, 2, 1, 1, 0, 0],
+            &[
+                outcome::Record::ok(),
+                outcome::Record::emit(2),
+                outcome::Record::dead_letter(0),
+            ],
+            &[
+                emitted_row(Span::new(0, 1)),
+                emitted::Record {
+                    table: Some(Span::new(2, 2)),
+                    ..emitted_row(Span::new(1, 1))
+                },
+            ],
             &["bad"],
         );
         let mut answer = Answer::new(&transformed, 3).unwrap();
@@ -441,13 +434,52 @@ mod tests {
     }
 
     #[test]
+    fn emitted_rows_carry_their_headers_and_headers_out_of_bounds_are_refused() {
+        let mut input = Batch::default();
+        input.push("acme", "orders", b"a", [], position(1));
+        let header = header::Record {
+            name: Span::new(1, 1),
+            value: Span::new(2, 1),
+        };
+        let mut transformed = answer(
+            b"xkv",
+            &[outcome::Record::emit(1)],
+            &[emitted::Record {
+                headers: Span::new(0, 1),
+                ..emitted_row(Span::new(0, 1))
+            }],
+            &[],
+        );
+        transformed.headers = header.encode().to_vec();
+        let mut next = Batch::default();
+        Answer::new(&transformed, 1)
+            .unwrap()
+            .push_emitted(&mut next, &input, 0, 0)
+            .unwrap();
+        assert_eq!(next.headers(0).collect::<Vec<_>>(), vec![("k", "v")]);
+
+        transformed.headers.clear();
+        let err = Answer::new(&transformed, 1)
+            .unwrap()
+            .push_emitted(&mut Batch::default(), &input, 0, 0)
+            .unwrap_err();
+        assert!(err.to_string().contains("out of bounds"), "{err}");
+    }
+
+    #[test]
     fn an_answer_that_does_not_fit_its_batch_is_refused() {
         let mut input = Batch::default();
         input.push("acme", "orders", b"x", [], position(1));
-        let wrong_count = answer(b"", &[0, 0, 0, 0], &[], &[]);
+        let ok = outcome::Record::ok();
+        let wrong_count = answer(b"", &[ok, ok], &[], &[]);
         assert!(Answer::new(&wrong_count, 1).is_err());
 
-        let past_the_data = answer(b"hello", &[1, 1], &[0, u32::MAX, 3, 9, 0, 0], &[]);
+        let past_the_data = answer(
+            b"hello",
+            &[outcome::Record::emit(1)],
+            &[emitted_row(Span::new(3, 9))],
+            &[],
+        );
         let mut answer_ = Answer::new(&past_the_data, 1).unwrap();
         assert_eq!(answer_.outcome(0).unwrap(), Outcome::Emit(0..1));
         let err = answer_
@@ -455,17 +487,30 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("past the 5 bytes"), "{err}");
 
-        let too_many = answer(b"", &[1, 2], &[0, u32::MAX, 0, 0, 0, 0], &[]);
+        let too_many = answer(
+            b"",
+            &[outcome::Record::emit(2)],
+            &[emitted_row(Span::default())],
+            &[],
+        );
         let mut answer_ = Answer::new(&too_many, 1).unwrap();
         assert!(answer_.outcome(0).is_err());
 
-        let no_reason = answer(b"", &[3, 4], &[], &[]);
+        let no_reason = answer(b"", &[outcome::Record::dead_letter(4)], &[], &[]);
         assert!(Answer::new(&no_reason, 1).unwrap().outcome(0).is_err());
-        let bad_code = answer(b"", &[9, 0], &[], &[]);
+        let unknown = outcome::Record {
+            code: 9,
+            argument: 0,
+        };
+        let bad_code = answer(b"", &[unknown], &[], &[]);
         assert!(Answer::new(&bad_code, 1).unwrap().outcome(0).is_err());
 
+        // A sink cannot emit.
         let sink = Delivered {
-            outcomes: vec![0, 0, 1, 0],
+            outcomes: [ok, outcome::Record::emit(0)]
+                .iter()
+                .flat_map(|o| o.encode())
+                .collect(),
             reasons: vec![],
         };
         let err = delivered(&sink, 2).unwrap_err();

@@ -13,9 +13,9 @@ use futures::future::join_all;
 use serde::Serialize;
 
 use crate::config::{DeliveryConfig, StreamConfig};
-use crate::kv::{BucketOptions, NatsKv};
-use crate::pull::PIN_GROUP;
-use crate::route::Router;
+use crate::nats::jetstream::PIN_GROUP;
+use crate::nats::kv::{BucketOptions, NatsKv};
+use crate::topology::route::Router;
 
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;

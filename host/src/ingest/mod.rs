@@ -1,0 +1,10 @@
+//! Ingest, the first half of a row's path: the front door takes a request,
+//! [`ndjson`] splits it into rows, [`policy`] asks the tenant's budget (with
+//! the fleet-wide [`usage`]) and router, and [`publish`] stores every row in
+//! its partition stream before the 202.
+
+pub mod front_door;
+pub mod ndjson;
+pub mod policy;
+pub mod publish;
+pub mod usage;

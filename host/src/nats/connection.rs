@@ -1,0 +1,79 @@
+//! The NATS connection a host (or an operator command) uses: credentials
+//! taken from the URL, connection events logged, and permission violations
+//! kept so a failed boot can name what the server refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the first connection to NATS may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Permission violations remembered for the boot report.
+const MAX_REMEMBERED_REFUSALS: usize = 32;
+
+/// Why there is no connection.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to NATS at {url}: {reason}")]
+pub struct ConnectError {
+    pub url: String,
+    pub reason: String,
+}
+
+/// Permission violations the server reported, kept to explain a failed boot.
+#[derive(Debug, Clone, Default)]
+pub struct Refusals(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Refusals {
+    /// What the server refused so far.
+    pub fn list(&self) -> Vec<String> {
+        self.0.lock().map(|list| list.clone()).unwrap_or_default()
+    }
+
+    fn remember(&self, text: String) {
+        if let Ok(mut list) = self.0.lock()
+            && list.len() < MAX_REMEMBERED_REFUSALS
+        {
+            list.push(text);
+        }
+    }
+}
+
+/// Connects to `url`, remembering permission violations in `refusals`.
+pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Client, ConnectError> {
+    let error = |reason: String| ConnectError {
+        url: url.to_string(),
+        reason,
+    };
+    // Credentials in the URL (`nats://user:password@host`) are not used by
+    // async-nats on their own: pass them explicitly.
+    let address: async_nats::ServerAddr = url.parse().map_err(|err| error(format!("{err}")))?;
+    let options = match (address.username(), address.password()) {
+        (Some(user), Some(password)) => {
+            async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+        }
+        _ => async_nats::ConnectOptions::new(),
+    };
+    let refusals = refusals.clone();
+    let options = options
+        .event_callback(move |event| {
+            let refusals = refusals.clone();
+            async move {
+                match event {
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                        if text.contains("Permissions Violation") =>
+                    {
+                        tracing::error!(refused = %text, "NATS refused an operation to weir's user");
+                        refusals.remember(text);
+                    }
+                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                    other => tracing::warn!(event = %other, "NATS connection event"),
+                }
+            }
+        })
+        .name("weir")
+        .connection_timeout(CONNECT_TIMEOUT)
+        .retry_on_initial_connect();
+    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
+        .await
+        .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|err| error(err.to_string()))
+}

@@ -1,0 +1,128 @@
+//! The operator endpoints served beside the front door: `/v1/status`,
+//! `/metrics`, `/livez`, `/readyz` and `POST /v1/admin/reload`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router as HttpRouter;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::{oneshot, watch};
+
+use crate::ops::status::StatusSource;
+use crate::reload::ReloadRequests;
+use crate::reload::generation::Generation;
+
+/// How long `POST /v1/admin/reload` waits for the reload to finish.
+const ADMIN_RELOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Seconds a client is told to wait when the host cannot answer now.
+const RETRY_AFTER_SECS: u64 = 1;
+
+/// What the operator endpoints share.
+pub struct Ops {
+    pub status: StatusSource,
+    /// The running generation: its `admin_api_keys` guard the admin API.
+    pub generations: watch::Receiver<Arc<Generation>>,
+    pub reloads: ReloadRequests,
+}
+
+impl Ops {
+    /// The operator routes, to be merged with the front door's.
+    pub fn router(self) -> HttpRouter {
+        HttpRouter::new()
+            .route("/v1/status", get(status))
+            .route("/v1/admin/reload", post(admin_reload))
+            .route("/livez", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(Arc::new(self))
+    }
+}
+
+/// An error answer `{"error": ...}`, with `Retry-After` when it passes.
+fn refusal(status: StatusCode, error: &str, retry: bool) -> Response {
+    let mut response = (status, axum::Json(json!({ "error": error }))).into_response();
+    if retry {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+}
+
+/// Forces a reload of the config and plugins, as SIGHUP does, and answers
+/// with its outcome: 200 applied, 422 refused (the running versions keep
+/// serving). Needs one of the config's `admin_api_keys`.
+async fn admin_reload(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
+    let admin_keys = ops.generations.borrow().config().admin_api_keys.clone();
+    if admin_keys.is_empty() {
+        return refusal(
+            StatusCode::NOT_FOUND,
+            "the admin API is off: set `admin_api_keys` in the config",
+            false,
+        );
+    }
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim);
+    if !key.is_some_and(|key| admin_keys.iter().any(|k| k == key)) {
+        return refusal(
+            StatusCode::UNAUTHORIZED,
+            "an admin api key is required",
+            false,
+        );
+    }
+    let (reply, answer) = oneshot::channel();
+    if ops.reloads.send(reply).await.is_err() {
+        return refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host is stopping",
+            true,
+        );
+    }
+    match tokio::time::timeout(ADMIN_RELOAD_TIMEOUT, answer).await {
+        Ok(Ok(Ok(()))) => axum::Json(json!({ "result": "applied" })).into_response(),
+        Ok(Ok(Err(reason))) => refusal(StatusCode::UNPROCESSABLE_ENTITY, &reason, false),
+        Ok(Err(_)) | Err(_) => refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the reload did not finish",
+            true,
+        ),
+    }
+}
+
+async fn readyz(State(ops): State<Arc<Ops>>) -> Response {
+    if ops.status.nats_connected() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NATS is not connected",
+            true,
+        )
+    }
+}
+
+async fn status(State(ops): State<Arc<Ops>>) -> Response {
+    axum::Json(ops.status.report().await).into_response()
+}
+
+async fn metrics(State(ops): State<Arc<Ops>>) -> Response {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &ops.status.registry()).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,49 @@
+//! Host bindings generated from `wit/` by `wasmtime::component::bindgen!`:
+//! the types in them are the ones that cross the plugin boundary. Their own
+//! module, so what packs a batch (delivery) needs only these types, not the
+//! sandbox that runs it.
+
+pub mod transform {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "weir:plugin/transform",
+        exports: { default: async },
+    });
+}
+pub mod sink {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "weir:plugin/sink",
+        exports: { default: async },
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+    });
+}
+pub mod budget {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "weir:plugin/budget",
+        exports: { default: async },
+        with: {
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+    });
+}
+pub mod router {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "weir:plugin/router",
+        exports: { default: async },
+        with: {
+            "weir:plugin/host": super::transform::weir::plugin::host,
+            "weir:plugin/policy": super::budget::weir::plugin::policy,
+        },
+    });
+}
+pub use budget::weir::plugin::policy::{
+    Admission, Decision, Route, TableRoute, Topology, Unit as RouteUnit, Usage,
+};
+pub use sink::weir::plugin::types::Delivered;
+pub use transform::weir::plugin::types::{Batch, Transformed};

@@ -1,0 +1,524 @@
+//! A loaded plugin version (`Plugin`: compiled, linked, ready to
+//! instantiate) and its instances: each with its own store
+//! ([`PluginState`]), memory cap (`Limiter`) and per-call deadline,
+//! discarded after a failed call and recycled before its memory grows
+//! without bound; a trap is quoted from the tail of its stderr.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store, StoreLimits};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
+
+use crate::config::PluginConfig;
+use crate::telemetry::{Metrics, PluginLabels};
+
+use super::bindings::budget::{Budget, BudgetPre};
+use super::bindings::router::{Router as RouterPolicy, RouterPre};
+use super::bindings::sink::{Sink, SinkPre};
+use super::bindings::transform::{Transform, TransformPre};
+use super::bindings::{
+    Admission, Batch, Decision, Delivered, Route, TableRoute, Topology, Transformed,
+};
+use super::http::HttpGate;
+use super::*;
+
+/// What went wrong in one plugin call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The guest trapped (a panic, an unreachable, a bad access).
+    Trap,
+    /// The call ran past its deadline and was interrupted.
+    Deadline,
+    /// The guest tried to grow its memory past its cap.
+    Memory,
+    /// `init` returned an error.
+    Refused,
+    /// The plugin broke the contract (e.g. wrong number of outcomes).
+    Contract,
+}
+
+/// A failed plugin call; the instance that made it is discarded.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct CallError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+pub(super) enum PluginPre {
+    Transform(TransformPre<PluginState>),
+    Sink(SinkPre<PluginState>),
+    Budget(BudgetPre<PluginState>),
+    Router(RouterPre<PluginState>),
+}
+
+/// One loaded version of a plugin: compiled, linked, ready to instantiate.
+pub struct Plugin {
+    pub config: PluginConfig,
+    /// Content digest of the `.wasm`.
+    pub version: String,
+    pub(super) settings_json: String,
+    pub(super) pre: PluginPre,
+    pub(super) engine: Engine,
+    pub(super) metrics: Metrics,
+    pub(super) labels: PluginLabels,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.config.name)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl Plugin {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// A fresh instance with its own store, limits and grants, `init`-ed.
+    pub async fn instantiate(self: &Arc<Self>) -> Result<PluginInstance, CallError> {
+        let stderr = StderrTail::default();
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stderr(stderr.clone());
+        for (name, value) in &self.config.grants.env {
+            wasi.env(name, value);
+        }
+        for grant in &self.config.grants.dirs {
+            let perms = if grant.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            wasi.preopened_dir(&grant.host, &grant.guest, perms)
+                .map_err(|err| CallError {
+                    kind: FailureKind::Refused,
+                    message: format!(
+                        "cannot open granted directory {}: {err:#}",
+                        grant.host.display()
+                    ),
+                })?;
+        }
+        let limits = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(self.config.memory_bytes)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = PluginState {
+            wasi: wasi.build(),
+            http: WasiHttpCtx::new(),
+            gate: HttpGate {
+                plugin: self.config.name.clone(),
+                allowed: self.config.grants.http.clone(),
+                call_ends: Instant::now(),
+            },
+            table: ResourceTable::new(),
+            limits: Limiter {
+                limits,
+                memory_bytes: 0,
+            },
+            plugin: self.clone(),
+            call_ends: std::time::Instant::now(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limits);
+        // Every epoch tick, a running call yields to the executor (so a long
+        // call never starves the host's other tasks) until its deadline passes.
+        store.epoch_deadline_callback(|context| {
+            Ok(if std::time::Instant::now() >= context.data().call_ends {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::Yield(1)
+            })
+        });
+        let mut instance = PluginInstance {
+            store,
+            exports: Exports::None,
+            plugin: self.clone(),
+            stderr,
+            batches: 0,
+            memory_after_init: 0,
+        };
+        instance.arm_deadline();
+        let exports = match &self.pre {
+            PluginPre::Transform(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Transform),
+            PluginPre::Sink(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Sink),
+            PluginPre::Budget(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Budget),
+            PluginPre::Router(pre) => pre
+                .instantiate_async(&mut instance.store)
+                .await
+                .map(Exports::Router),
+        };
+        instance.exports = exports.map_err(|err| instance.failure(err))?;
+        self.metrics.plugin_instances.inc();
+
+        instance.arm_deadline();
+        let settings = self.settings_json.as_str();
+        let result = match &instance.exports {
+            Exports::Transform(t) => t.call_init(&mut instance.store, settings).await,
+            Exports::Sink(s) => s.call_init(&mut instance.store, settings).await,
+            Exports::Budget(b) => b.call_init(&mut instance.store, settings).await,
+            Exports::Router(r) => r.call_init(&mut instance.store, settings).await,
+            Exports::None => unreachable!("exports were just set"),
+        };
+        match result {
+            Ok(Ok(())) => {
+                instance.memory_after_init = instance.memory_bytes();
+                Ok(instance)
+            }
+            Ok(Err(reason)) => Err(CallError {
+                kind: FailureKind::Refused,
+                message: format!("init refused its settings: {reason}"),
+            }),
+            Err(err) => Err(instance.failure(err)),
+        }
+    }
+}
+
+pub(super) enum Exports {
+    None,
+    Transform(Transform),
+    Sink(Sink),
+    Budget(Budget),
+    Router(RouterPolicy),
+}
+
+/// A live instance of one plugin version. Not shared: one caller at a time.
+pub struct PluginInstance {
+    pub(super) store: Store<PluginState>,
+    pub(super) exports: Exports,
+    pub(super) plugin: Arc<Plugin>,
+    pub(super) stderr: StderrTail,
+    pub(super) batches: u64,
+    /// Linear memory right after `init`: growth is measured from here.
+    pub(super) memory_after_init: usize,
+}
+
+impl PluginInstance {
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// True once the instance has served enough batches, or its memory has
+    /// grown enough since `init`, to be replaced by a fresh one.
+    pub fn worn_out(&self) -> bool {
+        let grown = self
+            .store
+            .data()
+            .limits
+            .memory_bytes
+            .saturating_sub(self.memory_after_init);
+        self.batches >= self.plugin.config.recycle_after_batches
+            || grown >= self.plugin.config.recycle_after_growth_bytes
+    }
+
+    /// Linear memory the instance has now, in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().limits.memory_bytes
+    }
+
+    pub(super) fn arm_deadline(&mut self) {
+        let call_ends = Instant::now() + self.plugin.config.deadline;
+        let state = self.store.data_mut();
+        state.call_ends = call_ends;
+        state.gate.call_ends = call_ends;
+        self.store.set_epoch_deadline(1);
+    }
+
+    pub(super) fn begin_call(&mut self) {
+        self.stderr.clear();
+        self.arm_deadline();
+        self.batches += 1;
+        self.plugin
+            .metrics
+            .plugin_calls
+            .get_or_create(&self.plugin.labels)
+            .inc();
+    }
+
+    /// Runs a transform over a packed batch. The caller checks the answer
+    /// against the batch as it reads it: the sandbox only runs the call.
+    pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
+        self.begin_call();
+        let Exports::Transform(exports) = &self.exports else {
+            return Err(self.contract("is not a transform"));
+        };
+        exports
+            .call_transform(&mut self.store, rows)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Hands a packed batch to a sink; the caller checks the answer.
+    pub async fn deliver(&mut self, rows: &Batch) -> Result<Delivered, CallError> {
+        self.begin_call();
+        let Exports::Sink(exports) = &self.exports else {
+            return Err(self.contract("is not a sink"));
+        };
+        exports
+            .call_deliver(&mut self.store, rows)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Asks a budget about one request.
+    pub async fn admit(&mut self, request: &Admission) -> Result<Decision, CallError> {
+        self.begin_call();
+        let Exports::Budget(exports) = &self.exports else {
+            return Err(self.contract("is not a budget"));
+        };
+        exports
+            .call_admit(&mut self.store, request)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Asks a router how a table's rows are routed.
+    pub async fn route_table(
+        &mut self,
+        topology: Topology,
+        tenant: &str,
+        table: &str,
+    ) -> Result<TableRoute, CallError> {
+        self.begin_call();
+        let Exports::Router(exports) = &self.exports else {
+            return Err(self.contract("is not a router"));
+        };
+        exports
+            .call_route_table(&mut self.store, topology, tenant, table)
+            .await
+            .map_err(|err| self.failure(err))
+    }
+
+    /// Asks a router for the route of each key of one request.
+    pub async fn route_keys(
+        &mut self,
+        topology: Topology,
+        tenant: &str,
+        table: &str,
+        keys: &[Option<String>],
+    ) -> Result<Vec<Route>, CallError> {
+        self.begin_call();
+        let Exports::Router(exports) = &self.exports else {
+            return Err(self.contract("is not a router"));
+        };
+        let routes = exports
+            .call_route_keys(&mut self.store, topology, tenant, table, keys)
+            .await
+            .map_err(|err| self.failure(err))?;
+        if routes.len() != keys.len() {
+            return Err(self.contract(&format!(
+                "returned {} routes for {} keys",
+                routes.len(),
+                keys.len()
+            )));
+        }
+        Ok(routes)
+    }
+
+    /// The plugin broke the WIT contract (`what` it did), e.g. an answer
+    /// that does not fit the batch it was given.
+    pub fn contract(&self, what: &str) -> CallError {
+        self.count_failure();
+        CallError {
+            kind: FailureKind::Contract,
+            message: format!("plugin `{}` {what}", self.plugin.name()),
+        }
+    }
+
+    pub(super) fn count_failure(&self) {
+        self.plugin
+            .metrics
+            .plugin_failures
+            .get_or_create(&self.plugin.labels)
+            .inc();
+    }
+
+    /// Classifies a wasmtime error and adds the guest's last stderr words.
+    pub(super) fn failure(&self, err: wasmtime::Error) -> CallError {
+        self.count_failure();
+        let limit = &self.plugin.config;
+        let (kind, what) = match err.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => (
+                FailureKind::Deadline,
+                format!("ran past its deadline of {} ms", limit.deadline.as_millis()),
+            ),
+            _ if format!("{err:#}").contains("forcing trap when growing memory") => (
+                FailureKind::Memory,
+                format!(
+                    "tried to grow memory past its cap of {} MiB",
+                    limit.memory_bytes >> 20
+                ),
+            ),
+            // The trap itself, not the wasm backtrace wasmtime wraps it in.
+            Some(trap) => (FailureKind::Trap, format!("trapped ({trap})")),
+            None => (FailureKind::Trap, format!("trapped ({})", err.root_cause())),
+        };
+        // A Rust guest prints its panic message to stderr before it aborts.
+        let tail = self.stderr.last_line();
+        let message = if tail.is_empty() {
+            format!("plugin `{}` {what}", self.plugin.name())
+        } else {
+            format!("plugin `{}` {what}: {tail}", self.plugin.name())
+        };
+        CallError { kind, message }
+    }
+}
+
+impl Drop for PluginInstance {
+    fn drop(&mut self) {
+        if !matches!(self.exports, Exports::None) {
+            self.plugin.metrics.plugin_instances.dec();
+        }
+    }
+}
+
+/// The store's limits, plus a tally of how much linear memory the instance
+/// has grown to: a warm instance is recycled when it has grown too much.
+pub(super) struct Limiter {
+    pub(super) limits: StoreLimits,
+    pub(super) memory_bytes: usize,
+}
+
+impl wasmtime::ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = self.limits.memory_growing(current, desired, maximum)?;
+        if allowed {
+            self.memory_bytes += desired.saturating_sub(current);
+        }
+        Ok(allowed)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.memory_grow_failed(error)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
+/// What each store holds: the empty-by-default WASI context, the limits,
+/// and who the plugin is (for its logs and counters).
+pub struct PluginState {
+    pub(super) wasi: WasiCtx,
+    /// Used only through the `http_linker`, i.e. with `grants.http`.
+    pub(super) http: WasiHttpCtx,
+    pub(super) gate: HttpGate,
+    pub(super) table: ResourceTable,
+    pub(super) limits: Limiter,
+    pub(super) plugin: Arc<Plugin>,
+    /// When the running call must have returned.
+    pub(super) call_ends: std::time::Instant,
+}
+
+/// A plugin's stderr, of which only the tail is kept: enough to quote a
+/// panic message when the call traps, never a growing buffer.
+#[derive(Clone, Default)]
+pub(super) struct StderrTail(Arc<Mutex<Vec<u8>>>);
+
+impl StderrTail {
+    /// Forgets what earlier calls wrote, so a trap is explained by its own call.
+    pub(super) fn clear(&self) {
+        if let Ok(mut bytes) = self.0.lock() {
+            bytes.clear();
+        }
+    }
+
+    pub(super) fn last_line(&self) -> String {
+        let Ok(bytes) = self.0.lock() else {
+            return String::new();
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        text.trim_end()
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty() && !line.contains("note: run with"))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+}
+
+impl IsTerminal for StderrTail {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for StderrTail {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl tokio::io::AsyncWrite for StderrTail {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Ok(mut tail) = self.0.lock() {
+            tail.extend_from_slice(buf);
+            if tail.len() > STDERR_TAIL_BYTES {
+                let excess = tail.len() - STDERR_TAIL_BYTES;
+                tail.drain(..excess);
+            }
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}

@@ -1,0 +1,466 @@
+//! The sandbox: one wasmtime `Engine` per process, a compiled component and
+//! an `InstancePre` per plugin version, and instances whose every call is
+//! bounded in memory (`StoreLimits`) and CPU time (epoch interruption).
+//!
+//! Architecture invariant: a plugin reaches nothing it was not granted. WASI
+//! is linked because every std guest imports it, but the context is empty:
+//! no preopens, no environment, no sockets, unless the TOML grants them.
+//! `wasi:http` is linked only for plugins with `grants.http`, and each of
+//! their requests must go to an authority in that list.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::config::{PluginConfig, World};
+use crate::telemetry::{Metrics, PluginLabels};
+
+pub mod bindings;
+mod http;
+mod imports;
+mod instance;
+
+use instance::PluginPre;
+pub use instance::{CallError, FailureKind, Plugin, PluginInstance, PluginState};
+
+use bindings::budget::BudgetPre;
+use bindings::router::RouterPre;
+use bindings::sink::SinkPre;
+use bindings::transform::TransformPre;
+use bindings::transform::weir::plugin::host::{self as host_api};
+
+/// The version of the `weir:plugin` WIT package (`wit/types.wit`) this host speaks.
+pub const WIT_VERSION: &str = "0.2.0";
+/// How often the epoch advances: the granularity of every call deadline,
+/// and how often a running call yields to the executor.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Instances the pooling allocator keeps slots for. Each unit holds at most
+/// one instance per pipeline step, so this bounds units × steps per host.
+const POOL_INSTANCES: u32 = 256;
+/// Core instances per component: a std wasip2 guest has a handful.
+const POOL_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+/// Per-memory address space the pool reserves; per-plugin caps are lower.
+const POOL_MAX_MEMORY_BYTES: usize = (crate::config::MAX_PLUGIN_MEMORY_MB as usize) << 20;
+/// The tail of a plugin's stderr kept to explain a trap (a Rust panic prints there).
+const STDERR_TAIL_BYTES: usize = 4096;
+/// Longest log line a plugin may write through the host import.
+const MAX_LOG_BYTES: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot configure the wasm engine: {0:#}")]
+    Engine(wasmtime::Error),
+}
+
+/// Why a plugin version could not be loaded. Each names the plugin and file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin `{plugin}`: cannot read {path}: {source}")]
+    Read {
+        plugin: String,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("plugin `{plugin}`: {path} is not a valid WebAssembly component: {reason}")]
+    Compile {
+        plugin: String,
+        path: String,
+        reason: String,
+    },
+    #[error(
+        "plugin `{plugin}`: {path} does not implement world `weir:plugin/{world}@{WIT_VERSION}`: missing export {missing}"
+    )]
+    WrongWorld {
+        plugin: String,
+        path: String,
+        world: &'static str,
+        missing: String,
+    },
+    #[error(
+        "plugin `{plugin}`: {path} was built against `weir:plugin@{found}`; this weir speaks `weir:plugin@{WIT_VERSION}`: rebuild it with the matching SDK"
+    )]
+    WrongVersion {
+        plugin: String,
+        path: String,
+        found: String,
+    },
+    #[error("plugin `{plugin}`: {path} imports something weir does not provide: {reason}")]
+    Link {
+        plugin: String,
+        path: String,
+        reason: String,
+    },
+    #[error(
+        "plugin `{plugin}`: {path} imports `{import}` but has no `{grant}`; add the `host:port` authorities it may reach"
+    )]
+    Ungranted {
+        plugin: String,
+        path: String,
+        import: String,
+        /// The TOML key that would grant the import.
+        grant: &'static str,
+    },
+    #[error("plugin `{plugin}`: grant of {dir}: {reason}")]
+    Grant {
+        plugin: String,
+        dir: String,
+        reason: String,
+    },
+    #[error("plugin `{plugin}`: init failed: {0}", .source)]
+    Init { plugin: String, source: CallError },
+}
+
+/// The process-wide engine, its linkers and the epoch ticker.
+pub struct Sandbox {
+    engine: Engine,
+    /// WASI with an empty context and weir's host API: every plugin.
+    linker: Linker<PluginState>,
+    /// The same plus `wasi:http`: only plugins with `grants.http`.
+    http_linker: Linker<PluginState>,
+    metrics: Metrics,
+    ticker_stop: Arc<AtomicBool>,
+    /// Where compiled components are kept between starts, if anywhere.
+    cache: Option<PathBuf>,
+}
+
+impl Sandbox {
+    pub fn new(metrics: Metrics) -> Result<Sandbox, SandboxError> {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(POOL_INSTANCES)
+            .total_core_instances(POOL_INSTANCES * POOL_CORE_INSTANCES_PER_COMPONENT)
+            .total_memories(POOL_INSTANCES * 2)
+            .total_tables(POOL_INSTANCES * 2)
+            .total_stacks(POOL_INSTANCES)
+            .max_core_instances_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_tables_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
+            .max_memory_size(POOL_MAX_MEMORY_BYTES);
+        let mut config = wasmtime::Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        // `perf` names plugin functions only if the engine writes a perf map.
+        if std::env::var("WEIR_WASM_PROFILER").is_ok_and(|value| value == "perfmap") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
+        let engine = Engine::new(&config).map_err(SandboxError::Engine)?;
+
+        let base_linker = || -> wasmtime::Result<Linker<PluginState>> {
+            let mut linker = Linker::new(&engine);
+            wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+            host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| {
+                state
+            })?;
+            Ok(linker)
+        };
+        let linker = base_linker().map_err(SandboxError::Engine)?;
+        let mut http_linker = base_linker().map_err(SandboxError::Engine)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut http_linker)
+            .map_err(SandboxError::Engine)?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (ticker_engine, stop) = (engine.clone(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("weir-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker_engine.increment_epoch();
+                }
+            })
+            .map_err(|err| SandboxError::Engine(err.into()))?;
+
+        Ok(Sandbox {
+            engine,
+            linker,
+            http_linker,
+            metrics,
+            ticker_stop,
+            cache: None,
+        })
+    }
+
+    /// Keeps compiled components in `dir`, keyed by the `.wasm`'s SHA-256
+    /// and the engine's compatibility hash, so a restart skips Cranelift.
+    /// `dir` must be weir's own (its data directory): what is loaded from
+    /// it runs as native code, so it is never a plugins directory.
+    pub fn with_cache_dir(mut self, dir: PathBuf) -> Sandbox {
+        self.cache = Some(dir);
+        self
+    }
+
+    /// Compiles a plugin, checks it implements its world and links, and
+    /// smoke-tests it with one instantiation and `init`.
+    pub async fn load(&self, config: &PluginConfig) -> Result<Arc<Plugin>, LoadError> {
+        let plugin = config.name.clone();
+        let path = config.wasm.display().to_string();
+        let bytes = tokio::fs::read(&config.wasm)
+            .await
+            .map_err(|source| LoadError::Read {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                source,
+            })?;
+        let version = version_of(&bytes);
+        let engine = self.engine.clone();
+        let cache = self.cache.clone();
+        // Cranelift takes a while on a big component: keep it off the runtime threads.
+        let component = tokio::task::spawn_blocking(move || compile(&engine, &bytes, cache))
+            .await
+            .map_err(|err| LoadError::Compile {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: err.to_string(),
+            })?
+            .map_err(|err| LoadError::Compile {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: format!("{err:#}"),
+            })?;
+
+        if let Some(found) = foreign_version(&self.engine, &component) {
+            return Err(LoadError::WrongVersion {
+                plugin,
+                path,
+                found,
+            });
+        }
+        check_world(&self.engine, &component, config.world).map_err(|missing| {
+            LoadError::WrongWorld {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                world: config.world.as_str(),
+                missing,
+            }
+        })?;
+        // An ungranted wasi:http import gets a message naming the grant,
+        // not the linker's "unknown import".
+        let linker = match (
+            http_import(&self.engine, &component),
+            config.grants.http.is_empty(),
+        ) {
+            (Some(import), true) => {
+                return Err(LoadError::Ungranted {
+                    plugin,
+                    path,
+                    import,
+                    grant: "grants.http",
+                });
+            }
+            (_, false) => &self.http_linker,
+            (None, true) => &self.linker,
+        };
+        let instance_pre = linker
+            .instantiate_pre(&component)
+            .map_err(|err| LoadError::Link {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                reason: format!("{err:#}"),
+            })?;
+        let link_error = |err: wasmtime::Error| LoadError::Link {
+            plugin: plugin.clone(),
+            path: path.clone(),
+            reason: format!("{err:#}"),
+        };
+        let pre = match config.world {
+            World::Transform => {
+                PluginPre::Transform(TransformPre::new(instance_pre).map_err(link_error)?)
+            }
+            World::Sink => PluginPre::Sink(SinkPre::new(instance_pre).map_err(link_error)?),
+            World::Budget => PluginPre::Budget(BudgetPre::new(instance_pre).map_err(link_error)?),
+            World::Router => PluginPre::Router(RouterPre::new(instance_pre).map_err(link_error)?),
+        };
+        for grant in &config.grants.dirs {
+            if grant.writable {
+                // A writable grant is weir's to create, so a fresh install just works.
+                let _ = std::fs::create_dir_all(&grant.host);
+            }
+            if !grant.host.is_dir() {
+                return Err(LoadError::Grant {
+                    plugin,
+                    dir: grant.host.display().to_string(),
+                    reason: "not a directory".into(),
+                });
+            }
+        }
+        let loaded = Arc::new(Plugin {
+            config: config.clone(),
+            settings_json: config.settings.to_string(),
+            version,
+            pre,
+            engine: self.engine.clone(),
+            metrics: self.metrics.clone(),
+            labels: PluginLabels {
+                plugin: config.name.clone(),
+            },
+        });
+        let smoke_test = loaded
+            .instantiate()
+            .await
+            .map_err(|source| LoadError::Init {
+                plugin: config.name.clone(),
+                source,
+            })?;
+        drop(smoke_test);
+        tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), "plugin loaded");
+        Ok(loaded)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The exports a world needs, checked before linking so a wrong component
+/// gets a message that names what it lacks.
+fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(), String> {
+    let required: &[&str] = match world {
+        World::Transform => &["init", "transform"],
+        World::Sink => &["init", "deliver"],
+        World::Budget => &["init", "admit"],
+        World::Router => &["init", "route-table", "route-keys"],
+    };
+    let ty = component.component_type();
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|name| {
+            !ty.exports(engine).any(|(export, item)| {
+                export == **name && matches!(item.ty, ComponentItem::ComponentFunc(_))
+            })
+        })
+        .map(|name| format!("`{name}`"))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        let found: Vec<String> = ty
+            .exports(engine)
+            .map(|(name, _)| format!("`{name}`"))
+            .collect();
+        Err(format!(
+            "{} (it exports {})",
+            missing.join(", "),
+            if found.is_empty() {
+                "nothing".to_string()
+            } else {
+                found.join(", ")
+            }
+        ))
+    }
+}
+
+/// The component's `wasi:http/…` import, if it has any; the outgoing
+/// handler is named first, since that is what reaches the network.
+/// The version of `weir:plugin` a component imports, when it is not this
+/// host's (a plugin built with an older SDK).
+fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .find_map(|(name, _)| imported_version(name).filter(|v| *v != WIT_VERSION))
+        .map(str::to_string)
+}
+
+/// `weir:plugin/host@0.1.0` → `0.1.0`; none for anything else.
+fn imported_version(import: &str) -> Option<&str> {
+    import
+        .strip_prefix("weir:plugin/")?
+        .split_once('@')
+        .map(|(_, version)| version)
+}
+
+fn http_import(engine: &Engine, component: &Component) -> Option<String> {
+    let mut imports: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .filter(|(name, _)| name.starts_with("wasi:http/"))
+        .map(|(name, _)| name.to_string())
+        .collect();
+    imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));
+    imports.into_iter().next()
+}
+
+/// Compiles a component, or loads it from the compiled cache when it holds
+/// this exact `.wasm` for this exact engine. Cache trouble never fails a
+/// load: it only costs a compilation.
+fn compile(engine: &Engine, bytes: &[u8], cache: Option<PathBuf>) -> wasmtime::Result<Component> {
+    let Some(dir) = cache else {
+        return Component::new(engine, bytes);
+    };
+    use sha2::Digest;
+    use std::hash::{Hash, Hasher};
+    let digest: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let path = dir.join(format!("{digest}-{:016x}.cwasm", hasher.finish()));
+    if path.exists() {
+        // SAFETY: the file was written by `Component::serialize` of this
+        // engine configuration into weir's own data directory (the key
+        // includes the engine's compatibility hash); nothing else writes
+        // there.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => {
+                tracing::debug!(cache = %path.display(), "compiled component loaded from the cache");
+                return Ok(component);
+            }
+            Err(err) => {
+                tracing::warn!(cache = %path.display(), error = %err, "unusable compiled component; compiling again");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let component = Component::new(engine, bytes)?;
+    let stored = component
+        .serialize()
+        .map_err(std::io::Error::other)
+        .and_then(|compiled| {
+            std::fs::create_dir_all(&dir)?;
+            // Written aside and renamed: a crash never leaves half a file under the key.
+            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, compiled)?;
+            std::fs::rename(&partial, &path)
+        });
+    if let Err(err) = stored {
+        tracing::warn!(cache = %dir.display(), error = %err, "cannot keep the compiled component");
+    }
+    Ok(component)
+}
+
+/// A short content digest: the plugin's version as status and logs show it.
+pub fn version_of(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wit_version_is_the_packages() {
+        let wit = include_str!("../../../wit/types.wit");
+        assert!(
+            wit.contains(&format!("package weir:plugin@{WIT_VERSION};")),
+            "wit/types.wit names another version than WIT_VERSION"
+        );
+    }
+
+    #[test]
+    fn an_imports_weir_plugin_version_is_read_from_its_name() {
+        assert_eq!(imported_version("weir:plugin/host@0.1.0"), Some("0.1.0"));
+        assert_eq!(imported_version("weir:plugin/types@0.2.0"), Some("0.2.0"));
+        assert_eq!(imported_version("wasi:io/streams@0.2.6"), None);
+        assert_eq!(imported_version("weir:plugin/host"), None);
+    }
+}

@@ -1,0 +1,454 @@
+//! The architecture's boundaries, checked against the sources (as
+//! rust-analyzer's tidy tests do): which subsystems may talk to NATS or
+//! wasmtime, what coordination and the sandbox may not import, and no import
+//! cycle between files or folders of `host/src` and `plugins/sdk/src`.
+//! ARCHITECTURE.md states the same rules; a rule broken here fails the build.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Subsystems (a folder of `host/src`, or a file beside them) that may use
+/// the NATS client: the ones that talk to the server.
+const MAY_USE_NATS: &[&str] = &[
+    "nats",
+    "topology",
+    "coordination",
+    "ingest",
+    "delivery",
+    "reload",
+    "ops",
+    "host",
+    "main",
+];
+/// Subsystems that may use wasmtime: only the sandbox runs plugins.
+const MAY_USE_WASMTIME: &[&str] = &["sandbox"];
+/// What each subsystem must never import (`crate::<name>`).
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    // Coordination decides who runs a unit; what running one means is
+    // plugged in by the host (`UnitRunner`, `KeyFollower`).
+    (
+        "coordination",
+        &["sandbox", "delivery", "ingest", "reload", "ops", "host"],
+    ),
+    // The sandbox runs plugins and nothing else: it never reaches NATS or
+    // the row path around it.
+    (
+        "sandbox",
+        &[
+            "nats",
+            "topology",
+            "coordination",
+            "ingest",
+            "delivery",
+            "reload",
+            "ops",
+            "host",
+            "client",
+        ],
+    ),
+    // Only the host (and the binary) assembles the subsystems.
+    (
+        "nats",
+        &[
+            "ingest",
+            "delivery",
+            "coordination",
+            "reload",
+            "ops",
+            "host",
+        ],
+    ),
+    ("config", &["host"]),
+    ("telemetry", &["host"]),
+    ("ingest", &["delivery", "ops", "host"]),
+    ("delivery", &["ingest", "ops", "host"]),
+    ("reload", &["delivery", "ops", "host"]),
+    ("ops", &["host"]),
+];
+
+#[test]
+fn host_subsystems_keep_their_boundaries() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let crate_sources = Sources::read(&root);
+    let problems = crate_sources.problems();
+    assert!(
+        problems.is_empty(),
+        "host/src breaks ARCHITECTURE.md's rules:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_guest_sdk_has_no_import_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk/src");
+    let sources = Sources::read(&root);
+    let cycles = sources.cycles(&sources.file_graph());
+    assert!(
+        cycles.is_empty(),
+        "plugins/sdk has import cycles: {cycles:?}"
+    );
+}
+
+/// The checker itself, on made-up sources: each rule fails when broken.
+#[test]
+fn the_checker_finds_each_kind_of_break() {
+    let sources = |files: &[(&str, &str)]| Sources {
+        files: files
+            .iter()
+            .map(|(path, code)| (PathBuf::from(path), strip_comments_and_strings(code)))
+            .collect(),
+    };
+    let clean = sources(&[
+        ("lib.rs", "pub mod nats; pub mod coordination;"),
+        ("nats/mod.rs", "pub mod kv; use async_nats::Client;"),
+        (
+            "nats/kv.rs",
+            "// crate::coordination is only named here\nfn f() {}",
+        ),
+        ("coordination/mod.rs", "use crate::nats::kv::Watch;"),
+    ]);
+    assert_eq!(clean.problems(), Vec::<String>::new());
+
+    let forbidden = sources(&[
+        (
+            "coordination/mod.rs",
+            "use crate::delivery::worker::UnitWorker;",
+        ),
+        ("delivery/worker.rs", "pub struct UnitWorker;"),
+    ]);
+    assert!(
+        forbidden
+            .problems()
+            .iter()
+            .any(|p| p.contains("coordination/mod.rs imports crate::delivery")),
+        "{:?}",
+        forbidden.problems()
+    );
+
+    let nats_in_sandbox = sources(&[("sandbox/mod.rs", "fn f(c: async_nats::Client) {}")]);
+    assert!(
+        nats_in_sandbox
+            .problems()
+            .iter()
+            .any(|p| p.contains("async_nats"))
+    );
+
+    let wasmtime_in_delivery = sources(&[("delivery/batch.rs", "use wasmtime::Store;")]);
+    assert!(
+        wasmtime_in_delivery
+            .problems()
+            .iter()
+            .any(|p| p.contains("wasmtime"))
+    );
+
+    let file_cycle = sources(&[
+        ("ingest/a.rs", "use super::b::B; pub struct A;"),
+        ("ingest/b.rs", "use crate::ingest::a::A; pub struct B;"),
+    ]);
+    assert!(
+        file_cycle
+            .problems()
+            .iter()
+            .any(|p| p.contains("ingest/a.rs → ingest/b.rs → ingest/a.rs")),
+        "{:?}",
+        file_cycle.problems()
+    );
+
+    let folder_cycle = sources(&[
+        ("ingest/a.rs", "use crate::reload::c::C;"),
+        ("reload/c.rs", "pub struct C;"),
+        ("reload/d.rs", "use crate::ingest::e::E;"),
+        ("ingest/e.rs", "pub struct E;"),
+    ]);
+    assert!(
+        folder_cycle
+            .problems()
+            .iter()
+            .any(|p| p.contains("folders import each other: ingest → reload → ingest")),
+        "{:?}",
+        folder_cycle.problems()
+    );
+}
+
+/// Every `.rs` file under a crate's `src`, by path relative to it, with
+/// comments and string literals blanked out (a doc link or a log message
+/// is not a dependency).
+struct Sources {
+    files: BTreeMap<PathBuf, String>,
+}
+
+impl Sources {
+    fn read(root: &Path) -> Sources {
+        let mut files = BTreeMap::new();
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            let entries = std::fs::read_dir(&dir)
+                .unwrap_or_else(|err| panic!("cannot read {}: {err}", dir.display()));
+            for entry in entries {
+                let path = entry.expect("directory entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|ext| ext == "rs") {
+                    let code = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+                    let relative = path.strip_prefix(root).expect("under root").to_path_buf();
+                    files.insert(relative, strip_comments_and_strings(&code));
+                }
+            }
+        }
+        assert!(!files.is_empty(), "no sources under {}", root.display());
+        Sources { files }
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (path, code) in &self.files {
+            let subsystem = subsystem_of(path);
+            if mentions(code, "async_nats") && !MAY_USE_NATS.contains(&subsystem.as_str()) {
+                problems.push(format!(
+                    "{} uses async_nats; only {MAY_USE_NATS:?} talk to NATS",
+                    path.display()
+                ));
+            }
+            if mentions(code, "wasmtime") && !MAY_USE_WASMTIME.contains(&subsystem.as_str()) {
+                problems.push(format!(
+                    "{} uses wasmtime; only {MAY_USE_WASMTIME:?} run plugins",
+                    path.display()
+                ));
+            }
+            let forbidden = FORBIDDEN
+                .iter()
+                .find(|(from, _)| *from == subsystem)
+                .map_or(&[][..], |(_, never)| *never);
+            for target in crate_paths(path, code) {
+                if forbidden.contains(&target[0].as_str()) {
+                    problems.push(format!(
+                        "{} imports crate::{}, which {subsystem} must never use",
+                        path.display(),
+                        target.join("::")
+                    ));
+                }
+            }
+        }
+        for cycle in self.cycles(&self.file_graph()) {
+            problems.push(format!("files import each other: {cycle}"));
+        }
+        for cycle in self.cycles(&self.folder_graph()) {
+            problems.push(format!("folders import each other: {cycle}"));
+        }
+        problems
+    }
+
+    /// Which file each file imports from (`crate::…` and `super::…` paths
+    /// resolved to the module file that defines them).
+    fn file_graph(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (path, code) in &self.files {
+            let from = path.display().to_string();
+            let edges = graph.entry(from.clone()).or_default();
+            for target in crate_paths(path, code) {
+                if let Some(file) = self.module_file(&target)
+                    && file != from
+                    && !is_ancestor_module(&file, &from)
+                {
+                    edges.insert(file);
+                }
+            }
+        }
+        graph
+    }
+
+    /// The same edges between subsystems (top-level folders and files).
+    fn folder_graph(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, targets) in self.file_graph() {
+            let from = subsystem_of(Path::new(&from));
+            let edges = graph.entry(from.clone()).or_default();
+            for target in targets {
+                let target = subsystem_of(Path::new(&target));
+                if target != from && target != "lib" {
+                    edges.insert(target);
+                }
+            }
+        }
+        graph
+    }
+
+    /// The longest prefix of `segments` that names a module file.
+    fn module_file(&self, segments: &[String]) -> Option<String> {
+        (1..=segments.len()).rev().find_map(|len| {
+            let base = segments[..len].join("/");
+            [format!("{base}.rs"), format!("{base}/mod.rs")]
+                .into_iter()
+                .find(|candidate| self.files.contains_key(Path::new(candidate)))
+        })
+    }
+
+    /// Each cycle once, as `a → b → a`.
+    fn cycles(&self, graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+        let mut found = BTreeSet::new();
+        for start in graph.keys() {
+            let mut stack = vec![(start.clone(), vec![start.clone()])];
+            let mut seen = BTreeSet::new();
+            while let Some((node, path)) = stack.pop() {
+                for next in graph.get(&node).into_iter().flatten() {
+                    if next == start {
+                        // Report each cycle from its smallest member.
+                        if path.iter().min() == Some(start) {
+                            let mut shown = path.clone();
+                            shown.push(start.clone());
+                            found.insert(shown.join(" → "));
+                        }
+                    } else if seen.insert(next.clone()) {
+                        let mut longer = path.clone();
+                        longer.push(next.clone());
+                        stack.push((next.clone(), longer));
+                    }
+                }
+            }
+        }
+        found.into_iter().collect()
+    }
+}
+
+/// `delivery/worker.rs` → `delivery`; `host.rs` → `host`.
+fn subsystem_of(path: &Path) -> String {
+    let first = path
+        .components()
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().to_string());
+    let first = first.unwrap_or_default();
+    first.strip_suffix(".rs").unwrap_or(&first).to_string()
+}
+
+/// A parent module (`mod.rs`, `lib.rs`) declares its children; that is
+/// not an import.
+fn is_ancestor_module(file: &str, of: &str) -> bool {
+    file == "lib.rs"
+        || file == "main.rs"
+        || file
+            .strip_suffix("mod.rs")
+            .is_some_and(|dir| of.starts_with(dir))
+}
+
+/// Whether `name` appears as a path root in the code (`name::`).
+fn mentions(code: &str, name: &str) -> bool {
+    code.match_indices(&format!("{name}::"))
+        .any(|(at, _)| !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+}
+
+/// Every `crate::a::b…` and `super::…` path in the code, as absolute module
+/// segments (`super` resolved against the file's own module).
+fn crate_paths(path: &Path, code: &str) -> Vec<Vec<String>> {
+    let mut module: Vec<String> = path
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    if module
+        .last()
+        .is_some_and(|last| last == "mod" || last == "lib" || last == "main")
+    {
+        module.pop();
+    }
+    let mut found = Vec::new();
+    for root in ["crate::", "super::"] {
+        for (at, _) in code.match_indices(root) {
+            if code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let mut segments: Vec<String> = match root {
+                "crate::" => Vec::new(),
+                _ => module[..module.len().saturating_sub(1)].to_vec(),
+            };
+            let rest = &code[at + root.len()..];
+            // `use crate::a::{b, c}`: the group's prefix is the import.
+            for segment in rest.split("::") {
+                let name: String = segment
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if name.is_empty() || name == "super" {
+                    break;
+                }
+                segments.push(name);
+                if segment.len() != segments.last().map_or(0, String::len) {
+                    break;
+                }
+            }
+            if !segments.is_empty() {
+                found.push(segments);
+            }
+        }
+    }
+    found
+}
+
+/// The code with comments removed and string and char literals emptied
+/// (raw strings and byte strings too; a lifetime is kept).
+fn strip_comments_and_strings(code: &str) -> String {
+    let bytes = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let mut at = 0;
+    let ident = |i: usize| i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+    while at < bytes.len() {
+        let rest = &code[at..];
+        if rest.starts_with("//") {
+            at += rest.find('\n').unwrap_or(rest.len());
+        } else if let Some(body) = rest.strip_prefix("/*") {
+            at += body.find("*/").map_or(rest.len(), |end| end + 4);
+        } else if (rest.starts_with("r\"") || rest.starts_with("r#"))
+            && (!ident(at) || (at > 0 && bytes[at - 1] == b'b' && !ident(at - 1)))
+        {
+            let hashes = rest[1..].bytes().take_while(|b| *b == b'#').count();
+            if rest.as_bytes().get(1 + hashes) != Some(&b'"') {
+                out.push('r');
+                at += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = 2 + hashes;
+            at += rest[body..]
+                .find(&close)
+                .map_or(rest.len(), |end| body + end + close.len());
+            out.push_str("\"\"");
+        } else if rest.starts_with('"') {
+            let mut i = 1;
+            while i < rest.len() {
+                match rest.as_bytes()[i] {
+                    b'\\' => i += 2,
+                    b'"' => break,
+                    _ => i += 1,
+                }
+            }
+            at += i + 1;
+            out.push_str("\"\"");
+        } else if let Some(quoted) = rest.strip_prefix('\'') {
+            // A char literal ('x', '\n', '\u{..}'), or a lifetime ('a).
+            let literal = if let Some(escaped) = quoted.strip_prefix('\\') {
+                escaped.find('\'').map(|end| end + 3)
+            } else {
+                let mut chars = quoted.char_indices();
+                match (chars.next(), chars.next()) {
+                    (Some(_), Some((end, '\''))) => Some(end + 2),
+                    _ => None,
+                }
+            };
+            match literal {
+                Some(len) => {
+                    at += len;
+                    out.push_str("' '");
+                }
+                None => {
+                    out.push('\'');
+                    at += 1;
+                }
+            }
+        } else {
+            let c = rest.chars().next().unwrap_or(' ');
+            out.push(c);
+            at += c.len_utf8();
+        }
+    }
+    out
+}
