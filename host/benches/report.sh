@@ -8,7 +8,7 @@
 set -euo pipefail
 dir=${1:?usage: bash host/benches/report.sh DIR}
 cd "$(dirname "$0")/../.."
-. .ci/setup
+WEIR_SETUP_BENCH=1 . .ci/setup
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md

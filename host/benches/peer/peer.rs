@@ -29,6 +29,9 @@ use weir::telemetry::Metrics;
 
 use support::{Table, env_count, median, print_figure};
 
+// `EXTISM_MASK`: the Extism guest, built by this crate's `build.rs`.
+include!(concat!(env!("OUT_DIR"), "/peer_plugins.rs"));
+
 const BENCH: &str = "peer";
 const BATCH_SIZES: [usize; 4] = [1, 10, 100, 1000];
 const DISTINCT_ROWS: usize = 1000;
@@ -60,7 +63,7 @@ fn main() {
     let mut weir = runtime
         .block_on(mask.instantiate())
         .expect("a weir instance");
-    let wasm = std::fs::read(weir_test_artifacts::EXTISM_MASK).expect("the Extism plugin");
+    let wasm = std::fs::read(EXTISM_MASK).expect("the Extism plugin");
     let mut extism =
         extism::Plugin::new(wasm, [], false).unwrap_or_else(|err| panic!("Extism loads: {err}"));
 
