@@ -103,6 +103,64 @@ async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
     assert!(!alive(servers[0]), "the embedded nats-server is gone");
 }
 
+/// The process group of `pid` (field 5 of /proc/<pid>/stat).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from its `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Ctrl-C in a terminal signals the whole foreground process group. The
+/// embedded server must not get it: it has to outlive weir's handover.
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_in_a_terminal_stops_weir_before_its_embedded_nats_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = embedded_config(dir.path(), port);
+    let mut weir = Command::new(WEIR);
+    weir.args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // A job of its own, as a shell starts a foreground command.
+    std::os::unix::process::CommandExt::process_group(&mut weir, 0);
+    let mut weir = weir.spawn().unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    eventually(Duration::from_secs(60), "weir to be ready", || async {
+        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+        ready.status().is_success().then_some(())
+    })
+    .await;
+    let servers = children(weir.id());
+    assert_eq!(servers.len(), 1, "one nats-server child: {servers:?}");
+    assert_ne!(
+        process_group(servers[0]),
+        Some(weir.id()),
+        "the embedded server is in weir's process group: Ctrl-C would stop it first"
+    );
+
+    // SAFETY: signalling the group of our own child, as a terminal does.
+    unsafe { libc::kill(-(weir.id() as libc::pid_t), libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = weir.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "weir did not exit after Ctrl-C");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut weir.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "clean exit: {status:?}\n{log}");
+    assert!(
+        !log.contains("not handed over in time"),
+        "units were handed over before the server stopped:\n{log}"
+    );
+    assert!(!alive(servers[0]), "the embedded nats-server is gone");
+}
+
 #[test]
 fn an_invalid_config_exits_non_zero_naming_file_line_and_column() {
     let dir = tempfile::tempdir().unwrap();

@@ -108,6 +108,10 @@ impl EmbeddedNats {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         stop_with_parent(&mut command);
+        // Its own process group: Ctrl-C in a terminal signals weir's group,
+        // and the server must stay up until weir has handed its units over
+        // and flushed its acks; weir stops it last.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
 
         let (started_tx, started_rx) = mpsc::channel::<Result<u32, EmbeddedError>>();
         let (port_tx, port_rx) = mpsc::channel::<Result<u16, String>>();
