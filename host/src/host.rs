@@ -60,6 +60,12 @@ pub enum StartError {
     Plugin(#[from] LoadError),
     #[error(transparent)]
     Coordination(#[from] CoordinationError),
+    #[error(
+        "data dir {dir} is in use by another weir (pid {holder}): give each host its own `data_dir`"
+    )]
+    DataDirInUse { dir: String, holder: String },
+    #[error("cannot lock data dir {dir}: {source}")]
+    DataDir { dir: String, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -78,12 +84,15 @@ pub struct RunningHost {
     client: async_nats::Client,
     embedded: Option<EmbeddedNats>,
     _sandbox: Arc<Sandbox>,
+    /// Held until the host has stopped: one host per data dir.
+    data_dir_lock: std::fs::File,
 }
 
 impl RunningHost {
     /// Starts every part of a host from a validated config.
     pub async fn start(config: Config) -> Result<RunningHost, StartError> {
         let config = Arc::new(config);
+        let data_dir_lock = lock_data_dir(&config.data_dir)?;
         let shutdown = CancellationToken::new();
         // A start that fails half-way stops the tasks it had started.
         let stop_if_failed = shutdown.clone().drop_guard();
@@ -235,6 +244,7 @@ impl RunningHost {
             client,
             embedded,
             _sandbox: sandbox,
+            data_dir_lock,
         })
     }
 
@@ -276,6 +286,8 @@ impl RunningHost {
         if let Some(mut server) = self.embedded.take() {
             let _ = tokio::task::spawn_blocking(move || server.stop()).await;
         }
+        // Last: the next host on this data dir may start now.
+        let _ = self.data_dir_lock.unlock();
         tracing::info!("weir stopped");
     }
 }
@@ -303,6 +315,41 @@ fn running_versions(generations: watch::Receiver<Arc<Generation>>) -> PluginVers
             .map(|plugin| (plugin.name().to_string(), plugin.version.clone()))
             .collect()
     })
+}
+
+/// Takes the data dir for this host: a second weir on the same dir would
+/// run a second nats-server on the same store under the same member id.
+/// The lock is the kernel's (released however the process ends); the file
+/// names the holder for the error.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, StartError> {
+    let io_error = |source| StartError::DataDir {
+        dir: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io_error)?;
+    let path = dir.join("weir.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_error)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(StartError::DataDirInUse {
+                dir: dir.display().to_string(),
+                holder: holder.trim().to_string(),
+            });
+        }
+        Err(std::fs::TryLockError::Error(source)) => return Err(io_error(source)),
+    }
+    use std::io::Write;
+    file.set_len(0).map_err(io_error)?;
+    write!(file, "{}", std::process::id()).map_err(io_error)?;
+    Ok(file)
 }
 
 /// Starts the embedded nats-server when no URL is configured.

@@ -5,6 +5,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use weir::config::{Config, Overrides};
+use weir::host::{RunningHost, StartError};
+
 use crate::support::{ACME_KEY, base_config, eventually, free_port, plugins_dir};
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -159,6 +162,39 @@ async fn ctrl_c_in_a_terminal_stops_weir_before_its_embedded_nats_server() {
         "units were handed over before the server stopped:\n{log}"
     );
     assert!(!alive(servers[0]), "the embedded nats-server is gone");
+}
+
+/// Two hosts on one data dir would run two nats-servers on one store under
+/// one member id: the second is refused, naming the dir, until the first
+/// has stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_host_on_the_same_data_dir_is_refused_until_the_first_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = embedded_config(dir.path(), free_port());
+    let load = || Config::load(&config, &Overrides::default()).unwrap();
+    let first = RunningHost::start(load())
+        .await
+        .expect("the first host starts");
+
+    let second = RunningHost::start(load()).await;
+    let Err(err) = second else {
+        panic!("a second host started on the same data dir");
+    };
+    assert!(
+        matches!(&err, StartError::DataDirInUse { holder, .. } if *holder == std::process::id().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&dir.path().join("data").display().to_string()),
+        "{err}"
+    );
+
+    first.shutdown().await;
+    let again = RunningHost::start(load())
+        .await
+        .expect("starts once the first has stopped");
+    again.shutdown().await;
 }
 
 #[test]
