@@ -2,7 +2,7 @@
 //! nats-server with it, and refuses bad configs with file:line:col.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weir::config::{Config, Overrides};
@@ -50,12 +50,12 @@ fn embedded_config(dir: &Path, port: u16) -> std::path::PathBuf {
     path
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// `weir run` (as `command` starts it) on the embedded default in `dir`,
+/// once its front door is ready; and the front door's base URL.
+async fn run_embedded(dir: &Path, mut command: Command) -> (Child, String) {
     let port = free_port();
-    let config = embedded_config(dir.path(), port);
-    let mut weir = Command::new(WEIR)
+    let config = embedded_config(dir, port);
+    let weir = command
         .args(["run", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
@@ -69,6 +69,29 @@ async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
         ready.status().is_success().then_some(())
     })
     .await;
+    (weir, base)
+}
+
+/// How `weir` exited after `signal`, within 30 s.
+async fn exit_of(weir: &mut Child, signal: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = weir.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "weir did not exit after {signal}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut weir, base) = run_embedded(dir.path(), Command::new(WEIR)).await;
+    let http = reqwest::Client::new();
     let servers = children(weir.id());
     assert_eq!(
         servers.len(),
@@ -94,14 +117,7 @@ async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
 
     // SAFETY: signalling our own child.
     unsafe { libc::kill(weir.id() as libc::pid_t, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = weir.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "weir did not exit after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exit_of(&mut weir, "SIGTERM").await;
     assert!(status.success(), "clean exit: {status:?}");
     assert!(!alive(servers[0]), "the embedded nats-server is gone");
 }
@@ -119,23 +135,10 @@ fn process_group(pid: u32) -> Option<u32> {
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_in_a_terminal_stops_weir_before_its_embedded_nats_server() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = embedded_config(dir.path(), port);
-    let mut weir = Command::new(WEIR);
-    weir.args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut job = Command::new(WEIR);
     // A job of its own, as a shell starts a foreground command.
-    std::os::unix::process::CommandExt::process_group(&mut weir, 0);
-    let mut weir = weir.spawn().unwrap();
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    eventually(Duration::from_secs(60), "weir to be ready", || async {
-        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
-        ready.status().is_success().then_some(())
-    })
-    .await;
+    std::os::unix::process::CommandExt::process_group(&mut job, 0);
+    let (mut weir, _) = run_embedded(dir.path(), job).await;
     let servers = children(weir.id());
     assert_eq!(servers.len(), 1, "one nats-server child: {servers:?}");
     assert_ne!(
@@ -146,14 +149,7 @@ async fn ctrl_c_in_a_terminal_stops_weir_before_its_embedded_nats_server() {
 
     // SAFETY: signalling the group of our own child, as a terminal does.
     unsafe { libc::kill(-(weir.id() as libc::pid_t), libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = weir.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "weir did not exit after Ctrl-C");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exit_of(&mut weir, "Ctrl-C").await;
     let mut log = String::new();
     std::io::Read::read_to_string(&mut weir.stderr.take().unwrap(), &mut log).unwrap();
     assert!(status.success(), "clean exit: {status:?}\n{log}");
