@@ -197,6 +197,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                             Arc::new(Ledger::new(&format!("member-{member:03}"))),
                             ReleaseFollower::new().0,
                         ],
+                        drain_timeout: Duration::from_secs(30),
                     })
                     .await
                 }

@@ -185,6 +185,9 @@ pub struct DeliveryConfig {
     /// time; it doubles with each delivery up to `failure_delay_cap`.
     pub failure_delay: Duration,
     pub failure_delay_cap: Duration,
+    /// How long a planned stop (or handover) waits for a unit's last rows
+    /// and for the server to confirm their acks applied.
+    pub drain_timeout: Duration,
 }
 
 impl DeliveryConfig {
@@ -358,6 +361,7 @@ struct RawDelivery {
     max_deliveries: Option<u32>,
     failure_delay_ms: Option<u64>,
     failure_delay_cap_ms: Option<u64>,
+    drain_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -638,6 +642,7 @@ impl<'a> Checker<'a> {
             failure_delay_cap: Duration::from_millis(
                 raw.delivery.failure_delay_cap_ms.unwrap_or(60_000),
             ),
+            drain_timeout: Duration::from_secs(raw.delivery.drain_timeout_secs.unwrap_or(30)),
         };
         let coordination = self.coordination(&raw.coordination);
 

@@ -42,7 +42,7 @@ use crate::telemetry::{Metrics, SeverityLabels};
 use crate::topology::manifest::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
 use crate::topology::route::{Router, Unit};
 
-/// How long shutdown waits for the last acks to reach NATS.
+/// How long shutdown waits for the connection to NATS to close.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a host could not start.
@@ -176,6 +176,7 @@ impl RunningHost {
             metrics: metrics.clone(),
             plugins: running_versions(generations.subscribe()),
             followers,
+            drain_timeout: config.delivery.drain_timeout,
         })
         .await?;
         tasks.push(tokio::spawn(ledger.clone().run(
@@ -273,14 +274,8 @@ impl RunningHost {
         }
         if self.client.connection_state() != async_nats::connection::State::Connected {
             tracing::warn!("NATS is disconnected; rows not acked yet will be redelivered");
-        } else {
-            match tokio::time::timeout(FLUSH_TIMEOUT, self.client.flush()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::warn!(error = %err, "cannot flush the last acks to NATS"),
-                Err(_) => tracing::warn!(
-                    "NATS did not take the last acks in time; those rows will be redelivered"
-                ),
-            }
+        } else if let Err(err) = connection::close(&self.client, FLUSH_TIMEOUT).await {
+            tracing::warn!(error = %err, "cannot close the NATS connection cleanly");
         }
         drop(self.client);
         if let Some(mut server) = self.embedded.take() {

@@ -310,9 +310,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let config = Config::load(&config, &overrides)?;
             let host = RunningHost::start(config).await?;
             wait_for_signal().await?;
-            tracing::info!("shutting down");
-            host.shutdown().await;
-            Ok(())
+            tracing::info!(
+                "shutting down: finishing the rows in hand (a second signal stops at once)"
+            );
+            tokio::select! {
+                () = host.shutdown() => Ok(()),
+                signal = wait_for_signal() => {
+                    signal?;
+                    tracing::warn!("stopping at once: rows not acked yet will be redelivered");
+                    std::process::exit(130);
+                }
+            }
         }
         Command::Send {
             table,

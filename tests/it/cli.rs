@@ -118,8 +118,12 @@ async fn sigterm_stops_weir_cleanly_and_its_embedded_nats_server_with_it() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(weir.id() as libc::pid_t, libc::SIGTERM) };
     let status = exit_of(&mut weir, "SIGTERM").await;
-    assert!(status.success(), "clean exit: {status:?}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut weir.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "clean exit: {status:?}\n{log}");
     assert!(!alive(servers[0]), "the embedded nats-server is gone");
+    let warnings: Vec<&str> = log.lines().filter(|line| line.contains("WARN")).collect();
+    assert!(warnings.is_empty(), "a clean stop warns of nothing:\n{log}");
 }
 
 /// The process group of `pid` (field 5 of /proc/<pid>/stat).

@@ -14,5 +14,6 @@ mod kv;
 mod policies;
 mod reload;
 mod retries;
+mod stops;
 mod sandbox;
 mod topology;

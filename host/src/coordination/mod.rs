@@ -58,8 +58,9 @@ pub const STEP_DOWN_MARGIN: Duration = Duration::from_secs(1);
 const TAKEOVER_RECHECK: Duration = Duration::from_millis(250);
 /// Pause before a failed renewal or watch is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
-/// How long a planned leave waits for units to be handed over.
-const LEAVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a planned leave waits, beyond the units' drain timeout, for
+/// the handovers to be recorded and the member key removed.
+const LEAVE_MARGIN: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinationError {
@@ -193,6 +194,8 @@ pub struct Membership {
     pub plugins: PluginVersions,
     /// Who else follows keys through this host's coordination watch.
     pub followers: Vec<Arc<dyn KeyFollower>>,
+    /// How long a planned leave lets units finish their rows in hand.
+    pub drain_timeout: Duration,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -201,6 +204,7 @@ pub struct Coordination {
     view: watch::Receiver<Arc<FleetView>>,
     leave: CancellationToken,
     task: JoinHandle<()>,
+    drain_timeout: Duration,
 }
 
 impl Coordination {
@@ -226,6 +230,7 @@ impl Coordination {
             ..FleetView::default()
         };
         let (published, receiver) = watch::channel(Arc::new(view.clone()));
+        let drain_timeout = membership.drain_timeout;
         let (lease_tx, lease) = watch::channel(None);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let renewing = CancellationToken::new();
@@ -257,6 +262,7 @@ impl Coordination {
             view: receiver,
             leave,
             task,
+            drain_timeout,
         })
     }
 
@@ -272,7 +278,7 @@ impl Coordination {
     pub async fn leave(self) {
         self.leave.cancel();
         let mut task = self.task;
-        if tokio::time::timeout(LEAVE_TIMEOUT, &mut task)
+        if tokio::time::timeout(self.drain_timeout + LEAVE_MARGIN, &mut task)
             .await
             .is_err()
         {

@@ -70,6 +70,9 @@ struct Settler {
     settings: DeliveryConfig,
     dead_letters: DeadLetters,
     metrics: Metrics,
+    /// The ack subject of the last row acked: repeated with a reply asked
+    /// for, it confirms every answer sent before it was applied.
+    last_acked: Option<async_nats::Subject>,
 }
 
 impl UnitWorker {
@@ -89,6 +92,7 @@ impl UnitWorker {
             settings: settings.clone(),
             dead_letters: DeadLetters::new(js.clone(), router.clone()),
             metrics: metrics.clone(),
+            last_acked: None,
         };
         UnitWorker {
             js,
@@ -103,10 +107,12 @@ impl UnitWorker {
         }
     }
 
-    /// Pulls and runs batches until `release`; then unpins the unit and
-    /// finishes every row the server had already sent, so the next owner
-    /// starts exactly where this one stopped. Aborting the task instead
-    /// (a host that lost its membership) leaves the rows to redelivery.
+    /// Pulls and runs batches until `release`; then unpins the unit,
+    /// finishes every row the server had already sent and waits (up to
+    /// `drain_timeout`) until the server confirms their answers applied, so
+    /// the next owner, or this host after a restart, starts exactly where
+    /// this one stopped. Aborting the task instead (a host that lost its
+    /// membership) leaves the rows to redelivery.
     pub async fn run(mut self, release: CancellationToken) -> Result<(), DeliveryError> {
         let stream_name = self.router.partition_stream(self.unit.partition);
         let consumer_name = self.router.unit_consumer(self.unit);
@@ -143,6 +149,9 @@ impl UnitWorker {
             let batch = std::mem::replace(&mut rest, tail);
             self.process(batch, None).await;
         }
+        self.settler
+            .confirm_applied(&consumer_name, self.settings.drain_timeout)
+            .await;
         Ok(())
     }
 
@@ -399,9 +408,49 @@ impl Settler {
         ack::reply(&self.client, message, kind).await
     }
 
+    /// Waits until the server has applied every answer this worker sent.
+    ///
+    /// Publishing an ack only hands it to the socket: the server queues acks
+    /// per consumer and applies them in order, and with `sync = "always"` a
+    /// work-queue ack is an fsync'd delete, so the queue can hold thousands
+    /// of acks. A server stopped meanwhile would redeliver all of them. A
+    /// repeated ack of an already acked row, with a reply asked for, is
+    /// answered once every answer before it was applied (and, on a
+    /// replicated consumer, once it has reached the quorum); re-acking it
+    /// changes nothing.
+    async fn confirm_applied(&self, consumer: &str, within: Duration) {
+        let Some(subject) = self.last_acked.clone() else {
+            return;
+        };
+        let started = Instant::now();
+        let confirmed = tokio::time::timeout(
+            within,
+            self.client
+                .request(subject, bytes::Bytes::from_static(b"+ACK")),
+        )
+        .await;
+        match confirmed {
+            Ok(Ok(_)) => tracing::debug!(
+                consumer,
+                waited = ?started.elapsed(),
+                "the server applied every answer to this unit's rows"
+            ),
+            Ok(Err(err)) => tracing::warn!(
+                consumer,
+                error = %err,
+                "cannot confirm this unit's last acks; rows whose ack was not applied will be redelivered"
+            ),
+            Err(_) => tracing::warn!(
+                consumer,
+                ?within,
+                "the server did not apply this unit's last acks within the drain timeout (`[delivery] drain_timeout_secs`); rows whose ack was not applied will be redelivered"
+            ),
+        }
+    }
+
     /// Acks, naks or dead-letters each row. Dead letters are stored before
     /// their rows are acked; a row whose letter was not stored is retried.
-    async fn settle(&self, batch: Vec<Message>, mut verdicts: Vec<Verdict>) {
+    async fn settle(&mut self, batch: Vec<Message>, mut verdicts: Vec<Verdict>) {
         let deliveries: Vec<i64> = batch
             .iter()
             .map(|m| ack::info(m).map_or(1, |info| info.delivered))
@@ -449,7 +498,10 @@ impl Settler {
             }
         }
 
+        let mut last_acked = None;
         for ((message, verdict), failed) in batch.iter().zip(verdicts).zip(letter_failed) {
+            let acked = matches!(verdict, Verdict::Done)
+                || matches!(verdict, Verdict::DeadLetter { .. } if !failed);
             let result = match verdict {
                 Verdict::DeadLetter { .. } if failed => {
                     self.metrics.rows_retried.inc();
@@ -470,9 +522,16 @@ impl Settler {
                     self.answer(message, AckKind::Nak(Some(delay))).await
                 }
             };
-            if let Err(err) = result {
-                tracing::warn!(error = %err, subject = %message.subject, "cannot settle a row; JetStream will redeliver it");
+            match result {
+                Ok(()) if acked => last_acked = Some(message),
+                Ok(()) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, subject = %message.subject, "cannot settle a row; JetStream will redeliver it")
+                }
             }
+        }
+        if let Some(message) = last_acked {
+            self.last_acked = message.reply.clone();
         }
     }
 }

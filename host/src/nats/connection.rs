@@ -65,6 +65,10 @@ pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Clien
                         refusals.remember(text);
                     }
                     async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                    // Only `close` (a planned stop) closes the connection.
+                    async_nats::Event::Draining | async_nats::Event::Closed => {
+                        tracing::debug!(event = %event, "NATS connection closing")
+                    }
                     other => tracing::warn!(event = %other, "NATS connection event"),
                 }
             }
@@ -76,4 +80,21 @@ pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Clien
         .await
         .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
         .map_err(|err| error(err.to_string()))
+}
+
+/// Closes a connection for a planned stop: what was published is flushed,
+/// subscriptions end, and the connection is closed before `within` ends, so
+/// a server stopped next is not seen as a connection lost.
+pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), String> {
+    client.drain().await.map_err(|err| err.to_string())?;
+    // `drain` returns before the connection has closed; a flush fails once
+    // it has (nobody takes commands any more).
+    let closed = async {
+        while client.flush().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(within, closed)
+        .await
+        .map_err(|_| format!("not closed within {within:?}"))
 }
