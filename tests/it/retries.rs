@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
+use weir::ops::status::StatusReport;
 use weir::topology::route::Router;
 
 use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
@@ -212,5 +213,68 @@ async fn slow_batches_are_not_redelivered(delivery: &str, slow_ms: u64, rows: us
     }
     let report = host.host.status().report().await;
     assert_eq!(report.rows.retried, 0);
+    host.shutdown().await;
+}
+
+/// Whatever failed a row (a trap, the deadline, the memory cap, retries
+/// asked for until `max_deliveries`, or a plugin's own verdict), its dead
+/// letter names the plugin and the version that failed it.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_dead_letter_names_the_plugin_and_version_that_failed_it() {
+    let nats = Nats::start();
+    let failing = [
+        ("trap", "mode = \"trap\"", ""),
+        ("spin", "mode = \"spin\"", "deadline_ms = 200"),
+        ("grow", "mode = \"grow\", grow_mb = 256", "memory_mb = 32"),
+        ("flaky", "mode = \"retry\"", ""),
+    ];
+    let extra: String = failing
+        .iter()
+        .map(|(table, settings, limits)| chaos(table, settings, limits))
+        .collect();
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    for (table, ..) in failing {
+        assert_eq!(host.ingest(table, "{\"id\":1}\n").await.status(), 202);
+    }
+    // `validate` dead-letters a row without `id` itself.
+    assert_eq!(host.ingest("orders", "{\"no\":1}\n").await.status(), 202);
+
+    let status: StatusReport = host
+        .http
+        .get(host.url("/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let version = |name: &str| {
+        status
+            .plugins
+            .iter()
+            .find(|plugin| plugin.name == name)
+            .map(|plugin| plugin.version.clone())
+    };
+    let client = nats.client().await;
+    let letters = DeadLetters::new(jetstream::new(client.clone()), Router::new("weir", 1, 4));
+    let listed = eventually(Duration::from_secs(60), "five dead letters", || async {
+        let listed = letters.list(&LetterFilter::default()).await.ok()?;
+        (listed.len() >= 5).then_some(listed)
+    })
+    .await;
+    for (letter, _) in &listed {
+        let plugin = if letter.table == "orders" {
+            "validate".to_string()
+        } else {
+            format!("chaos_{}", letter.table)
+        };
+        assert_eq!(
+            (letter.plugin.clone(), letter.plugin_version.clone()),
+            (Some(plugin.clone()), version(&plugin)),
+            "the letter of table {} ({})",
+            letter.table,
+            letter.reason
+        );
+    }
     host.shutdown().await;
 }

@@ -17,8 +17,14 @@ use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 pub enum Verdict {
     /// Every descendant was delivered or dropped: ack it.
     Done,
-    /// Hand it back to JetStream for another try after `delay`.
-    Retry { delay: Duration, reason: String },
+    /// Hand it back to JetStream for another try after `delay`; `plugin`
+    /// (the one that asked, or whose call failed) is named if the row is
+    /// dead-lettered after its last delivery.
+    Retry {
+        delay: Duration,
+        plugin: Option<Arc<Plugin>>,
+        reason: String,
+    },
     /// Write it to the dead-letter stream, then ack it.
     DeadLetter {
         plugin: Option<Arc<Plugin>>,
@@ -34,6 +40,7 @@ impl Verdict {
             Outcome::Ok | Outcome::Emit(_) => Verdict::Done,
             Outcome::Retry(delay_ms) => Verdict::Retry {
                 delay: Duration::from_millis(delay_ms.into()),
+                plugin: Some(plugin.clone()),
                 reason: format!("{what} `{}` asked for a retry", plugin.name()),
             },
             Outcome::DeadLetter(reason) => Verdict::DeadLetter {
@@ -226,10 +233,12 @@ mod tests {
         assert!(matches!(verdict, Verdict::DeadLetter { .. }));
         verdict.merge(Verdict::Retry {
             delay: Duration::from_millis(10),
+            plugin: None,
             reason: "a".into(),
         });
         verdict.merge(Verdict::Retry {
             delay: Duration::from_millis(30),
+            plugin: None,
             reason: "b".into(),
         });
         verdict.merge(Verdict::Done);

@@ -297,6 +297,7 @@ async fn run_pipelines(
                             attempt,
                             ack::info(&batch[index]).map_or(0, |i| i.stream_sequence),
                         ),
+                        plugin: Some(failure.plugin),
                         reason: failure.error.message,
                     };
                 }
@@ -456,11 +457,11 @@ impl Settler {
             .map(|m| ack::info(m).map_or(1, |info| info.delivered))
             .collect();
         for (verdict, delivered) in verdicts.iter_mut().zip(&deliveries) {
-            if let Verdict::Retry { reason, .. } = verdict
+            if let Verdict::Retry { reason, plugin, .. } = verdict
                 && *delivered >= i64::from(self.settings.max_deliveries)
             {
                 *verdict = Verdict::DeadLetter {
-                    plugin: None,
+                    plugin: plugin.take(),
                     reason: format!("gave up after {delivered} deliveries: {reason}"),
                 };
             }
