@@ -110,6 +110,50 @@ pub struct Config {
     pub plugins: BTreeMap<String, PluginConfig>,
     pub pipelines: Vec<Pipeline>,
     pub policies: Policies,
+    /// The plugin instance pool's size as the operator set it; `None`: sized
+    /// from the topology and pipelines ([`Config::plugin_instances`]).
+    pub max_plugin_instances: Option<u32>,
+}
+
+/// The smallest plugin instance pool a host sizes for itself.
+pub const DEFAULT_PLUGIN_INSTANCES: u32 = 256;
+/// The largest plugin instance pool: its slots are address space reserved
+/// up front (two 4 GiB memories each), and 64-bit Linux gives a process 128 TiB.
+pub const MAX_PLUGIN_INSTANCES: u32 = 8_192;
+/// Instances of each front-door policy kept for concurrent requests.
+const POLICY_INSTANCES: u32 = 64;
+
+impl Config {
+    /// How many plugin instances this host may hold at once. Each unit may
+    /// run every step of every pipeline on an instance of its own; up to
+    /// `isolating_units` units at once isolate rows that ran into their
+    /// deadline on `isolation_lanes` more instances of one pipeline; a hot
+    /// reload briefly holds the old and the new generation; the front door
+    /// holds instances of its policies.
+    pub fn plugin_instances(&self, isolation_lanes: u32, isolating_units: u32) -> u32 {
+        if let Some(set) = self.max_plugin_instances {
+            return set;
+        }
+        let units = self.stream.partitions.saturating_mul(self.stream.shards);
+        let steps = |p: &Pipeline| p.transforms.len() + usize::from(p.sink.is_some());
+        let all_steps: usize = self.pipelines.iter().map(steps).sum();
+        let longest = self.pipelines.iter().map(steps).max().unwrap_or(0);
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let isolation = units
+            .min(isolating_units)
+            .saturating_mul(isolation_lanes)
+            .saturating_mul(to_u32(longest));
+        let policies = [&self.policies.budget, &self.policies.router]
+            .iter()
+            .filter(|policy| policy.is_some())
+            .count() as u32;
+        units
+            .saturating_mul(to_u32(all_steps))
+            .saturating_add(isolation)
+            .saturating_add(policies * POLICY_INSTANCES)
+            .saturating_mul(2)
+            .clamp(DEFAULT_PLUGIN_INSTANCES, MAX_PLUGIN_INSTANCES)
+    }
 }
 
 /// The per-tenant policies the front door asks (plugins of the `budget`
@@ -301,6 +345,7 @@ struct RawConfig {
     listen: Option<Spanned<String>>,
     data_dir: Option<String>,
     max_body_bytes: Option<usize>,
+    max_plugin_instances: Option<Spanned<u32>>,
     idempotency_field: Option<String>,
     #[serde(default)]
     admin_api_keys: Vec<String>,
@@ -825,6 +870,15 @@ impl<'a> Checker<'a> {
             routing_field: raw.policies.routing_field,
         };
 
+        if let Some(set) = &raw.max_plugin_instances
+            && !(1..=MAX_PLUGIN_INSTANCES).contains(set.get_ref())
+        {
+            self.report(
+                set.span().start,
+                format!("max_plugin_instances must be between 1 and {MAX_PLUGIN_INSTANCES}"),
+            );
+        }
+
         let problems = self.problems.into_inner();
         if !problems.is_empty() {
             return Err(ConfigError::Invalid(Problems(problems)));
@@ -845,6 +899,7 @@ impl<'a> Checker<'a> {
             plugins,
             pipelines,
             policies,
+            max_plugin_instances: raw.max_plugin_instances.map(Spanned::into_inner),
         })
     }
 
@@ -956,6 +1011,47 @@ mod tests {
         assert!(found[1].contains(":3:13: an api key must be"), "{found:?}");
         assert!(
             found[2].contains(":6:15: pipeline uses unknown plugin `nope`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn the_instance_pool_is_sized_from_units_steps_and_isolation() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        for wasm in ["v.wasm", "s.wasm"] {
+            std::fs::write(dir.path().join("plugins").join(wasm), b"").unwrap();
+        }
+        let text = |top: &str| {
+            format!(
+                "{top}\n[stream]\nshards = 120\n\
+                 [plugins.v]\nwasm = \"v.wasm\"\nworld = \"transform\"\n\
+                 [plugins.s]\nwasm = \"s.wasm\"\nworld = \"sink\"\n\
+                 [[pipelines]]\ntables = [\"a\"]\ntransforms = [\"v\", \"v\"]\nsink = \"s\"\n"
+            )
+        };
+        let load = |top: &str| {
+            Config::parse(
+                &dir.path().join("weir.toml"),
+                &text(top),
+                &Overrides::default(),
+            )
+        };
+        // 120 units × 3 steps, and 8 lanes × 3 steps for 8 units, twice.
+        let sized = load("").unwrap();
+        assert_eq!(sized.plugin_instances(8, 8), 2 * (360 + 8 * 8 * 3));
+        // Never below the old fixed pool, never past the ceiling.
+        assert_eq!(load("").unwrap().plugin_instances(0, 0), 2 * 360);
+        assert_eq!(sized.plugin_instances(1000, 1000), MAX_PLUGIN_INSTANCES);
+        let set = load("max_plugin_instances = 300").unwrap();
+        assert_eq!(set.plugin_instances(8, 8), 300);
+        let Err(ConfigError::Invalid(Problems(found))) = load("max_plugin_instances = 9000") else {
+            panic!("a pool past the ceiling is refused");
+        };
+        assert!(
+            found[0]
+                .to_string()
+                .contains(":1:24: max_plugin_instances must be between 1 and 8192"),
             "{found:?}"
         );
     }

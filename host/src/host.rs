@@ -25,7 +25,7 @@ use crate::config::{Config, SyncPolicy};
 use crate::coordination::{
     Coordination, CoordinationError, KeyFollower, Membership, PluginVersions, UnitRunner, host_id,
 };
-use crate::delivery::worker::Workers;
+use crate::delivery::worker::{ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
 use crate::ingest::publish::Publisher;
 use crate::ingest::usage::Ledger;
@@ -129,7 +129,8 @@ impl RunningHost {
 
         // Sandbox: the first generation of plugins.
         let sandbox = Arc::new(
-            Sandbox::new(metrics.clone())?.with_cache_dir(config.data_dir.join("compiled")),
+            Sandbox::with_pool(metrics.clone(), instance_pool(&config))?
+                .with_cache_dir(config.data_dir.join("compiled")),
         );
         let mut plugins = HashMap::new();
         for plugin in config.plugins.values() {
@@ -285,6 +286,19 @@ impl RunningHost {
         let _ = self.data_dir_lock.unlock();
         tracing::info!("weir stopped");
     }
+}
+
+/// Units whose isolation lanes the instance pool makes room for at once;
+/// more wait for instances (back-pressure).
+const ISOLATING_UNITS: u32 = 8;
+
+/// The plugin instance pool's size, from the config (see
+/// [`Config::plugin_instances`]).
+fn instance_pool(config: &Config) -> u32 {
+    let lanes = u32::try_from(ISOLATION_LANES).unwrap_or(u32::MAX);
+    let instances = config.plugin_instances(lanes, ISOLATING_UNITS);
+    tracing::debug!(instances, "plugin instance pool");
+    instances
 }
 
 /// Delivery plugged into coordination: running a unit is running its worker.

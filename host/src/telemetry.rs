@@ -56,6 +56,8 @@ pub struct Metrics {
     pub plugin_counters: Family<PluginCounterLabels, Counter>,
     /// Plugin instances alive now.
     pub plugin_instances: Gauge,
+    /// Times an instance had to wait for a free slot in the instance pool.
+    pub plugin_instance_waits: Counter,
     /// Differences between the NATS topology and what weir needs, by severity.
     pub topology_mismatches: Family<SeverityLabels, Gauge>,
     /// Hot reloads of the config and plugins, by result.
@@ -131,6 +133,11 @@ impl Metrics {
             "plugin_instances",
             "Plugin instances alive",
             self.plugin_instances.clone(),
+        );
+        weir.register(
+            "plugin_instance_waits",
+            "Times a new plugin instance waited for a free slot (raise max_plugin_instances)",
+            self.plugin_instance_waits.clone(),
         );
         weir.register(
             "topology_mismatches",

@@ -176,3 +176,46 @@ async fn rows_of_each_table_arrive_in_publish_order_across_interleaved_tables() 
     assert!(busy > 1, "tables spread over {busy} units");
     host.shutdown().await;
 }
+
+/// A valid config needing more instances than the old fixed pool of 256
+/// (120 units × 3 steps): the pool is sized from the config, and every row
+/// is delivered, none dead-lettered for want of an instance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_needing_more_than_256_plugin_instances_delivers_every_row() {
+    const SHARDS: u64 = 120;
+    const TABLES: u64 = 240;
+    let nats = Nats::start();
+    let extra = "\n[plugins.pass]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\n\
+                 settings = { mode = \"pass\" }\n";
+    let tables: Vec<String> = (0..TABLES).map(|t| format!("\"t{t}\"")).collect();
+    let config = base_config(nats.url(), extra)
+        .replace("[stream]\n", &format!("[stream]\nshards = {SHARDS}\n"))
+        .replace(
+            "tables = [\"orders\"]",
+            &format!("tables = [{}]", tables.join(", ")),
+        )
+        .replace(
+            "transforms = [\"validate\"]",
+            "transforms = [\"validate\", \"pass\"]",
+        );
+    let host = TestHost::start(&config).await;
+    for t in 0..TABLES {
+        let response = host.ingest(&format!("t{t}"), orders(t as usize, 1)).await;
+        assert_eq!(response.status(), 202);
+    }
+    eventually(Duration::from_secs(120), "a row in every table", || async {
+        (0..TABLES)
+            .all(|t| host.sink_lines(&format!("t{t}")).len() == 1)
+            .then_some(())
+    })
+    .await;
+    let client = nats.client().await;
+    let letters = read_stream(&client, "weir_dlq").await;
+    assert!(
+        letters.is_empty(),
+        "{} rows dead-lettered, e.g. {:?}",
+        letters.len(),
+        letters[0].headers
+    );
+    host.shutdown().await;
+}

@@ -10,7 +10,9 @@ use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
 use weir::ops::status::StatusReport;
 use weir::topology::route::Router;
 
-use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
+use crate::support::{
+    Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders, read_stream,
+};
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
@@ -276,5 +278,67 @@ async fn every_dead_letter_names_the_plugin_and_version_that_failed_it() {
             letter.reason
         );
     }
+    host.shutdown().await;
+}
+
+/// Rows that run into their deadline cost about one deadline each, shared
+/// by the isolation lanes, not a deadline per halving step one after
+/// another: another tenant's row on the same unit gets through meanwhile,
+/// and the slow rows still end dead-lettered for their deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_that_run_into_their_deadline_do_not_stall_their_unit() {
+    const SLOW_ROWS: u64 = 32;
+    const DEADLINE_MS: u64 = 300;
+    let nats = Nats::start();
+    let extra = chaos(
+        "slow",
+        "mode = \"spin\", trigger = \"slow\"",
+        &format!("deadline_ms = {DEADLINE_MS}"),
+    ) + "\n[[tenants]]\nname = \"beta\"\napi_keys = [\"beta-key-456\"]\n";
+    // One unit: every row of every tenant shares it.
+    let config = base_config(nats.url(), &extra).replace("[stream]\n", "[stream]\nshards = 1\n");
+    let host = TestHost::start(&config).await;
+
+    let slow: String = (0..SLOW_ROWS)
+        .map(|id| format!("{{\"id\":{id},\"slow\":true}}\n"))
+        .collect();
+    assert_eq!(host.ingest("slow", slow).await.status(), 202);
+    let sent = std::time::Instant::now();
+    let response = host
+        .http
+        .post(host.url("/v1/ingest/slow"))
+        .bearer_auth("beta-key-456")
+        .body("{\"id\":1000}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let beta = host.dir.path().join("out/beta/slow.ndjson");
+    let waited = eventually(Duration::from_secs(60), "beta's row delivered", || async {
+        let text = std::fs::read_to_string(&beta).ok()?;
+        (text == "{\"id\":1000}\n").then(|| sent.elapsed())
+    })
+    .await;
+
+    let reasons = dead_letter_reasons(&nats, SLOW_ROWS as usize).await;
+    assert_eq!(reasons.len(), SLOW_ROWS as usize, "{reasons:?}");
+    for reason in &reasons {
+        assert!(
+            reason.starts_with(&format!(
+                "gave up after 3 deliveries: plugin `chaos_slow` ran past its deadline of {DEADLINE_MS} ms"
+            )),
+            "{reason}"
+        );
+    }
+    println!(
+        "slow rows: {SLOW_ROWS} rows spinning into a {DEADLINE_MS} ms deadline delayed another \
+         tenant's row on their unit by {waited:?}"
+    );
+    // Halving would run about 2 × 32 − 1 deadline-long calls in a row
+    // (~19 s); the lanes need about 1 + 32 / 8. The bound is generous.
+    assert!(
+        waited < Duration::from_millis(20 * DEADLINE_MS),
+        "another tenant's row waited {waited:?} behind {SLOW_ROWS} slow rows"
+    );
     host.shutdown().await;
 }

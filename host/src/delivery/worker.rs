@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -19,11 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::DeliveryConfig;
 use crate::delivery::batch::{Batch, Position};
 use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
-use crate::delivery::pipeline::{PipelineRunner, Verdict};
+use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::reload::generation::Generation;
+use crate::sandbox::FailureKind;
 use crate::telemetry::Metrics;
 use crate::topology::route::{Router, Unit};
 
@@ -219,11 +221,19 @@ impl UnitWorker {
     }
 }
 
-/// Runs each pipeline's rows of a batch. When a plugin call fails (trap,
-/// deadline, memory cap), the rows are split in halves and run again until
-/// the failing rows stand alone: the others are delivered, the poison rows
-/// retried with backoff and, past `max_deliveries`, dead-lettered with the
-/// failure as their reason.
+/// Rows of a batch that failed on a deadline run alone this many at a
+/// time, each lane on instances of its own.
+pub const ISOLATION_LANES: usize = 8;
+
+/// Runs each pipeline's rows of a batch. When a plugin call fails, the
+/// failing rows are found and retried alone (with backoff; past
+/// `max_deliveries` dead-lettered with the failure as their reason) while
+/// the others are delivered:
+/// - a fast failure (trap, memory cap) splits the rows in halves until the
+///   failing rows stand alone: few calls, each cheap;
+/// - a deadline runs every row of the call alone, [`ISOLATION_LANES`] at a
+///   time on instances of their own: halving would cost one deadline-long
+///   call per step, one after another, and stall every tenant on the unit.
 async fn run_pipelines(
     runners: &mut [Option<PipelineRunner>],
     pipelines: &Generation,
@@ -261,50 +271,112 @@ async fn run_pipelines(
         let mut isolating = false;
         while let Some(part) = parts.pop() {
             let rows = pack(batch, &decoded, &part);
-            match runner.run(rows).await {
+            let failure = match runner.run(rows).await {
                 Ok(results) => {
                     for (index, verdict) in part.into_iter().zip(results) {
                         verdicts[index] = verdict;
                     }
+                    continue;
                 }
-                Err(failure) if part.len() > 1 => {
-                    if !isolating {
-                        tracing::warn!(
-                            plugin = failure.plugin.name(),
-                            version = %failure.plugin.version,
-                            rows = part.len(),
-                            error = %failure.error,
-                            "plugin call failed; splitting the batch to find the failing rows"
-                        );
-                        isolating = true;
-                    }
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
+                Err(failure) => failure,
+            };
+            if part.len() == 1 {
+                verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
+                continue;
+            }
+            if !isolating {
+                tracing::warn!(
+                    plugin = failure.plugin.name(),
+                    version = %failure.plugin.version,
+                    rows = part.len(),
+                    error = %failure.error,
+                    "plugin call failed; isolating the failing rows"
+                );
+                isolating = true;
+            }
+            if failure.error.kind == FailureKind::Deadline {
+                let alone = Isolation {
+                    generation: pipelines,
+                    pipeline,
+                    batch,
+                    decoded: &decoded,
+                    settings,
+                };
+                for (index, verdict) in alone.run(&part).await {
+                    verdicts[index] = verdict;
                 }
-                Err(failure) => {
-                    let index = part[0];
-                    let attempt = ack::info(&batch[index]).map_or(1, |info| info.delivered);
-                    tracing::warn!(
-                        plugin = failure.plugin.name(),
-                        subject = %batch[index].subject,
-                        attempt,
-                        error = %failure.error,
-                        "a row fails its plugin; it will be retried"
-                    );
-                    verdicts[index] = Verdict::Retry {
-                        delay: settings.backoff(
-                            attempt,
-                            ack::info(&batch[index]).map_or(0, |i| i.stream_sequence),
-                        ),
-                        plugin: Some(failure.plugin),
-                        reason: failure.error.message,
-                    };
-                }
+            } else {
+                let (left, right) = part.split_at(part.len() / 2);
+                parts.push(right.to_vec());
+                parts.push(left.to_vec());
             }
         }
     }
     verdicts
+}
+
+/// The verdict of a row whose plugin call failed on its own: retry it
+/// with backoff, naming the plugin (a dead letter after the last delivery).
+fn failed_row(settings: &DeliveryConfig, message: &Message, failure: StepFailure) -> Verdict {
+    let info = ack::info(message);
+    let attempt = info.as_ref().map_or(1, |info| info.delivered);
+    tracing::warn!(
+        plugin = failure.plugin.name(),
+        subject = %message.subject,
+        attempt,
+        error = %failure.error,
+        "a row fails its plugin; it will be retried"
+    );
+    Verdict::Retry {
+        delay: settings.backoff(attempt, info.map_or(0, |i| i.stream_sequence)),
+        plugin: Some(failure.plugin),
+        reason: failure.error.message,
+    }
+}
+
+/// Rows of one pipeline run alone, concurrently: a row that runs into its
+/// deadline costs one deadline, shared with up to [`ISOLATION_LANES`] − 1
+/// others, and the rows that are fine are delivered meanwhile.
+struct Isolation<'a> {
+    generation: &'a Generation,
+    pipeline: usize,
+    batch: &'a [Message],
+    decoded: &'a [Option<Decoded<'a>>],
+    settings: &'a DeliveryConfig,
+}
+
+impl Isolation<'_> {
+    async fn run(&self, part: &[usize]) -> Vec<(usize, Verdict)> {
+        let next = AtomicUsize::new(0);
+        let lanes = (0..ISOLATION_LANES.min(part.len())).map(|_| self.lane(part, &next));
+        futures::future::join_all(lanes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// One lane: fresh instances (dropped afterwards, back to the pool),
+    /// taking the next row of `part` until none is left.
+    async fn lane(&self, part: &[usize], next: &AtomicUsize) -> Vec<(usize, Verdict)> {
+        let mut settled = Vec::new();
+        let Some(config) = self.generation.config().pipelines.get(self.pipeline) else {
+            return settled;
+        };
+        let Some(mut runner) =
+            PipelineRunner::new(config, |name| self.generation.plugin(name).cloned())
+        else {
+            return settled;
+        };
+        while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let verdict = match runner.run(pack(self.batch, self.decoded, &[index])).await {
+                Ok(results) => results.into_iter().next().unwrap_or(Verdict::Done),
+                Err(failure) => failed_row(self.settings, &self.batch[index], failure),
+            };
+            settled.push((index, verdict));
+        }
+        settled
+    }
 }
 
 /// How often rows being worked on are answered "in progress": a third of

@@ -26,6 +26,24 @@ use super::bindings::{
 use super::http::HttpGate;
 use super::*;
 
+/// Pause before a new instance tries the full pool again.
+const POOL_FULL_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+/// At most one warning per plugin waiter this often while the pool stays full.
+const POOL_FULL_WARNING_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why an instance could not be made.
+enum Instantiate {
+    /// Every slot of the pool is taken (the limit, as wasmtime words it).
+    PoolFull(String),
+    Failed(CallError),
+}
+
+impl From<CallError> for Instantiate {
+    fn from(error: CallError) -> Instantiate {
+        Instantiate::Failed(error)
+    }
+}
+
 /// What went wrong in one plugin call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureKind {
@@ -83,7 +101,32 @@ impl Plugin {
     }
 
     /// A fresh instance with its own store, limits and grants, `init`-ed.
+    /// When the instance pool is full, waits for a slot (back-pressure)
+    /// rather than failing the rows: a full pool is the host's limit, not
+    /// the plugin's fault.
     pub async fn instantiate(self: &Arc<Self>) -> Result<PluginInstance, CallError> {
+        let mut warned: Option<Instant> = None;
+        loop {
+            match self.try_instantiate().await {
+                Err(Instantiate::PoolFull(limit)) => {
+                    self.metrics.plugin_instance_waits.inc();
+                    if warned.is_none_or(|at| at.elapsed() >= POOL_FULL_WARNING_PERIOD) {
+                        tracing::warn!(
+                            plugin = self.name(),
+                            %limit,
+                            "the plugin instance pool is full; waiting for a free slot (raise `max_plugin_instances`)"
+                        );
+                        warned = Some(Instant::now());
+                    }
+                    tokio::time::sleep(POOL_FULL_PAUSE).await;
+                }
+                Err(Instantiate::Failed(error)) => return Err(error),
+                Ok(instance) => return Ok(instance),
+            }
+        }
+    }
+
+    async fn try_instantiate(self: &Arc<Self>) -> Result<PluginInstance, Instantiate> {
         let stderr = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone());
@@ -163,7 +206,12 @@ impl Plugin {
                 .await
                 .map(Exports::Router),
         };
-        instance.exports = exports.map_err(|err| instance.failure(err))?;
+        instance.exports = exports.map_err(|err| {
+            match err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+                Some(full) => Instantiate::PoolFull(full.to_string()),
+                None => Instantiate::Failed(instance.failure(err)),
+            }
+        })?;
         self.metrics.plugin_instances.inc();
 
         instance.arm_deadline();
@@ -180,11 +228,11 @@ impl Plugin {
                 instance.memory_after_init = instance.memory_bytes();
                 Ok(instance)
             }
-            Ok(Err(reason)) => Err(CallError {
+            Ok(Err(reason)) => Err(Instantiate::Failed(CallError {
                 kind: FailureKind::Refused,
                 message: format!("init refused its settings: {reason}"),
-            }),
-            Err(err) => Err(instance.failure(err)),
+            })),
+            Err(err) => Err(Instantiate::Failed(instance.failure(err))),
         }
     }
 }

@@ -38,9 +38,6 @@ pub const WIT_VERSION: &str = "0.2.0";
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Instances the pooling allocator keeps slots for. Each unit holds at most
-/// one instance per pipeline step, so this bounds units × steps per host.
-const POOL_INSTANCES: u32 = 256;
 /// Core instances per component: a std wasip2 guest has a handful.
 const POOL_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
 /// Per-memory address space the pool reserves; per-plugin caps are lower.
@@ -129,12 +126,19 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new(metrics: Metrics) -> Result<Sandbox, SandboxError> {
+        Sandbox::with_pool(metrics, crate::config::DEFAULT_PLUGIN_INSTANCES)
+    }
+
+    /// An engine whose pool holds `instances` plugin instances at once.
+    /// Slots are address space reserved up front, not memory.
+    pub fn with_pool(metrics: Metrics, instances: u32) -> Result<Sandbox, SandboxError> {
+        let instances = instances.max(1);
         let mut pool = PoolingAllocationConfig::new();
-        pool.total_component_instances(POOL_INSTANCES)
-            .total_core_instances(POOL_INSTANCES * POOL_CORE_INSTANCES_PER_COMPONENT)
-            .total_memories(POOL_INSTANCES * 2)
-            .total_tables(POOL_INSTANCES * 2)
-            .total_stacks(POOL_INSTANCES)
+        pool.total_component_instances(instances)
+            .total_core_instances(instances.saturating_mul(POOL_CORE_INSTANCES_PER_COMPONENT))
+            .total_memories(instances.saturating_mul(2))
+            .total_tables(instances.saturating_mul(2))
+            .total_stacks(instances)
             .max_core_instances_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
             .max_memories_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
             .max_tables_per_component(POOL_CORE_INSTANCES_PER_COMPONENT)
