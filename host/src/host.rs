@@ -27,6 +27,7 @@ use crate::coordination::{
 };
 use crate::delivery::worker::{ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
+use crate::ingest::listener;
 use crate::ingest::publish::Publisher;
 use crate::ingest::usage::Ledger;
 use crate::nats::connection::{self, ConnectError, Refusals};
@@ -224,15 +225,12 @@ impl RunningHost {
             reloads: reload_requests,
         };
         let routes = front_door.router().merge(ops.router());
-        let stop = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            let served = axum::serve(listener, routes)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-            if let Err(err) = served {
-                tracing::error!(error = %err, "front door stopped");
-            }
-        }));
+        tasks.push(tokio::spawn(listener::serve(
+            listener,
+            routes,
+            metrics.clone(),
+            shutdown.clone(),
+        )));
         tracing::info!(listen = %http_addr, nats = %nats_url, member = %me, "weir is running");
         stop_if_failed.disarm();
 

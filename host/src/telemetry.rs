@@ -48,6 +48,8 @@ pub struct Metrics {
     pub requests_throttled: Counter,
     /// Of those, requests the budget rejected (403).
     pub requests_rejected: Counter,
+    /// Connections closed at once because too many were open.
+    pub connections_refused: Counter,
     /// Plugin calls that trapped, ran out of time or out of memory.
     pub plugin_failures: Family<PluginLabels, Counter>,
     /// Plugin calls made.
@@ -128,6 +130,11 @@ impl Metrics {
             "plugin_counter",
             "Counters kept by plugins",
             self.plugin_counters.clone(),
+        );
+        weir.register(
+            "connections_refused",
+            "HTTP connections refused because too many were open",
+            self.connections_refused.clone(),
         );
         weir.register(
             "plugin_instances",

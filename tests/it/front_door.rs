@@ -183,3 +183,160 @@ async fn rows_with_the_same_idempotency_field_are_stored_once() {
     assert_eq!(host.sink_lines("orders").len(), 15);
     host.shutdown().await;
 }
+
+/// A request is all or nothing: a row too large for NATS, or a line that
+/// is not UTF-8, refuses the request before its first row is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_request_stores_none_of_its_rows() {
+    let nats = Nats::start();
+    let config =
+        base_config(nats.url(), "").replace("max_body_bytes = 1048576", "max_body_bytes = 4194304");
+    let host = TestHost::start(&config).await;
+
+    // NATS stores at most 1 MiB a message; the body limit is 4 MiB.
+    let big = format!("{{\"id\":\"b\",\"pad\":\"{}\"}}\n", "x".repeat(2 << 20));
+    let (status, body) = error_of(
+        host.ingest("orders", format!("{{\"id\":\"a\"}}\n{big}"))
+            .await,
+    )
+    .await;
+    assert_eq!((status, body["line"].as_u64()), (413, Some(2)), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was stored"),
+        "{body}"
+    );
+
+    let (status, body) = error_of(
+        host.ingest("orders", b"{\"id\":1}\n{\"name\":\"caf\xe9\"}\n".to_vec())
+            .await,
+    )
+    .await;
+    assert_eq!((status, body["line"].as_u64()), (400, Some(2)), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("not valid UTF-8"),
+        "{body}"
+    );
+
+    let client = nats.client().await;
+    assert_eq!(
+        backlog(&client).await.2,
+        0,
+        "a row of a refused request was stored"
+    );
+    host.shutdown().await;
+}
+
+/// Resident memory of a process, in bytes (Linux /proc).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Hostile clients cost the host nothing it keeps: 100 unauthenticated
+/// requests announcing 9 MiB bodies are answered 401 without their bodies
+/// being read, 100 clients trickling their headers are cut off at the
+/// header deadline, and a tenant with a key gets its 202 meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn unauthenticated_and_slow_clients_cost_no_memory_and_do_not_block_a_tenant() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let nats = Nats::start();
+    let host = crate::support::Host::spawn_with(
+        "edge",
+        base_config(nats.url(), "")
+            .replace("max_body_bytes = 1048576", "max_body_bytes = 16777216"),
+    );
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(60), "weir ready", || async {
+        let ready = http.get(format!("{}/readyz", host.url)).send().await.ok()?;
+        ready.status().is_success().then_some(())
+    })
+    .await;
+    let address = host.url.trim_start_matches("http://").to_string();
+    let idle = rss_bytes(host.child.id());
+
+    let oversized = (0..100).map(|_| {
+        let address = address.clone();
+        tokio::spawn(async move {
+            let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+            let head = "POST /v1/ingest/orders HTTP/1.1\r\nHost: weir\r\n\
+                        Content-Length: 9437184\r\n\r\n";
+            stream.write_all(head.as_bytes()).await.unwrap();
+            // As much body as the host will take before answering.
+            let chunk = vec![b'x'; 64 << 10];
+            for _ in 0..16 {
+                if stream.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            let mut answer = vec![0; 64];
+            let read = tokio::time::timeout(Duration::from_secs(20), stream.read(&mut answer))
+                .await
+                .map_or(0, |read| read.unwrap_or(0));
+            String::from_utf8_lossy(&answer[..read]).to_string()
+        })
+    });
+    let oversized: Vec<_> = oversized.collect();
+    let trickling: Vec<_> = (0..100)
+        .map(|_| {
+            let address = address.clone();
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+                for byte in b"POST /v1/ingest/orders HTTP/1.1\r\nHost: weir\r\n"
+                    .iter()
+                    .cycle()
+                {
+                    if stream.write_all(&[*byte]).await.is_err() {
+                        return started.elapsed();
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if started.elapsed() > Duration::from_secs(60) {
+                        break;
+                    }
+                }
+                started.elapsed()
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let response = http
+        .post(format!("{}/v1/ingest/orders", host.url))
+        .bearer_auth(ACME_KEY)
+        .body("{\"id\":1}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202, "a tenant is served meanwhile");
+    let loaded = rss_bytes(host.child.id());
+
+    for answer in oversized {
+        let answer = answer.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer:?}");
+    }
+    for cut_off in trickling {
+        let lasted = cut_off.await.unwrap();
+        assert!(
+            lasted < Duration::from_secs(30),
+            "a client trickling its headers stayed connected {lasted:?}"
+        );
+    }
+    println!(
+        "hostile clients: RSS {} MiB idle, {} MiB with 200 hostile connections open",
+        idle >> 20,
+        loaded >> 20
+    );
+    assert!(
+        loaded < idle + (50 << 20),
+        "RSS grew from {} to {} MiB",
+        idle >> 20,
+        loaded >> 20
+    );
+}

@@ -32,7 +32,7 @@ enum Server {
 }
 
 /// The test pipeline: `validate` requires `customer` (dead letters), and a
-/// first run's `slow` transform (500 ms a batch) keeps the backlog queued.
+/// first run's `slow` transform (2 s a batch) keeps the backlog queued.
 fn config(server: &Server, slow: bool) -> String {
     let nats = match server {
         Server::Embedded(sync) => format!("[nats]\nsync = \"{sync}\"\n"),
@@ -45,7 +45,7 @@ fn config(server: &Server, slow: bool) -> String {
     if slow {
         text.push_str(
             "\n[plugins.slow]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\n\
-             settings = { mode = \"slow\", slow_ms = 500 }\n",
+             deadline_ms = 10000\nsettings = { mode = \"slow\", slow_ms = 2000 }\n",
         );
         text = text.replace(
             "transforms = [\"validate\"]",

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router as HttpRouter;
+use axum::body::Body;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::Config;
 use crate::ingest::ndjson;
@@ -31,12 +33,26 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const MAX_KEY_BYTES: usize = 200;
 /// Seconds a client is told to wait when NATS is unavailable or full.
 const RETRY_AFTER_SECS: u64 = 1;
+/// Body bytes read at once across requests: at least this, and at least
+/// two of the largest bodies.
+const MIN_BODY_BYTES_IN_FLIGHT: usize = 64 << 20;
+/// A body must arrive within this long plus one second per `MIN_BODY_RATE`
+/// bytes it announces (or may have): a slow client is cut off, a large
+/// body on a slow link is not.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+const MIN_BODY_RATE: usize = 256 << 10;
+/// What a refused request's body is read (and dropped) up to, so that the
+/// client gets its answer rather than a reset connection.
+const DISCARD_BYTES: usize = 4 << 20;
+const DISCARD_TIME: Duration = Duration::from_secs(2);
 
 /// What a request is checked against (tenants, tables, limits, the budget
 /// and router policies): replaced as a whole by a hot reload; a request
 /// reads one snapshot from start to end.
 pub struct Gate {
-    tenants_by_key: HashMap<String, String>,
+    /// Tenants by the SHA-256 of each of their keys: a lookup compares
+    /// digests, so its timing says nothing about how much of a key matched.
+    tenants_by_key: HashMap<[u8; 32], String>,
     config: Arc<Config>,
     policies: Policies,
 }
@@ -53,7 +69,7 @@ impl Gate {
                 tenant
                     .api_keys
                     .iter()
-                    .map(|key| (key.clone(), tenant.name.clone()))
+                    .map(|key| (key_digest(key), tenant.name.clone()))
             })
             .collect();
         Gate {
@@ -70,6 +86,8 @@ pub struct FrontDoor {
     publisher: Publisher,
     metrics: Metrics,
     ledger: Ledger,
+    /// Body bytes being read, across requests.
+    body_bytes: Arc<Semaphore>,
 }
 
 impl FrontDoor {
@@ -79,24 +97,22 @@ impl FrontDoor {
         metrics: Metrics,
         ledger: Ledger,
     ) -> FrontDoor {
+        let max_body = gates.borrow().config.max_body_bytes;
+        let in_flight = MIN_BODY_BYTES_IN_FLIGHT.max(max_body.saturating_mul(2));
         FrontDoor {
             gates,
             publisher,
             metrics,
             ledger,
+            body_bytes: Arc::new(Semaphore::new(in_flight.min(Semaphore::MAX_PERMITS))),
         }
     }
 
-    /// The HTTP routes, ready to serve.
+    /// The HTTP routes, ready to serve. The body is read by the handler,
+    /// after the key and the table were checked.
     pub fn router(self) -> HttpRouter {
-        // The transport's limit is set once; a reloaded `max_body_bytes`
-        // needs a restart.
-        let max_body = self.gates.borrow().config.max_body_bytes;
         HttpRouter::new()
-            .route(
-                "/v1/ingest/{table}",
-                post(ingest).layer(DefaultBodyLimit::max(max_body)),
-            )
+            .route("/v1/ingest/{table}", post(ingest))
             .with_state(Arc::new(self))
     }
 }
@@ -175,9 +191,17 @@ async fn ingest(
     State(door): State<Arc<FrontDoor>>,
     Path(table): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Response {
-    match accept(&door, &table, &headers, body).await {
+    let gate = door.gates.borrow().clone();
+    let answer = match before_the_body(&door, &gate, &table, &headers) {
+        Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
+        Err(refusal) => {
+            discard(body).await;
+            Err(refusal)
+        }
+    };
+    match answer {
         Ok(published) => (
             StatusCode::ACCEPTED,
             axum::Json(json!({
@@ -193,34 +217,87 @@ async fn ingest(
     }
 }
 
-async fn accept(
+/// A request whose key, table and announced size passed, with its share of
+/// the body bytes in flight.
+struct Admitted<'g> {
+    tenant: &'g str,
+    /// The body's size as announced, or the most it may be.
+    expected: usize,
+    reading: OwnedSemaphorePermit,
+}
+
+/// Everything checked before a byte of the body is read: the key, the
+/// table, the announced size, and room among the bodies in flight.
+fn before_the_body<'g>(
     door: &FrontDoor,
+    gate: &'g Gate,
     table: &str,
     headers: &HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Published, Refusal> {
-    let gate = door.gates.borrow().clone();
-    let tenant = authenticate(&gate, headers)?;
+) -> Result<Admitted<'g>, Refusal> {
+    let tenant = authenticate(gate, headers)?;
     if gate.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!("no pipeline takes table `{table}`"),
         ));
     }
-    let body = body.map_err(|rejection| {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            Refusal::new(
-                status,
-                format!(
-                    "body is larger than the limit of {} bytes; send it in smaller requests",
-                    gate.config.max_body_bytes
-                ),
+    let limit = gate.config.max_body_bytes;
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if announced.is_some_and(|length| length > limit) {
+        return Err(body_too_large(limit));
+    }
+    let expected = announced.unwrap_or(limit);
+    let permits = u32::try_from(expected.max(1)).unwrap_or(u32::MAX);
+    let reading = door
+        .body_bytes
+        .clone()
+        .try_acquire_many_owned(permits)
+        .map_err(|_| {
+            Refusal::retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the host is reading too many bodies at once; retry in a second",
             )
-        } else {
-            Refusal::new(status, rejection.body_text())
-        }
-    })?;
+        })?;
+    Ok(Admitted {
+        tenant,
+        expected,
+        reading,
+    })
+}
+
+fn body_too_large(limit: usize) -> Refusal {
+    Refusal::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "body is larger than the limit of {limit} bytes; send it in smaller requests; nothing was stored"
+        ),
+    )
+}
+
+/// Reads and drops what a refused client is still sending (a little, for a
+/// short while), so it reads its answer instead of a reset connection;
+/// nothing of it is kept.
+async fn discard(body: Body) {
+    let mut body = Limited::new(body, DISCARD_BYTES);
+    let _ = tokio::time::timeout(DISCARD_TIME, async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+}
+
+async fn accept(
+    door: &FrontDoor,
+    gate: &Gate,
+    table: &str,
+    headers: &HeaderMap,
+    admitted: Admitted<'_>,
+    body: Body,
+) -> Result<Published, Refusal> {
+    let tenant = admitted.tenant;
+    let (body, _reading) = read_body(gate, admitted, body).await?;
     let fields = ndjson::Fields {
         key: gate.config.idempotency_field.as_deref(),
         route: gate.config.policies.routing_field.as_deref(),
@@ -234,6 +311,22 @@ async fn accept(
             StatusCode::BAD_REQUEST,
             "the body holds no rows",
         ));
+    }
+    // All or nothing: every row's size is checked before the first is
+    // published (a row past `max_payload` would fail mid-request).
+    let max_row = door.publisher.max_row_bytes();
+    if let Some(row) = rows.iter().find(|row| row.payload.len() > max_row) {
+        return Err(Refusal {
+            line: Some(row.number),
+            ..Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "line {}: the row is {} bytes, larger than the {max_row} bytes NATS stores; nothing was stored",
+                    row.number,
+                    row.payload.len()
+                ),
+            )
+        });
     }
     let request_key = idempotency_key(headers)?;
     let ids = MessageIds::new(tenant, table, request_key);
@@ -258,7 +351,7 @@ async fn accept(
         rows: to_publish.len() as u64,
         bytes: to_publish.iter().map(|(p, _)| p.len() as u64).sum(),
     };
-    let _reservation = admit(door, &gate, tenant, table, amount).await?;
+    let _reservation = admit(door, gate, tenant, table, amount).await?;
     let placement = gate
         .policies
         .place(tenant, table, || route_keys)
@@ -285,6 +378,33 @@ async fn accept(
         .inc_by((published.stored - published.duplicates) as u64);
     door.ledger.accepted(std::mem::take(&mut published.accepts));
     Ok(published)
+}
+
+/// Reads an admitted request's body: at most `max_body_bytes`, within a
+/// deadline that grows with its size. It counts as in flight until the
+/// returned permit is dropped.
+async fn read_body(
+    gate: &Gate,
+    admitted: Admitted<'_>,
+    body: Body,
+) -> Result<(Bytes, OwnedSemaphorePermit), Refusal> {
+    let limit = gate.config.max_body_bytes;
+    let deadline = BODY_TIMEOUT + Duration::from_secs((admitted.expected / MIN_BODY_RATE) as u64);
+    let read = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
+    match read {
+        Err(_) => Err(Refusal::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {deadline:?}; nothing was stored"),
+        )),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(body_too_large(limit))
+        }
+        Ok(Err(err)) => Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the body: {err}"),
+        )),
+        Ok(Ok(collected)) => Ok((collected.to_bytes(), admitted.reading)),
+    }
 }
 
 /// Asks the tenant's budget about a request; an admitted request counts as
@@ -371,6 +491,11 @@ impl<'a> MessageIds<'a> {
     }
 }
 
+fn key_digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
 /// The tenant of a `Authorization: Bearer <key>` header.
 fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refusal> {
     let key = headers
@@ -384,7 +509,7 @@ fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refu
             )
         })?;
     gate.tenants_by_key
-        .get(key.trim())
+        .get(&key_digest(key.trim()))
         .map(String::as_str)
         .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))
 }

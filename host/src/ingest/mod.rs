@@ -3,6 +3,7 @@
 //! the fleet-wide [`usage`]) and router, and [`publish`] stores every row in
 //! its partition stream before the 202.
 
+pub mod listener;
 pub mod front_door;
 pub mod ndjson;
 pub mod policy;

@@ -69,6 +69,14 @@ type Keys = (Option<String>, Option<String>);
 
 /// Checks that `line` is one JSON object and returns its fields' values.
 fn scan(line: &[u8], fields: Fields<'_>) -> Result<Keys, String> {
+    // serde_json skips the strings it ignores without checking them: a
+    // sink would get bytes that are not text.
+    if let Err(err) = std::str::from_utf8(line) {
+        return Err(format!(
+            "not valid UTF-8 (at byte {} of the line)",
+            err.valid_up_to() + 1
+        ));
+    }
     let first = line.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         return Err("a row must be a JSON object".into());
@@ -164,6 +172,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(bad.reason.contains("trailing characters"), "{bad}");
+    }
+
+    #[test]
+    fn invalid_utf8_anywhere_in_a_row_is_refused_naming_its_line() {
+        let body = Bytes::from_static(b"{\"a\":1}\n{\"name\":\"caf\xe9\"}\n");
+        let bad = split(&body, Fields::default()).unwrap_err();
+        assert_eq!(bad.line, 2);
+        assert_eq!(
+            bad.to_string(),
+            "line 2: not valid UTF-8 (at byte 13 of the line)"
+        );
     }
 
     #[test]

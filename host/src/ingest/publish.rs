@@ -12,6 +12,10 @@ use crate::ingest::policy::Placement;
 use crate::ingest::usage::Accept;
 use crate::topology::route::{Router, Unit};
 
+/// Room left in a message for its headers (the message id) under the
+/// server's `max_payload`.
+const HEADER_ROOM: usize = 1024;
+
 /// PubAcks awaited at once per request; bounds memory on a huge body while
 /// keeping the connection busy.
 const PUBLISH_WINDOW: usize = 1024;
@@ -38,12 +42,27 @@ pub struct Publisher {
     client: async_nats::Client,
     js: jetstream::Context,
     router: Router,
+    /// Read once at start: every server of a cluster has the same limit.
+    max_row_bytes: usize,
 }
 
 impl Publisher {
     pub fn new(client: async_nats::Client, router: Router) -> Publisher {
         let js = jetstream::new(client.clone());
-        Publisher { client, js, router }
+        let max_row_bytes = client.server_info().max_payload.saturating_sub(HEADER_ROOM);
+        Publisher {
+            client,
+            js,
+            router,
+            max_row_bytes,
+        }
+    }
+
+    /// The largest row the server stores (its `max_payload`, less room for
+    /// headers): checked for every row of a request before the first is
+    /// published, so a refused request stores nothing.
+    pub fn max_row_bytes(&self) -> usize {
+        self.max_row_bytes
     }
 
     /// True while the NATS connection is up; a request that arrives while it
