@@ -27,6 +27,7 @@ use crate::coordination::{
 };
 use crate::delivery::worker::{ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
+use crate::ingest::idempotency::RequestKeys;
 use crate::ingest::listener;
 use crate::ingest::publish::Publisher;
 use crate::ingest::usage::Ledger;
@@ -181,6 +182,7 @@ impl RunningHost {
             drain_timeout: config.delivery.drain_timeout,
         })
         .await?;
+        let request_keys = RequestKeys::new(kv.clone(), config.stream.duplicate_window);
         tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
             kv,
@@ -218,6 +220,7 @@ impl RunningHost {
             Publisher::new(client.clone(), router.clone()),
             metrics.clone(),
             ledger,
+            request_keys,
         );
         let ops = Ops {
             status: status.clone(),

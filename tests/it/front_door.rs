@@ -148,6 +148,23 @@ async fn a_retried_request_with_the_same_idempotency_key_stores_its_rows_once() 
         (202, Some(50), Some(50))
     );
 
+    // The same key with other rows is a client bug: refused, not dropped.
+    let other_rows = host
+        .http
+        .post(host.url("/v1/ingest/orders"))
+        .bearer_auth(ACME_KEY)
+        .header("Idempotency-Key", "batch-1")
+        .body(orders(50, 10))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_of(other_rows).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("`batch-1`"),
+        "the answer names the key: {body}"
+    );
+
     drained(&nats.client().await).await;
     assert_eq!(
         host.sink_lines("orders").len(),

@@ -19,6 +19,7 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::Config;
+use crate::ingest::idempotency::{ClaimError, RequestKeys};
 use crate::ingest::ndjson;
 use crate::ingest::policy::{Admit, Policies, PolicyError};
 use crate::ingest::publish::{PublishError, Published, Publisher};
@@ -88,6 +89,7 @@ pub struct FrontDoor {
     ledger: Ledger,
     /// Body bytes being read, across requests.
     body_bytes: Arc<Semaphore>,
+    request_keys: RequestKeys,
 }
 
 impl FrontDoor {
@@ -96,6 +98,7 @@ impl FrontDoor {
         publisher: Publisher,
         metrics: Metrics,
         ledger: Ledger,
+        request_keys: RequestKeys,
     ) -> FrontDoor {
         let max_body = gates.borrow().config.max_body_bytes;
         let in_flight = MIN_BODY_BYTES_IN_FLIGHT.max(max_body.saturating_mul(2));
@@ -105,6 +108,7 @@ impl FrontDoor {
             metrics,
             ledger,
             body_bytes: Arc::new(Semaphore::new(in_flight.min(Semaphore::MAX_PERMITS))),
+            request_keys,
         }
     }
 
@@ -329,6 +333,17 @@ async fn accept(
         });
     }
     let request_key = idempotency_key(headers)?;
+    if let Some(key) = request_key {
+        door.request_keys
+            .claim(tenant, table, key, &body)
+            .await
+            .map_err(|err| match err {
+                ClaimError::Reused { .. } => Refusal::new(StatusCode::CONFLICT, err.to_string()),
+                ClaimError::Unavailable(_) => {
+                    Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+                }
+            })?;
+    }
     let ids = MessageIds::new(tenant, table, request_key);
     let mut numbers = Vec::with_capacity(rows.len());
     let mut to_publish = Vec::with_capacity(rows.len());

@@ -5,6 +5,7 @@
 
 pub mod listener;
 pub mod front_door;
+pub mod idempotency;
 pub mod ndjson;
 pub mod policy;
 pub mod publish;
