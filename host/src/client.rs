@@ -155,14 +155,23 @@ pub fn default_url() -> String {
     format!("http://{}", crate::config::DEFAULT_LISTEN)
 }
 
-/// Reads a host's status report.
-pub async fn fetch_status(url: &str) -> Result<crate::ops::status::StatusReport, SendError> {
+/// Reads a host's status report; with an admin key (all tenants, where
+/// NATS is) or a tenant's key (its own usage), or without (neither).
+pub async fn fetch_status(
+    url: &str,
+    key: Option<&str>,
+) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
     let unreachable = |reason: String| SendError::Unreachable {
         url: endpoint.clone(),
         reason,
     };
-    reqwest::get(&endpoint)
+    let mut request = reqwest::Client::new().get(&endpoint);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request
+        .send()
         .await
         .map_err(|err| unreachable(err.to_string()))?
         .json()

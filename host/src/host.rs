@@ -234,7 +234,7 @@ impl RunningHost {
             metrics.clone(),
             shutdown.clone(),
         )));
-        tracing::info!(listen = %http_addr, nats = %nats_url, member = %me, "weir is running");
+        tracing::info!(listen = %http_addr, nats = %connection::redact(&nats_url), member = %me, "weir is running");
         stop_if_failed.disarm();
 
         Ok(RunningHost {
@@ -384,7 +384,7 @@ async fn start_embedded(config: &Config) -> Result<Option<EmbeddedNats>, Embedde
 
 fn nats_status(config: &Config, url: &str, embedded: bool) -> NatsStatus {
     NatsStatus {
-        url: url.to_string(),
+        url: connection::redact(url),
         connected: true,
         embedded,
         sync: embedded.then(|| {

@@ -98,6 +98,10 @@ enum Command {
         /// Print the whole report as JSON.
         #[arg(long)]
         json: bool,
+        /// An admin key (every tenant's usage, where NATS is) or a tenant's
+        /// key (its own usage).
+        #[arg(long, env = "WEIR_STATUS_KEY")]
+        key: Option<String>,
     },
     /// Check a config file and report every problem in it.
     Check {
@@ -198,11 +202,18 @@ impl FleetTarget {
             (Some(url), _) | (None, Some(url)) => url.clone(),
             (None, None) => {
                 let host = format!("http://{}", config.listen);
-                fetch_status(&host)
+                let admin_key = config.admin_api_keys.first().map(String::as_str);
+                let url = fetch_status(&host, admin_key)
                     .await
                     .context("no NATS URL given and no running weir host to ask")?
                     .nats
-                    .url
+                    .url;
+                anyhow::ensure!(
+                    !url.is_empty(),
+                    "the running host tells where NATS is only to an admin key: set `admin_api_keys` in {} or pass --nats-url",
+                    self.config.display()
+                );
+                url
             }
         };
         let client = weir::nats::connection::connect(&url, &Default::default()).await?;
@@ -345,13 +356,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             url,
             wait_drained,
             json,
+            key,
         } => {
-            let mut report = fetch_status(&url).await?;
+            let mut report = fetch_status(&url, key.as_deref()).await?;
             if let Some(seconds) = wait_drained {
                 let deadline = Instant::now() + Duration::from_secs(seconds);
                 while !report.drained() && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    report = fetch_status(&url).await?;
+                    report = fetch_status(&url, key.as_deref()).await?;
                 }
                 anyhow::ensure!(
                     report.drained(),

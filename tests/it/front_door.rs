@@ -357,3 +357,65 @@ async fn unauthenticated_and_slow_clients_cost_no_memory_and_do_not_block_a_tena
         loaded >> 20
     );
 }
+
+/// `/v1/status` shows tenants' usage only to an admin key (all) or a
+/// tenant's key (its own), and where NATS is only to an admin key, with
+/// the password redacted.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_shows_tenants_and_nats_only_to_whom_it_may() {
+    let nats = Nats::start_with("authorization { user: weir, password: s3cret-pw }");
+    let url = nats.url().replace("nats://", "nats://weir:s3cret-pw@");
+    let config = base_config(
+        &url,
+        "\n[[tenants]]\nname = \"beta\"\napi_keys = [\"beta-key-456\"]\n",
+    )
+    .replace(
+        "max_body_bytes = 1048576\n",
+        "max_body_bytes = 1048576\nadmin_api_keys = [\"admin-key-789\"]\n",
+    );
+    let host = TestHost::start(&config).await;
+    assert_eq!(host.ingest("orders", orders(0, 3)).await.status(), 202);
+    let beta = host
+        .http
+        .post(host.url("/v1/ingest/orders"))
+        .bearer_auth("beta-key-456")
+        .body(orders(3, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(beta.status(), 202);
+
+    let base = host.url("");
+    let as_key = |key: Option<&'static str>| {
+        let base = base.clone();
+        async move { weir::client::fetch_status(&base, key).await.unwrap() }
+    };
+    let admin = eventually(Duration::from_secs(10), "both tenants counted", || async {
+        let report = as_key(Some("admin-key-789")).await;
+        (report.tenants.len() == 2).then_some(report)
+    })
+    .await;
+    assert!(
+        admin.nats.url.contains("weir:***@") && !admin.nats.url.contains("s3cret-pw"),
+        "{}",
+        admin.nats.url
+    );
+    let acme = as_key(Some(ACME_KEY)).await;
+    let seen: Vec<&str> = acme.tenants.iter().map(|t| t.tenant.as_str()).collect();
+    assert_eq!(seen, vec!["acme"]);
+    assert_eq!(acme.nats.url, "");
+    let anyone = as_key(None).await;
+    assert!(anyone.tenants.is_empty(), "{:?}", anyone.tenants);
+    assert_eq!(anyone.nats.url, "");
+    let raw = host
+        .http
+        .get(host.url("/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!raw.contains("s3cret-pw") && !raw.contains("beta"), "{raw}");
+    host.shutdown().await;
+}

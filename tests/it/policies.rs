@@ -245,7 +245,7 @@ async fn a_tenant_over_its_fleet_wide_budget_is_throttled_on_every_front_door_an
         Duration::from_secs(10),
         "alpha's usage in the status",
         || async {
-            let report = second.status().await?;
+            let report = second.status_as(ALPHA_KEY).await?;
             report.tenants.into_iter().find(|t| t.tenant == "alpha")
         },
     )

@@ -40,6 +40,10 @@ fn config(server: &Server, slow: bool) -> String {
     };
     let mut text = base_config("URL", "")
         .replace("[nats]\nurl = \"URL\"\n", &nats)
+        .replace(
+            "max_body_bytes = 1048576\n",
+            &format!("max_body_bytes = 1048576\nadmin_api_keys = [\"{ADMIN_KEY}\"]\n"),
+        )
         .replace("required = [\"id\"]", "required = [\"id\", \"customer\"]")
         .replace("max_body_bytes = 1048576", "max_body_bytes = 4194304");
     if slow {
@@ -91,13 +95,11 @@ async fn post_until_accepted(
     }
 }
 
+/// The admin key: the status says where NATS is only to it.
+const ADMIN_KEY: &str = "stops-admin-key-1";
+
 async fn status(url: &str) -> Option<StatusReport> {
-    reqwest::get(format!("{url}/v1/status"))
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()
+    weir::client::fetch_status(url, Some(ADMIN_KEY)).await.ok()
 }
 
 async fn ready(url: &str) {

@@ -376,8 +376,12 @@ impl Host {
     }
 
     pub async fn status(&self) -> Option<StatusReport> {
-        let response = reqwest::get(format!("{}/v1/status", self.url)).await.ok()?;
-        response.json().await.ok()
+        weir::client::fetch_status(&self.url, None).await.ok()
+    }
+
+    /// The status as `key` (an admin or a tenant key) sees it.
+    pub async fn status_as(&self, key: &str) -> Option<StatusReport> {
+        weir::client::fetch_status(&self.url, Some(key)).await.ok()
     }
 
     pub fn output(&self, table: &str) -> PathBuf {

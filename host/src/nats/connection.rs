@@ -10,7 +10,30 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Permission violations remembered for the boot report.
 const MAX_REMEMBERED_REFUSALS: usize = 32;
 
-/// Why there is no connection.
+/// A NATS URL (or a comma-separated list) fit to show: passwords and
+/// tokens replaced by `***`, user names kept.
+pub fn redact(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let Some(scheme_end) = url.find("://") else {
+                return url.to_string();
+            };
+            let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
+            let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+            let Some(at) = authority.rfind('@') else {
+                return url.to_string();
+            };
+            let host = &rest[at + 1..];
+            match authority[..at].split_once(':') {
+                Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://***@{host}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Why there is no connection (the URL shown redacted).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to NATS at {url}: {reason}")]
 pub struct ConnectError {
@@ -40,7 +63,7 @@ impl Refusals {
 /// Connects to `url`, remembering permission violations in `refusals`.
 pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Client, ConnectError> {
     let error = |reason: String| ConnectError {
-        url: url.to_string(),
+        url: redact(url),
         reason,
     };
     // Credentials in the URL (`nats://user:password@host`) are not used by
@@ -97,4 +120,23 @@ pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), 
     tokio::time::timeout(within, closed)
         .await
         .map_err(|_| format!("not closed within {within:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_and_tokens_never_show() {
+        assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact("nats://weir:s3cret@nats.example:4222"),
+            "nats://weir:***@nats.example:4222"
+        );
+        assert_eq!(
+            redact("tls://tok3n@a:1,nats://u:p@b:2"),
+            "tls://***@a:1,nats://u:***@b:2"
+        );
+        assert_eq!(redact("nats://u:p@ss@h:1"), "nats://u:***@h:1");
+    }
 }

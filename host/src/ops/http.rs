@@ -65,12 +65,8 @@ async fn admin_reload(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Respon
             false,
         );
     }
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
-    if !key.is_some_and(|key| admin_keys.iter().any(|k| k == key)) {
+    let key = bearer(&headers);
+    if !key.is_some_and(|key| admin_keys.iter().any(|k| same_key(key, k))) {
         return refusal(
             StatusCode::UNAUTHORIZED,
             "an admin api key is required",
@@ -108,8 +104,63 @@ async fn readyz(State(ops): State<Arc<Ops>>) -> Response {
     }
 }
 
-async fn status(State(ops): State<Arc<Ops>>) -> Response {
-    axum::Json(ops.status.report().await).into_response()
+/// Who is asking for the status, by the bearer key it sent.
+#[derive(Debug, PartialEq, Eq)]
+enum Viewer {
+    Admin,
+    Tenant(String),
+    Anyone,
+}
+
+/// The bearer key of a request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Compares keys by digest: the time taken says nothing about a near miss.
+fn same_key(presented: &str, known: &str) -> bool {
+    use sha2::Digest;
+    sha2::Sha256::digest(presented.as_bytes()) == sha2::Sha256::digest(known.as_bytes())
+}
+
+fn viewer(generation: &Generation, headers: &HeaderMap) -> Viewer {
+    let Some(key) = bearer(headers) else {
+        return Viewer::Anyone;
+    };
+    let config = generation.config();
+    if config
+        .admin_api_keys
+        .iter()
+        .any(|admin| same_key(key, admin))
+    {
+        return Viewer::Admin;
+    }
+    config
+        .tenants
+        .iter()
+        .find(|tenant| tenant.api_keys.iter().any(|known| same_key(key, known)))
+        .map_or(Viewer::Anyone, |tenant| Viewer::Tenant(tenant.name.clone()))
+}
+
+/// The host's status. Tenants' usage is shown to an admin key (all) or a
+/// tenant key (its own), never to anyone else; where NATS is, only to an
+/// admin key.
+async fn status(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
+    let viewer = viewer(&ops.generations.borrow().clone(), &headers);
+    let mut report = ops.status.report().await;
+    match &viewer {
+        Viewer::Admin => {}
+        Viewer::Tenant(name) => report.tenants.retain(|usage| usage.tenant == *name),
+        Viewer::Anyone => report.tenants.clear(),
+    }
+    if viewer != Viewer::Admin {
+        report.nats.url.clear();
+    }
+    axum::Json(report).into_response()
 }
 
 async fn metrics(State(ops): State<Arc<Ops>>) -> Response {

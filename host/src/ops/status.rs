@@ -122,6 +122,7 @@ pub struct UnitStatus {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NatsStatus {
+    /// Credentials redacted; empty unless asked with an admin key.
     pub url: String,
     pub connected: bool,
     /// True when weir runs its own nats-server.
