@@ -56,6 +56,8 @@ pub struct Metrics {
     pub plugin_calls: Family<PluginLabels, Counter>,
     /// Counters plugins keep through the `host.add-counter` import.
     pub plugin_counters: Family<PluginCounterLabels, Counter>,
+    /// `add-counter` calls refused: a malformed name, or one name too many.
+    pub plugin_counter_refusals: Family<PluginLabels, Counter>,
     /// Plugin instances alive now.
     pub plugin_instances: Gauge,
     /// Times an instance had to wait for a free slot in the instance pool.
@@ -125,6 +127,11 @@ impl Metrics {
             "plugin_calls",
             "Plugin calls made",
             self.plugin_calls.clone(),
+        );
+        weir.register(
+            "plugin_counter_refusals",
+            "Plugin counters refused (a malformed name, or more than 64 names)",
+            self.plugin_counter_refusals.clone(),
         );
         weir.register(
             "plugin_counter",

@@ -8,7 +8,7 @@ use weir::host::StartError;
 use weir::sandbox::{LoadError, Sandbox};
 
 use crate::support::{
-    Nats, TestHost, base_config, dead_letter_reasons, eventually, orders, start_error,
+    ACME_KEY, Nats, TestHost, base_config, dead_letter_reasons, eventually, orders, start_error,
 };
 
 /// A pipeline of the chaos plugin with `settings` for `table`, then the file sink.
@@ -363,4 +363,59 @@ fn cached(dir: &std::path::Path) -> Vec<(std::path::PathBuf, std::time::SystemTi
         .collect();
     files.sort();
     files
+}
+
+/// A plugin cannot grow the host through its counters (at most 64 names
+/// of at most 64 bytes; the rest refused and counted) nor forge host log
+/// lines (control characters in its messages are escaped).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugins_counters_and_log_lines_are_bounded_and_cannot_forge_host_lines() {
+    let nats = Nats::start();
+    let extra = chaos_pipeline("noisy", "mode = \"noisy\"", "");
+    let host = crate::support::Host::spawn_with("noisy", base_config(nats.url(), &extra));
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(60), "weir ready", || async {
+        let ready = http.get(format!("{}/readyz", host.url)).send().await.ok()?;
+        ready.status().is_success().then_some(())
+    })
+    .await;
+    for first in [0, 10, 20] {
+        let response = http
+            .post(format!("{}/v1/ingest/noisy", host.url))
+            .bearer_auth(ACME_KEY)
+            .body(orders(first, 10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+    }
+    let metrics = eventually(Duration::from_secs(30), "the rows delivered", || async {
+        let text = http
+            .get(format!("{}/metrics", host.url))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.contains("weir_plugin_counter_refusals_total{plugin=\"chaos_noisy\"}")
+            .then_some(text)
+    })
+    .await;
+    let counters = metrics
+        .lines()
+        .filter(|line| line.starts_with("weir_plugin_counter_total{plugin=\"chaos_noisy\""))
+        .count();
+    assert_eq!(counters, 64, "{metrics}");
+    assert!(!metrics.contains("nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"));
+    let log = host.log();
+    assert!(
+        log.contains("chaos: noisy\\n2026"),
+        "the newline is escaped:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|line| line.starts_with("2026-01-01T00:00:00Z")),
+        "a plugin forged a host log line:\n{log}"
+    );
 }

@@ -38,6 +38,8 @@ impl host_api::Host for PluginState {
             }
             message.truncate(cut);
         }
+        // A newline or an escape sequence would forge host log lines.
+        let message = escape_controls(&message);
         let (plugin, version) = (self.plugin.name(), self.plugin.version.as_str());
         match level {
             Level::Trace => tracing::trace!(plugin, version, "{message}"),
@@ -48,17 +50,48 @@ impl host_api::Host for PluginState {
         }
     }
 
+    /// Bounded: at most `MAX_COUNTERS` names of at most
+    /// `MAX_COUNTER_NAME_BYTES` letters, digits, `_`, `-` and `.` per
+    /// plugin version; anything else is dropped and counted as refused.
     fn add_counter(&mut self, name: String, delta: u64) {
+        let well_formed = (1..=MAX_COUNTER_NAME_BYTES).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        let admitted = well_formed
+            && self.plugin.counter_names.lock().is_ok_and(|mut names| {
+                names.contains(&name) || (names.len() < MAX_COUNTERS && names.insert(name.clone()))
+            });
+        let metrics = &self.plugin.metrics;
+        if !admitted {
+            metrics
+                .plugin_counter_refusals
+                .get_or_create(&self.plugin.labels)
+                .inc();
+            return;
+        }
         let labels = PluginCounterLabels {
             plugin: self.plugin.name().to_string(),
             name,
         };
-        self.plugin
-            .metrics
-            .plugin_counters
-            .get_or_create(&labels)
-            .inc_by(delta);
+        metrics.plugin_counters.get_or_create(&labels).inc_by(delta);
     }
+}
+
+/// `text` with control characters (newlines, escapes) written as escapes.
+fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
 }
 
 impl bindings::transform::weir::plugin::types::Host for PluginState {}

@@ -84,6 +84,8 @@ pub struct Plugin {
     pub(super) engine: Engine,
     pub(super) metrics: Metrics,
     pub(super) labels: PluginLabels,
+    /// The counter names this version has used (`add-counter`), bounded.
+    pub(super) counter_names: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Plugin {

@@ -46,6 +46,10 @@ const POOL_MAX_MEMORY_BYTES: usize = (crate::config::MAX_PLUGIN_MEMORY_MB as usi
 const STDERR_TAIL_BYTES: usize = 4096;
 /// Longest log line a plugin may write through the host import.
 const MAX_LOG_BYTES: usize = 4096;
+/// Longest name of a plugin's counter (`add-counter`).
+const MAX_COUNTER_NAME_BYTES: usize = 64;
+/// Distinct counters one plugin version may keep.
+const MAX_COUNTERS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -302,6 +306,7 @@ impl Sandbox {
             labels: PluginLabels {
                 plugin: config.name.clone(),
             },
+            counter_names: Default::default(),
         });
         let smoke_test = loaded
             .instantiate()

@@ -35,6 +35,9 @@
 //!   first); otherwise `ok`.
 //! - `tag`: replaces each JSON-object row by one with the field
 //!   `"tag": <tag>` added; other rows `ok`. Ignores `trigger`.
+//! - `noisy`: per call, logs a message holding a newline and a forged log
+//!   line, and adds to 100 counters of distinct names plus one with a
+//!   1000-byte name; then every row `ok`.
 //! - `trap-init`: `init` panics.
 //! - `fail-init`: `init` returns `Err("chaos: init refused")`.
 
@@ -91,6 +94,7 @@ enum Mode {
     Slow,
     Grow,
     Tag,
+    Noisy,
     TrapInit,
     FailInit,
 }
@@ -167,6 +171,15 @@ impl Transform for Chaos {
                 return;
             }
             Mode::Grow if triggered => grow(settings.grow_mb),
+            Mode::Noisy => {
+                weir_plugin::log::warn(
+                    "chaos: noisy\n2026-01-01T00:00:00Z  INFO weir::host: FORGED weir is running",
+                );
+                for n in 0..100 {
+                    weir_plugin::counter(&format!("noisy_{n}"), 1);
+                }
+                weir_plugin::counter(&"n".repeat(1000), 1);
+            }
             Mode::Tag => {
                 let tag = settings.tag.as_deref().expect("checked by init");
                 for row in rows.iter() {
