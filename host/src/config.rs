@@ -344,11 +344,11 @@ pub struct Pipeline {
 struct RawConfig {
     listen: Option<Spanned<String>>,
     data_dir: Option<String>,
-    max_body_bytes: Option<usize>,
+    max_body_bytes: Option<Spanned<usize>>,
     max_plugin_instances: Option<Spanned<u32>>,
     idempotency_field: Option<String>,
     #[serde(default)]
-    admin_api_keys: Vec<String>,
+    admin_api_keys: Vec<Spanned<String>>,
     #[serde(default)]
     nats: RawNats,
     #[serde(default)]
@@ -391,22 +391,22 @@ struct RawStream {
     partitions: Option<Spanned<u32>>,
     shards: Option<Spanned<u32>>,
     create: Option<bool>,
-    max_bytes: Option<i64>,
-    duplicate_window_secs: Option<u64>,
+    max_bytes: Option<Spanned<i64>>,
+    duplicate_window_secs: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDelivery {
-    batch_rows: Option<usize>,
-    pull_rows: Option<usize>,
-    batch_bytes: Option<usize>,
+    batch_rows: Option<Spanned<usize>>,
+    pull_rows: Option<Spanned<usize>>,
+    batch_bytes: Option<Spanned<usize>>,
     batch_wait_ms: Option<u64>,
-    ack_wait_secs: Option<u64>,
-    max_deliveries: Option<u32>,
+    ack_wait_secs: Option<Spanned<u64>>,
+    max_deliveries: Option<Spanned<u32>>,
     failure_delay_ms: Option<u64>,
-    failure_delay_cap_ms: Option<u64>,
-    drain_timeout_secs: Option<u64>,
+    failure_delay_cap_ms: Option<Spanned<u64>>,
+    drain_timeout_secs: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -546,6 +546,25 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// An optional number's value, or `default`; one below `min` is
+    /// reported where it is written (nothing is clamped silently).
+    fn at_least<T: PartialOrd + Copy + std::fmt::Display>(
+        &self,
+        name: &str,
+        value: &Option<Spanned<T>>,
+        min: T,
+        default: T,
+    ) -> T {
+        match value {
+            Some(set) if *set.get_ref() < min => {
+                self.report(set.span().start, format!("{name} must be at least {min}"));
+                default
+            }
+            Some(set) => *set.get_ref(),
+            None => default,
+        }
+    }
+
     fn report(&self, offset: usize, message: impl Into<String>) {
         let problem = self.problem(offset, message.into());
         self.problems.borrow_mut().push(problem);
@@ -671,23 +690,44 @@ impl<'a> Checker<'a> {
             partitions,
             shards,
             create: overrides.create_topology || raw.stream.create.unwrap_or(false),
-            max_bytes: raw.stream.max_bytes.unwrap_or(1 << 30),
-            duplicate_window: Duration::from_secs(raw.stream.duplicate_window_secs.unwrap_or(120)),
+            max_bytes: self.at_least("max_bytes", &raw.stream.max_bytes, 1, 1 << 30),
+            duplicate_window: Duration::from_secs(self.at_least(
+                "duplicate_window_secs",
+                &raw.stream.duplicate_window_secs,
+                1,
+                120,
+            )),
         };
 
-        let batch_rows = raw.delivery.batch_rows.unwrap_or(256).max(1);
+        let d = &raw.delivery;
+        let batch_rows = self.at_least("batch_rows", &d.batch_rows, 1, 256);
+        let failure_delay = Duration::from_millis(d.failure_delay_ms.unwrap_or(1_000));
+        let failure_delay_cap = Duration::from_millis(self.at_least(
+            "failure_delay_cap_ms (the retry delay's cap, at least failure_delay_ms)",
+            &d.failure_delay_cap_ms,
+            d.failure_delay_ms.unwrap_or(1_000),
+            60_000.max(d.failure_delay_ms.unwrap_or(1_000)),
+        ));
         let delivery = DeliveryConfig {
             batch_rows,
-            pull_rows: raw.delivery.pull_rows.unwrap_or(1000).max(batch_rows),
-            batch_bytes: raw.delivery.batch_bytes.unwrap_or(1 << 20).max(1),
-            batch_wait: Duration::from_millis(raw.delivery.batch_wait_ms.unwrap_or(5)),
-            ack_wait: Duration::from_secs(raw.delivery.ack_wait_secs.unwrap_or(30).max(1)),
-            max_deliveries: raw.delivery.max_deliveries.unwrap_or(10).max(1),
-            failure_delay: Duration::from_millis(raw.delivery.failure_delay_ms.unwrap_or(1_000)),
-            failure_delay_cap: Duration::from_millis(
-                raw.delivery.failure_delay_cap_ms.unwrap_or(60_000),
+            pull_rows: self.at_least(
+                "pull_rows (at least batch_rows)",
+                &d.pull_rows,
+                batch_rows,
+                1000.max(batch_rows),
             ),
-            drain_timeout: Duration::from_secs(raw.delivery.drain_timeout_secs.unwrap_or(30)),
+            batch_bytes: self.at_least("batch_bytes", &d.batch_bytes, 1, 1 << 20),
+            batch_wait: Duration::from_millis(d.batch_wait_ms.unwrap_or(5)),
+            ack_wait: Duration::from_secs(self.at_least("ack_wait_secs", &d.ack_wait_secs, 1, 30)),
+            max_deliveries: self.at_least("max_deliveries", &d.max_deliveries, 1, 10),
+            failure_delay,
+            failure_delay_cap,
+            drain_timeout: Duration::from_secs(self.at_least(
+                "drain_timeout_secs",
+                &d.drain_timeout_secs,
+                1,
+                30,
+            )),
         };
         let coordination = self.coordination(&raw.coordination);
 
@@ -724,6 +764,23 @@ impl<'a> Checker<'a> {
                     .map(Spanned::into_inner)
                     .collect(),
             });
+        }
+
+        let mut admin_api_keys = Vec::new();
+        for key in raw.admin_api_keys {
+            if key.get_ref().len() < 8 {
+                self.report(
+                    key.span().start,
+                    "an admin api key must be at least 8 characters",
+                );
+            }
+            if seen_keys.contains(key.get_ref()) {
+                self.report(
+                    key.span().start,
+                    "this admin api key is also a tenant's api key: a tenant would be an admin",
+                );
+            }
+            admin_api_keys.push(key.into_inner());
         }
 
         let plugins_dir = self.resolve(raw.plugins_dir.as_deref().unwrap_or("plugins"));
@@ -870,6 +927,12 @@ impl<'a> Checker<'a> {
             routing_field: raw.policies.routing_field,
         };
 
+        let max_body_bytes = self.at_least(
+            "max_body_bytes",
+            &raw.max_body_bytes,
+            1,
+            DEFAULT_MAX_BODY_BYTES,
+        );
         if let Some(set) = &raw.max_plugin_instances
             && !(1..=MAX_PLUGIN_INSTANCES).contains(set.get_ref())
         {
@@ -887,9 +950,9 @@ impl<'a> Checker<'a> {
             source: self.file,
             listen,
             data_dir,
-            max_body_bytes: raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            max_body_bytes,
             idempotency_field: raw.idempotency_field,
-            admin_api_keys: raw.admin_api_keys,
+            admin_api_keys,
             nats,
             stream,
             delivery,
@@ -1054,6 +1117,34 @@ mod tests {
                 .contains(":1:24: max_plugin_instances must be between 1 and 8192"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn limits_out_of_range_are_reported_where_they_are_written() {
+        let found = problems(concat!(
+            "max_body_bytes = 0\n",
+            "admin_api_keys = [\"x\", \"tenant-key-1\"]\n",
+            "[stream]\nmax_bytes = -5\n",
+            "[delivery]\nbatch_rows = 0\nmax_deliveries = 0\nack_wait_secs = 0\n",
+            "failure_delay_ms = 5000\nfailure_delay_cap_ms = 100\n",
+            "[[tenants]]\nname = \"t\"\napi_keys = [\"tenant-key-1\"]\n",
+        ));
+        let expected = [
+            ":1:18: max_body_bytes must be at least 1",
+            ":4:13: max_bytes must be at least 1",
+            ":6:14: batch_rows must be at least 1",
+            ":10:24: failure_delay_cap_ms (the retry delay's cap, at least failure_delay_ms) must be at least 5000",
+            ":8:17: ack_wait_secs must be at least 1",
+            ":7:18: max_deliveries must be at least 1",
+            ":2:19: an admin api key must be at least 8 characters",
+            ":2:24: this admin api key is also a tenant's api key",
+        ];
+        for want in expected {
+            assert!(
+                found.iter().any(|p| p.contains(want)),
+                "no `{want}` in {found:#?}"
+            );
+        }
     }
 
     #[test]
