@@ -505,6 +505,25 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Check { config } => {
             let config = Config::load(&config, &Overrides::default())?;
+            // What `weir run` does before it connects: compile, link against
+            // the world and `init` each plugin; every failure is reported.
+            let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+            let mut failures = Vec::new();
+            for plugin in config.plugins.values() {
+                if let Err(err) = sandbox.load(plugin).await {
+                    failures.push(err.to_string());
+                }
+            }
+            if !failures.is_empty() {
+                for failure in &failures {
+                    eprintln!("{}: {failure}", config.source.display());
+                }
+                anyhow::bail!(
+                    "{} of {} plugins cannot run",
+                    failures.len(),
+                    config.plugins.len()
+                );
+            }
             println!(
                 "{}: ok ({} plugins, {} pipelines, {} tenants)",
                 config.source.display(),

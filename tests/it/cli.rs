@@ -298,3 +298,51 @@ async fn weir_send_posts_a_file_in_chunks_and_names_the_file_line_it_was_refused
     );
     host.shutdown().await;
 }
+
+/// `weir check` runs every check `weir run` does before it connects: a
+/// plugin configured for the wrong world, or a file that is not
+/// WebAssembly, fails the check, naming the plugin.
+#[test]
+fn weir_check_compiles_and_links_every_plugin_against_its_world() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let check = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        Command::new(WEIR)
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let valid = check(base_config("nats://127.0.0.1:1", ""));
+    assert!(
+        valid.status.success(),
+        "{}",
+        String::from_utf8_lossy(&valid.stderr)
+    );
+
+    let sink_as_transform = check(base_config("nats://127.0.0.1:1", "").replace(
+        "wasm = \"weir_validator.wasm\"",
+        "wasm = \"weir_ndjson_sink.wasm\"",
+    ));
+    let stderr = String::from_utf8_lossy(&sink_as_transform.stderr);
+    assert!(!sink_as_transform.status.success(), "{stderr}");
+    assert!(stderr.contains("validate"), "{stderr}");
+    assert!(stderr.contains("transform"), "{stderr}");
+
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(
+        plugins_dir().join("weir_ndjson_sink.wasm"),
+        plugins.join("weir_ndjson_sink.wasm"),
+    )
+    .unwrap();
+    std::fs::write(plugins.join("weir_validator.wasm"), b"not webassembly").unwrap();
+    let not_wasm = check(base_config("nats://127.0.0.1:1", "").replace(
+        &plugins_dir().display().to_string(),
+        &plugins.display().to_string(),
+    ));
+    let stderr = String::from_utf8_lossy(&not_wasm.stderr);
+    assert!(!not_wasm.status.success(), "{stderr}");
+    assert!(stderr.contains("validate"), "{stderr}");
+}
