@@ -31,3 +31,6 @@ pub mod host;
 pub mod nats;
 pub mod ops;
 pub mod telemetry;
+
+#[cfg(test)]
+mod fuzz;
