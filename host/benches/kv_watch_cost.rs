@@ -90,6 +90,7 @@ fn measure(runtime: &tokio::runtime::Runtime, mode: Mode, hosts: usize) -> anyho
         sync: SyncPolicy::Periodic,
         port: None,
         extra_config: String::new(),
+        password: None,
     })
     .context("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")?;
     let figure = runtime.block_on(run(&server, mode, hosts));

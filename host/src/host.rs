@@ -32,7 +32,9 @@ use crate::ingest::listener;
 use crate::ingest::publish::Publisher;
 use crate::ingest::usage::Ledger;
 use crate::nats::connection::{self, ConnectError, Refusals};
-use crate::nats::embedded::{EmbeddedError, EmbeddedNats, EmbeddedOptions};
+use crate::nats::embedded::{
+    EmbeddedError, EmbeddedNats, EmbeddedOptions, random_password, write_private,
+};
 use crate::nats::kv::NatsKv;
 use crate::ops::http::Ops;
 use crate::ops::status::{NatsStatus, StatusSource};
@@ -362,23 +364,40 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, StartError> {
     Ok(file)
 }
 
-/// Starts the embedded nats-server when no URL is configured.
+/// Where a running host leaves its embedded server's URL (with the
+/// password it generated, mode 0600) for operator commands on this machine.
+pub fn embedded_url_file(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("nats").join("url")
+}
+
+/// Starts the embedded nats-server when no URL is configured. It listens on
+/// loopback only and lets in only `weir` with a password generated for this
+/// start: other local users can neither publish rows as a tenant nor change
+/// the fleet's keys.
 async fn start_embedded(config: &Config) -> Result<Option<EmbeddedNats>, EmbeddedError> {
     if config.nats.url.is_some() {
         return Ok(None);
     }
+    let data_dir = config.data_dir.join("nats");
+    let private = |source| EmbeddedError::DataDir {
+        dir: data_dir.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&data_dir).map_err(private)?;
     let options = EmbeddedOptions {
         binary: config.nats.embedded.binary.clone(),
-        data_dir: config.data_dir.join("nats"),
+        data_dir: data_dir.clone(),
         sync: config.nats.embedded.sync,
         port: None,
         extra_config: String::new(),
+        password: Some(random_password().map_err(private)?),
     };
     let started = tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
         .await
         .map_err(|err| EmbeddedError::NotReady {
             output: err.to_string(),
         })??;
+    write_private(&embedded_url_file(&config.data_dir), started.url()).map_err(private)?;
     Ok(Some(started))
 }
 

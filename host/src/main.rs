@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use weir::client::{SendOptions, default_url, fetch_status, send};
 use weir::config::{Config, ConfigError, Overrides};
 use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
-use weir::host::RunningHost;
+use weir::host::{RunningHost, embedded_url_file};
 use weir::reload::releases;
 use weir::topology::manifest::Manifest;
 use weir::topology::permissions::Permissions;
@@ -200,6 +200,15 @@ impl FleetTarget {
         let config = Config::load(&self.config, &Overrides::default())?;
         let url = match (&self.nats_url, &config.nats.url) {
             (Some(url), _) | (None, Some(url)) => url.clone(),
+            (None, None) if embedded_url_file(&config.data_dir).is_file() => {
+                // A host on this machine runs the embedded server: its URL
+                // (and password) are in the data dir, readable by us only.
+                let path = embedded_url_file(&config.data_dir);
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .trim()
+                    .to_string()
+            }
             (None, None) => {
                 let host = format!("http://{}", config.listen);
                 let admin_key = config.admin_api_keys.first().map(String::as_str);

@@ -346,3 +346,61 @@ fn weir_check_compiles_and_links_every_plugin_against_its_world() {
     assert!(!not_wasm.status.success(), "{stderr}");
     assert!(stderr.contains("validate"), "{stderr}");
 }
+
+/// The embedded nats-server lets in only weir: a client without the
+/// password generated at start is refused (no forged rows, no plugin
+/// pushes from other local users); the URL with it is left in the data
+/// dir, readable by weir's user only, for operator commands.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_embedded_server_refuses_clients_without_weirs_generated_password() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut weir, _) = run_embedded(dir.path(), Command::new(WEIR)).await;
+    let url_file = weir::host::embedded_url_file(&dir.path().join("data"));
+    let mode = std::fs::metadata(&url_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", url_file.display());
+    let conf = dir.path().join("data/nats/nats-server.conf");
+    let mode = std::fs::metadata(&conf).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", conf.display());
+
+    let url = std::fs::read_to_string(&url_file).unwrap();
+    let (_, address) = url
+        .rsplit_once('@')
+        .expect("the URL carries the credentials");
+    let anonymous = tokio::time::timeout(
+        Duration::from_secs(10),
+        async_nats::connect(format!("nats://{address}")),
+    )
+    .await;
+    assert!(
+        !matches!(anonymous, Ok(Ok(_))),
+        "a client without credentials got in"
+    );
+    let login = |password: String| {
+        let address = address.to_string();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                async_nats::ConnectOptions::with_user_and_password("weir".into(), password)
+                    .connect(address),
+            )
+            .await
+        }
+    };
+    assert!(
+        !matches!(login("guessed".into()).await, Ok(Ok(_))),
+        "a wrong password got in"
+    );
+    let password = url
+        .strip_prefix("nats://weir:")
+        .and_then(|rest| rest.split_once('@'))
+        .map(|(password, _)| password.to_string())
+        .unwrap();
+    assert!(
+        matches!(login(password).await, Ok(Ok(_))),
+        "weir's own password gets in"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(weir.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(exit_of(&mut weir, "SIGTERM").await.success());
+}

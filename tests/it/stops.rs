@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use weir::host::embedded_url_file;
+use weir::nats::connection::connect;
 use weir::ops::status::StatusReport;
 
 use crate::support::{ACME_KEY, Host, Nats, base_config, eventually, output, read_stream};
@@ -200,8 +202,14 @@ async fn nothing_twice_across_planned_stops(server: Server) {
         (seen.len() >= valid).then_some(seen)
     })
     .await;
-    let report = status(&base).await.expect("status");
-    let client = async_nats::connect(&report.nats.url).await.unwrap();
+    let nats_url = match &server {
+        Server::External(nats) => nats.url().to_string(),
+        // The embedded server lets in only weir's generated user.
+        Server::Embedded(_) => {
+            std::fs::read_to_string(embedded_url_file(&host.dir.path().join("data"))).unwrap()
+        }
+    };
+    let client = connect(&nats_url, &Default::default()).await.unwrap();
     let letters = eventually(Duration::from_secs(30), "every dead letter", || async {
         let letters = read_stream(&client, "weir_dlq").await;
         (letters.len() >= invalid).then_some(letters)

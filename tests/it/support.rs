@@ -40,6 +40,7 @@ impl Nats {
             sync: SyncPolicy::Periodic,
             port: None,
             extra_config: extra_config.to_string(),
+            password: None,
         })
         .expect("nats-server >= 2.11 must be installed (bash .ci/setup does it)");
         Nats { server, _dir: dir }
@@ -309,6 +310,7 @@ impl Nats {
             sync: SyncPolicy::Periodic,
             port: Some(port),
             extra_config: String::new(),
+            password: None,
         })
         .expect("nats-server restarts on its port");
     }

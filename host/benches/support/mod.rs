@@ -196,6 +196,7 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::Embedded
         sync: weir::config::SyncPolicy::Periodic,
         port: None,
         extra_config: String::new(),
+        password: None,
     };
     tokio::task::spawn_blocking(move || weir::nats::embedded::EmbeddedNats::start(&options))
         .await
