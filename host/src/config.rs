@@ -167,14 +167,14 @@ pub struct Policies {
 }
 
 /// Where NATS is. `url: None` means weir starts its own nats-server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NatsConfig {
     pub url: Option<String>,
     pub embedded: EmbeddedConfig,
 }
 
 /// How the embedded nats-server runs when no URL is configured.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddedConfig {
     /// The nats-server binary; `None` looks at `WEIR_NATS_SERVER`, then PATH.
     pub binary: Option<PathBuf>,
@@ -194,7 +194,7 @@ pub enum SyncPolicy {
 }
 
 /// The partition stream(s) rows are stored in.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamConfig {
     /// Prefix of every subject and stream name weir uses.
     pub prefix: String,
@@ -253,7 +253,7 @@ impl DeliveryConfig {
 }
 
 /// How this host takes part in a fleet sharing the units.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CoordinationConfig {
     /// This host's member name; `None` keeps a generated one in the data
     /// directory, so a restarted process is recognised as the same member.

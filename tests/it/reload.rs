@@ -393,7 +393,25 @@ async fn the_admin_api_forces_a_reload_and_says_why_one_is_refused() {
     let applied = reload(Some("admin-secret")).await;
     assert_eq!(applied.status(), 200);
 
+    // The topology is a restart's: the reload says so and keeps it.
     let path = config_path(&host);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("[stream]\n", "[stream]\nshards = 7\n")).unwrap();
+    let partial = reload(Some("admin-secret")).await;
+    assert_eq!(partial.status(), 200);
+    let body: serde_json::Value = partial.json().await.unwrap();
+    assert_eq!(
+        body["restart_needed"],
+        serde_json::json!(["[stream]"]),
+        "{body}"
+    );
+    assert_eq!(
+        host.host.status().report().await.units.len(),
+        4,
+        "still 4 shards"
+    );
+    std::fs::write(&path, text).unwrap();
+
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(
         &path,

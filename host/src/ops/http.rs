@@ -82,7 +82,10 @@ async fn admin_reload(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Respon
         );
     }
     match tokio::time::timeout(ADMIN_RELOAD_TIMEOUT, answer).await {
-        Ok(Ok(Ok(()))) => axum::Json(json!({ "result": "applied" })).into_response(),
+        Ok(Ok(Ok(restart_needed))) => {
+            axum::Json(json!({ "result": "applied", "restart_needed": restart_needed }))
+                .into_response()
+        }
         Ok(Ok(Err(reason))) => refusal(StatusCode::UNPROCESSABLE_ENTITY, &reason, false),
         Ok(Err(_)) | Err(_) => refusal(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -47,7 +47,9 @@ pub enum ReloadError {
 
 /// Asks the reloader for a reload; the answer says whether it was applied
 /// or why it was refused.
-pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<(), String>>>;
+/// A reload asked for (admin API): answered with the settings that changed
+/// but need a restart (kept at their running values), or why it was refused.
+pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<Vec<String>, String>>>;
 
 /// The running generation of pipelines and what is needed to replace it.
 pub struct Reloader {
@@ -61,7 +63,7 @@ pub struct Reloader {
     /// config: name → the fetched file.
     pushed: Mutex<BTreeMap<String, PathBuf>>,
     /// Reloads asked for through the admin API.
-    requests: Option<mpsc::Receiver<oneshot::Sender<Result<(), String>>>>,
+    requests: Option<mpsc::Receiver<oneshot::Sender<Result<Vec<String>, String>>>>,
 }
 
 /// Where fleet releases come from: the coordination watch (through a
@@ -100,7 +102,7 @@ impl Reloader {
     /// Also reloads on request (`POST /v1/admin/reload`), answering each.
     pub fn with_requests(
         mut self,
-        requests: mpsc::Receiver<oneshot::Sender<Result<(), String>>>,
+        requests: mpsc::Receiver<oneshot::Sender<Result<Vec<String>, String>>>,
     ) -> Reloader {
         self.requests = Some(requests);
         self
@@ -115,7 +117,7 @@ impl Reloader {
     /// Re-reads the config and loads every plugin whose file or entry
     /// changed, then publishes the new generation; on any error nothing
     /// changes. Counted in `weir_reloads_total{result}`.
-    pub async fn reload(&self) -> Result<(), ReloadError> {
+    pub async fn reload(&self) -> Result<Vec<String>, ReloadError> {
         let result = self.try_reload().await;
         let label = if result.is_ok() { "applied" } else { "refused" };
         self.metrics
@@ -125,7 +127,14 @@ impl Reloader {
             })
             .inc();
         match &result {
-            Ok(()) => tracing::info!(config = %self.source.display(), "reload applied"),
+            Ok(kept) if kept.is_empty() => {
+                tracing::info!(config = %self.source.display(), "reload applied")
+            }
+            Ok(kept) => tracing::warn!(
+                config = %self.source.display(),
+                restart_needed = %kept.join(", "),
+                "reload applied, except settings only a restart changes: they keep their running values"
+            ),
             Err(err) => tracing::error!(
                 error = %err,
                 "reload refused; the running config and plugins keep serving"
@@ -134,9 +143,10 @@ impl Reloader {
         result
     }
 
-    async fn try_reload(&self) -> Result<(), ReloadError> {
+    async fn try_reload(&self) -> Result<Vec<String>, ReloadError> {
         let running = self.generations.borrow().clone();
         let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
+        let kept = keep_restart_only(&mut config, running.config());
         if let Ok(pushed) = self.pushed.lock() {
             for (name, wasm) in pushed.iter() {
                 if let Some(entry) = config.plugins.get_mut(name) {
@@ -175,7 +185,7 @@ impl Reloader {
         let gate = Gate::new(next.config().clone(), |name| next.plugin(name).cloned());
         self.generations.send_replace(Arc::new(next));
         self.gates.send_replace(Arc::new(gate));
-        Ok(())
+        Ok(kept)
     }
 
     /// Reloads when a watched file differs from `baseline` (see
@@ -318,6 +328,34 @@ impl Reloader {
         }
         found
     }
+}
+
+/// Settings a running host cannot change: NATS, the topology, its part in
+/// the fleet, its drain timeout and instance pool. A reload that changes
+/// them keeps the running values and names what needs a restart.
+fn keep_restart_only(next: &mut Config, running: &Config) -> Vec<String> {
+    let mut kept = Vec::new();
+    if next.nats != running.nats {
+        next.nats = running.nats.clone();
+        kept.push("[nats]".to_string());
+    }
+    if next.stream != running.stream {
+        next.stream = running.stream.clone();
+        kept.push("[stream]".to_string());
+    }
+    if next.coordination != running.coordination {
+        next.coordination = running.coordination.clone();
+        kept.push("[coordination]".to_string());
+    }
+    if next.delivery.drain_timeout != running.delivery.drain_timeout {
+        next.delivery.drain_timeout = running.delivery.drain_timeout;
+        kept.push("[delivery] drain_timeout_secs".to_string());
+    }
+    if next.max_plugin_instances != running.max_plugin_instances {
+        next.max_plugin_instances = running.max_plugin_instances;
+        kept.push("max_plugin_instances".to_string());
+    }
+    kept
 }
 
 /// What a host was started with cannot change while it runs (its listener,
