@@ -49,7 +49,9 @@ pub enum ReloadError {
 /// or why it was refused.
 /// A reload asked for (admin API): answered with the settings that changed
 /// but need a restart (kept at their running values), or why it was refused.
-pub type ReloadRequests = mpsc::Sender<oneshot::Sender<Result<Vec<String>, String>>>;
+pub type ReloadRequests = mpsc::Sender<ReloadReply>;
+/// Where a requested reload's outcome goes.
+pub type ReloadReply = oneshot::Sender<Result<Vec<String>, String>>;
 
 /// The running generation of pipelines and what is needed to replace it.
 pub struct Reloader {
@@ -63,7 +65,7 @@ pub struct Reloader {
     /// config: name → the fetched file.
     pushed: Mutex<BTreeMap<String, PathBuf>>,
     /// Reloads asked for through the admin API.
-    requests: Option<mpsc::Receiver<oneshot::Sender<Result<Vec<String>, String>>>>,
+    requests: Option<mpsc::Receiver<ReloadReply>>,
 }
 
 /// Where fleet releases come from: the coordination watch (through a
@@ -100,10 +102,7 @@ impl Reloader {
     }
 
     /// Also reloads on request (`POST /v1/admin/reload`), answering each.
-    pub fn with_requests(
-        mut self,
-        requests: mpsc::Receiver<oneshot::Sender<Result<Vec<String>, String>>>,
-    ) -> Reloader {
+    pub fn with_requests(mut self, requests: mpsc::Receiver<ReloadReply>) -> Reloader {
         self.requests = Some(requests);
         self
     }
