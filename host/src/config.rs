@@ -349,6 +349,7 @@ struct RawConfig {
     idempotency_field: Option<String>,
     #[serde(default)]
     admin_api_keys: Vec<Spanned<String>>,
+    admin_api_keys_file: Option<Spanned<String>>,
     #[serde(default)]
     nats: RawNats,
     #[serde(default)]
@@ -420,7 +421,11 @@ struct RawCoordination {
 #[serde(deny_unknown_fields)]
 struct RawTenant {
     name: Spanned<String>,
+    #[serde(default)]
     api_keys: Vec<Spanned<String>>,
+    /// A file of more keys, one per line (`#` comments): secrets kept out
+    /// of the TOML, rotated by a reload.
+    api_keys_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -543,6 +548,30 @@ impl<'a> Checker<'a> {
             line,
             column,
             message,
+        }
+    }
+
+    /// The keys in a keys file (one per line; blank lines and `#` comments
+    /// skipped), each spanned at the file setting so problems point there.
+    fn keys_from_file(&self, file: Option<&Spanned<String>>) -> Vec<Spanned<String>> {
+        let Some(file) = file else {
+            return Vec::new();
+        };
+        let path = self.resolve(file.get_ref());
+        match std::fs::read_to_string(&path) {
+            Ok(text) => text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(|key| Spanned::new(file.span(), key.to_string()))
+                .collect(),
+            Err(err) => {
+                self.report(
+                    file.span().start,
+                    format!("cannot read keys file {}: {err}", path.display()),
+                );
+                Vec::new()
+            }
         }
     }
 
@@ -742,13 +771,15 @@ impl<'a> Checker<'a> {
                     format!("tenant `{}` is defined twice", tenant.name.get_ref()),
                 );
             }
-            if tenant.api_keys.is_empty() {
+            let mut keys: Vec<Spanned<String>> = tenant.api_keys;
+            keys.extend(self.keys_from_file(tenant.api_keys_file.as_ref()));
+            if keys.is_empty() {
                 self.report(
                     tenant.name.span().start,
                     format!("tenant `{}` has no api_keys", tenant.name.get_ref()),
                 );
             }
-            for key in &tenant.api_keys {
+            for key in &keys {
                 if key.get_ref().len() < 8 {
                     self.report(key.span().start, "an api key must be at least 8 characters");
                 }
@@ -758,16 +789,14 @@ impl<'a> Checker<'a> {
             }
             tenants.push(Tenant {
                 name: tenant.name.into_inner(),
-                api_keys: tenant
-                    .api_keys
-                    .into_iter()
-                    .map(Spanned::into_inner)
-                    .collect(),
+                api_keys: keys.into_iter().map(Spanned::into_inner).collect(),
             });
         }
 
         let mut admin_api_keys = Vec::new();
-        for key in raw.admin_api_keys {
+        let mut admin_keys = raw.admin_api_keys;
+        admin_keys.extend(self.keys_from_file(raw.admin_api_keys_file.as_ref()));
+        for key in admin_keys {
             if key.get_ref().len() < 8 {
                 self.report(
                     key.span().start,
@@ -1145,6 +1174,39 @@ mod tests {
                 "no `{want}` in {found:#?}"
             );
         }
+    }
+
+    #[test]
+    fn api_keys_can_come_from_files_kept_out_of_the_toml() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("acme.keys"),
+            "# rotated by a reload\nacme-key-from-file\n\nsecond-acme-key\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("admin.keys"), "admin-key-from-file\n").unwrap();
+        let text = "admin_api_keys_file = \"admin.keys\"\n\
+                    [[tenants]]\nname = \"acme\"\napi_keys_file = \"acme.keys\"\n";
+        let path = dir.path().join("weir.toml");
+        let config = Config::parse(&path, text, &Overrides::default()).unwrap();
+        assert_eq!(
+            config.tenants[0].api_keys,
+            vec!["acme-key-from-file", "second-acme-key"]
+        );
+        assert_eq!(config.admin_api_keys, vec!["admin-key-from-file"]);
+
+        let missing = text.replace("acme.keys", "nowhere.keys");
+        let Err(ConfigError::Invalid(Problems(found))) =
+            Config::parse(&path, &missing, &Overrides::default())
+        else {
+            panic!("a missing keys file is refused");
+        };
+        assert!(
+            found[0]
+                .to_string()
+                .contains(":4:17: cannot read keys file"),
+            "{found:?}"
+        );
     }
 
     #[test]
