@@ -419,3 +419,45 @@ async fn the_status_shows_tenants_and_nats_only_to_whom_it_may() {
     assert!(!raw.contains("s3cret-pw") && !raw.contains("beta"), "{raw}");
     host.shutdown().await;
 }
+
+/// Guessing keys is slowed: past 20 unknown keys from one address within a
+/// minute, that address is answered 429 with Retry-After without its key
+/// being looked at (a right guess included); a request without any key is
+/// a plain 401 and does not count.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_address_guessing_api_keys_is_slowed() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let post = |key: Option<String>| {
+        let request = host
+            .http
+            .post(host.url("/v1/ingest/orders"))
+            .body("{\"id\":1}\n");
+        let request = match key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        };
+        async move { request.send().await.unwrap() }
+    };
+    for _ in 0..30 {
+        assert_eq!(post(None).await.status(), 401, "no key is not a guess");
+    }
+    assert_eq!(post(Some(ACME_KEY.to_string())).await.status(), 202);
+    for guess in 0..20 {
+        assert_eq!(post(Some(format!("guess-{guess:04}"))).await.status(), 401);
+    }
+    let slowed = post(Some("guess-0020".to_string())).await;
+    assert_eq!(slowed.status(), 429);
+    let retry_after: u64 = slowed.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        post(Some(ACME_KEY.to_string())).await.status(),
+        429,
+        "a right guess is not told apart while the address is slowed"
+    );
+    host.shutdown().await;
+}

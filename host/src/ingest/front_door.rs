@@ -3,13 +3,15 @@
 //! JetStream stored every row.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router as HttpRouter;
 use axum::body::Body;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -46,6 +48,13 @@ const MIN_BODY_RATE: usize = 256 << 10;
 /// client gets its answer rather than a reset connection.
 const DISCARD_BYTES: usize = 4 << 20;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
+/// Unknown keys one address may present within `FAILED_KEYS_WINDOW`;
+/// past that it is answered 429 without its key being looked at until the
+/// window ends: guessing keys is slowed to a crawl.
+const MAX_FAILED_KEYS: u32 = 20;
+const FAILED_KEYS_WINDOW: Duration = Duration::from_secs(60);
+/// Addresses remembered at once; past it the expired ones are forgotten.
+const MAX_TRACKED_ADDRESSES: usize = 65_536;
 
 /// What a request is checked against (tenants, tables, limits, the budget
 /// and router policies): replaced as a whole by a hot reload; a request
@@ -90,6 +99,7 @@ pub struct FrontDoor {
     /// Body bytes being read, across requests.
     body_bytes: Arc<Semaphore>,
     request_keys: RequestKeys,
+    failed_keys: FailedKeys,
 }
 
 impl FrontDoor {
@@ -109,6 +119,7 @@ impl FrontDoor {
             ledger,
             body_bytes: Arc::new(Semaphore::new(in_flight.min(Semaphore::MAX_PERMITS))),
             request_keys,
+            failed_keys: FailedKeys::default(),
         }
     }
 
@@ -194,11 +205,13 @@ impl IntoResponse for Refusal {
 async fn ingest(
     State(door): State<Arc<FrontDoor>>,
     Path(table): Path<String>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let gate = door.gates.borrow().clone();
-    let answer = match before_the_body(&door, &gate, &table, &headers) {
+    let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
+    let answer = match before_the_body(&door, &gate, &table, &headers, peer) {
         Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
         Err(refusal) => {
             discard(body).await;
@@ -237,8 +250,24 @@ fn before_the_body<'g>(
     gate: &'g Gate,
     table: &str,
     headers: &HeaderMap,
+    peer: Option<IpAddr>,
 ) -> Result<Admitted<'g>, Refusal> {
-    let tenant = authenticate(gate, headers)?;
+    if let Some(wait) = peer.and_then(|address| door.failed_keys.blocked(address)) {
+        return Err(Refusal {
+            retry_after: Some(wait.as_secs().max(1)),
+            ..Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many unknown api keys from this address; retry later",
+            )
+        });
+    }
+    let tenant = authenticate(gate, headers).inspect_err(|refusal| {
+        if refusal.error == UNKNOWN_KEY
+            && let Some(address) = peer
+        {
+            door.failed_keys.failed(address);
+        }
+    })?;
     if gate.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
@@ -506,6 +535,42 @@ impl<'a> MessageIds<'a> {
     }
 }
 
+const UNKNOWN_KEY: &str = "unknown api key";
+
+/// Unknown keys presented, by address, within the current window.
+#[derive(Default)]
+struct FailedKeys {
+    by_address: std::sync::Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+impl FailedKeys {
+    /// How long `address` still has to wait, if it presented too many
+    /// unknown keys lately.
+    fn blocked(&self, address: IpAddr) -> Option<Duration> {
+        let by_address = self.by_address.lock().ok()?;
+        let (count, since) = by_address.get(&address)?;
+        let left = FAILED_KEYS_WINDOW.checked_sub(since.elapsed())?;
+        (*count >= MAX_FAILED_KEYS).then_some(left)
+    }
+
+    fn failed(&self, address: IpAddr) {
+        let Ok(mut by_address) = self.by_address.lock() else {
+            return;
+        };
+        if by_address.len() >= MAX_TRACKED_ADDRESSES {
+            by_address.retain(|_, (_, since)| since.elapsed() < FAILED_KEYS_WINDOW);
+            if by_address.len() >= MAX_TRACKED_ADDRESSES {
+                by_address.clear();
+            }
+        }
+        let entry = by_address.entry(address).or_insert((0, Instant::now()));
+        if entry.1.elapsed() >= FAILED_KEYS_WINDOW {
+            *entry = (0, Instant::now());
+        }
+        entry.0 += 1;
+    }
+}
+
 fn key_digest(key: &str) -> [u8; 32] {
     use sha2::Digest;
     sha2::Sha256::digest(key.as_bytes()).into()
@@ -526,5 +591,5 @@ fn authenticate<'a>(gate: &'a Gate, headers: &HeaderMap) -> Result<&'a str, Refu
     gate.tenants_by_key
         .get(&key_digest(key.trim()))
         .map(String::as_str)
-        .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "unknown api key"))
+        .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, UNKNOWN_KEY))
 }
