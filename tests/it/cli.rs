@@ -404,3 +404,20 @@ async fn the_embedded_server_refuses_clients_without_weirs_generated_password() 
     unsafe { libc::kill(weir.id() as libc::pid_t, libc::SIGTERM) };
     assert!(exit_of(&mut weir, "SIGTERM").await.success());
 }
+
+/// A password in the NATS URL never reaches the log: the start line shows
+/// the URL redacted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_password_never_reaches_the_log() {
+    let nats =
+        crate::support::Nats::start_with("authorization { user: weir, password: hunter2-pw }");
+    let url = nats.url().replace("nats://", "nats://weir:hunter2-pw@");
+    let host = crate::support::Host::spawn_with("secret", base_config(&url, ""));
+    let log = eventually(Duration::from_secs(60), "weir running", || async {
+        let log = host.log();
+        log.contains("weir is running").then_some(log)
+    })
+    .await;
+    assert!(!log.contains("hunter2-pw"), "{log}");
+    assert!(log.contains("weir:***@"), "{log}");
+}
