@@ -19,6 +19,7 @@ const MAY_USE_NATS: &[&str] = &[
     "ops",
     "host",
     "main",
+    "cli",
 ];
 /// Subsystems that may use wasmtime: only the sandbox runs plugins.
 const MAY_USE_WASMTIME: &[&str] = &["sandbox"];

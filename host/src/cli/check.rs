@@ -1,0 +1,45 @@
+//! `weir check`: everything `weir run` checks before it connects.
+
+use std::path::PathBuf;
+
+use weir::config::{Config, Overrides};
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// The TOML config file.
+    #[arg(long, env = "WEIR_CONFIG")]
+    config: PathBuf,
+}
+
+impl CheckArgs {
+    pub async fn run(self) -> anyhow::Result<()> {
+        let config = Config::load(&self.config, &Overrides::default())?;
+        // What `weir run` does before it connects: compile, link against
+        // the world and `init` each plugin; every failure is reported.
+        let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+        let mut failures = Vec::new();
+        for plugin in config.plugins.values() {
+            if let Err(err) = sandbox.load(plugin).await {
+                failures.push(err.to_string());
+            }
+        }
+        if !failures.is_empty() {
+            for failure in &failures {
+                eprintln!("{}: {failure}", config.source.display());
+            }
+            anyhow::bail!(
+                "{} of {} plugins cannot run",
+                failures.len(),
+                config.plugins.len()
+            );
+        }
+        println!(
+            "{}: ok ({} plugins, {} pipelines, {} tenants)",
+            config.source.display(),
+            config.plugins.len(),
+            config.pipelines.len(),
+            config.tenants.len()
+        );
+        Ok(())
+    }
+}

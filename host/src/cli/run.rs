@@ -1,0 +1,62 @@
+//! `weir run`: a host until Ctrl-C or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use weir::config::{Config, Overrides};
+use weir::host::RunningHost;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The TOML config file.
+    #[arg(long, env = "WEIR_CONFIG")]
+    config: PathBuf,
+    /// HTTP listen address of the front door (overrides the file).
+    #[arg(long, env = "WEIR_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// NATS server URL (overrides the file; absent everywhere = embedded).
+    #[arg(long, env = "WEIR_NATS_URL")]
+    nats_url: Option<String>,
+    /// Where weir keeps its data (overrides the file).
+    #[arg(long, env = "WEIR_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Create (or update) streams and consumers on the configured NATS
+    /// instead of only verifying them.
+    #[arg(long, env = "WEIR_CREATE_TOPOLOGY")]
+    create_topology: bool,
+}
+
+impl RunArgs {
+    pub async fn run(self) -> anyhow::Result<()> {
+        let overrides = Overrides {
+            listen: self.listen,
+            nats_url: self.nats_url,
+            data_dir: self.data_dir,
+            create_topology: self.create_topology,
+        };
+        let config = Config::load(&self.config, &overrides)?;
+        let host = RunningHost::start(config).await?;
+        wait_for_signal().await?;
+        tracing::info!("shutting down: finishing the rows in hand (a second signal stops at once)");
+        tokio::select! {
+            () = host.shutdown() => Ok(()),
+            signal = wait_for_signal() => {
+                signal?;
+                tracing::warn!("stopping at once: rows not acked yet will be redelivered");
+                std::process::exit(130);
+            }
+        }
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("cannot listen for Ctrl-C")?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
