@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use weir::client::{SendOptions, default_url, send};
+use weir::client::{SendOptions, send};
+
+use super::target::HostTarget;
 
 #[derive(clap::Args)]
 pub struct SendArgs {
@@ -12,9 +14,8 @@ pub struct SendArgs {
     /// The tenant's API key.
     #[arg(long, env = "WEIR_API_KEY")]
     key: String,
-    /// Front door URL.
-    #[arg(long, env = "WEIR_URL", default_value_t = default_url())]
-    url: String,
+    #[command(flatten)]
+    host: HostTarget,
     /// Rows per request.
     #[arg(long, default_value_t = 1000)]
     chunk_rows: usize,
@@ -25,7 +26,7 @@ pub struct SendArgs {
 impl SendArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let options = SendOptions {
-            url: self.url,
+            url: self.host.url()?,
             table: self.table,
             api_key: self.key,
             file: self.file,

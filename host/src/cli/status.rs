@@ -2,13 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use weir::client::{default_url, fetch_status};
+use weir::client::fetch_status;
+
+use super::target::HostTarget;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// Front door URL.
-    #[arg(long, env = "WEIR_URL", default_value_t = default_url())]
-    url: String,
+    #[command(flatten)]
+    host: HostTarget,
     /// Wait (up to this many seconds) until every row is settled.
     #[arg(long)]
     wait_drained: Option<u64>,
@@ -23,7 +24,8 @@ pub struct StatusArgs {
 
 impl StatusArgs {
     pub async fn run(self) -> anyhow::Result<()> {
-        let (url, key) = (&self.url, self.key.as_deref());
+        let url = &self.host.url()?;
+        let key = self.key.as_deref();
         let mut report = fetch_status(url, key).await?;
         if let Some(seconds) = self.wait_drained {
             let deadline = Instant::now() + Duration::from_secs(seconds);

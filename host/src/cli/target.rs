@@ -3,10 +3,38 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use weir::client::fetch_status;
+use weir::client::{default_url, fetch_status};
 use weir::config::{Config, Overrides};
 use weir::host::embedded_url_file;
 use weir::topology::route::Router;
+
+/// A running host's HTTP address: `--url`, else the config's `listen`,
+/// else weir's default listen address.
+#[derive(clap::Args)]
+pub struct HostTarget {
+    /// The host's URL (e.g. http://127.0.0.1:8080); default: the `listen`
+    /// address of --config, else http://127.0.0.1:8080.
+    #[arg(short, long, env = "WEIR_URL")]
+    pub url: Option<String>,
+    /// A config file whose `listen` address names the host.
+    #[arg(short, long, env = "WEIR_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl HostTarget {
+    pub fn url(&self) -> anyhow::Result<String> {
+        if let Some(url) = &self.url {
+            return Ok(url.clone());
+        }
+        match &self.config {
+            Some(path) => {
+                let config = Config::load(path, &Overrides::default())?;
+                Ok(format!("http://{}", config.listen))
+            }
+            None => Ok(default_url()),
+        }
+    }
+}
 
 /// A fleet's NATS: from the flag, the config, or the running host.
 #[derive(clap::Args)]
