@@ -113,7 +113,7 @@ impl RunningHost {
             (None, None) => unreachable!("an embedded server is started when no url is set"),
         };
         let refusals = Refusals::default();
-        let client = connection::connect(&nats_url, &refusals).await?;
+        let client = connection::connect(&nats_url, &config.nats.auth, &refusals).await?;
         let js = jetstream::new(client.clone());
 
         // Topology: created, or verified (and re-verified while running).

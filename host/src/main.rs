@@ -1,6 +1,6 @@
 //! The `weir` binary: thin glue over the library (`cli/`, one file per
-//! subcommand). Errors are printed once, as a chain, and turn into a
-//! non-zero exit code.
+//! subcommand). Errors are printed once, each cause once, and turn into
+//! the exit code docs/cli.md lists.
 
 mod cli;
 
@@ -12,6 +12,15 @@ use weir::config::ConfigError;
 fn main() -> ExitCode {
     weir::telemetry::init_logging();
     let cli = cli::Cli::parse();
+    if !matches!(cli.command, cli::Command::Run(_)) {
+        // A command piped into `head` ends quietly, as Unix tools do, instead
+        // of panicking on a closed stdout. (`weir run` keeps SIGPIPE ignored:
+        // a client hanging up must not stop the host.)
+        // SAFETY: no other thread exists yet; SIG_DFL is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -26,9 +35,9 @@ fn main() -> ExitCode {
             if let Some(ConfigError::Invalid(problems)) = err.downcast_ref::<ConfigError>() {
                 eprintln!("weir: invalid config:\n{problems}");
             } else {
-                eprintln!("weir: error: {err:#}");
+                eprintln!("weir: error: {}", cli::describe(&err));
             }
-            ExitCode::FAILURE
+            ExitCode::from(cli::exit_code(&err))
         }
     }
 }

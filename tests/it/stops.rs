@@ -209,7 +209,9 @@ async fn nothing_twice_across_planned_stops(server: Server) {
             std::fs::read_to_string(embedded_url_file(&host.dir.path().join("data"))).unwrap()
         }
     };
-    let client = connect(&nats_url, &Default::default()).await.unwrap();
+    let client = connect(&nats_url, &Default::default(), &Default::default())
+        .await
+        .unwrap();
     let letters = eventually(Duration::from_secs(30), "every dead letter", || async {
         let letters = read_stream(&client, "weir_dlq").await;
         (letters.len() >= invalid).then_some(letters)

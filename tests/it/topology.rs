@@ -37,38 +37,58 @@ fn weir_mq(what: &str, config_text: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).expect("weir mq prints JSON")
 }
 
-/// What an operator does with `weir mq manifests`: create each object.
-async fn apply_manifests(client: &async_nats::Client, manifests: &serde_json::Value) {
-    let js = jetstream::new(client.clone());
-    for config in manifests["streams"].as_array().unwrap() {
-        let config: stream::Config = serde_json::from_value(config.clone()).unwrap();
-        js.create_stream(config)
-            .await
-            .expect("operator creates the stream");
+/// What an operator does with `weir mq manifests --out DIR`: each file,
+/// as it is, to the JetStream API (`nats stream add --config FILE`,
+/// `nats consumer add STREAM --config FILE` send the same requests).
+async fn apply_manifests(client: &async_nats::Client, config_text: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("weir.toml");
+    std::fs::write(&config_path, config_text).unwrap();
+    let out = dir.path().join("manifests");
+    let output = Command::new(WEIR)
+        .args(["mq", "manifests", "--config"])
+        .arg(&config_path)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut files: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    // Streams before the consumers on them.
+    files.sort_by_key(|path| !path.file_name().unwrap().to_string_lossy().starts_with("stream-"));
+    let mut kinds = (0, 0);
+    for path in files {
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read(&path).unwrap();
+        let config: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        let name = config["name"].as_str().unwrap().to_string();
+        let (subject, body) = if file.starts_with("stream-") {
+            kinds.0 += 1;
+            (format!("$JS.API.STREAM.CREATE.{name}"), text)
+        } else {
+            kinds.1 += 1;
+            let stream = file
+                .strip_prefix("consumer-")
+                .and_then(|rest| rest.strip_suffix(&format!("-{name}.json")))
+                .expect("consumer-STREAM-NAME.json");
+            let request = serde_json::json!({ "stream_name": stream, "config": config });
+            (
+                format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+                serde_json::to_vec(&request).unwrap(),
+            )
+        };
+        let reply = client.request(subject, body.into()).await.unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert!(reply.get("error").is_none(), "{file}: {reply}");
     }
-    for entry in manifests["consumers"].as_array().unwrap() {
-        let config: consumer::pull::Config =
-            serde_json::from_value(entry["config"].clone()).unwrap();
-        let stream = js
-            .get_stream(entry["stream"].as_str().unwrap())
-            .await
-            .unwrap();
-        stream
-            .create_consumer(config)
-            .await
-            .expect("operator creates the consumer");
-    }
-    for bucket in manifests["buckets"].as_array().unwrap() {
-        let markers = &bucket["limit_markers"];
-        js.create_key_value(async_nats::jetstream::kv::Config {
-            bucket: bucket["bucket"].as_str().unwrap().to_string(),
-            history: bucket["history"].as_i64().unwrap(),
-            limit_markers: Some(Duration::from_secs(markers["secs"].as_u64().unwrap())),
-            ..Default::default()
-        })
-        .await
-        .expect("operator creates the coordination bucket");
-    }
+    assert_eq!(
+        kinds,
+        (4, 4),
+        "partition, dead letters, coordination bucket and plugin store; a consumer per unit"
+    );
 }
 
 async fn deliver_one_request(host: &TestHost) {
@@ -101,7 +121,7 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
     );
 
     let client = nats.client().await;
-    apply_manifests(&client, &weir_mq("manifests", &config, &[])).await;
+    apply_manifests(&client, &config).await;
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
     host.shutdown().await;
@@ -147,7 +167,7 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
             .unwrap();
     let weir_url = format!("nats://weir:weir-secret@127.0.0.1:{port}");
     let config = config_for(&weir_url);
-    apply_manifests(&admin, &weir_mq("manifests", &config, &[])).await;
+    apply_manifests(&admin, &config).await;
 
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
@@ -192,16 +212,24 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     let nack = weir_mq(
         "manifests",
         "[stream]\npartitions = 2\nshards = 3\n",
-        &["--format", "nack", "--file-store", "10G"],
+        &["--format", "nack", "--file-store", "10GB"],
     );
     let items = nack["items"].as_array().unwrap();
     assert_eq!(
         items.len(),
-        3 + 6 + 1,
-        "3 streams, 6 consumers and the coordination bucket"
+        3 + 6 + 1 + 1,
+        "3 streams, 6 consumers, the coordination bucket and the plugin store"
     );
     assert_eq!(items[9]["kind"], "KeyValue");
     assert_eq!(items[9]["spec"]["bucket"], "weir_coord");
+    assert_eq!(items[10]["kind"], "ObjectStore");
+    assert_eq!(items[10]["spec"]["bucket"], "weir_plugins");
+    // Without the pin, weir refuses the consumer nack would create.
+    for consumer in &items[3..9] {
+        assert_eq!(consumer["spec"]["priorityPolicy"], "pinned_client", "{consumer}");
+        assert_eq!(consumer["spec"]["priorityGroups"][0], "weir", "{consumer}");
+        assert_eq!(consumer["spec"]["pinnedTtl"], "15s", "{consumer}");
+    }
     assert_eq!(items[1]["kind"], "Stream");
     assert_eq!(items[1]["metadata"]["name"], "weir-in-0");
     assert_eq!(items[1]["spec"]["retention"], "workqueue");

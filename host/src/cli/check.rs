@@ -27,11 +27,12 @@ impl CheckArgs {
             for failure in &failures {
                 eprintln!("{}: {failure}", config.source.display());
             }
-            anyhow::bail!(
+            return Err(super::Refused(format!(
                 "{} of {} plugins cannot run",
                 failures.len(),
                 config.plugins.len()
-            );
+            ))
+            .into());
         }
         println!(
             "{}: ok ({} plugins, {} pipelines, {} tenants)",

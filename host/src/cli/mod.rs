@@ -56,6 +56,13 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Check a config file and report every problem in it.
     Check(check::CheckArgs),
+    /// Print a shell completion script (e.g. `weir completions bash >
+    /// /etc/bash_completion.d/weir`).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 pub async fn run(command: Command) -> anyhow::Result<()> {
@@ -68,5 +75,109 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Send(args) => args.run().await,
         Command::Status(args) => args.run().await,
         Command::Check(args) => args.run().await,
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "weir", &mut std::io::stdout());
+            Ok(())
+        }
+    }
+}
+
+/// A refusal that is not a crash: the server or the plugin said no.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// The exit code for an error (docs/cli.md): 3 invalid config, 4 cannot
+/// connect, 5 refused (by the server, the front door or a plugin's world),
+/// 1 anything else. Clap exits with 2 on a usage error itself.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    use weir::client::SendError;
+    use weir::host::StartError;
+    for cause in error.chain() {
+        if cause.is::<weir::config::ConfigError>() {
+            return 3;
+        }
+        if cause.is::<weir::nats::connection::ConnectError>() {
+            return 4;
+        }
+        if cause.is::<weir::topology::manifest::TopologyError>()
+            || cause.is::<weir::sandbox::LoadError>()
+            || cause.is::<Refused>()
+        {
+            return 5;
+        }
+        match cause.downcast_ref::<SendError>() {
+            Some(SendError::Unreachable { .. }) => return 4,
+            Some(SendError::Refused { .. }) => return 5,
+            _ => {}
+        }
+        match cause.downcast_ref::<StartError>() {
+            Some(StartError::Connect(_)) => return 4,
+            Some(StartError::Topology(_) | StartError::Plugin(_)) => return 5,
+            _ => {}
+        }
+    }
+    1
+}
+
+/// An error and its causes, each said once: a cause whose text the message
+/// already carries is not repeated.
+pub fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    /// `weir <command> --help` explains every argument it lists.
+    #[test]
+    fn every_argument_of_every_command_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(format!("{path} {} (no about)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let command = Cli::command();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&command, "weir", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:#?}");
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let error = anyhow::Error::new(weir::config::ConfigError::Read {
+            path: "nope.toml".into(),
+            source: io,
+        });
+        assert_eq!(
+            super::describe(&error),
+            "cannot read config file nope.toml: No such file"
+        );
     }
 }

@@ -1,33 +1,50 @@
-//! `weir mq`: what an operator applies to NATS for a config.
+//! `weir mq`: what an operator applies to NATS for a config, as files or
+//! applied directly.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
 use weir::config::{Config, Overrides};
-use weir::topology::manifest::Manifest;
+use weir::topology::manifest::{Manifest, ManifestFile, Mismatch, Severity};
 use weir::topology::permissions::Permissions;
 
-use super::target::router_of;
+use super::target::{NatsArgs, router_of};
 
 #[derive(clap::Subcommand)]
 pub enum MqCommand {
-    /// Print the streams and consumers (JSON) the config needs.
+    /// Print the streams, consumers, KV bucket and object store the config
+    /// needs (JSON), or write one file per object with --out.
     Manifests {
         /// The TOML config file.
-        #[arg(long, env = "WEIR_CONFIG")]
+        #[arg(short, long, env = "WEIR_CONFIG")]
         config: PathBuf,
-        /// `nats`: the JetStream API's JSON (for the nats CLI and clients);
-        /// `nack`: Kubernetes resources for the NATS controllers.
-        #[arg(long, value_enum, default_value_t = ManifestFormat::Nats)]
+        /// `nats`: the JetStream API's JSON (`nats stream add --config FILE`,
+        /// `nats consumer add STREAM --config FILE`); `nack`: Kubernetes
+        /// resources for the NATS controllers (`kubectl apply -f DIR`).
+        #[arg(short, long, value_enum, default_value_t = ManifestFormat::Nats)]
         format: ManifestFormat,
         /// Split this many bytes of file store between the streams
-        /// (e.g. 500G), instead of each partition's `max_bytes`.
-        #[arg(long, value_parser = parse_bytes)]
+        /// (e.g. 500GB, 64GiB, 1T), instead of each partition's `max_bytes`.
+        #[arg(long, value_parser = parse_bytes, value_name = "SIZE")]
         file_store: Option<i64>,
+        /// Write one file per object into this directory (created if needed)
+        /// instead of printing one document.
+        #[arg(short, long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// Create what the config needs on a NATS server, or update it to the
+    /// config, and say what changed.
+    Apply {
+        /// The TOML config file.
+        #[arg(short, long, env = "WEIR_CONFIG")]
+        config: PathBuf,
+        #[command(flatten)]
+        nats: NatsArgs,
     },
     /// Print the least-privilege NATS user permissions a host needs.
     Permissions {
         /// The TOML config file.
-        #[arg(long, env = "WEIR_CONFIG")]
+        #[arg(short, long, env = "WEIR_CONFIG")]
         config: PathBuf,
     },
 }
@@ -40,28 +57,111 @@ pub enum ManifestFormat {
 
 impl MqCommand {
     pub async fn run(self) -> anyhow::Result<()> {
-        let output = match self {
+        match self {
             MqCommand::Manifests {
                 config,
                 format,
                 file_store,
+                out,
             } => {
                 let config = Config::load(&config, &Overrides::default())?;
                 let manifest = manifest_of(&config, file_store);
-                match format {
-                    ManifestFormat::Nats => serde_json::to_value(&manifest)?,
-                    ManifestFormat::Nack => manifest.to_nack(),
+                match (out, format) {
+                    (Some(dir), ManifestFormat::Nats) => write_files(&dir, &manifest.files()),
+                    (Some(dir), ManifestFormat::Nack) => write_files(&dir, &manifest.nack_files()),
+                    (None, ManifestFormat::Nats) => print_json(&manifest.to_json()),
+                    (None, ManifestFormat::Nack) => print_json(&manifest.to_nack()),
                 }
+            }
+            MqCommand::Apply { config, nats } => {
+                let config = Config::load(&config, &nats.overrides())?;
+                let url = config.nats.url.clone().context(
+                    "no NATS to apply to: pass --nats-url (or set NATS_URL or [nats] url); the embedded server creates its own topology",
+                )?;
+                let client =
+                    weir::nats::connection::connect(&url, &config.nats.auth, &Default::default())
+                        .await?;
+                let js = async_nats::jetstream::new(client.clone());
+                let manifest = manifest_of(&config, None);
+                let before = manifest.verify(&js).await;
+                manifest.create(&js).await?;
+                let after = manifest.verify(&js).await;
+                report_changes(&before, &after, &manifest);
+                weir::nats::connection::close(&client, std::time::Duration::from_secs(5))
+                    .await
+                    .ok();
+                let left: Vec<String> = after
+                    .iter()
+                    .filter(|m| m.severity == Severity::Required)
+                    .map(ToString::to_string)
+                    .collect();
+                anyhow::ensure!(
+                    left.is_empty(),
+                    "still different after applying:\n  {}",
+                    left.join("\n  ")
+                );
+                Ok(())
             }
             MqCommand::Permissions { config } => {
                 let config = Config::load(&config, &Overrides::default())?;
                 let manifest = manifest_of(&config, None);
-                serde_json::to_value(Permissions::for_host(&router_of(&config), &manifest))?
+                print_json(&serde_json::to_value(Permissions::for_host(
+                    &router_of(&config),
+                    &manifest,
+                ))?)
             }
-        };
-        println!("{}", serde_json::to_string_pretty(&output)?);
-        Ok(())
+        }
     }
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn write_files(dir: &Path, files: &[ManifestFile]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for file in files {
+        let path = dir.join(&file.name);
+        let text = serde_json::to_string_pretty(&file.json)? + "\n";
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    eprintln!("{} objects written to {}", files.len(), dir.display());
+    Ok(())
+}
+
+/// Each object once: created (it was missing), updated (with the fields
+/// that differed) or unchanged.
+fn report_changes(before: &[Mismatch], after: &[Mismatch], manifest: &Manifest) {
+    let objects = manifest.objects();
+    let (mut created, mut updated) = (0, 0);
+    for object in &objects {
+        let differences: Vec<&Mismatch> = before.iter().filter(|m| &m.object == object).collect();
+        if differences.iter().any(|m| m.field == "existence") {
+            created += 1;
+            println!("created {object}");
+        } else if !differences.is_empty() {
+            let still: Vec<&str> = after
+                .iter()
+                .filter(|m| &m.object == object)
+                .map(|m| m.field.as_str())
+                .collect();
+            let fields: Vec<&str> = differences
+                .iter()
+                .map(|m| m.field.as_str())
+                .filter(|field| !still.contains(field))
+                .collect();
+            if !fields.is_empty() {
+                updated += 1;
+                println!("updated {object}: {}", fields.join(", "));
+            }
+        }
+    }
+    println!(
+        "{created} created, {updated} updated, {} unchanged",
+        objects.len() - created - updated
+    );
 }
 
 fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
@@ -73,27 +173,11 @@ fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
     )
 }
 
-/// Bytes with an optional binary suffix: 1024, 64K, 500M, 2G, 1T.
+/// Bytes as `[stream] max_bytes` takes them: 1024, 64K, 500GB, 2GiB, 1T.
 fn parse_bytes(text: &str) -> Result<i64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((at, unit)) if unit.is_ascii_alphabetic() => {
-            let shift = match unit.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                other => return Err(format!("unknown unit `{other}`: use K, M, G or T")),
-            };
-            (&text[..at], shift)
-        }
-        _ => (text, 0),
-    };
-    let value: i64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size"))?;
-    value
-        .checked_shl(shift)
+    let bytes = weir::config::units::parse_size(text)?;
+    i64::try_from(bytes)
+        .ok()
         .filter(|bytes| *bytes > 0)
         .ok_or_else(|| format!("`{text}` is out of range"))
 }

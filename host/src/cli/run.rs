@@ -7,6 +7,8 @@ use anyhow::Context as _;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 
+use super::target::NatsArgs;
+
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// The TOML config file.
@@ -15,9 +17,8 @@ pub struct RunArgs {
     /// HTTP listen address of the front door (overrides the file).
     #[arg(long, env = "WEIR_LISTEN")]
     listen: Option<SocketAddr>,
-    /// NATS server URL (overrides the file; absent everywhere = embedded).
-    #[arg(long, env = "WEIR_NATS_URL")]
-    nats_url: Option<String>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Where weir keeps its data (overrides the file).
     #[arg(long, env = "WEIR_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -31,9 +32,9 @@ impl RunArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let overrides = Overrides {
             listen: self.listen,
-            nats_url: self.nats_url,
             data_dir: self.data_dir,
             create_topology: self.create_topology,
+            ..self.nats.overrides()
         };
         let config = Config::load(&self.config, &overrides)?;
         let host = RunningHost::start(config).await?;

@@ -1,12 +1,19 @@
-//! The NATS connection a host (or an operator command) uses: credentials
-//! taken from the URL, connection events logged, and permission violations
-//! kept so a failed boot can name what the server refused.
+//! The NATS connection a host (or an operator command) uses: a URL or seed
+//! list, a login as the `nats` CLI takes it (creds, nkey, token, user,
+//! TLS), connect errors by cause, connection events logged, and permission
+//! violations kept so a failed boot can name what the server refused.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the first connection to NATS may take.
+use crate::config::NatsAuth;
+
+/// How long a first connection is retried while no server answers (the
+/// server may still be starting).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one server of the list may take to answer.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
+const RETRY_EVERY: Duration = Duration::from_millis(250);
 /// Permission violations remembered for the boot report.
 const MAX_REMEMBERED_REFUSALS: usize = 32;
 
@@ -33,12 +40,18 @@ pub fn redact(urls: &str) -> String {
         .join(",")
 }
 
-/// Why there is no connection (the URL shown redacted).
+/// Why there is no connection, by cause (the URL shown redacted), found
+/// before anything else is asked of the server.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to NATS at {url}: {reason}")]
-pub struct ConnectError {
-    pub url: String,
-    pub reason: String,
+pub enum ConnectError {
+    #[error("cannot reach NATS at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("NATS at {url} refused weir's login: {reason} (check the user, creds, nkey or token)")]
+    LoginRefused { url: String, reason: String },
+    #[error("TLS with NATS at {url} failed: {reason}")]
+    Tls { url: String, reason: String },
+    #[error("NATS setting {what}: {reason}")]
+    Setting { what: String, reason: String },
 }
 
 /// Permission violations the server reported, kept to explain a failed boot.
@@ -60,21 +73,31 @@ impl Refusals {
     }
 }
 
-/// Connects to `url`, remembering permission violations in `refusals`.
-pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Client, ConnectError> {
-    let error = |reason: String| ConnectError {
-        url: redact(url),
-        reason,
-    };
-    // Credentials in the URL (`nats://user:password@host`) are not used by
-    // async-nats on their own: pass them explicitly.
-    let address: async_nats::ServerAddr = url.parse().map_err(|err| error(format!("{err}")))?;
-    let options = match (address.username(), address.password()) {
-        (Some(user), Some(password)) => {
-            async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
-        }
-        _ => async_nats::ConnectOptions::new(),
-    };
+/// Connects to `urls` (one URL or a comma-separated seed list) with `auth`,
+/// remembering permission violations in `refusals`. A server that is not
+/// up yet is retried for a while; a refused login or a TLS failure is
+/// reported at once.
+pub async fn connect(
+    urls: &str,
+    auth: &NatsAuth,
+    refusals: &Refusals,
+) -> Result<async_nats::Client, ConnectError> {
+    let shown = redact(urls);
+    let mut servers = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|url| !url.is_empty()) {
+        let address: async_nats::ServerAddr = url.parse().map_err(|err| ConnectError::Setting {
+            what: format!("url `{}`", redact(url)),
+            reason: format!("{err}"),
+        })?;
+        servers.push(address);
+    }
+    if servers.is_empty() {
+        return Err(ConnectError::Setting {
+            what: "url".to_string(),
+            reason: "no server in it".to_string(),
+        });
+    }
+    let options = login_options(&servers, auth).await?;
     let refusals = refusals.clone();
     let options = options
         .event_callback(move |event| {
@@ -97,12 +120,119 @@ pub async fn connect(url: &str, refusals: &Refusals) -> Result<async_nats::Clien
             }
         })
         .name("weir")
-        .connection_timeout(CONNECT_TIMEOUT)
-        .retry_on_initial_connect();
-    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
-        .await
-        .map_err(|_| error(format!("no answer within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|err| error(err.to_string()))
+        .connection_timeout(ATTEMPT_TIMEOUT);
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        // Each attempt tries every server of the list once.
+        let error = match options.clone().connect(servers.clone()).await {
+            Ok(client) => return Ok(client),
+            Err(error) => error,
+        };
+        let reason = cause_chain(&error);
+        match error.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication => {
+                return Err(ConnectError::LoginRefused { url: shown, reason });
+            }
+            // A refused handshake comes back as an IO error: known by its text.
+            async_nats::ConnectErrorKind::Tls => {
+                return Err(ConnectError::Tls { url: shown, reason });
+            }
+            _ if is_tls_failure(&reason) => {
+                return Err(ConnectError::Tls { url: shown, reason });
+            }
+            _ if tokio::time::Instant::now() >= deadline => {
+                return Err(ConnectError::Unreachable {
+                    url: shown,
+                    reason: format!("{reason} (tried for {CONNECT_TIMEOUT:?})"),
+                });
+            }
+            _ => tokio::time::sleep(RETRY_EVERY).await,
+        }
+    }
+}
+
+fn is_tls_failure(reason: &str) -> bool {
+    let reason = reason.to_ascii_lowercase();
+    ["certificate", "alert", "handshake", "tls"]
+        .iter()
+        .any(|word| reason.contains(word))
+}
+
+/// An error and its causes, each once.
+fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The login `auth` asks for, else credentials in the first URL that has
+/// them (async-nats does not use those on its own); TLS when asked.
+async fn login_options(
+    servers: &[async_nats::ServerAddr],
+    auth: &NatsAuth,
+) -> Result<async_nats::ConnectOptions, ConnectError> {
+    let unreadable =
+        |what: &str, path: &std::path::Path, err: std::io::Error| ConnectError::Setting {
+            what: format!("{what} {}", path.display()),
+            reason: err.to_string(),
+        };
+    let in_url = servers
+        .iter()
+        .find_map(|server| Some((server.username()?, server.password())));
+    let mut options = if let Some(creds) = &auth.creds {
+        async_nats::ConnectOptions::with_credentials_file(creds)
+            .await
+            .map_err(|err| unreadable("creds file", creds, err))?
+    } else if let Some(nkey) = &auth.nkey {
+        let seed =
+            std::fs::read_to_string(nkey).map_err(|err| unreadable("nkey file", nkey, err))?;
+        async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
+    } else if let Some(token) = &auth.token {
+        async_nats::ConnectOptions::with_token(token.clone())
+    } else if let Some(user) = &auth.user {
+        async_nats::ConnectOptions::with_user_and_password(
+            user.clone(),
+            auth.password.clone().unwrap_or_default(),
+        )
+    } else {
+        match in_url {
+            Some((user, Some(password))) => {
+                async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+            }
+            Some((token, None)) => async_nats::ConnectOptions::with_token(token.into()),
+            None => async_nats::ConnectOptions::new(),
+        }
+    };
+    if let Some(ca) = &auth.tls_ca {
+        if !ca.is_file() {
+            return Err(unreadable(
+                "tls_ca",
+                ca,
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&auth.tls_cert, &auth.tls_key) {
+        for (what, path) in [("tls_cert", cert), ("tls_key", key)] {
+            if !path.is_file() {
+                return Err(unreadable(what, path, std::io::ErrorKind::NotFound.into()));
+            }
+        }
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    if auth.wants_tls() {
+        options = options.require_tls(true);
+    }
+    Ok(options)
 }
 
 /// Closes a connection for a planned stop: what was published is flushed,

@@ -364,6 +364,7 @@ fn same_overrides(running: &Config) -> Overrides {
     Overrides {
         listen: Some(running.listen),
         nats_url: running.nats.url.clone(),
+        nats_auth: running.nats.auth.clone(),
         data_dir: Some(running.data_dir.clone()),
         create_topology: running.stream.create,
     }

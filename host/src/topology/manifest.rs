@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, object_store, stream};
 use futures::future::join_all;
 use serde::Serialize;
 
@@ -48,13 +48,23 @@ pub enum TopologyError {
     Mismatch(Vec<Mismatch>),
 }
 
-/// Every stream, consumer and KV bucket of a topology.
-#[derive(Debug, Clone, Serialize)]
+/// Every stream, consumer, KV bucket and object store of a topology.
+#[derive(Debug, Clone)]
 pub struct Manifest {
     pub streams: Vec<stream::Config>,
     pub consumers: Vec<ConsumerManifest>,
     /// The coordination bucket (members, unit owners).
     pub buckets: Vec<BucketOptions>,
+    /// The store of plugins pushed to the fleet.
+    pub object_stores: Vec<object_store::Config>,
+}
+
+/// One object of a manifest as a file an operator applies on its own.
+#[derive(Debug, Clone)]
+pub struct ManifestFile {
+    /// `stream-<name>.json`, `consumer-<stream>-<name>.json`, …
+    pub name: String,
+    pub json: serde_json::Value,
 }
 
 /// A durable consumer and the stream it belongs to.
@@ -82,6 +92,7 @@ impl Manifest {
             None => (streams.max_bytes, -1),
         };
         let units = router.units();
+        let replicas = usize::try_from(streams.replicas).unwrap_or(1);
         let mut manifest = Manifest {
             streams: vec![stream::Config {
                 name: router.dead_letter_stream(),
@@ -91,13 +102,21 @@ impl Manifest {
                 max_bytes: dead_letter_bytes,
                 duplicate_window: streams.duplicate_window,
                 description: Some("weir dead letters: rows no pipeline could deliver".into()),
+                num_replicas: replicas,
                 ..Default::default()
             }],
             consumers: Vec::new(),
             buckets: vec![BucketOptions {
                 description: "weir coordination: members and unit owners".into(),
                 limit_markers: Some(COORDINATION_MARKER_TTL),
+                replicas,
                 ..BucketOptions::new(router.coordination_bucket())
+            }],
+            object_stores: vec![object_store::Config {
+                bucket: router.plugin_store(),
+                description: Some("weir plugins pushed to the fleet".into()),
+                num_replicas: replicas,
+                ..Default::default()
             }],
         };
         for partition in 0..router.partitions() {
@@ -114,6 +133,7 @@ impl Manifest {
                 max_consumers: i32::try_from(units.len()).unwrap_or(i32::MAX).max(1) * 2,
                 duplicate_window: streams.duplicate_window,
                 description: Some(format!("weir rows of partition {partition}")),
+                num_replicas: replicas,
                 ..Default::default()
             });
             for unit in units.iter().filter(|u| u.partition == partition) {
@@ -174,6 +194,7 @@ impl Manifest {
                     "maxBytes": stream.max_bytes,
                     "maxConsumers": if stream.max_consumers == 0 { -1 } else { stream.max_consumers },
                     "duplicateWindow": duration(stream.duplicate_window),
+                    "replicas": stream.num_replicas.max(1),
                 }
             }));
         }
@@ -192,6 +213,11 @@ impl Manifest {
                     "ackWait": duration(consumer.config.ack_wait),
                     "maxAckPending": consumer.config.max_ack_pending,
                     "maxDeliver": consumer.config.max_deliver,
+                    // Without these weir refuses the consumer: one puller
+                    // per unit is enforced by the server's pin.
+                    "priorityPolicy": "pinned_client",
+                    "priorityGroups": consumer.config.priority_groups,
+                    "pinnedTtl": duration(consumer.config.priority_timeout),
                 }
             }));
         }
@@ -207,10 +233,94 @@ impl Manifest {
                     "storage": "file",
                     // Per-key TTLs (server >= 2.11): member keys expire.
                     "limitMarkerTtl": bucket.limit_markers.map(duration),
+                    "replicas": bucket.replicas,
+                }
+            }));
+        }
+        for store in &self.object_stores {
+            items.push(json!({
+                "apiVersion": "jetstream.nats.io/v1beta2",
+                "kind": "ObjectStore",
+                "metadata": { "name": k8s_name(&store.bucket) },
+                "spec": {
+                    "bucket": store.bucket,
+                    "description": store.description,
+                    "storage": "file",
+                    "replicas": store.num_replicas.max(1),
                 }
             }));
         }
         json!({ "apiVersion": "v1", "kind": "List", "items": items })
+    }
+
+    /// The whole manifest as the JetStream API's JSON: every stream (the
+    /// bucket and the store as the streams they are) and every consumer.
+    pub fn to_json(&self) -> serde_json::Value {
+        let streams: Vec<serde_json::Value> = self.stream_files().map(|file| file.json).collect();
+        let consumers: Vec<serde_json::Value> = self
+            .consumers
+            .iter()
+            .map(|c| serde_json::json!({ "stream": c.stream, "config": c.config }))
+            .collect();
+        serde_json::json!({ "streams": streams, "consumers": consumers })
+    }
+
+    /// One file per object, each as `nats stream add --config FILE` and
+    /// `nats consumer add STREAM --config FILE` (the JetStream API) take it.
+    pub fn files(&self) -> Vec<ManifestFile> {
+        let mut files: Vec<ManifestFile> = self.stream_files().collect();
+        for consumer in &self.consumers {
+            let name = consumer.config.name.clone().unwrap_or_default();
+            files.push(ManifestFile {
+                name: format!("consumer-{}-{name}.json", consumer.stream),
+                json: serde_json::to_value(&consumer.config).unwrap_or_default(),
+            });
+        }
+        files
+    }
+
+    /// One file per object of the nack output (`kubectl apply -f DIR`).
+    pub fn nack_files(&self) -> Vec<ManifestFile> {
+        let nack = self.to_nack();
+        let items = nack["items"].as_array().cloned().unwrap_or_default();
+        items
+            .into_iter()
+            .map(|item| ManifestFile {
+                name: format!(
+                    "{}-{}.json",
+                    item["kind"].as_str().unwrap_or("object").to_lowercase(),
+                    item["metadata"]["name"].as_str().unwrap_or("unnamed")
+                ),
+                json: item,
+            })
+            .collect()
+    }
+
+    /// Every object as verification names it: `stream NAME`,
+    /// `consumer STREAM/NAME`.
+    pub fn objects(&self) -> Vec<String> {
+        let streams = self
+            .stream_files()
+            .map(|file| format!("stream {}", file.json["name"].as_str().unwrap_or_default()));
+        let consumers = self.consumers.iter().map(|c| {
+            let name = c.config.name.as_deref().unwrap_or_default();
+            format!("consumer {}/{name}", c.stream)
+        });
+        streams.chain(consumers).collect()
+    }
+
+    fn stream_files(&self) -> impl Iterator<Item = ManifestFile> + '_ {
+        let buckets = self.buckets.iter().map(bucket_stream);
+        let stores = self.object_stores.iter().map(object_store_stream);
+        self.streams
+            .iter()
+            .cloned()
+            .chain(buckets)
+            .chain(stores)
+            .map(|config| ManifestFile {
+                name: format!("stream-{}.json", config.name),
+                json: serde_json::to_value(&config).unwrap_or_default(),
+            })
     }
 
     /// Creates every stream and consumer, or updates it to this manifest.
@@ -259,6 +369,11 @@ impl Manifest {
                     reason: err.to_string(),
                 })?;
         }
+        // The store is the stream async-nats would make for it; created or
+        // updated like the others, so `replicas` reaches it too.
+        for store in &self.object_stores {
+            create_or_update_stream(js, object_store_stream(store)).await?;
+        }
         Ok(())
     }
 
@@ -295,25 +410,51 @@ impl Manifest {
             let name = format!("KV_{}", wanted.bucket);
             match js.get_stream(&name).await {
                 Ok(mut stream) => match stream.info().await {
-                    // Member keys expire by per-key TTL: without it a crashed
-                    // host would own its units forever.
-                    Ok(info) => check(
-                        &mut found,
-                        Severity::Required,
-                        &format!("stream {name}"),
-                        "allow_msg_ttl (KV limit markers)",
-                        true,
-                        info.config.allow_message_ttl,
-                    ),
+                    Ok(info) => {
+                        let object = format!("stream {name}");
+                        // Member keys expire by per-key TTL: without it a
+                        // crashed host would own its units forever.
+                        check(
+                            &mut found,
+                            Severity::Required,
+                            &object,
+                            "allow_msg_ttl (KV limit markers)",
+                            true,
+                            info.config.allow_message_ttl,
+                        );
+                        check_replicas(&mut found, &object, wanted.replicas, &info.config);
+                    }
                     Err(err) => found.push(Mismatch::unreadable("stream", &name, err)),
                 },
                 Err(err) => found.push(Mismatch::missing("stream", &name, err)),
             }
             found
         });
+        let stores = self.object_stores.iter().map(|wanted| async move {
+            let mut found = Vec::new();
+            let name = format!("OBJ_{}", wanted.bucket);
+            // Only `weir plugin push` needs the store, and it creates it.
+            match js.get_stream(&name).await {
+                Ok(mut stream) => match stream.info().await {
+                    Ok(info) => check_replicas(
+                        &mut found,
+                        &format!("stream {name}"),
+                        wanted.num_replicas,
+                        &info.config,
+                    ),
+                    Err(err) => found.push(Mismatch::unreadable("stream", &name, err)),
+                },
+                Err(err) => found.push(Mismatch {
+                    severity: Severity::Recommended,
+                    ..Mismatch::missing("stream", &name, err)
+                }),
+            }
+            found
+        });
         let mut found: Vec<Mismatch> = join_all(streams).await.into_iter().flatten().collect();
         found.extend(join_all(consumers).await.into_iter().flatten());
         found.extend(join_all(buckets).await.into_iter().flatten());
+        found.extend(join_all(stores).await.into_iter().flatten());
         found
     }
 }
@@ -412,10 +553,65 @@ fn check<T: PartialEq + fmt::Debug>(
     }
 }
 
+/// Fewer copies than the config asks for loses rows a node failure would
+/// not have lost: weir refuses it. More is fine.
+fn check_replicas(found: &mut Vec<Mismatch>, object: &str, wanted: usize, actual: &stream::Config) {
+    if actual.num_replicas.max(1) < wanted.max(1) {
+        check(
+            found,
+            Severity::Required,
+            object,
+            "num_replicas ([stream] replicas)",
+            wanted.max(1),
+            actual.num_replicas.max(1),
+        );
+    }
+}
+
+/// The stream a KV bucket is, as async-nats' `create_key_value` makes it:
+/// an operator can create it with `nats stream add --config`.
+fn bucket_stream(bucket: &BucketOptions) -> stream::Config {
+    stream::Config {
+        name: format!("KV_{}", bucket.bucket),
+        description: Some(bucket.description.clone()),
+        subjects: vec![format!("$KV.{}.>", bucket.bucket)],
+        max_messages_per_subject: bucket.history.max(1),
+        storage: bucket.storage,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: bucket.replicas.max(1),
+        discard: stream::DiscardPolicy::New,
+        allow_message_ttl: bucket.limit_markers.is_some(),
+        subject_delete_marker_ttl: bucket.limit_markers,
+        ..Default::default()
+    }
+}
+
+/// The stream an object store is, as async-nats' `create_object_store`
+/// makes it.
+fn object_store_stream(store: &object_store::Config) -> stream::Config {
+    stream::Config {
+        name: format!("OBJ_{}", store.bucket),
+        description: store.description.clone(),
+        subjects: vec![
+            format!("$O.{}.C.>", store.bucket),
+            format!("$O.{}.M.>", store.bucket),
+        ],
+        storage: store.storage,
+        num_replicas: store.num_replicas.max(1),
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: true,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
 fn compare_stream(wanted: &stream::Config, actual: &stream::Config, found: &mut Vec<Mismatch>) {
     use Severity::{Recommended, Required};
     let object = format!("stream {}", wanted.name);
     let object = object.as_str();
+    check_replicas(found, object, wanted.num_replicas, actual);
     check(
         found,
         Required,

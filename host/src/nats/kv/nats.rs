@@ -23,7 +23,7 @@ const TTL_DISABLED: ErrorCode = ErrorCode(10166);
 
 /// How a bucket is created when it does not exist yet (and updated to when
 /// it does).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct BucketOptions {
     pub bucket: String,
     pub description: String,
@@ -35,6 +35,8 @@ pub struct BucketOptions {
     /// [`super::Operation::Expired`]; the marker itself is kept this long.
     /// Server >= 2.11. `None` refuses TTL writes.
     pub limit_markers: Option<Duration>,
+    /// Copies of the bucket's stream on a cluster.
+    pub replicas: usize,
 }
 
 impl BucketOptions {
@@ -46,6 +48,7 @@ impl BucketOptions {
             history: 1,
             storage: StorageType::File,
             limit_markers: None,
+            replicas: 1,
         }
     }
 }
@@ -125,6 +128,7 @@ impl NatsKv {
             history: options.history,
             storage: options.storage,
             limit_markers: options.limit_markers,
+            num_replicas: options.replicas,
             ..Default::default()
         };
         js.create_or_update_key_value(config)

@@ -10,6 +10,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod units;
+
+use units::{HumanDuration, Size, show_duration, show_size};
+
 /// Default HTTP listen address of the front door.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Largest ingest body accepted by default (16 MiB): big enough for thousands
@@ -169,8 +173,77 @@ pub struct Policies {
 /// Where NATS is. `url: None` means weir starts its own nats-server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NatsConfig {
+    /// A URL or a comma-separated seed list.
     pub url: Option<String>,
+    pub auth: NatsAuth,
     pub embedded: EmbeddedConfig,
+}
+
+/// How weir proves who it is to an operator's NATS, as the `nats` CLI
+/// takes it: at most one of creds, nkey, token or user/password, plus TLS.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NatsAuth {
+    /// A `.creds` file (user JWT and nkey seed).
+    pub creds: Option<PathBuf>,
+    /// A file holding an nkey seed.
+    pub nkey: Option<PathBuf>,
+    pub token: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// PEM CA bundle that signs the server's certificate.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate and its key, for servers that verify clients.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+}
+
+impl NatsAuth {
+    /// Each setting of `self`, else the one of `fallback`.
+    pub fn or(self, fallback: NatsAuth) -> NatsAuth {
+        NatsAuth {
+            creds: self.creds.or(fallback.creds),
+            nkey: self.nkey.or(fallback.nkey),
+            token: self.token.or(fallback.token),
+            user: self.user.or(fallback.user),
+            password: self.password.or(fallback.password),
+            tls_ca: self.tls_ca.or(fallback.tls_ca),
+            tls_cert: self.tls_cert.or(fallback.tls_cert),
+            tls_key: self.tls_key.or(fallback.tls_key),
+        }
+    }
+
+    /// Problems no server could fix: two ways to log in, half a pair.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let ways: Vec<&str> = [
+            ("creds", self.creds.is_some()),
+            ("nkey", self.nkey.is_some()),
+            ("token", self.token.is_some()),
+            ("user", self.user.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        if ways.len() > 1 {
+            problems.push(format!(
+                "[nats] sets {}: use one way to log in",
+                ways.join(" and ")
+            ));
+        }
+        if self.password.is_some() && self.user.is_none() {
+            problems.push("[nats] password is set without user".to_string());
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            problems
+                .push("[nats] a client certificate needs both tls_cert and tls_key".to_string());
+        }
+        problems
+    }
+
+    /// Whether any setting asks for TLS.
+    pub fn wants_tls(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some()
+    }
 }
 
 /// How the embedded nats-server runs when no URL is configured.
@@ -209,6 +282,8 @@ pub struct StreamConfig {
     pub max_bytes: i64,
     /// Window in which a repeated message id is stored only once.
     pub duplicate_window: Duration,
+    /// Copies of every stream, bucket and store weir uses (1, 3 or 5).
+    pub replicas: u32,
 }
 
 /// How rows are fetched and handed to pipelines.
@@ -344,7 +419,7 @@ pub struct Pipeline {
 struct RawConfig {
     listen: Option<Spanned<String>>,
     data_dir: Option<String>,
-    max_body_bytes: Option<Spanned<usize>>,
+    max_body_bytes: Option<Spanned<Size>>,
     max_plugin_instances: Option<Spanned<u32>>,
     idempotency_field: Option<String>,
     #[serde(default)]
@@ -381,6 +456,14 @@ struct RawPolicies {
 #[serde(deny_unknown_fields)]
 struct RawNats {
     url: Option<String>,
+    creds: Option<String>,
+    nkey: Option<String>,
+    token: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    tls_ca: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
     server_binary: Option<String>,
     sync: Option<SyncPolicy>,
 }
@@ -392,8 +475,10 @@ struct RawStream {
     partitions: Option<Spanned<u32>>,
     shards: Option<Spanned<u32>>,
     create: Option<bool>,
-    max_bytes: Option<Spanned<i64>>,
+    max_bytes: Option<Spanned<Size>>,
+    duplicate_window: Option<Spanned<HumanDuration>>,
     duplicate_window_secs: Option<Spanned<u64>>,
+    replicas: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -401,12 +486,17 @@ struct RawStream {
 struct RawDelivery {
     batch_rows: Option<Spanned<usize>>,
     pull_rows: Option<Spanned<usize>>,
-    batch_bytes: Option<Spanned<usize>>,
-    batch_wait_ms: Option<u64>,
+    batch_bytes: Option<Spanned<Size>>,
+    batch_wait: Option<Spanned<HumanDuration>>,
+    batch_wait_ms: Option<Spanned<u64>>,
+    ack_wait: Option<Spanned<HumanDuration>>,
     ack_wait_secs: Option<Spanned<u64>>,
     max_deliveries: Option<Spanned<u32>>,
-    failure_delay_ms: Option<u64>,
+    failure_delay: Option<Spanned<HumanDuration>>,
+    failure_delay_ms: Option<Spanned<u64>>,
+    failure_delay_cap: Option<Spanned<HumanDuration>>,
     failure_delay_cap_ms: Option<Spanned<u64>>,
+    drain_timeout: Option<Spanned<HumanDuration>>,
     drain_timeout_secs: Option<Spanned<u64>>,
 }
 
@@ -414,6 +504,7 @@ struct RawDelivery {
 #[serde(deny_unknown_fields)]
 struct RawCoordination {
     host_id: Option<Spanned<String>>,
+    member_ttl: Option<Spanned<HumanDuration>>,
     member_ttl_secs: Option<Spanned<u64>>,
 }
 
@@ -435,10 +526,13 @@ struct RawPlugin {
     world: World,
     #[serde(default)]
     settings: Option<toml::Table>,
+    memory: Option<Spanned<Size>>,
     memory_mb: Option<Spanned<u32>>,
+    deadline: Option<Spanned<HumanDuration>>,
     deadline_ms: Option<Spanned<u64>>,
     recycle_after_batches: Option<u64>,
-    recycle_after_growth_mb: Option<u32>,
+    recycle_after_growth: Option<Spanned<Size>>,
+    recycle_after_growth_mb: Option<Spanned<u32>>,
     #[serde(default)]
     grants: RawGrants,
 }
@@ -478,6 +572,8 @@ struct RawPipeline {
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub nats_url: Option<String>,
+    /// Wins, setting by setting, over `[nats]` in the file.
+    pub nats_auth: NatsAuth,
     pub data_dir: Option<PathBuf>,
     /// Create (or update) streams and consumers against an operator's NATS.
     pub create_topology: bool,
@@ -511,6 +607,29 @@ impl Config {
         self.pipelines
             .iter()
             .find(|pipeline| pipeline.tables.iter().any(|t| t == table))
+    }
+}
+
+/// The unit of an older integer duration key.
+#[derive(Clone, Copy)]
+enum Legacy {
+    Secs,
+    Millis,
+}
+
+impl Legacy {
+    fn suffix(self) -> &'static str {
+        match self {
+            Legacy::Secs => "secs",
+            Legacy::Millis => "ms",
+        }
+    }
+
+    fn of(self, value: u64) -> Duration {
+        match self {
+            Legacy::Secs => Duration::from_secs(value),
+            Legacy::Millis => Duration::from_millis(value),
+        }
     }
 }
 
@@ -594,6 +713,86 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A duration written as `key = "30s"` or as its older integer key
+    /// (`key_secs`, `key_ms`); `default` when absent, and one below `min`
+    /// reported where it is written.
+    fn duration(
+        &self,
+        key: &str,
+        human: &Option<Spanned<HumanDuration>>,
+        (unit, legacy): (Legacy, &Option<Spanned<u64>>),
+        min: Duration,
+        default: Duration,
+    ) -> Duration {
+        let name = key.split(' ').next().unwrap_or(key);
+        let legacy_key = format!("{name}_{}", unit.suffix());
+        let set = match (human, legacy) {
+            (Some(human), Some(old)) => {
+                self.report(
+                    old.span().start,
+                    format!("{legacy_key} and {name} are the same setting: keep one"),
+                );
+                Some((human.span().start, human.get_ref().0))
+            }
+            (Some(human), None) => Some((human.span().start, human.get_ref().0)),
+            (None, Some(old)) => Some((old.span().start, unit.of(*old.get_ref()))),
+            (None, None) => None,
+        };
+        match set {
+            Some((at, value)) if value < min => {
+                self.report(at, format!("{key} must be at least {}", show_duration(min)));
+                default
+            }
+            Some((_, value)) => value,
+            None => default,
+        }
+    }
+
+    /// A size in `min..=max` bytes; `default` when absent.
+    fn size(
+        &self,
+        key: &str,
+        value: &Option<Spanned<Size>>,
+        min: u64,
+        max: u64,
+        default: u64,
+    ) -> u64 {
+        match value {
+            Some(set) if !(min..=max).contains(&set.get_ref().0) => {
+                let range = if max == u64::MAX || max >= i64::MAX as u64 {
+                    format!("at least {}", show_size(min))
+                } else {
+                    format!("between {} and {}", show_size(min), show_size(max))
+                };
+                self.report(set.span().start, format!("{key} must be {range}"));
+                default
+            }
+            Some(set) => set.get_ref().0,
+            None => default,
+        }
+    }
+
+    /// A size written as `key = "64MiB"` or as its older `key_mb` integer.
+    fn megabytes(
+        &self,
+        key: &str,
+        human: &Option<Spanned<Size>>,
+        legacy: &Option<Spanned<u32>>,
+        default: u64,
+        max: u64,
+    ) -> u64 {
+        let legacy = legacy
+            .as_ref()
+            .map(|mb| Spanned::new(mb.span(), Size(u64::from(*mb.get_ref()) << 20)));
+        if let (Some(_), Some(old)) = (human, &legacy) {
+            self.report(
+                old.span().start,
+                format!("{key}_mb and {key} are the same setting: keep one"),
+            );
+        }
+        self.size(key, &human.clone().or(legacy), 1 << 20, max, default)
+    }
+
     fn report(&self, offset: usize, message: impl Into<String>) {
         let problem = self.problem(offset, message.into());
         self.problems.borrow_mut().push(problem);
@@ -638,20 +837,18 @@ impl<'a> Checker<'a> {
         if let Some(id) = &raw.host_id {
             self.check_token("host_id", id);
         }
-        let ttl = raw.member_ttl_secs.as_ref().map_or(DEFAULT_MEMBER_TTL_SECS, |ttl| {
-            if *ttl.get_ref() < MIN_MEMBER_TTL_SECS {
-                self.report(
-                    ttl.span().start,
-                    format!(
-                        "member_ttl_secs must be at least {MIN_MEMBER_TTL_SECS}: a member renews three times per TTL and steps down a second before it runs out"
-                    ),
-                );
-            }
-            *ttl.get_ref()
-        });
+        // A member renews three times per TTL and steps down a second
+        // before it runs out: below 3 s that leaves no time to renew.
+        let member_ttl = self.duration(
+            "member_ttl",
+            &raw.member_ttl,
+            (Legacy::Secs, &raw.member_ttl_secs),
+            Duration::from_secs(MIN_MEMBER_TTL_SECS),
+            Duration::from_secs(DEFAULT_MEMBER_TTL_SECS),
+        );
         CoordinationConfig {
             host_id: raw.host_id.as_ref().map(|id| id.get_ref().clone()),
-            member_ttl: Duration::from_secs(ttl.max(MIN_MEMBER_TTL_SECS)),
+            member_ttl,
         }
     }
 
@@ -688,8 +885,40 @@ impl<'a> Checker<'a> {
             .clone()
             .unwrap_or_else(|| self.resolve(raw.data_dir.as_deref().unwrap_or("data")));
 
+        let n = &raw.nats;
+        let path = |value: &Option<String>| value.as_deref().map(|p| self.resolve(p));
+        let file_auth = NatsAuth {
+            creds: path(&n.creds),
+            nkey: path(&n.nkey),
+            token: n.token.clone(),
+            user: n.user.clone(),
+            password: n.password.clone(),
+            tls_ca: path(&n.tls_ca),
+            tls_cert: path(&n.tls_cert),
+            tls_key: path(&n.tls_key),
+        };
+        let auth = overrides.nats_auth.clone().or(file_auth);
+        for problem in auth.problems() {
+            self.report(0, problem);
+        }
+        let url = overrides.nats_url.clone().or(raw.nats.url);
+        if url.is_none() && auth != NatsAuth::default() {
+            self.report(
+                0,
+                "[nats] has a login or TLS setting but no url (or NATS_URL): the embedded server needs neither",
+            );
+        }
+        if url.is_none()
+            && let Some(set) = raw.stream.replicas.as_ref().filter(|r| *r.get_ref() > 1)
+        {
+            self.report(
+                set.span().start,
+                "replicas above 1 need a NATS cluster (set [nats] url): the embedded server is one node",
+            );
+        }
         let nats = NatsConfig {
-            url: overrides.nats_url.clone().or(raw.nats.url),
+            url,
+            auth,
             embedded: EmbeddedConfig {
                 binary: raw.nats.server_binary.as_deref().map(|b| self.resolve(b)),
                 sync: raw.nats.sync.unwrap_or(SyncPolicy::Always),
@@ -719,24 +948,47 @@ impl<'a> Checker<'a> {
             partitions,
             shards,
             create: overrides.create_topology || raw.stream.create.unwrap_or(false),
-            max_bytes: self.at_least("max_bytes", &raw.stream.max_bytes, 1, 1 << 30),
-            duplicate_window: Duration::from_secs(self.at_least(
-                "duplicate_window_secs",
-                &raw.stream.duplicate_window_secs,
+            max_bytes: i64::try_from(self.size(
+                "max_bytes",
+                &raw.stream.max_bytes,
                 1,
-                120,
-            )),
+                i64::MAX as u64,
+                1 << 30,
+            ))
+            .unwrap_or(i64::MAX),
+            duplicate_window: self.duration(
+                "duplicate_window",
+                &raw.stream.duplicate_window,
+                (Legacy::Secs, &raw.stream.duplicate_window_secs),
+                Duration::from_secs(1),
+                Duration::from_secs(120),
+            ),
+            replicas: match &raw.stream.replicas {
+                Some(set) if ![1, 3, 5].contains(set.get_ref()) => {
+                    self.report(set.span().start, "replicas must be 1, 3 or 5");
+                    1
+                }
+                Some(set) => *set.get_ref(),
+                None => 1,
+            },
         };
 
         let d = &raw.delivery;
         let batch_rows = self.at_least("batch_rows", &d.batch_rows, 1, 256);
-        let failure_delay = Duration::from_millis(d.failure_delay_ms.unwrap_or(1_000));
-        let failure_delay_cap = Duration::from_millis(self.at_least(
-            "failure_delay_cap_ms (the retry delay's cap, at least failure_delay_ms)",
-            &d.failure_delay_cap_ms,
-            d.failure_delay_ms.unwrap_or(1_000),
-            60_000.max(d.failure_delay_ms.unwrap_or(1_000)),
-        ));
+        let failure_delay = self.duration(
+            "failure_delay",
+            &d.failure_delay,
+            (Legacy::Millis, &d.failure_delay_ms),
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+        );
+        let failure_delay_cap = self.duration(
+            "failure_delay_cap (the retry delay's cap, at least failure_delay)",
+            &d.failure_delay_cap,
+            (Legacy::Millis, &d.failure_delay_cap_ms),
+            failure_delay,
+            Duration::from_secs(60).max(failure_delay),
+        );
         let delivery = DeliveryConfig {
             batch_rows,
             pull_rows: self.at_least(
@@ -745,18 +997,38 @@ impl<'a> Checker<'a> {
                 batch_rows,
                 1000.max(batch_rows),
             ),
-            batch_bytes: self.at_least("batch_bytes", &d.batch_bytes, 1, 1 << 20),
-            batch_wait: Duration::from_millis(d.batch_wait_ms.unwrap_or(5)),
-            ack_wait: Duration::from_secs(self.at_least("ack_wait_secs", &d.ack_wait_secs, 1, 30)),
+            batch_bytes: usize::try_from(self.size(
+                "batch_bytes",
+                &d.batch_bytes,
+                1,
+                1 << 32,
+                1 << 20,
+            ))
+            .unwrap_or(usize::MAX),
+            batch_wait: self.duration(
+                "batch_wait",
+                &d.batch_wait,
+                (Legacy::Millis, &d.batch_wait_ms),
+                Duration::ZERO,
+                Duration::from_millis(5),
+            ),
+            ack_wait: self.duration(
+                "ack_wait",
+                &d.ack_wait,
+                (Legacy::Secs, &d.ack_wait_secs),
+                Duration::from_secs(1),
+                Duration::from_secs(30),
+            ),
             max_deliveries: self.at_least("max_deliveries", &d.max_deliveries, 1, 10),
             failure_delay,
             failure_delay_cap,
-            drain_timeout: Duration::from_secs(self.at_least(
-                "drain_timeout_secs",
-                &d.drain_timeout_secs,
-                1,
-                30,
-            )),
+            drain_timeout: self.duration(
+                "drain_timeout",
+                &d.drain_timeout,
+                (Legacy::Secs, &d.drain_timeout_secs),
+                Duration::from_secs(1),
+                Duration::from_secs(30),
+            ),
         };
         let coordination = self.coordination(&raw.coordination);
 
@@ -827,25 +1099,27 @@ impl<'a> Checker<'a> {
                     ),
                 );
             }
-            let memory_mb = plugin
-                .memory_mb
-                .as_ref()
-                .map_or(DEFAULT_PLUGIN_MEMORY_MB, |m| *m.get_ref());
-            if !(1..=MAX_PLUGIN_MEMORY_MB).contains(&memory_mb) {
-                let at = plugin.memory_mb.as_ref().map_or(0, |m| m.span().start);
-                self.report(
-                    at,
-                    format!("memory_mb must be between 1 and {MAX_PLUGIN_MEMORY_MB}"),
-                );
-            }
-            let deadline_ms = plugin
-                .deadline_ms
-                .as_ref()
-                .map_or(DEFAULT_PLUGIN_DEADLINE_MS, |d| *d.get_ref());
-            if deadline_ms == 0 {
-                let at = plugin.deadline_ms.as_ref().map_or(0, |d| d.span().start);
-                self.report(at, "deadline_ms must be at least 1");
-            }
+            let memory_bytes = self.megabytes(
+                "memory",
+                &plugin.memory,
+                &plugin.memory_mb,
+                u64::from(DEFAULT_PLUGIN_MEMORY_MB) << 20,
+                u64::from(MAX_PLUGIN_MEMORY_MB) << 20,
+            );
+            let recycle_after_growth_bytes = self.megabytes(
+                "recycle_after_growth",
+                &plugin.recycle_after_growth,
+                &plugin.recycle_after_growth_mb,
+                u64::from(DEFAULT_RECYCLE_AFTER_GROWTH_MB) << 20,
+                u64::from(MAX_PLUGIN_MEMORY_MB) << 20,
+            );
+            let deadline = self.duration(
+                "deadline",
+                &plugin.deadline,
+                (Legacy::Millis, &plugin.deadline_ms),
+                Duration::from_millis(1),
+                Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
+            );
             let mut dirs = Vec::new();
             for dir in plugin.grants.dirs {
                 let host = self.resolve(dir.host.get_ref());
@@ -882,14 +1156,11 @@ impl<'a> Checker<'a> {
                     wasm,
                     world: plugin.world,
                     settings,
-                    memory_bytes: (memory_mb as usize) << 20,
-                    deadline: Duration::from_millis(deadline_ms.max(1)),
+                    memory_bytes: usize::try_from(memory_bytes).unwrap_or(usize::MAX),
+                    deadline,
                     recycle_after_batches: plugin.recycle_after_batches.unwrap_or(1_000).max(1),
-                    recycle_after_growth_bytes: (plugin
-                        .recycle_after_growth_mb
-                        .unwrap_or(DEFAULT_RECYCLE_AFTER_GROWTH_MB)
-                        .max(1) as usize)
-                        << 20,
+                    recycle_after_growth_bytes: usize::try_from(recycle_after_growth_bytes)
+                        .unwrap_or(usize::MAX),
                     grants: Grants {
                         dirs,
                         env: plugin.grants.env,
@@ -956,12 +1227,14 @@ impl<'a> Checker<'a> {
             routing_field: raw.policies.routing_field,
         };
 
-        let max_body_bytes = self.at_least(
+        let max_body_bytes = usize::try_from(self.size(
             "max_body_bytes",
             &raw.max_body_bytes,
             1,
-            DEFAULT_MAX_BODY_BYTES,
-        );
+            1 << 32,
+            DEFAULT_MAX_BODY_BYTES as u64,
+        ))
+        .unwrap_or(usize::MAX);
         if let Some(set) = &raw.max_plugin_instances
             && !(1..=MAX_PLUGIN_INSTANCES).contains(set.get_ref())
         {
@@ -1153,17 +1426,17 @@ mod tests {
         let found = problems(concat!(
             "max_body_bytes = 0\n",
             "admin_api_keys = [\"x\", \"tenant-key-1\"]\n",
-            "[stream]\nmax_bytes = -5\n",
+            "[stream]\nmax_bytes = 0\n",
             "[delivery]\nbatch_rows = 0\nmax_deliveries = 0\nack_wait_secs = 0\n",
             "failure_delay_ms = 5000\nfailure_delay_cap_ms = 100\n",
             "[[tenants]]\nname = \"t\"\napi_keys = [\"tenant-key-1\"]\n",
         ));
         let expected = [
-            ":1:18: max_body_bytes must be at least 1",
-            ":4:13: max_bytes must be at least 1",
+            ":1:18: max_body_bytes must be between 1 byte and 4 GiB",
+            ":4:13: max_bytes must be at least 1 byte",
             ":6:14: batch_rows must be at least 1",
-            ":10:24: failure_delay_cap_ms (the retry delay's cap, at least failure_delay_ms) must be at least 5000",
-            ":8:17: ack_wait_secs must be at least 1",
+            ":10:24: failure_delay_cap (the retry delay's cap, at least failure_delay) must be at least 5s",
+            ":8:17: ack_wait must be at least 1s",
             ":7:18: max_deliveries must be at least 1",
             ":2:19: an admin api key must be at least 8 characters",
             ":2:24: this admin api key is also a tenant's api key",
@@ -1173,6 +1446,51 @@ mod tests {
                 found.iter().any(|p| p.contains(want)),
                 "no `{want}` in {found:#?}"
             );
+        }
+    }
+
+    #[test]
+    fn durations_and_sizes_take_units_and_the_older_keys_still_work() {
+        let config = parse(concat!(
+            "max_body_bytes = \"4MiB\"\n",
+            "[nats]\nurl = \"nats://a:4222,nats://b:4222\"\n",
+            "[stream]\nmax_bytes = \"500GB\"\nduplicate_window = \"5m\"\nreplicas = 3\n",
+            "[delivery]\nack_wait = \"1m30s\"\nfailure_delay_ms = 250\ndrain_timeout = \"10s\"\n",
+            "[coordination]\nmember_ttl_secs = 7\n",
+        ))
+        .unwrap();
+        assert_eq!(config.max_body_bytes, 4 << 20);
+        assert_eq!(config.stream.max_bytes, 500 << 30);
+        assert_eq!(config.stream.duplicate_window, Duration::from_secs(300));
+        assert_eq!(config.stream.replicas, 3);
+        assert_eq!(config.delivery.ack_wait, Duration::from_secs(90));
+        assert_eq!(config.delivery.failure_delay, Duration::from_millis(250));
+        assert_eq!(config.delivery.drain_timeout, Duration::from_secs(10));
+        assert_eq!(config.coordination.member_ttl, Duration::from_secs(7));
+
+        let found = problems(concat!(
+            "[stream]\nreplicas = 2\n",
+            "[delivery]\nack_wait = \"30s\"\nack_wait_secs = 30\n",
+        ));
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains(":2:12: replicas must be 1, 3 or 5")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains(":5:17: ack_wait_secs and ack_wait are the same setting")),
+            "{found:?}"
+        );
+        for (text, position) in [
+            ("[delivery]\nack_wait = \"soon\"\n", ":2:12:"),
+            ("[stream]\nmax_bytes = \"5XB\"\n", ":2:13:"),
+            ("[stream]\nmax_bytes = -5\n", ":2:13:"),
+        ] {
+            let found = problems(text);
+            assert!(found[0].contains(position), "{text}: {found:?}");
         }
     }
 
