@@ -7,6 +7,7 @@ mod support;
 mod boundaries;
 mod cli;
 mod delivery;
+mod dlq;
 mod fleet;
 mod front_door;
 mod http_sink;

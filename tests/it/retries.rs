@@ -94,7 +94,7 @@ async fn a_row_that_keeps_asking_for_retry_is_dead_lettered_and_replayed_after_a
         (!listed.is_empty()).then_some(listed)
     })
     .await;
-    let letter = &listed[0].0;
+    let letter = &listed[0];
     assert_eq!(
         (letter.tenant.as_str(), letter.table.as_str()),
         ("acme", "flaky")
@@ -264,7 +264,7 @@ async fn every_dead_letter_names_the_plugin_and_version_that_failed_it() {
         (listed.len() >= 5).then_some(listed)
     })
     .await;
-    for (letter, _) in &listed {
+    for letter in &listed {
         let plugin = if letter.table == "orders" {
             "validate".to_string()
         } else {

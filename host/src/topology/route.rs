@@ -155,7 +155,21 @@ impl Router {
         )
     }
 
-    /// Every dead-letter subject.
+    /// The dead-letter subjects of one tenant, one table (of any tenant),
+    /// or both; every dead-letter subject when neither is given. Names are
+    /// encoded, so a name cannot widen the filter with `*` or `>`.
+    pub fn dead_letter_filter(&self, tenant: Option<&str>, table: Option<&str>) -> String {
+        match (tenant, table) {
+            (None, None) => self.dead_letter_subjects(),
+            (tenant, table) => format!(
+                "{}.dlq.{}.{}",
+                self.prefix,
+                tenant.map_or(Cow::Borrowed("*"), encode_token),
+                table.map_or(Cow::Borrowed("*"), encode_token)
+            ),
+        }
+    }
+
     /// The object store of plugins pushed to the fleet.
     pub fn plugin_store(&self) -> String {
         format!("{}_plugins", self.prefix)
@@ -171,6 +185,7 @@ impl Router {
         format!("{}.usage.accepts", self.prefix)
     }
 
+    /// Every dead-letter subject.
     pub fn dead_letter_subjects(&self) -> String {
         format!("{}.dlq.>", self.prefix)
     }
@@ -291,6 +306,28 @@ mod tests {
         assert!(router.parse("other.in.0.0.a.b").is_err());
         assert!(router.parse("weir.in.0.0.a").is_err());
         assert!(router.parse("weir.dlq.a.b").is_err());
+    }
+
+    #[test]
+    fn dead_letter_filters_name_a_tenant_a_table_or_both() {
+        let router = Router::new("weir", 1, 1);
+        assert_eq!(router.dead_letter_filter(None, None), "weir.dlq.>");
+        assert_eq!(
+            router.dead_letter_filter(Some("acme"), None),
+            "weir.dlq.acme.*"
+        );
+        assert_eq!(
+            router.dead_letter_filter(None, Some("orders")),
+            "weir.dlq.*.orders"
+        );
+        assert_eq!(
+            router.dead_letter_filter(Some("a.b"), Some("*")),
+            "weir.dlq.a~2Eb.~2A"
+        );
+        assert_eq!(
+            router.dead_letter_filter(Some("acme"), Some("orders")),
+            router.dead_letter_subject("acme", "orders")
+        );
     }
 
     /// Golden vectors: these exact units, forever, for these N and V. If this
