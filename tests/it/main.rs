@@ -12,6 +12,7 @@ mod fleet;
 mod front_door;
 mod http_sink;
 mod kv;
+mod operator;
 mod policies;
 mod reload;
 mod retries;

@@ -175,7 +175,10 @@ fn lines_in(host: &Host, tenant: &str, table: &str) -> usize {
 async fn a_tenant_over_its_fleet_wide_budget_is_throttled_on_every_front_door_and_gets_it_back() {
     let nats = Nats::start();
     let port = free_port();
-    let settings = format!("tenants.alpha = {{ queued_bytes = {BUDGET_BYTES} }}");
+    // Beta's entry declares `suspended`, which `weir tenant set` writes below.
+    let settings = format!(
+        "tenants.alpha = {{ queued_bytes = {BUDGET_BYTES} }}, tenants.beta = {{ suspended = false }}"
+    );
     let config = |id: &str| policy_config(nats.url(), id, port, &budget(&settings));
     let first = Host::spawn_with("front-1", config("front-1"));
     ready(&first, 1).await;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{Nats, TestHost, base_config, eventually, orders};
+use crate::support::{Nats, TestHost, base_config, eventually, operator, orders};
 
 /// A pipeline for table `tagged`: the chaos plugin in `tag` mode, then the
 /// file sink. `wasm` is the chaos component's path.
@@ -36,10 +36,6 @@ fn own_chaos_copy() -> (tempfile::TempDir, PathBuf) {
     let wasm = dir.path().join("chaos.wasm");
     std::fs::copy(weir_test_artifacts::CHAOS, &wasm).expect("copy the chaos plugin");
     (dir, wasm)
-}
-
-fn config_path(host: &TestHost) -> PathBuf {
-    host.dir.path().join("weir.toml")
 }
 
 /// `(id, tag)` of every line the sink wrote for `tagged`.
@@ -101,7 +97,7 @@ async fn swapping_a_transform_under_load_delivers_every_row_once_on_one_version(
         })
     };
 
-    let path = config_path(&host);
+    let path = host.config_path();
     let mut tag = "v1";
     for swap in 1..=10 {
         let next = if tag == "v1" { "v2" } else { "v1" };
@@ -205,7 +201,7 @@ async fn an_invalid_toml_is_refused_and_the_running_config_stays() {
     let nats = Nats::start();
     let (_plugins, wasm) = own_chaos_copy();
     let host = TestHost::start(&base_config(nats.url(), &tagged_pipeline(&wasm, "v1"))).await;
-    let path = config_path(&host);
+    let path = host.config_path();
     let good = std::fs::read_to_string(&path).expect("read config");
 
     // A change of tag, but in a file that does not parse: nothing of it applies.
@@ -251,7 +247,7 @@ async fn a_table_added_by_a_reload_reaches_the_front_door() {
     let host = TestHost::start(&base_config(nats.url(), &tagged_pipeline(&wasm, "v1"))).await;
     assert_eq!(host.ingest("late", orders(0, 1)).await.status(), 404);
 
-    let path = config_path(&host);
+    let path = host.config_path();
     let text = std::fs::read_to_string(&path).expect("read config");
     let added =
         "\n[[pipelines]]\ntables = [\"late\"]\ntransforms = [\"tagger\"]\nsink = \"files\"\n";
@@ -269,26 +265,9 @@ async fn a_table_added_by_a_reload_reaches_the_front_door() {
     host.shutdown().await;
 }
 
-/// The version `/v1/status` reports for plugin `name`.
-async fn running_version(host: &TestHost, name: &str) -> Option<String> {
-    let report = host.host.status().report().await;
-    report
-        .plugins
-        .into_iter()
-        .find(|plugin| plugin.name == name)
-        .map(|plugin| plugin.version)
-}
-
 /// Runs `weir plugin ARGS --config <host's config>` and returns its output.
 fn weir_plugin(host: &TestHost, args: &[&str]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-        .arg("plugin")
-        .arg(args[0])
-        .arg("--config")
-        .arg(config_path(host))
-        .args(&args[1..])
-        .output()
-        .expect("weir runs");
+    let output = operator(&host.config_path(), ["plugin", args[0]], &args[1..]);
     assert!(
         output.status.success(),
         "weir plugin {args:?}: {}",
@@ -309,7 +288,7 @@ async fn a_pushed_plugin_reaches_every_host_and_a_rollback_takes_it_back() {
         TestHost::start(&config).await,
         TestHost::start(&config).await,
     ];
-    let original = running_version(&hosts[0], "validate").await.unwrap();
+    let original = hosts[0].running_version("validate").await.unwrap();
     let pushed_bytes = std::fs::read(weir_test_artifacts::PASSTHROUGH).unwrap();
     let pushed = weir::sandbox::version_of(&pushed_bytes);
     assert_ne!(original, pushed);
@@ -324,7 +303,7 @@ async fn a_pushed_plugin_reaches_every_host_and_a_rollback_takes_it_back() {
         eventually(
             Duration::from_secs(20),
             "every host runs the push",
-            || async { (running_version(host, "validate").await? == pushed).then_some(()) },
+            || async { (host.running_version("validate").await? == pushed).then_some(()) },
         )
         .await;
     }
@@ -361,7 +340,7 @@ async fn a_pushed_plugin_reaches_every_host_and_a_rollback_takes_it_back() {
         eventually(
             Duration::from_secs(20),
             "every host rolled back",
-            || async { (running_version(host, "validate").await? == original).then_some(()) },
+            || async { (host.running_version("validate").await? == original).then_some(()) },
         )
         .await;
     }
@@ -394,7 +373,7 @@ async fn the_admin_api_forces_a_reload_and_says_why_one_is_refused() {
     assert_eq!(applied.status(), 200);
 
     // The topology is a restart's: the reload says so and keeps it.
-    let path = config_path(&host);
+    let path = host.config_path();
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("[stream]\n", "[stream]\nshards = 7\n")).unwrap();
     let partial = reload(Some("admin-secret")).await;

@@ -172,9 +172,36 @@ impl TestHost {
             .unwrap_or_default()
     }
 
+    /// The TOML the host was started from (operator commands read it too).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("weir.toml")
+    }
+
+    /// The version `/v1/status` reports for plugin `name`.
+    pub async fn running_version(&self, name: &str) -> Option<String> {
+        let report = self.host.status().report().await;
+        report
+            .plugins
+            .into_iter()
+            .find(|plugin| plugin.name == name)
+            .map(|plugin| plugin.version)
+    }
+
     pub async fn shutdown(self) {
         self.host.shutdown().await;
     }
+}
+
+/// Runs the operator command `weir GROUP COMMAND --config CONFIG ARGS…`
+/// (e.g. `["plugin", "push"]`) to its end, whatever its exit status.
+pub fn operator(config: &Path, command: [&str; 2], args: &[&str]) -> std::process::Output {
+    Command::new(WEIR)
+        .args(command)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("weir runs")
 }
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.

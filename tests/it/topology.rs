@@ -52,13 +52,23 @@ async fn apply_manifests(client: &async_nats::Client, config_text: &str) {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let mut files: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .collect();
     // Streams before the consumers on them.
-    files.sort_by_key(|path| !path.file_name().unwrap().to_string_lossy().starts_with("stream-"));
+    files.sort_by_key(|path| {
+        !path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("stream-")
+    });
     let mut kinds = (0, 0);
     for path in files {
         let file = path.file_name().unwrap().to_string_lossy().to_string();
@@ -226,7 +236,10 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     assert_eq!(items[10]["spec"]["bucket"], "weir_plugins");
     // Without the pin, weir refuses the consumer nack would create.
     for consumer in &items[3..9] {
-        assert_eq!(consumer["spec"]["priorityPolicy"], "pinned_client", "{consumer}");
+        assert_eq!(
+            consumer["spec"]["priorityPolicy"], "pinned_client",
+            "{consumer}"
+        );
         assert_eq!(consumer["spec"]["priorityGroups"][0], "weir", "{consumer}");
         assert_eq!(consumer["spec"]["pinnedTtl"], "15s", "{consumer}");
     }

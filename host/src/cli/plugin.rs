@@ -1,16 +1,21 @@
-//! `weir plugin`: roll a plugin out to the fleet, or back.
+//! `weir plugin`: roll a plugin out to the fleet, or back, and see what it
+//! ran.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
-use weir::reload::releases;
+use weir::config::Config;
+use weir::reload::releases::{self, Release, RollbackTo};
+use weir::topology::route::Router;
 
 use super::target::{FleetTarget, router_of};
 
 #[derive(clap::Subcommand)]
 pub enum PluginCommand {
-    /// Store a `.wasm` as plugin NAME's release: every host fetches it,
-    /// checks its digest and swaps it in between batches.
+    /// Check a `.wasm` against plugin NAME's world and settings (as `weir
+    /// check` would), then store it as NAME's release: every host fetches
+    /// it, checks its digest and swaps it in between batches.
     Push {
         #[command(flatten)]
         fleet: FleetTarget,
@@ -18,43 +23,206 @@ pub enum PluginCommand {
         name: String,
         /// The component to roll out.
         file: PathBuf,
+        /// Then wait (at most SECS, default 60) until every live member
+        /// runs it; fail naming those that do not. Put it after NAME FILE
+        /// when giving no SECS.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
+        wait: Option<u64>,
     },
-    /// Go back to plugin NAME's release before the current one.
+    /// Point plugin NAME back at an earlier release: by default the one
+    /// before the current one.
     Rollback {
         #[command(flatten)]
         fleet: FleetTarget,
         /// The plugin's name in the config.
         name: String,
+        /// The release to go back to: a digest (or a unique prefix of one,
+        /// such as the version `weir plugin list` shows) from its history,
+        /// or `file` for each host's own file from its config.
+        #[arg(long, value_name = "VERSION")]
+        to: Option<String>,
+        /// Then wait (at most SECS, default 60) until every live member
+        /// runs it; fail naming those that do not. For `--to file`, the
+        /// version waited for is that of the file this config names here.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
+        wait: Option<u64>,
+    },
+    /// Each configured plugin (or NAME only): the release the fleet runs,
+    /// its release history newest first, and what each live member runs.
+    List {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        /// Only this plugin.
+        name: Option<String>,
     },
 }
 
 impl PluginCommand {
     pub async fn run(self) -> anyhow::Result<()> {
-        let (name, release) = match &self {
-            PluginCommand::Push { fleet, name, file } => {
-                let bytes = std::fs::read(file)
+        match self {
+            PluginCommand::Push {
+                fleet,
+                name,
+                file,
+                wait,
+            } => {
+                let bytes = std::fs::read(&file)
                     .with_context(|| format!("cannot read {}", file.display()))?;
+                let config = Config::load(&fleet.config, &Default::default())?;
+                let plugin = configured(&config, &fleet, &name)?;
+                // Checked before connecting: a plugin no host can run is
+                // refused without touching the fleet.
+                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+                releases::check(&sandbox, plugin, &file, &bytes).await?;
+                drop(sandbox);
                 let (config, client) = fleet.connect().await?;
-                anyhow::ensure!(
-                    config.plugins.contains_key(name),
-                    "{}: no plugin `{name}` in the config",
-                    fleet.config.display()
-                );
-                let release = releases::push(&client, &router_of(&config), name, &bytes).await?;
+                let router = router_of(&config);
+                let release = releases::push(&client, &router, &name, &bytes).await?;
                 client.flush().await?;
-                (name, release)
+                announce(&name, &release);
+                if let Some(secs) = wait {
+                    let version = weir::sandbox::version_of(&bytes);
+                    wait_for(&client, &router, &name, &version, secs).await?;
+                }
             }
-            PluginCommand::Rollback { fleet, name } => {
+            PluginCommand::Rollback {
+                fleet,
+                name,
+                to,
+                wait,
+            } => {
                 let (config, client) = fleet.connect().await?;
-                let release = releases::rollback(&client, &router_of(&config), name).await?;
+                let plugin = configured(&config, &fleet, &name)?;
+                let router = router_of(&config);
+                let to = RollbackTo::parse(to.as_deref());
+                let release = releases::rollback(&client, &router, &name, &to).await?;
                 client.flush().await?;
-                (name, release)
+                announce(&name, &release);
+                if let Some(secs) = wait {
+                    let version = match &release.digest {
+                        Some(digest) => releases::version_of_digest(digest).to_string(),
+                        None => {
+                            let bytes = std::fs::read(&plugin.wasm).with_context(|| {
+                                format!(
+                                    "cannot read {} to know the version to wait for",
+                                    plugin.wasm.display()
+                                )
+                            })?;
+                            weir::sandbox::version_of(&bytes)
+                        }
+                    };
+                    wait_for(&client, &router, &name, &version, secs).await?;
+                }
             }
-        };
-        match &release.digest {
-            Some(digest) => println!("plugin {name}: the fleet now runs {digest}"),
-            None => println!("plugin {name}: the fleet now runs each host's own file"),
+            PluginCommand::List { fleet, name } => {
+                let (config, client) = fleet.connect().await?;
+                let router = router_of(&config);
+                let names: Vec<&String> = match &name {
+                    Some(name) => {
+                        configured(&config, &fleet, name)?;
+                        vec![name]
+                    }
+                    None => config.plugins.keys().collect(),
+                };
+                let members = releases::member_versions(&client, &router).await?;
+                for name in names {
+                    let release = releases::release(&client, &router, name).await?;
+                    list_one(&config, name, release.as_ref(), &members);
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Plugin `name` from the config, or an error naming the file.
+fn configured<'a>(
+    config: &'a Config,
+    fleet: &FleetTarget,
+    name: &str,
+) -> anyhow::Result<&'a weir::config::PluginConfig> {
+    config.plugins.get(name).with_context(|| {
+        format!(
+            "{}: no plugin `{name}` in the config",
+            fleet.config.display()
+        )
+    })
+}
+
+fn announce(name: &str, release: &Release) {
+    match &release.digest {
+        Some(digest) => println!("plugin {name}: the fleet now runs {digest}"),
+        None => println!("plugin {name}: the fleet now runs each host's own file"),
+    }
+}
+
+async fn wait_for(
+    client: &async_nats::Client,
+    router: &Router,
+    name: &str,
+    version: &str,
+    secs: u64,
+) -> anyhow::Result<()> {
+    let members =
+        releases::wait_for(client, router, name, version, Duration::from_secs(secs)).await?;
+    println!(
+        "plugin {name}: every live member runs {version} ({})",
+        members.join(", ")
+    );
+    Ok(())
+}
+
+fn list_one(
+    config: &Config,
+    name: &str,
+    release: Option<&Release>,
+    members: &std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+) {
+    let world = config
+        .plugins
+        .get(name)
+        .map_or("?", |plugin| plugin.world.as_str());
+    println!("{name} ({world})");
+    match release {
+        None => println!("  release: each host's own file (never pushed)"),
+        Some(release) => {
+            println!("  release: {}", what(release.digest.as_deref()));
+            println!("  history, newest first:");
+            for (index, step) in release.steps().enumerate() {
+                println!(
+                    "    {}  {:<8}  {}{}",
+                    when(step.pushed_ms),
+                    step.how.map_or("-", |how| how.as_str()),
+                    what(step.digest.as_deref()),
+                    if index == 0 { "  (current)" } else { "" }
+                );
+            }
+        }
+    }
+    for (member, plugins) in members {
+        let running = plugins.get(name).map_or("nothing", String::as_str);
+        println!("  member {member} runs {running}");
+    }
+}
+
+fn what(digest: Option<&str>) -> String {
+    match digest {
+        Some(digest) => digest.to_string(),
+        None => "file (each host's own)".to_string(),
+    }
+}
+
+/// RFC 3339 in UTC; releases from an older weir may have no time.
+fn when(unix_ms: u64) -> String {
+    let formatted =
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+            .ok()
+            .filter(|_| unix_ms > 0)
+            .and_then(|at| {
+                at.replace_millisecond(0)
+                    .ok()?
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            });
+    formatted.unwrap_or_else(|| "(time unknown)".to_string())
 }

@@ -3,25 +3,40 @@
 //! coordination bucket at it; every host sees that key through its one
 //! coordination watch, fetches the object, checks its SHA-256 and swaps the
 //! plugin in as a hot reload would. `weir plugin rollback` points the key
-//! back at the previous release.
+//! back at the previous release, or at any release still in its history.
+//!
+//! The coordination bucket keeps one revision per key (member keys are
+//! renewed every few seconds and the usage snapshot every second, so a
+//! deeper history would multiply what the bucket stores for nothing). A
+//! release therefore carries its own history, the last [`HISTORY_KEPT`]
+//! releases before it, written by the same compare-and-set.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, object_store};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use crate::coordination::KeyFollower;
-use crate::nats::kv::{Entry, KvError, KvWrite, NatsKv};
+use crate::config::PluginConfig;
+use crate::coordination::{KeyFollower, MEMBERS, MemberRecord};
+use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, WatchEvent, WatchStart};
+use crate::sandbox::{LoadError, Sandbox};
 use crate::topology::route::Router;
 
 /// Key prefix of plugin releases in the coordination bucket.
 pub const RELEASES: &str = "plugins.";
+/// Earlier releases a release remembers: enough to go back days of pushes,
+/// small enough that the key stays a few kilobytes.
+pub const HISTORY_KEPT: usize = 32;
+/// Hex digits of a digest that make a plugin's version as member keys and
+/// status report it (`sandbox::version_of`: the first 6 bytes).
+const VERSION_HEX: usize = 12;
 
 /// What `plugins.<name>` says every host should run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +47,76 @@ pub struct Release {
     /// The release this one replaced, for `weir plugin rollback`.
     pub previous: Option<Previous>,
     pub pushed_ms: u64,
+    /// How it was made; `None` in releases written by an older weir.
+    #[serde(default)]
+    pub how: Option<How>,
+    /// The releases before this one, newest first (at most
+    /// [`HISTORY_KEPT`]); empty in releases written by an older weir.
+    #[serde(default)]
+    pub history: Vec<Step>,
+}
+
+/// What made a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum How {
+    Push,
+    Rollback,
+}
+
+impl How {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            How::Push => "push",
+            How::Rollback => "rollback",
+        }
+    }
+}
+
+/// One release in a release's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// As in [`Release`]: `None` is each host's own file.
+    pub digest: Option<String>,
+    pub pushed_ms: u64,
+    #[serde(default)]
+    pub how: Option<How>,
+}
+
+impl Release {
+    /// This release as a step of the history.
+    pub fn step(&self) -> Step {
+        Step {
+            digest: self.digest.clone(),
+            pushed_ms: self.pushed_ms,
+            how: self.how,
+        }
+    }
+
+    /// This release and every one before it that it remembers, newest first.
+    pub fn steps(&self) -> impl Iterator<Item = Step> + '_ {
+        std::iter::once(self.step()).chain(self.history.iter().cloned())
+    }
+
+    /// The release that replaces this one with `digest`.
+    fn followed_by(&self, digest: Option<String>, how: How) -> Release {
+        let mut history: Vec<Step> = self.steps().collect();
+        history.truncate(HISTORY_KEPT);
+        Release {
+            digest,
+            previous: Some(Previous {
+                digest: self.digest.clone(),
+            }),
+            pushed_ms: unix_ms(),
+            how: Some(how),
+            history,
+        }
+    }
+}
+
+/// The version (as member keys and status report it) of a pushed digest.
+pub fn version_of_digest(digest: &str) -> &str {
+    digest.get(..VERSION_HEX).unwrap_or(digest)
 }
 
 /// What ran before a release (its `digest` as in [`Release`]).
@@ -127,7 +212,7 @@ impl KeyFollower for ReleaseFollower {
 pub enum StoreError {
     #[error("plugin object store `{bucket}`: {reason}")]
     Store { bucket: String, reason: String },
-    #[error("plugin `{name}`: {source}")]
+    #[error("plugin `{name}`")]
     Kv { name: String, source: KvError },
     #[error("plugin `{name}` has no earlier release to roll back to")]
     NothingToRollBack { name: String },
@@ -144,6 +229,59 @@ pub enum StoreError {
         name: String,
         path: String,
         source: std::io::Error,
+    },
+    #[error("refused, nothing pushed")]
+    Refused { name: String, source: LoadError },
+    #[error("plugin `{name}`: {path} changed while it was being checked; nothing pushed")]
+    Changed { name: String, path: String },
+    #[error(
+        "plugin `{name}`: `{wanted}` is not a digest (hex digits, or `file` for each host's own file)"
+    )]
+    NotADigest { name: String, wanted: String },
+    #[error("plugin `{name}`: no release `{wanted}` in its history (it has {known})")]
+    NoSuchRelease {
+        name: String,
+        wanted: String,
+        known: String,
+    },
+    #[error("plugin `{name}`: `{wanted}` matches several releases ({matches}); give more digits")]
+    AmbiguousRelease {
+        name: String,
+        wanted: String,
+        matches: String,
+    },
+    #[error(
+        "plugin `{name}`: release {digest} is no longer in the object store `{bucket}`; push its file again"
+    )]
+    ObjectGone {
+        name: String,
+        digest: String,
+        bucket: String,
+    },
+}
+
+/// Why `--wait` gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    #[error("plugin `{name}`: cannot follow the members")]
+    Kv { name: String, source: KvError },
+    #[error("plugin `{name}`: no live member reported running {version} within {waited:?}")]
+    NoMembers {
+        name: String,
+        version: String,
+        waited: Duration,
+    },
+    #[error(
+        "plugin `{name}`: after {waited:?}, {count} of {members} live members do not run {version}: {behind}"
+    )]
+    Timeout {
+        name: String,
+        version: String,
+        waited: Duration,
+        count: usize,
+        members: usize,
+        /// Each member behind and what it runs.
+        behind: String,
     },
 }
 
@@ -182,7 +320,39 @@ async fn store(
     }
 }
 
-/// Stores `bytes` as plugin `name` and makes it the fleet's release.
+/// Loads `file` (whose content is `bytes`) as `plugin` would run it —
+/// compiled, checked against its world, linked and `init` with its
+/// settings, as `weir check` does — so a plugin no host could run is
+/// refused before anything is pushed.
+pub async fn check(
+    sandbox: &Sandbox,
+    plugin: &PluginConfig,
+    file: &Path,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let candidate = PluginConfig {
+        wasm: file.to_path_buf(),
+        ..plugin.clone()
+    };
+    let loaded = sandbox
+        .load(&candidate)
+        .await
+        .map_err(|source| StoreError::Refused {
+            name: plugin.name.clone(),
+            source,
+        })?;
+    // The sandbox read the file again: what was checked must be what is pushed.
+    if loaded.version != crate::sandbox::version_of(bytes) {
+        return Err(StoreError::Changed {
+            name: plugin.name.clone(),
+            path: file.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Stores `bytes` as plugin `name` and makes it the fleet's release (a
+/// push of what the fleet already runs changes nothing).
 pub async fn push(
     client: &async_nats::Client,
     router: &Router,
@@ -202,37 +372,243 @@ pub async fn push(
             })?;
     }
     let current = current(client, router, name).await?;
-    let release = Release {
-        digest: Some(digest),
-        previous: Some(Previous {
-            digest: current.as_ref().and_then(|(r, _)| r.digest.clone()),
-        }),
-        pushed_ms: unix_ms(),
+    let release = match &current {
+        Some((current, _)) if current.digest.as_deref() == Some(digest.as_str()) => {
+            return Ok(current.clone());
+        }
+        Some((current, _)) => current.followed_by(Some(digest), How::Push),
+        None => Release {
+            digest: Some(digest),
+            previous: Some(Previous { digest: None }),
+            pushed_ms: unix_ms(),
+            how: Some(How::Push),
+            history: Vec::new(),
+        },
     };
     write(client, router, name, &release, current.map(|(_, rev)| rev)).await?;
     Ok(release)
 }
 
-/// Points plugin `name` back at the release before the current one.
+/// What `weir plugin rollback --to` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackTo {
+    /// The release before the current one.
+    Previous,
+    /// Each host's own file from its config.
+    File,
+    /// A release in the history, by its digest or a unique prefix of it.
+    Digest(String),
+}
+
+impl RollbackTo {
+    /// `file`, else a digest prefix; none: the previous release.
+    pub fn parse(wanted: Option<&str>) -> RollbackTo {
+        match wanted {
+            None => RollbackTo::Previous,
+            Some(text) if text.eq_ignore_ascii_case("file") => RollbackTo::File,
+            Some(text) => RollbackTo::Digest(text.to_ascii_lowercase()),
+        }
+    }
+}
+
+/// Points plugin `name` back at an earlier release: the one before the
+/// current one, each host's own file, or one from the history.
 pub async fn rollback(
     client: &async_nats::Client,
     router: &Router,
     name: &str,
+    to: &RollbackTo,
 ) -> Result<Release, StoreError> {
     let nothing = || StoreError::NothingToRollBack {
         name: name.to_string(),
     };
     let (current, revision) = current(client, router, name).await?.ok_or_else(nothing)?;
-    let previous = current.previous.clone().ok_or_else(nothing)?;
-    let release = Release {
-        digest: previous.digest,
-        previous: Some(Previous {
-            digest: current.digest,
-        }),
-        pushed_ms: unix_ms(),
+    let target = match to {
+        RollbackTo::Previous => current.previous.clone().ok_or_else(nothing)?.digest,
+        RollbackTo::File => None,
+        RollbackTo::Digest(wanted) => Some(resolve(name, &current, wanted)?),
     };
+    if target == current.digest {
+        return Ok(current);
+    }
+    if let Some(digest) = &target {
+        // A host that cannot fetch the object would refuse the release.
+        let store = store(client, router).await?;
+        if store.info(object_name(name, digest)).await.is_err() {
+            return Err(StoreError::ObjectGone {
+                name: name.to_string(),
+                digest: digest.clone(),
+                bucket: router.plugin_store(),
+            });
+        }
+    }
+    let release = current.followed_by(target, How::Rollback);
     write(client, router, name, &release, Some(revision)).await?;
     Ok(release)
+}
+
+/// The one digest in `current`'s history that starts with `wanted`.
+fn resolve(name: &str, current: &Release, wanted: &str) -> Result<String, StoreError> {
+    if wanted.is_empty() || !wanted.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(StoreError::NotADigest {
+            name: name.to_string(),
+            wanted: wanted.to_string(),
+        });
+    }
+    let mut known: Vec<String> = current
+        .steps()
+        .filter_map(|step| step.digest)
+        .chain(current.previous.iter().filter_map(|p| p.digest.clone()))
+        .collect();
+    known.sort();
+    known.dedup();
+    let matches: Vec<&String> = known.iter().filter(|d| d.starts_with(wanted)).collect();
+    let short = |digests: &mut dyn Iterator<Item = &String>| {
+        digests
+            .map(|d| version_of_digest(d).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(StoreError::NoSuchRelease {
+            name: name.to_string(),
+            wanted: wanted.to_string(),
+            known: if known.is_empty() {
+                "none".to_string()
+            } else {
+                short(&mut known.iter())
+            },
+        }),
+        several => Err(StoreError::AmbiguousRelease {
+            name: name.to_string(),
+            wanted: wanted.to_string(),
+            matches: short(&mut several.iter().copied()),
+        }),
+    }
+}
+
+/// Plugin `name`'s current release, if it was ever pushed.
+pub async fn release(
+    client: &async_nats::Client,
+    router: &Router,
+    name: &str,
+) -> Result<Option<Release>, StoreError> {
+    Ok(current(client, router, name)
+        .await?
+        .map(|(release, _)| release))
+}
+
+/// The plugin versions each live member reports (its member key), by member.
+pub async fn member_versions(
+    client: &async_nats::Client,
+    router: &Router,
+) -> Result<BTreeMap<String, BTreeMap<String, String>>, KvError> {
+    let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
+    let mut watch = kv
+        .watch_prefixes(&[MEMBERS], WatchStart::CurrentValues)
+        .await?;
+    let mut members = BTreeMap::new();
+    let result = loop {
+        match watch.next().await {
+            Some(Ok(WatchEvent::CaughtUp)) => break Ok(members),
+            Some(Ok(WatchEvent::Update(entry))) => apply_member(&mut members, &entry),
+            Some(Err(err)) => break Err(err),
+            None => break Err(watch_ended(&kv)),
+        }
+    };
+    watch.close().await;
+    result
+}
+
+/// Waits until every live member reports `version` for plugin `name`;
+/// returns them. Member keys carry the versions each host runs and are
+/// renewed every third of their TTL, so this follows them (no polling).
+pub async fn wait_for(
+    client: &async_nats::Client,
+    router: &Router,
+    name: &str,
+    version: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, WaitError> {
+    let kv_error = |source| WaitError::Kv {
+        name: name.to_string(),
+        source,
+    };
+    let kv = NatsKv::open(client, &router.coordination_bucket())
+        .await
+        .map_err(kv_error)?;
+    let mut watch = kv
+        .watch_prefixes(&[MEMBERS], WatchStart::CurrentValues)
+        .await
+        .map_err(kv_error)?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut members = BTreeMap::new();
+    let mut caught_up = false;
+    let result = loop {
+        let runs = |plugins: &BTreeMap<String, String>| {
+            plugins.get(name).map(String::as_str) == Some(version)
+        };
+        if caught_up && !members.is_empty() && members.values().all(runs) {
+            break Ok(members.keys().cloned().collect());
+        }
+        match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(Some(Ok(WatchEvent::CaughtUp))) => caught_up = true,
+            Ok(Some(Ok(WatchEvent::Update(entry)))) => apply_member(&mut members, &entry),
+            Ok(Some(Err(err))) => break Err(kv_error(err)),
+            Ok(None) => break Err(kv_error(watch_ended(&kv))),
+            Err(_) if members.is_empty() => {
+                break Err(WaitError::NoMembers {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    waited: timeout,
+                });
+            }
+            Err(_) => {
+                let behind: Vec<String> = members
+                    .iter()
+                    .filter(|(_, plugins)| !runs(plugins))
+                    .map(|(member, plugins)| match plugins.get(name) {
+                        Some(running) => format!("{member} runs {running}"),
+                        None => format!("{member} runs no `{name}`"),
+                    })
+                    .collect();
+                break Err(WaitError::Timeout {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    waited: timeout,
+                    count: behind.len(),
+                    members: members.len(),
+                    behind: behind.join(", "),
+                });
+            }
+        }
+    };
+    watch.close().await;
+    result
+}
+
+/// A member key's change, applied to what each member runs.
+fn apply_member(members: &mut BTreeMap<String, BTreeMap<String, String>>, entry: &Entry) {
+    let Some(member) = entry.key.strip_prefix(MEMBERS) else {
+        return;
+    };
+    let record = entry
+        .operation
+        .is_put()
+        .then(|| serde_json::from_slice::<MemberRecord>(&entry.value).ok())
+        .flatten();
+    match record {
+        Some(record) => members.insert(member.to_string(), record.plugins),
+        None => members.remove(member),
+    };
+}
+
+fn watch_ended(kv: &NatsKv) -> KvError {
+    KvError::Unavailable {
+        bucket: kv.bucket().to_string(),
+        reason: "the watch of member keys ended".into(),
+    }
 }
 
 async fn kv(
@@ -276,6 +652,7 @@ async fn write(
 ) -> Result<(), StoreError> {
     let kv = kv(client, router, name).await?;
     let key = format!("{RELEASES}{name}");
+    // A struct of strings and numbers always serializes.
     let value = bytes::Bytes::from(serde_json::to_vec(release).unwrap_or_default());
     // Compare-and-set: two pushes at once cannot lose one's `previous`.
     let written = match revision {
@@ -349,4 +726,70 @@ fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pushed(digest: &str, history: Vec<Step>) -> Release {
+        Release {
+            digest: Some(digest.to_string()),
+            previous: None,
+            pushed_ms: 1,
+            how: Some(How::Push),
+            history,
+        }
+    }
+
+    #[test]
+    fn a_digests_version_is_what_the_sandbox_reports() {
+        let bytes = b"not really a component";
+        assert_eq!(
+            version_of_digest(&digest(bytes)),
+            crate::sandbox::version_of(bytes)
+        );
+    }
+
+    #[test]
+    fn each_release_remembers_the_ones_before_it_newest_first_and_boundedly() {
+        let mut release = pushed("aa", Vec::new());
+        for n in 0..HISTORY_KEPT + 5 {
+            release = release.followed_by(Some(format!("{n:02x}")), How::Push);
+        }
+        assert_eq!(release.history.len(), HISTORY_KEPT);
+        let last = HISTORY_KEPT + 4;
+        assert_eq!(release.digest, Some(format!("{last:02x}")));
+        assert_eq!(release.history[0].digest, Some(format!("{:02x}", last - 1)));
+        assert_eq!(
+            release.previous,
+            Some(Previous {
+                digest: Some(format!("{:02x}", last - 1))
+            })
+        );
+    }
+
+    #[test]
+    fn a_rollback_target_is_a_unique_prefix_of_a_remembered_digest() {
+        let step = |d: &str| Step {
+            digest: Some(d.to_string()),
+            pushed_ms: 0,
+            how: None,
+        };
+        let release = pushed("abc123", vec![step("abd456"), step("ff0011")]);
+        assert_eq!(resolve("p", &release, "ff").unwrap(), "ff0011");
+        assert_eq!(resolve("p", &release, "abd").unwrap(), "abd456");
+        assert!(matches!(
+            resolve("p", &release, "ab"),
+            Err(StoreError::AmbiguousRelease { .. })
+        ));
+        assert!(matches!(
+            resolve("p", &release, "0123"),
+            Err(StoreError::NoSuchRelease { .. })
+        ));
+        assert!(matches!(
+            resolve("p", &release, "xyz"),
+            Err(StoreError::NotADigest { .. })
+        ));
+    }
 }
