@@ -2,10 +2,12 @@
 //! `support`. Every test runs against a real nats-server on a free loopback
 //! port and loads real plugins built from `plugins/` for wasm32-wasip2.
 
+mod nats_auth;
 mod support;
 
 mod boundaries;
 mod cli;
+mod connection;
 mod delivery;
 mod dlq;
 mod fleet;

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, stream};
 use weir::host::StartError;
 use weir::topology::manifest::TopologyError;
 
