@@ -1,153 +1,971 @@
-//! `weir send`: posts an NDJSON file to a front door in chunks, with a
-//! progress bar, waiting out 429/503 answers as `Retry-After` says.
+//! `weir send`: streams NDJSON (a file or stdin) to a front door in chunks,
+//! several requests at once. Each chunk carries an `Idempotency-Key` made
+//! of its own bytes, so a retry (or the same input sent again) stores no
+//! row twice; 429/503 answers are waited out as the server says.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::StatusCode;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 
-/// How many times one chunk is offered while the server says "later".
+/// Lines per request unless told otherwise.
+pub const DEFAULT_CHUNK_ROWS: usize = 1000;
+/// A request also closes at this many bytes: well below the front door's
+/// default 16 MiB body limit, so a chunk of long rows is not refused (413).
+pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+/// Requests in flight at once unless told otherwise.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// Requests one chunk gets in all (waits for 429/503 included).
 const MAX_ATTEMPTS: u32 = 30;
+/// Connection errors, 408 and 5xx answers (other than 503) one chunk may meet
+/// before it gives up: these are not the server saying "later".
+const MAX_TRANSIENT_FAILURES: u32 = 5;
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest single wait a `Retry-After` is honoured for, and the
+/// shortest (a "wait 0 ms" would spend the attempts at once).
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+const MIN_RETRY_WAIT: Duration = Duration::from_millis(100);
+/// A line longer than this is refused before it is read further: NATS
+/// stores at most 64 MiB in a message, so it could never be accepted.
+const MAX_LINE_BYTES: usize = 64 << 20;
+/// How much of an answer's body is read (they are small JSON objects).
+const MAX_ANSWER_BYTES: usize = 64 << 10;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request without an answer by then is retried (its key makes that safe).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How `<stdin>` is named in errors.
+const STDIN_NAME: &str = "<stdin>";
 
+/// Why a send stopped. Each says where: the input's line (or lines), or
+/// the URL; those about a chunk say how many rows were accepted before it.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
+    #[error("cannot open {input}: {cause}")]
+    Open {
+        input: String,
+        cause: std::io::Error,
     },
-    #[error("cannot reach {url}: {reason}")]
-    Unreachable { url: String, reason: String },
-    /// The server refused a chunk; `line` is a line of the file.
-    #[error("{path}:{line}: refused ({status}): {message} ({accepted} rows were accepted before it)", path = .path.display(), line = .line.map_or("?".to_string(), |l| l.to_string()))]
+    #[error("{input}:{line}: cannot read: {cause}{sent}")]
+    Read {
+        input: String,
+        line: usize,
+        cause: std::io::Error,
+        sent: Sent,
+    },
+    #[error(
+        "{input}:{line}: the line is longer than {max} bytes, more than NATS stores in a message{sent}"
+    )]
+    LineTooLong {
+        input: String,
+        line: usize,
+        max: usize,
+        sent: Sent,
+    },
+    #[error("{url} is not a URL weir can post to: {cause}")]
+    BadUrl { url: String, cause: String },
+    #[error(
+        "cannot reach {url}: {cause} (is weir running? start it with `weir run --config <file>`, or point --url at it){sent}"
+    )]
+    Unreachable {
+        url: String,
+        cause: String,
+        sent: Sent,
+    },
+    /// The server refused a chunk (4xx other than 429).
+    #[error("{place}: refused ({status}): {message}{sent}")]
     Refused {
-        path: PathBuf,
-        line: Option<usize>,
+        place: Place,
         status: u16,
         message: String,
-        accepted: u64,
+        sent: Sent,
     },
+    /// The server kept saying "later" (or failing) past the attempts allowed.
+    #[error("{place}: gave up after {attempts} attempts, the last answered {last}{sent}")]
+    GaveUp {
+        place: Place,
+        attempts: u32,
+        last: String,
+        sent: Sent,
+    },
+    #[error("unexpected answer from {url} ({status}): {detail}{sent}")]
+    BadReply {
+        url: String,
+        status: u16,
+        detail: String,
+        sent: Sent,
+    },
+    #[error("cannot start weir send: {0}")]
+    Setup(String),
+}
+
+/// Where in the input a chunk failed: a line when the server named one,
+/// else the chunk's lines.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub input: String,
+    pub line: Option<usize>,
+    pub first_line: usize,
+    pub last_line: usize,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.input),
+            None => write!(
+                f,
+                "{}, lines {}-{}",
+                self.input, self.first_line, self.last_line
+            ),
+        }
+    }
+}
+
+/// What had been accepted when a send stopped at a chunk; displays as a
+/// `; …` clause, or nothing when there is no chunk to speak of.
+#[derive(Debug, Clone, Default)]
+pub struct Sent {
+    /// The failed chunk's first and last lines.
+    pub lines: Option<(usize, usize)>,
+    /// Rows accepted from the chunks before it: all of them were.
+    pub before: u64,
+    /// Rows accepted from chunks after it (that were in flight).
+    pub after: u64,
+}
+
+impl fmt::Display for Sent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some((first, last)) = self.lines else {
+            return Ok(());
+        };
+        if self.before == 0 && self.after == 0 {
+            return Ok(());
+        }
+        write!(
+            f,
+            "; {} rows before line {first} were accepted",
+            self.before
+        )?;
+        if self.after > 0 {
+            write!(f, ", and {} after line {last}", self.after)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the rows come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    Stdin,
+    File(PathBuf),
+}
+
+impl Input {
+    /// A command-line file argument: none or `-` is standard input.
+    pub fn from_arg(file: Option<PathBuf>) -> Input {
+        match file {
+            Some(path) if path.as_os_str() != "-" => Input::File(path),
+            _ => Input::Stdin,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Input::Stdin => STDIN_NAME.to_string(),
+            Input::File(path) => path.display().to_string(),
+        }
+    }
 }
 
 /// What to send, and where.
 #[derive(Debug, Clone)]
 pub struct SendOptions {
+    /// The host's base URL, e.g. `http://127.0.0.1:8080`.
     pub url: String,
     pub table: String,
     pub api_key: String,
-    pub file: PathBuf,
+    pub input: Input,
+    /// Lines per request, at most.
     pub chunk_rows: usize,
+    /// Bytes per request, at most (unless one line is longer).
+    pub chunk_bytes: usize,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Draw a progress bar on stderr.
     pub progress: bool,
 }
 
-/// Sends the file; returns the number of rows accepted.
-pub async fn send(options: &SendOptions) -> Result<u64, SendError> {
-    let text = tokio::fs::read(&options.file)
-        .await
-        .map_err(|source| SendError::Read {
-            path: options.file.clone(),
-            source,
-        })?;
-    let endpoint = format!(
-        "{}/v1/ingest/{}",
-        options.url.trim_end_matches('/'),
-        options.table
-    );
-    let client = reqwest::Client::new();
-    let bar = if options.progress {
-        ProgressBar::new(text.len() as u64).with_style(
-            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    } else {
-        ProgressBar::hidden()
-    };
+/// What a finished send did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Rows the server acknowledged, the duplicates among them.
+    pub accepted: u64,
+    /// Rows it already had (from an earlier send of the same chunk).
+    pub duplicates: u64,
+    pub elapsed: Duration,
+}
 
-    let mut accepted = 0u64;
-    for chunk in chunks(&text, options.chunk_rows.max(1)) {
-        let refused = |status: u16, message: String, line: Option<usize>| SendError::Refused {
-            path: options.file.clone(),
-            line: line.map(|l| chunk.first_line + l - 1),
-            status,
-            message,
-            accepted,
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let response = client
-                .post(&endpoint)
-                .bearer_auth(&options.api_key)
-                .header("content-type", "application/x-ndjson")
-                .body(chunk.bytes.to_vec())
-                .send()
-                .await
-                .map_err(|err| SendError::Unreachable {
-                    url: endpoint.clone(),
-                    reason: err.to_string(),
-                })?;
-            let status = response.status();
-            if status.is_success() {
-                let body: serde_json::Value = response.json().await.unwrap_or_default();
-                accepted += body["accepted"].as_u64().unwrap_or(0);
-                break;
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let seconds = self.elapsed.as_secs_f64();
+        write!(
+            f,
+            "{} rows accepted, {} duplicates, in {seconds:.1} s ({} rows/s)",
+            self.accepted,
+            self.duplicates,
+            rate(self.accepted, self.elapsed)
+        )
+    }
+}
+
+fn rate(rows: u64, elapsed: Duration) -> u64 {
+    (rows as f64 / elapsed.as_secs_f64().max(0.001)).round() as u64
+}
+
+/// Sends the input, `concurrency` chunks at a time. On the first chunk
+/// that fails for good, sends nothing more, waits for those in flight and
+/// reports the earliest failure.
+pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
+    let started = Instant::now();
+    let input = options.input.name();
+    let (reader, size) = open(&options.input).map_err(|cause| SendError::Open {
+        input: input.clone(),
+        cause,
+    })?;
+    let endpoint = ingest_url(&options.url, &options.table)?;
+    let client = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
+    let chunks = spawn_reader(reader, options.chunk_rows, options.chunk_bytes)?;
+    let progress = Progress::new(options.progress, size);
+    let context = Context {
+        client,
+        endpoint,
+        table: &options.table,
+        api_key: &options.api_key,
+        bar: &progress.bar,
+        reached: AtomicBool::new(false),
+    };
+    let outcome = drive(&context, chunks, options.concurrency.max(1), &progress).await;
+    let tally = match outcome {
+        Ok(tally) => tally,
+        Err(failure) => {
+            progress.bar.finish_and_clear();
+            return Err(failure.into_error(&input, &context.endpoint));
+        }
+    };
+    // The summary line takes the bar's place.
+    progress.bar.finish_and_clear();
+    Ok(Summary {
+        accepted: tally.accepted,
+        duplicates: tally.duplicates,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// `<url>/v1/ingest/<table>`, the table percent-encoded as a path segment.
+fn ingest_url(base: &str, table: &str) -> Result<String, SendError> {
+    let bad = |cause: String| SendError::BadUrl {
+        url: base.to_string(),
+        cause,
+    };
+    let mut url = reqwest::Url::parse(base).map_err(|err| bad(err.to_string()))?;
+    // This build of reqwest has no TLS: say so before the first request.
+    if url.scheme() != "http" {
+        return Err(bad(format!(
+            "weir send speaks http://, not {}://",
+            url.scheme()
+        )));
+    }
+    url.path_segments_mut()
+        .map_err(|()| bad("it cannot have a path".to_string()))?
+        .pop_if_empty()
+        .extend(["v1", "ingest", table]);
+    Ok(url.to_string())
+}
+
+fn open(input: &Input) -> std::io::Result<(Box<dyn Read + Send>, Option<u64>)> {
+    match input {
+        Input::Stdin => Ok((Box::new(std::io::stdin()), None)),
+        Input::File(path) => {
+            let file = std::fs::File::open(path)?;
+            let metadata = file.metadata()?;
+            if metadata.is_dir() {
+                return Err(std::io::Error::other("it is a directory"));
             }
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let body: serde_json::Value = response.json().await.unwrap_or_default();
-            let message = body["error"].as_str().unwrap_or("").to_string();
-            let line = body["line"].as_u64().map(|l| l as usize);
-            let later = status == StatusCode::TOO_MANY_REQUESTS
-                || status == StatusCode::SERVICE_UNAVAILABLE;
-            if later && attempt < MAX_ATTEMPTS {
-                bar.set_message(format!("server busy ({status}), waiting"));
-                tokio::time::sleep(Duration::from_secs(retry_after.unwrap_or(1))).await;
+            // A pipe or a device has no size to make an ETA from.
+            let size = (metadata.is_file() && metadata.len() > 0).then_some(metadata.len());
+            Ok((Box::new(file), size))
+        }
+    }
+}
+
+/// Reads chunks on a thread of its own, one chunk ahead of the senders
+/// (memory stays near `(concurrency + 2) * chunk_bytes`). A plain thread,
+/// not a blocking task: a read of a terminal's stdin cannot be cancelled,
+/// and the runtime would wait for it at exit.
+fn spawn_reader(
+    reader: Box<dyn Read + Send>,
+    chunk_rows: usize,
+    chunk_bytes: usize,
+) -> Result<mpsc::Receiver<Result<Chunk, ReadError>>, SendError> {
+    let (sender, receiver) = mpsc::channel(1);
+    let mut chunker = Chunker::new(
+        BufReader::with_capacity(256 << 10, reader),
+        chunk_rows,
+        chunk_bytes,
+    );
+    std::thread::Builder::new()
+        .name("weir-send-reader".into())
+        .spawn(move || {
+            loop {
+                let (item, last) = match chunker.next_chunk() {
+                    Ok(None) => break,
+                    Ok(Some(chunk)) => (Ok(chunk), false),
+                    Err(err) => (Err(err), true),
+                };
+                // A failed send means nobody listens any more (a chunk
+                // was refused): stop reading.
+                if sender.blocking_send(item).is_err() || last {
+                    break;
+                }
+            }
+        })
+        .map_err(|err| SendError::Setup(format!("no reader thread: {err}")))?;
+    Ok(receiver)
+}
+
+/// What every chunk's requests share.
+struct Context<'a> {
+    client: reqwest::Client,
+    endpoint: String,
+    table: &'a str,
+    api_key: &'a str,
+    bar: &'a ProgressBar,
+    /// Set by the first answer: until then a refused connection means a
+    /// wrong URL or no host, not worth retrying.
+    reached: AtomicBool,
+}
+
+/// Rows the server answered for, in all.
+#[derive(Default)]
+struct Tally {
+    accepted: u64,
+    duplicates: u64,
+}
+
+/// The earliest chunk that failed, with what was accepted around it.
+struct Failure {
+    sequence: u64,
+    lines: (usize, usize),
+    error: ChunkError,
+    sent: Sent,
+}
+
+impl Failure {
+    fn into_error(self, input: &str, url: &str) -> SendError {
+        let (first_line, last_line) = self.lines;
+        let place = |line: Option<usize>| Place {
+            input: input.to_string(),
+            line,
+            first_line,
+            last_line,
+        };
+        let sent = self.sent;
+        let input = input.to_string();
+        let url = url.to_string();
+        match self.error {
+            ChunkError::Read { line, cause } => SendError::Read {
+                input,
+                line,
+                cause,
+                sent,
+            },
+            ChunkError::LineTooLong { line } => SendError::LineTooLong {
+                input,
+                line,
+                max: MAX_LINE_BYTES,
+                sent,
+            },
+            ChunkError::BadUrl { cause } => SendError::BadUrl { url, cause },
+            ChunkError::Unreachable { cause } => SendError::Unreachable { url, cause, sent },
+            ChunkError::Refused {
+                status,
+                message,
+                line,
+            } => SendError::Refused {
+                place: place(line),
+                status,
+                message,
+                sent,
+            },
+            ChunkError::GaveUp { attempts, last } => SendError::GaveUp {
+                place: place(None),
+                attempts,
+                last,
+                sent,
+            },
+            ChunkError::BadReply { status, detail } => SendError::BadReply {
+                url,
+                status,
+                detail,
+                sent,
+            },
+        }
+    }
+}
+
+/// Sends every chunk `receiver` yields, `concurrency` at once, until the
+/// input ends or a chunk fails.
+async fn drive(
+    context: &Context<'_>,
+    mut chunks: mpsc::Receiver<Result<Chunk, ReadError>>,
+    concurrency: usize,
+    progress: &Progress,
+) -> Result<Tally, Failure> {
+    let mut in_flight = FuturesUnordered::new();
+    let mut tally = Tally::default();
+    // Rows accepted by chunk, kept only past the first chunk still
+    // unfinished (`settled`): enough to tell what came before a failure.
+    let mut accepted_by_chunk = BTreeMap::<u64, u64>::new();
+    let (mut settled, mut settled_rows) = (0u64, 0u64);
+    let mut next_sequence = 0u64;
+    let mut input_done = false;
+    let mut failure: Option<Failure> = None;
+    loop {
+        let more = failure.is_none() && !input_done && in_flight.len() < concurrency;
+        if !more && in_flight.is_empty() {
+            break;
+        }
+        tokio::select! {
+            next = chunks.recv(), if more => match next {
+                None => input_done = true,
+                Some(Ok(chunk)) => {
+                    let sequence = next_sequence;
+                    next_sequence += 1;
+                    in_flight.push(async move {
+                        let lines = (chunk.first_line, chunk.last_line);
+                        let (rows, bytes) = (chunk.rows, chunk.bytes.len());
+                        let answer = send_chunk(context, chunk).await;
+                        (sequence, lines, rows, bytes, answer)
+                    });
+                }
+                Some(Err(error)) => {
+                    input_done = true;
+                    let lines = (error.first_line, error.line);
+                    keep_earliest(&mut failure, Failure {
+                        sequence: next_sequence,
+                        lines,
+                        error: error.into(),
+                        sent: Sent::default(),
+                    });
+                }
+            },
+            Some((sequence, lines, rows, bytes, answer)) = in_flight.next(), if !in_flight.is_empty() => {
+                let accepted = match answer {
+                    Ok(reply) => {
+                        tally.accepted += reply.accepted;
+                        tally.duplicates += reply.duplicates;
+                        progress.chunk_done(tally.accepted, rows as u64, bytes as u64);
+                        reply.accepted
+                    }
+                    Err(error) => {
+                        keep_earliest(&mut failure, Failure { sequence, lines, error, sent: Sent::default() });
+                        0
+                    }
+                };
+                accepted_by_chunk.insert(sequence, accepted);
+                while let Some(rows) = accepted_by_chunk.remove(&settled) {
+                    // A failed chunk stays in the map: it marks where
+                    // "before" ends, and nothing settles past it.
+                    if failure.as_ref().is_some_and(|f| f.sequence == settled) {
+                        accepted_by_chunk.insert(settled, rows);
+                        break;
+                    }
+                    settled_rows += rows;
+                    settled += 1;
+                }
+            }
+        }
+    }
+    match failure {
+        None => Ok(tally),
+        Some(mut failure) => {
+            let before: u64 = accepted_by_chunk
+                .range(..failure.sequence)
+                .map(|(_, rows)| rows)
+                .sum();
+            let after = accepted_by_chunk
+                .range(failure.sequence + 1..)
+                .map(|(_, rows)| rows)
+                .sum();
+            failure.sent = Sent {
+                lines: Some(failure.lines),
+                before: settled_rows + before,
+                after,
+            };
+            Err(failure)
+        }
+    }
+}
+
+fn keep_earliest(failure: &mut Option<Failure>, new: Failure) {
+    if failure
+        .as_ref()
+        .is_none_or(|old| new.sequence < old.sequence)
+    {
+        *failure = Some(new);
+    }
+}
+
+/// Why one chunk failed for good.
+#[derive(Debug)]
+enum ChunkError {
+    Read {
+        line: usize,
+        cause: std::io::Error,
+    },
+    LineTooLong {
+        line: usize,
+    },
+    BadUrl {
+        cause: String,
+    },
+    Unreachable {
+        cause: String,
+    },
+    /// `line` is a line of the input.
+    Refused {
+        status: u16,
+        message: String,
+        line: Option<usize>,
+    },
+    GaveUp {
+        attempts: u32,
+        last: String,
+    },
+    BadReply {
+        status: u16,
+        detail: String,
+    },
+}
+
+impl From<ReadError> for ChunkError {
+    fn from(error: ReadError) -> ChunkError {
+        let line = error.line;
+        match error.cause {
+            ReadCause::Io(cause) => ChunkError::Read { line, cause },
+            ReadCause::LineTooLong => ChunkError::LineTooLong { line },
+        }
+    }
+}
+
+/// A 202's body.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Reply {
+    accepted: u64,
+    #[serde(default)]
+    duplicates: u64,
+}
+
+/// An error answer's body; any field may be missing (a proxy's answer).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct Refusal {
+    error: Option<String>,
+    line: Option<usize>,
+    retry_after_ms: Option<u64>,
+}
+
+/// Offers one chunk until it is accepted, refused, or the attempts run out.
+async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkError> {
+    let key = idempotency_key(context.table, chunk.first_line, &chunk.bytes);
+    let first_line = chunk.first_line;
+    let body = Bytes::from(chunk.bytes);
+    let mut transient = 0u32;
+    let mut last = String::new();
+    for attempt in 1..=MAX_ATTEMPTS {
+        let sent = context
+            .client
+            .post(&context.endpoint)
+            .bearer_auth(context.api_key)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+            .header("idempotency-key", &key)
+            .body(body.clone())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(err) if err.is_builder() => {
+                return Err(ChunkError::BadUrl {
+                    cause: cause_of(&err),
+                });
+            }
+            Err(err) => {
+                let cause = cause_of(&err);
+                transient += 1;
+                let never_reached = err.is_connect() && !context.reached.load(Ordering::Relaxed);
+                if never_reached || transient > MAX_TRANSIENT_FAILURES {
+                    return Err(ChunkError::Unreachable { cause });
+                }
+                note(context, first_line, &cause, backoff(transient));
+                tokio::time::sleep(backoff(transient)).await;
+                last = cause;
                 continue;
             }
-            bar.abandon();
-            return Err(refused(status.as_u16(), message, line));
+        };
+        context.reached.store(true, Ordering::Relaxed);
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let answer = match read_answer(response).await {
+            Ok(answer) => answer,
+            Err(cause) => {
+                // The connection broke mid-answer: the rows may be stored,
+                // which the key makes harmless to retry.
+                transient += 1;
+                if transient > MAX_TRANSIENT_FAILURES {
+                    return Err(ChunkError::Unreachable { cause });
+                }
+                tokio::time::sleep(backoff(transient)).await;
+                last = cause;
+                continue;
+            }
+        };
+        if status.is_success() {
+            return serde_json::from_slice::<Reply>(&answer).map_err(|err| ChunkError::BadReply {
+                status: status.as_u16(),
+                detail: format!("{err} in {}", snippet(&answer)),
+            });
         }
-        bar.inc(chunk.bytes.len() as u64);
-        bar.set_message(format!("{accepted} rows"));
-    }
-    bar.finish_with_message(format!("{accepted} rows accepted"));
-    Ok(accepted)
-}
-
-/// A run of whole lines of the file and the number of its first line.
-struct Chunk<'a> {
-    first_line: usize,
-    bytes: &'a [u8],
-}
-
-fn chunks(text: &[u8], rows_per_chunk: usize) -> Vec<Chunk<'_>> {
-    let mut chunks = Vec::new();
-    let (mut start, mut lines_in_chunk, mut first_line) = (0, 0, 1);
-    for (index, byte) in text.iter().enumerate() {
-        if *byte == b'\n' {
-            lines_in_chunk += 1;
-            if lines_in_chunk == rows_per_chunk {
-                chunks.push(Chunk {
-                    first_line,
-                    bytes: &text[start..=index],
+        let refusal = serde_json::from_slice::<Refusal>(&answer).unwrap_or_default();
+        let message = refusal.error.clone().unwrap_or_else(|| snippet(&answer));
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            // The body's milliseconds are more precise than the header's
+            // seconds (rounded up).
+            let wait = refusal
+                .retry_after_ms
+                .map(Duration::from_millis)
+                .or(retry_after)
+                .unwrap_or(Duration::from_secs(1))
+                .clamp(MIN_RETRY_WAIT, MAX_RETRY_WAIT);
+            last = format!("{} ({message})", status.as_u16());
+            if attempt < MAX_ATTEMPTS {
+                note(context, first_line, &last, wait);
+                tokio::time::sleep(wait).await;
+            }
+            continue;
+        }
+        // A 408 means the body came too slowly: the link, not the rows.
+        if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT {
+            transient += 1;
+            last = format!("{} ({message})", status.as_u16());
+            if transient > MAX_TRANSIENT_FAILURES {
+                return Err(ChunkError::GaveUp {
+                    attempts: attempt,
+                    last,
                 });
-                start = index + 1;
-                first_line += lines_in_chunk;
-                lines_in_chunk = 0;
+            }
+            note(context, first_line, &last, backoff(transient));
+            tokio::time::sleep(backoff(transient)).await;
+            continue;
+        }
+        // The server's line counts from the chunk's first line; so does its
+        // "line N: " prefix, which would contradict the input's line.
+        let line = refusal
+            .line
+            .map(|line| first_line.saturating_add(line.max(1) - 1));
+        let message = match refusal.line {
+            Some(within) => message
+                .strip_prefix(&format!("line {within}: "))
+                .map(str::to_string)
+                .unwrap_or(message),
+            None => message,
+        };
+        return Err(ChunkError::Refused {
+            status: status.as_u16(),
+            message,
+            line,
+        });
+    }
+    Err(ChunkError::GaveUp {
+        attempts: MAX_ATTEMPTS,
+        last,
+    })
+}
+
+/// Says on the progress bar why a chunk waits.
+fn note(context: &Context<'_>, first_line: usize, why: &str, wait: Duration) {
+    context.bar.set_message(format!(
+        "line {first_line}: {why}; retrying in {:.1} s",
+        wait.as_secs_f64()
+    ));
+}
+
+/// 200 ms, doubling, at most `MAX_BACKOFF`.
+fn backoff(failures: u32) -> Duration {
+    FIRST_BACKOFF
+        .saturating_mul(1 << failures.saturating_sub(1).min(10))
+        .min(MAX_BACKOFF)
+}
+
+/// The first `MAX_ANSWER_BYTES` of an answer's body.
+async fn read_answer(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(piece) = response.chunk().await.map_err(|err| cause_of(&err))? {
+        let room = MAX_ANSWER_BYTES - body.len();
+        body.extend_from_slice(&piece[..piece.len().min(room)]);
+        if body.len() == MAX_ANSWER_BYTES {
+            break;
+        }
+    }
+    Ok(body)
+}
+
+/// An answer that is not what the front door says, shortened for an error.
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    match text.char_indices().nth(200) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None if text.is_empty() => "an empty body".to_string(),
+        None => text.to_string(),
+    }
+}
+
+/// The innermost cause of a transport error, once: reqwest's own message
+/// only repeats the URL, which the error names already.
+fn cause_of(err: &reqwest::Error) -> String {
+    if err.is_timeout() {
+        return "no answer in time".to_string();
+    }
+    let mut cause: &dyn std::error::Error = err;
+    let mut io = None;
+    while let Some(source) = cause.source() {
+        if let Some(found) = source.downcast_ref::<std::io::Error>() {
+            io = Some(found);
+        }
+        cause = source;
+    }
+    use std::io::ErrorKind;
+    match io.map(std::io::Error::kind) {
+        Some(ErrorKind::ConnectionRefused) => "connection refused".to_string(),
+        Some(ErrorKind::ConnectionReset) => "connection reset".to_string(),
+        Some(ErrorKind::ConnectionAborted) => "connection aborted".to_string(),
+        Some(ErrorKind::TimedOut) => "connection timed out".to_string(),
+        _ => cause.to_string(),
+    }
+}
+
+/// `send-` and 32 hex digits of the SHA-256 of the table, the chunk's first
+/// line number and its bytes: the same chunk of the same input gets the
+/// same key (a retry is stored once), while equal rows elsewhere in the
+/// input (another first line) are not taken for a retry.
+fn idempotency_key(table: &str, first_line: usize, bytes: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(table.as_bytes());
+    hasher.update([0]);
+    hasher.update(first_line.to_string().as_bytes());
+    hasher.update([0]);
+    hasher.update(bytes);
+    let digest = hasher.finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("send-{hex}")
+}
+
+/// The progress bar: by bytes (with an ETA) for a file of known size, a
+/// spinner for stdin; hidden unless asked for.
+struct Progress {
+    bar: ProgressBar,
+    by_bytes: bool,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(enabled: bool, size: Option<u64>) -> Progress {
+        let bar = match (enabled, size) {
+            (false, _) => ProgressBar::hidden(),
+            (true, Some(size)) => ProgressBar::new(size).with_style(style(
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg} (ETA {eta})",
+            )),
+            (true, None) => {
+                ProgressBar::new_spinner().with_style(style("{spinner} [{elapsed_precise}] {msg}"))
+            }
+        };
+        bar.set_message("0 rows sent");
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Progress {
+            bar,
+            by_bytes: size.is_some(),
+            started: Instant::now(),
+        }
+    }
+
+    fn chunk_done(&self, accepted: u64, rows: u64, bytes: u64) {
+        self.bar.inc(if self.by_bytes { bytes } else { rows });
+        self.bar.set_message(format!(
+            "{accepted} rows sent, {} rows/s",
+            rate(accepted, self.started.elapsed())
+        ));
+    }
+}
+
+fn style(template: &str) -> ProgressStyle {
+    // The templates are ours and valid; the fallback only keeps a typo
+    // from becoming a panic.
+    ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// Why the reader stopped, at which line of the input, in the chunk
+/// from which line (none of whose rows were sent).
+#[derive(Debug)]
+struct ReadError {
+    first_line: usize,
+    line: usize,
+    cause: ReadCause,
+}
+
+#[derive(Debug)]
+enum ReadCause {
+    Io(std::io::Error),
+    LineTooLong,
+}
+
+/// A run of whole lines of the input: at most `chunk_rows` rows (blank
+/// lines are kept, so that the server's line numbers map back, but do not
+/// count) and at most `chunk_bytes` bytes unless its one line is longer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chunk {
+    first_line: usize,
+    last_line: usize,
+    rows: usize,
+    bytes: Vec<u8>,
+}
+
+/// Cuts a reader into chunks without holding more than one in memory.
+struct Chunker<R> {
+    reader: R,
+    max_rows: usize,
+    max_bytes: usize,
+    max_line: usize,
+    /// The number of the next line to read.
+    next_line: usize,
+    /// A line read that did not fit the previous chunk.
+    carried: Option<Vec<u8>>,
+}
+
+impl<R: BufRead> Chunker<R> {
+    fn new(reader: R, max_rows: usize, max_bytes: usize) -> Chunker<R> {
+        Chunker {
+            reader,
+            max_rows: max_rows.max(1),
+            max_bytes: max_bytes.max(1),
+            max_line: MAX_LINE_BYTES,
+            next_line: 1,
+            carried: None,
+        }
+    }
+
+    /// The next chunk holding at least one row, or `None` at the end.
+    fn next_chunk(&mut self) -> Result<Option<Chunk>, ReadError> {
+        loop {
+            match self.read_chunk()? {
+                None => return Ok(None),
+                // Blank lines alone are not worth a request (and a 400).
+                Some(chunk) if chunk.rows == 0 => continue,
+                Some(chunk) => return Ok(Some(chunk)),
             }
         }
     }
-    if text[start..].iter().any(|b| !b.is_ascii_whitespace()) {
-        chunks.push(Chunk {
+
+    fn read_chunk(&mut self) -> Result<Option<Chunk>, ReadError> {
+        let first_line = self.next_line;
+        let mut bytes = self.carried.take().unwrap_or_default();
+        let (mut lines, mut rows) = (0, 0);
+        if !bytes.is_empty() {
+            lines += 1;
+            self.next_line += 1;
+            rows += usize::from(!is_blank(&bytes));
+        }
+        while rows < self.max_rows {
+            let start = bytes.len();
+            let read = self.read_line(&mut bytes).map_err(|cause| ReadError {
+                first_line,
+                line: self.next_line,
+                cause,
+            })?;
+            if read == 0 {
+                break;
+            }
+            if bytes.len() > self.max_bytes && lines > 0 {
+                self.carried = Some(bytes.split_off(start));
+                break;
+            }
+            lines += 1;
+            self.next_line += 1;
+            rows += usize::from(!is_blank(&bytes[start..]));
+        }
+        if lines == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Chunk {
             first_line,
-            bytes: &text[start..],
-        });
+            last_line: first_line + lines - 1,
+            rows,
+            bytes,
+        }))
     }
-    chunks
+
+    /// Appends the next line (with its `\n`, when it has one) to `out`;
+    /// returns its length, 0 at the end of the input.
+    fn read_line(&mut self, out: &mut Vec<u8>) -> Result<usize, ReadCause> {
+        let start = out.len();
+        loop {
+            let available = match self.reader.fill_buf() {
+                Ok(available) => available,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(cause) => return Err(ReadCause::Io(cause)),
+            };
+            if available.is_empty() {
+                break;
+            }
+            let (take, ends) = match available.iter().position(|b| *b == b'\n') {
+                Some(newline) => (newline + 1, true),
+                None => (available.len(), false),
+            };
+            if out.len() - start + take > self.max_line.saturating_add(1) {
+                return Err(ReadCause::LineTooLong);
+            }
+            out.extend_from_slice(&available[..take]);
+            self.reader.consume(take);
+            if ends {
+                break;
+            }
+        }
+        Ok(out.len() - start)
+    }
+}
+
+/// Blank as the front door sees it: nothing but whitespace.
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
 }
 
 /// Default front door URL for the client commands.
@@ -162,36 +980,203 @@ pub async fn fetch_status(
     key: Option<&str>,
 ) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
-    let unreachable = |reason: String| SendError::Unreachable {
-        url: endpoint.clone(),
-        reason,
-    };
     let mut request = reqwest::Client::new().get(&endpoint);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
-    request
-        .send()
+    let response = request.send().await.map_err(|err| SendError::Unreachable {
+        url: endpoint.clone(),
+        cause: cause_of(&err),
+        sent: Sent::default(),
+    })?;
+    let status = response.status().as_u16();
+    let body = response
+        .bytes()
         .await
-        .map_err(|err| unreachable(err.to_string()))?
-        .json()
-        .await
-        .map_err(|err| unreachable(err.to_string()))
+        .map_err(|err| SendError::Unreachable {
+            url: endpoint.clone(),
+            cause: cause_of(&err),
+            sent: Sent::default(),
+        })?;
+    serde_json::from_slice(&body).map_err(|err| SendError::BadReply {
+        url: endpoint.clone(),
+        status,
+        detail: format!("{err} in {}", snippet(&body)),
+        sent: Sent::default(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn chunks_of(text: &[u8], rows: usize, bytes: usize) -> Vec<Chunk> {
+        let mut chunker = Chunker::new(text, rows, bytes);
+        std::iter::from_fn(|| chunker.next_chunk().expect("reads from memory")).collect()
+    }
+
+    fn summary(chunks: &[Chunk]) -> Vec<(usize, usize, usize, &[u8])> {
+        chunks
+            .iter()
+            .map(|c| (c.first_line, c.last_line, c.rows, &c.bytes[..]))
+            .collect()
+    }
+
     #[test]
-    fn chunks_keep_whole_lines_and_their_numbers() {
-        let text = b"a\nb\nc\nd\ne";
-        let parts = chunks(text, 2);
-        let seen: Vec<(usize, &[u8])> = parts.iter().map(|c| (c.first_line, c.bytes)).collect();
+    fn chunks_keep_whole_lines_and_their_numbers_across_boundaries() {
+        let chunks = chunks_of(b"a\nb\nc\nd\ne", 2, 1 << 20);
         assert_eq!(
-            seen,
-            vec![(1, &b"a\nb\n"[..]), (3, &b"c\nd\n"[..]), (5, &b"e"[..])]
+            summary(&chunks),
+            vec![
+                (1, 2, 2, &b"a\nb\n"[..]),
+                (3, 4, 2, &b"c\nd\n"[..]),
+                (5, 5, 1, &b"e"[..])
+            ]
         );
-        assert!(chunks(b"a\n\n", 1).len() == 2);
+    }
+
+    #[test]
+    fn a_final_line_without_newline_is_sent_as_it_is() {
+        let chunks = chunks_of(b"{\"a\":1}\n{\"b\":2}", 10, 1 << 20);
+        assert_eq!(
+            summary(&chunks),
+            vec![(1, 2, 2, &b"{\"a\":1}\n{\"b\":2}"[..])]
+        );
+        assert!(chunks_of(b"", 10, 1 << 20).is_empty());
+    }
+
+    #[test]
+    fn blank_lines_are_kept_for_numbering_but_are_not_rows() {
+        // Two rows per chunk: the blank lines ride along without counting,
+        // and a tail of blank lines alone is not a chunk.
+        let chunks = chunks_of(b"a\n\nb\n \r\nc\nd\n\n\n", 2, 1 << 20);
+        assert_eq!(
+            summary(&chunks),
+            vec![(1, 3, 2, &b"a\n\nb\n"[..]), (4, 6, 2, &b" \r\nc\nd\n"[..])]
+        );
+        assert!(chunks_of(b"\n\n  \n", 1, 1 << 20).is_empty());
+    }
+
+    #[test]
+    fn a_chunk_closes_at_the_byte_cap_and_the_line_goes_to_the_next() {
+        // 4-byte lines, an 8-byte cap: two lines per chunk though 10 rows
+        // would be allowed.
+        let chunks = chunks_of(b"aaa\nbbb\nccc\nddd\ne", 10, 8);
+        assert_eq!(
+            summary(&chunks),
+            vec![
+                (1, 2, 2, &b"aaa\nbbb\n"[..]),
+                (3, 4, 2, &b"ccc\nddd\n"[..]),
+                (5, 5, 1, &b"e"[..])
+            ]
+        );
+        // A line longer than the cap travels alone.
+        let chunks = chunks_of(b"a\nlong line\nb\n", 10, 4);
+        assert_eq!(
+            summary(&chunks),
+            vec![
+                (1, 1, 1, &b"a\n"[..]),
+                (2, 2, 1, &b"long line\n"[..]),
+                (3, 3, 1, &b"b\n"[..])
+            ]
+        );
+    }
+
+    #[test]
+    fn blank_lines_past_the_byte_cap_do_not_shift_line_numbers() {
+        let chunks = chunks_of(b"a\n\n\n\n\nb\n", 10, 3);
+        assert_eq!(
+            summary(&chunks),
+            vec![(1, 2, 1, &b"a\n\n"[..]), (6, 6, 1, &b"b\n"[..])]
+        );
+    }
+
+    #[test]
+    fn a_line_past_the_longest_allowed_is_named_without_reading_it_all() {
+        let text = b"{}\n0123456789abcdef\n{}\n";
+        let mut chunker = Chunker::new(&text[..], 1, 1 << 20);
+        chunker.max_line = 8;
+        assert!(matches!(chunker.next_chunk(), Ok(Some(_))));
+        assert!(matches!(
+            chunker.next_chunk(),
+            Err(ReadError {
+                first_line: 2,
+                line: 2,
+                cause: ReadCause::LineTooLong
+            })
+        ));
+        // Mid-chunk: the chunk's earlier lines are named as not sent.
+        let mut chunker = Chunker::new(&text[..], 10, 1 << 20);
+        chunker.max_line = 8;
+        assert!(matches!(
+            chunker.next_chunk(),
+            Err(ReadError {
+                first_line: 1,
+                line: 2,
+                cause: ReadCause::LineTooLong
+            })
+        ));
+    }
+
+    #[test]
+    fn the_table_is_one_path_segment_of_the_url() {
+        let url = |base: &str, table: &str| ingest_url(base, table).map_err(|e| e.to_string());
+        assert_eq!(
+            url("http://127.0.0.1:8080", "orders").unwrap(),
+            "http://127.0.0.1:8080/v1/ingest/orders"
+        );
+        assert_eq!(
+            url("http://h:1/weir/", "a/b?c").unwrap(),
+            "http://h:1/weir/v1/ingest/a%2Fb%3Fc"
+        );
+        assert_eq!(
+            url("https://h", "t").unwrap_err(),
+            "https://h is not a URL weir can post to: weir send speaks http://, not https://"
+        );
+        assert!(url("127.0.0.1:8080", "t").is_err());
+    }
+
+    #[test]
+    fn the_key_names_the_chunk_by_table_place_and_bytes() {
+        let key = idempotency_key("orders", 1, b"{}\n");
+        assert!(key.starts_with("send-") && key.len() == 5 + 32, "{key}");
+        assert_eq!(key, idempotency_key("orders", 1, b"{}\n"));
+        assert_ne!(key, idempotency_key("orders", 2, b"{}\n"));
+        assert_ne!(key, idempotency_key("order", 1, b"{}\n"));
+        assert_ne!(key, idempotency_key("orders", 1, b"{} \n"));
+    }
+
+    #[test]
+    fn errors_say_where_and_what_was_accepted() {
+        let refused = SendError::Refused {
+            place: Place {
+                input: "rows.ndjson".into(),
+                line: Some(2501),
+                first_line: 2001,
+                last_line: 3000,
+            },
+            status: 400,
+            message: "invalid JSON".into(),
+            sent: Sent {
+                lines: Some((2001, 3000)),
+                before: 2000,
+                after: 1000,
+            },
+        };
+        assert_eq!(
+            refused.to_string(),
+            "rows.ndjson:2501: refused (400): invalid JSON; 2000 rows before line 2001 were accepted, and 1000 after line 3000"
+        );
+        let summary = Summary {
+            accepted: 120_000,
+            duplicates: 0,
+            elapsed: Duration::from_millis(3200),
+        };
+        assert_eq!(
+            summary.to_string(),
+            "120000 rows accepted, 0 duplicates, in 3.2 s (37500 rows/s)"
+        );
+        assert_eq!(backoff(1), FIRST_BACKOFF);
+        assert_eq!(backoff(40), MAX_BACKOFF);
     }
 }

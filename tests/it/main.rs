@@ -20,4 +20,5 @@ mod reload;
 mod retries;
 mod stops;
 mod sandbox;
+mod send;
 mod topology;

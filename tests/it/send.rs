@@ -1,0 +1,215 @@
+//! `weir send` as a producer runs it: the real binary against a real host
+//! (or, for answers a host gives only under load, a stand-in server).
+
+use std::process::{Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt as _;
+
+use crate::support::{ACME_KEY, Nats, TestHost, WEIR, base_config, eventually, orders};
+
+/// Runs `weir send` as tenant `acme` to `url` with `args`, feeding `stdin`.
+async fn weir_send(url: &str, args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = tokio::process::Command::new(WEIR)
+        .args(["send", "--key", ACME_KEY, "--url", url])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    // A failed write is what a refusing `weir send` may cause; its output
+    // says why.
+    let _ = pipe.write_all(stdin).await;
+    drop(pipe);
+    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("weir send finishes within a minute")
+        .expect("weir send's output")
+}
+
+/// Rows the host stored (duplicates not counted), as its status says.
+async fn accepted(host: &TestHost) -> u64 {
+    weir::client::fetch_status(&host.url(""), None)
+        .await
+        .expect("the host reports its status")
+        .rows
+        .accepted
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn send_from_stdin_delivers_every_row_once() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let rows = orders(0, 5000);
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--chunk-rows", "300", "-j", "4", "-"],
+        rows.as_bytes(),
+    )
+    .await;
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        stdout.starts_with("5000 rows accepted, 0 duplicates, in "),
+        "{stdout}"
+    );
+    assert_eq!(stdout.lines().count(), 1, "one summary line: {stdout}");
+
+    let lines = eventually(Duration::from_secs(30), "5000 rows in the sink", || {
+        let lines = host.sink_lines("orders");
+        async move { (lines.len() >= 5000).then_some(lines) }
+    })
+    .await;
+    let mut ids: Vec<u64> = lines
+        .iter()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).expect("JSON row");
+            row["id"].as_u64().expect("an id")
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..5000).collect::<Vec<u64>>(),
+        "each row exactly once"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sending_the_same_file_twice_stores_it_once_and_reports_duplicates() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let file = host.dir.path().join("rows.ndjson");
+    std::fs::write(&file, orders(0, 3000)).unwrap();
+    let file_arg = file.to_str().expect("a UTF-8 temp path");
+    let args = ["--table", "orders", "--chunk-rows", "500", file_arg];
+
+    let first = weir_send(&host.url(""), &args, b"").await;
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let stdout = text(&first.stdout);
+    assert!(
+        stdout.starts_with("3000 rows accepted, 0 duplicates"),
+        "{stdout}"
+    );
+    let second = weir_send(&host.url(""), &args, b"").await;
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let stdout = text(&second.stdout);
+    assert!(
+        stdout.starts_with("3000 rows accepted, 3000 duplicates"),
+        "{stdout}"
+    );
+
+    assert_eq!(
+        accepted(&host).await,
+        3000,
+        "the second send stored nothing"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_line_mid_file_is_named_by_file_and_line_and_stops_the_send() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let file = host.dir.path().join("rows.ndjson");
+    // Line 1234 is broken; chunks of 200 lines: lines 1-1200 go through,
+    // the chunk of lines 1201-1400 is refused.
+    let mut text_rows = orders(0, 1233);
+    text_rows.push_str("{\"id\": broken\n");
+    text_rows.push_str(&orders(2000, 1766));
+    std::fs::write(&file, text_rows).unwrap();
+    let file_arg = file.to_str().expect("a UTF-8 temp path");
+
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--chunk-rows", "200", "-j", "2", file_arg],
+        b"",
+    )
+    .await;
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty(), "{}", text(&output.stdout));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!("{file_arg}:1234: refused (400): invalid JSON")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("1200 rows before line 1201 were accepted"),
+        "{stderr}"
+    );
+    // Nothing was sent past the chunks in flight when the refusal came.
+    let stored = accepted(&host).await;
+    assert!((1200..2800).contains(&stored), "{stored} rows stored");
+    host.shutdown().await;
+}
+
+/// A request the stand-in server saw: when, and its Idempotency-Key.
+type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
+
+/// A 429 is waited out as its body's `retry_after_ms` says (more precise
+/// than the header's whole seconds), and the retry carries the same key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_429_is_retried_after_retry_after_ms_with_the_same_key() {
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::IntoResponse;
+
+    let seen: Seen = Arc::default();
+    let answer = {
+        let seen = seen.clone();
+        move |headers: HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let attempt = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((Instant::now(), key));
+                    seen.len()
+                };
+                if attempt == 1 {
+                    (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [(header::RETRY_AFTER, "5")],
+                        r#"{"error":"over budget","retry_after_ms":300}"#,
+                    )
+                        .into_response()
+                } else {
+                    (StatusCode::ACCEPTED, r#"{"accepted":2,"duplicates":0}"#).into_response()
+                }
+            }
+        }
+    };
+    let app = axum::Router::new().route("/v1/ingest/{table}", axum::routing::post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let output = weir_send(&url, &["-t", "orders"], b"{\"id\":1}\n{\"id\":2}\n").await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).starts_with("2 rows accepted, 0 duplicates"),
+        "{}",
+        text(&output.stdout)
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].1.starts_with("send-"), "{seen:?}");
+    assert_eq!(seen[0].1, seen[1].1, "a retry carries the same key");
+    let waited = seen[1].0 - seen[0].0;
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(4),
+        "waited {waited:?}"
+    );
+    server.abort();
+}
