@@ -2,12 +2,16 @@
 //! manifests it prints, names every required difference, and runs with
 //! exactly the permissions it prints.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
+
+use weir::config::Config;
 use weir::host::StartError;
-use weir::topology::manifest::TopologyError;
+use weir::topology::manifest::{Manifest, TopologyError};
+use weir::topology::route::Router;
 
 use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
 
@@ -132,6 +136,12 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
 
     let client = nats.client().await;
     apply_manifests(&client, &config).await;
+    // Not even a recommended difference between the files and the config.
+    let loaded = Config::parse(Path::new("weir.toml"), &config, &Default::default()).unwrap();
+    let router = Router::new(&loaded.stream.prefix, 1, loaded.stream.shards);
+    let manifest = Manifest::new(&router, &loaded.stream, &loaded.delivery, None);
+    let differences = manifest.verify(&jetstream::new(client.clone())).await;
+    assert!(differences.is_empty(), "{differences:#?}");
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
     host.shutdown().await;
