@@ -7,7 +7,7 @@ use weir::config::{Config, Overrides};
 #[derive(clap::Args)]
 pub struct CheckArgs {
     /// The TOML config file.
-    #[arg(long, env = "WEIR_CONFIG")]
+    #[arg(short, long, env = "WEIR_CONFIG")]
     config: PathBuf,
 }
 

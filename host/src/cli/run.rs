@@ -12,10 +12,10 @@ use super::target::NatsArgs;
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// The TOML config file.
-    #[arg(long, env = "WEIR_CONFIG")]
+    #[arg(short, long, env = "WEIR_CONFIG")]
     config: PathBuf,
     /// HTTP listen address of the front door (overrides the file).
-    #[arg(long, env = "WEIR_LISTEN")]
+    #[arg(short, long, env = "WEIR_LISTEN")]
     listen: Option<SocketAddr>,
     #[command(flatten)]
     nats: NatsArgs,

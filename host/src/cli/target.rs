@@ -40,7 +40,7 @@ impl HostTarget {
 #[derive(clap::Args)]
 pub struct FleetTarget {
     /// The TOML config file the fleet runs.
-    #[arg(long, env = "WEIR_CONFIG")]
+    #[arg(short, long, env = "WEIR_CONFIG")]
     pub config: PathBuf,
     /// Where NATS is and how to log in; default: the config's `[nats]`,
     /// else the embedded server of a host on this machine, else the running
