@@ -43,7 +43,7 @@ const MAX_LINE_BYTES: usize = 64 << 20;
 const MAX_ANSWER_BYTES: usize = 64 << 10;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request without an answer by then is retried (its key makes that safe).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How `<stdin>` is named in errors.
 const STDIN_NAME: &str = "<stdin>";
 

@@ -1,6 +1,6 @@
 //! `weir send`: NDJSON from a file or stdin to a front door.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 
 use clap::builder::RangedU64ValueParser;
@@ -59,7 +59,11 @@ impl SendArgs {
             progress: !self.quiet && std::io::stderr().is_terminal(),
         };
         let summary = send(&options).await?;
-        println!("{summary}");
-        Ok(())
+        // The rows are in: a reader of stdout that went away (`| head -0`)
+        // is no reason to fail, nor to panic as println! would.
+        match writeln!(std::io::stdout(), "{summary}") {
+            Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(err.into()),
+            _ => Ok(()),
+        }
     }
 }
