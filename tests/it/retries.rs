@@ -11,7 +11,8 @@ use weir::ops::status::StatusReport;
 use weir::topology::route::Router;
 
 use crate::support::{
-    Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders, read_stream,
+    ACME_KEY, Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
+    read_stream,
 };
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -341,4 +342,61 @@ async fn rows_that_run_into_their_deadline_do_not_stall_their_unit() {
         "another tenant's row waited {waited:?} behind {SLOW_ROWS} slow rows"
     );
     host.shutdown().await;
+}
+
+/// A deadline measures the plugin, not the host: the whole process stopped
+/// (SIGSTOP, a VM stall) in the middle of a slow but successful call does
+/// not turn it into a failed one, and nothing is delivered twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_of_the_whole_host_does_not_count_against_a_plugins_deadline() {
+    const ROWS: usize = 24;
+    let nats = Nats::start();
+    let extra = chaos(
+        "slow",
+        "mode = \"slow\", slow_ms = 300",
+        "deadline = \"1s\"",
+    );
+    // One row per batch: the plugin is busy nearly all the time, so each
+    // freeze lands in a call.
+    let config = base_config(nats.url(), &extra).replace(
+        "[delivery]\n",
+        "[delivery]\nbatch_rows = 1\npull_rows = 1\n",
+    );
+    let host = Host::spawn_with("paused", config);
+    eventually(Duration::from_secs(60), "weir ready", || async {
+        host.status().await
+    })
+    .await;
+    let rows: String = (0..ROWS).map(|id| format!("{{\"id\":{id}}}\n")).collect();
+    let accepted = reqwest::Client::new()
+        .post(format!("{}/v1/ingest/slow", host.url))
+        .bearer_auth(ACME_KEY)
+        .body(rows)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+
+    let pid = host.child.id() as libc::pid_t;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    let sink = host.output("slow");
+    let lines = eventually(Duration::from_secs(60), "every row delivered", || async {
+        let text = std::fs::read_to_string(&sink).ok()?;
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        (lines.len() >= ROWS).then_some(lines)
+    })
+    .await;
+    let log = host.log();
+    assert!(
+        !log.contains("ran past its deadline"),
+        "a pause was blamed on the plugin:\n{log}"
+    );
+    let unique: std::collections::BTreeSet<&String> = lines.iter().collect();
+    assert_eq!(lines.len(), ROWS, "rows delivered twice: {lines:?}");
+    assert_eq!(unique.len(), ROWS);
 }

@@ -86,6 +86,8 @@ pub struct Plugin {
     pub(super) labels: PluginLabels,
     /// The counter names this version has used (`add-counter`), bounded.
     pub(super) counter_names: Mutex<std::collections::HashSet<String>>,
+    /// The process's pauses, taken off this plugin's deadlines.
+    pub(super) pauses: Arc<super::Pauses>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -169,13 +171,20 @@ impl Plugin {
             },
             plugin: self.clone(),
             call_ends: std::time::Instant::now(),
+            paused_before: Duration::ZERO,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         // Every epoch tick, a running call yields to the executor (so a long
         // call never starves the host's other tasks) until its deadline passes.
         store.epoch_deadline_callback(|context| {
-            Ok(if std::time::Instant::now() >= context.data().call_ends {
+            let state = context.data();
+            let paused = state
+                .plugin
+                .pauses
+                .total()
+                .saturating_sub(state.paused_before);
+            Ok(if std::time::Instant::now() >= state.call_ends + paused {
                 wasmtime::UpdateDeadline::Interrupt
             } else {
                 wasmtime::UpdateDeadline::Yield(1)
@@ -285,6 +294,7 @@ impl PluginInstance {
         let call_ends = Instant::now() + self.plugin.config.deadline;
         let state = self.store.data_mut();
         state.call_ends = call_ends;
+        state.paused_before = state.plugin.pauses.total();
         state.gate.call_ends = call_ends;
         self.store.set_epoch_deadline(1);
     }
@@ -498,8 +508,10 @@ pub struct PluginState {
     pub(super) table: ResourceTable,
     pub(super) limits: Limiter,
     pub(super) plugin: Arc<Plugin>,
-    /// When the running call must have returned.
+    /// When the running call must have returned, not counting pauses of
+    /// the whole process since `paused_before` (of [`super::Pauses`]).
     pub(super) call_ends: std::time::Instant,
+    pub(super) paused_before: Duration,
 }
 
 /// A plugin's stderr, of which only the tail is kept: enough to quote a

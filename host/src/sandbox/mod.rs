@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
@@ -38,6 +38,9 @@ pub const WIT_VERSION: &str = "0.2.0";
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// A ticker sleep that overshoots by more than this was the whole process
+/// standing still (SIGSTOP, a VM stall), not a plugin running.
+const PAUSE_THRESHOLD: Duration = Duration::from_millis(250);
 /// Core instances per component: a std wasip2 guest has a handful.
 const POOL_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
 /// Per-memory address space the pool reserves; per-plugin caps are lower.
@@ -115,6 +118,23 @@ pub enum LoadError {
     Init { plugin: String, source: CallError },
 }
 
+/// How long the process stood still, as the epoch ticker saw it. Taken
+/// off plugin deadlines: a deadline measures the plugin, not the host, so
+/// a pause never turns a finished call into a failed one.
+#[derive(Debug, Default)]
+pub struct Pauses(AtomicU64);
+
+impl Pauses {
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::SeqCst))
+    }
+
+    fn add(&self, pause: Duration) {
+        let nanos = u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, Ordering::SeqCst);
+    }
+}
+
 /// The process-wide engine, its linkers and the epoch ticker.
 pub struct Sandbox {
     engine: Engine,
@@ -124,6 +144,7 @@ pub struct Sandbox {
     http_linker: Linker<PluginState>,
     metrics: Metrics,
     ticker_stop: Arc<AtomicBool>,
+    pauses: Arc<Pauses>,
     /// Where compiled components are kept between starts, if anywhere.
     cache: Option<PathBuf>,
 }
@@ -172,12 +193,23 @@ impl Sandbox {
             .map_err(SandboxError::Engine)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (ticker_engine, stop) = (engine.clone(), ticker_stop.clone());
+        let pauses = Arc::new(Pauses::default());
+        let (ticker_engine, stop, ticker_pauses) =
+            (engine.clone(), ticker_stop.clone(), pauses.clone());
         std::thread::Builder::new()
             .name("weir-epoch".into())
             .spawn(move || {
+                let mut last = std::time::Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
+                    let now = std::time::Instant::now();
+                    let slept = now - last;
+                    last = now;
+                    // Recorded before the epoch moves: a call checks its
+                    // deadline only on an epoch change, so it sees the pause.
+                    if slept > EPOCH_TICK + PAUSE_THRESHOLD {
+                        ticker_pauses.add(slept - EPOCH_TICK);
+                    }
                     ticker_engine.increment_epoch();
                 }
             })
@@ -189,6 +221,7 @@ impl Sandbox {
             http_linker,
             metrics,
             ticker_stop,
+            pauses,
             cache: None,
         })
     }
@@ -307,6 +340,7 @@ impl Sandbox {
                 plugin: config.name.clone(),
             },
             counter_names: Default::default(),
+            pauses: self.pauses.clone(),
         });
         let smoke_test = loaded
             .instantiate()
