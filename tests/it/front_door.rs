@@ -461,3 +461,36 @@ async fn an_address_guessing_api_keys_is_slowed() {
     );
     host.shutdown().await;
 }
+
+/// Many large requests at once all get their answer: each request keeps its
+/// own PubAcks moving while it waits for room to publish, so requests never
+/// wait on each other's unread acks (async-nats bounds acks in flight per
+/// connection).
+#[tokio::test(flavor = "multi_thread")]
+async fn many_large_requests_at_once_are_all_answered() {
+    const REQUESTS: usize = 10;
+    const ROWS: usize = 8_000;
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let requests = (0..REQUESTS).map(|request| {
+        let body = orders(request * ROWS, ROWS);
+        let (http, url) = (host.http.clone(), host.url("/v1/ingest/orders"));
+        async move {
+            http.post(url)
+                .bearer_auth(ACME_KEY)
+                .body(body)
+                .send()
+                .await
+                .map(|response| response.status().as_u16())
+        }
+    });
+    let answers = tokio::time::timeout(
+        Duration::from_secs(120),
+        futures::future::join_all(requests),
+    )
+    .await
+    .expect("every request answered (a hang here is publishes waiting on each other)");
+    for answer in answers {
+        assert_eq!(answer.unwrap(), 202);
+    }
+}

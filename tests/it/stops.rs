@@ -123,11 +123,15 @@ async fn stop(weir: &mut Child, signal: libc::c_int, dir: &Path) -> Duration {
     started.elapsed()
 }
 
-/// How many times each id reached the sink.
+/// How many times each id reached the sink. The host may be appending
+/// while this reads: a last line without its newline is still being written.
 fn delivered(dir: &Path) -> BTreeMap<u64, u32> {
     let text = std::fs::read_to_string(output(dir, "orders")).unwrap_or_default();
     let mut seen = BTreeMap::new();
-    for line in text.lines() {
+    for line in text
+        .split_inclusive('\n')
+        .filter(|line| line.ends_with('\n'))
+    {
         let row: serde_json::Value = serde_json::from_str(line).expect("whole lines");
         *seen.entry(row["id"].as_u64().expect("an id")).or_default() += 1;
     }

@@ -159,7 +159,8 @@ impl TestHost {
             .expect("front door answers")
     }
 
-    /// The lines the file sink wrote for `acme`/`table`.
+    /// The lines the file sink wrote for `acme`/`table`; a last line still
+    /// being written (no newline yet) is left for the next read.
     pub fn sink_lines(&self, table: &str) -> Vec<String> {
         let path = self
             .dir
@@ -168,7 +169,12 @@ impl TestHost {
             .join("acme")
             .join(format!("{table}.ndjson"));
         std::fs::read_to_string(path)
-            .map(|text| text.lines().map(str::to_string).collect())
+            .map(|text| {
+                text.split_inclusive('\n')
+                    .filter_map(|line| line.strip_suffix('\n'))
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

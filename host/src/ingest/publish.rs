@@ -134,23 +134,34 @@ impl Publisher {
             if let Some(id) = message_id {
                 message = message.message_id(id);
             }
-            let ack = self
-                .js
-                .send_publish(subject, message)
-                .await
-                .map_err(|err| classify(err.kind(), err.to_string(), index))?;
+            // Waiting for room to publish (async-nats bounds PubAcks in
+            // flight per connection), this request keeps settling its own
+            // acks: a permit comes back only when its ack is read, so
+            // requests that all waited with unread acks would wait forever.
+            // The send is polled to its end, never dropped half-way.
+            let send = self.js.send_publish(subject, message);
+            tokio::pin!(send);
+            let ack = loop {
+                tokio::select! {
+                    biased;
+                    sent = &mut send => break sent,
+                    Some((result, partition, bytes)) = in_flight.next() => {
+                        let ack = acked(result, index)?;
+                        settle(ack, partition, bytes);
+                    }
+                }
+            }
+            .map_err(|err| classify(err.kind(), err.to_string(), index))?;
             let ack = ack.into_future();
             in_flight.push(async move { (ack.await, unit.partition, bytes) });
             if in_flight.len() >= PUBLISH_WINDOW
                 && let Some((result, partition, bytes)) = in_flight.next().await
             {
-                let ack = result.map_err(|err| classify(err.kind(), err.to_string(), index))?;
-                settle(ack, partition, bytes);
+                settle(acked(result, index)?, partition, bytes);
             }
         }
         while let Some((result, partition, bytes)) = in_flight.next().await {
-            let ack = result.map_err(|err| classify(err.kind(), err.to_string(), 0))?;
-            settle(ack, partition, bytes);
+            settle(acked(result, 0)?, partition, bytes);
         }
         Ok(published)
     }
@@ -166,6 +177,14 @@ pub struct Published {
     /// The new rows, by partition, with their highest stream sequence: what
     /// fleet-wide usage counts until a snapshot covers them.
     pub accepts: Vec<Accept>,
+}
+
+/// A PubAck, or why the row (at `index`) was not stored.
+fn acked(
+    result: Result<PublishAck, jetstream::context::PublishError>,
+    index: usize,
+) -> Result<PublishAck, PublishError> {
+    result.map_err(|err| classify(err.kind(), err.to_string(), index))
 }
 
 fn classify(kind: PublishErrorKind, message: String, index: usize) -> PublishError {
