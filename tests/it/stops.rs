@@ -185,7 +185,7 @@ async fn nothing_twice_across_planned_stops(server: Server) {
         })
     };
     ready(&base).await;
-    eventually(Duration::from_secs(60), "rows flowing out", || async {
+    eventually(Duration::from_secs(240), "rows flowing out", || async {
         (delivered(host.dir.path()).len() as u64 > BACKLOG / 2).then_some(())
     })
     .await;
@@ -201,7 +201,7 @@ async fn nothing_twice_across_planned_stops(server: Server) {
     let sent = producer.await.unwrap();
     let valid = (0..sent).filter(|id| id % INVALID_EVERY != 0).count();
     let invalid = (0..sent).filter(|id| id % INVALID_EVERY == 0).count();
-    let seen = eventually(Duration::from_secs(120), "every row delivered", || async {
+    let seen = eventually(Duration::from_secs(300), "every row delivered", || async {
         let seen = delivered(host.dir.path());
         (seen.len() >= valid).then_some(seen)
     })
