@@ -10,8 +10,8 @@ use clap::Parser as _;
 use weir::config::ConfigError;
 
 fn main() -> ExitCode {
-    weir::telemetry::init_logging();
     let cli = cli::Cli::parse();
+    weir::telemetry::init_logging_at(cli.log_level());
     if !matches!(cli.command, cli::Command::Run(_)) {
         // A command piped into `head` ends quietly, as Unix tools do, instead
         // of panicking on a closed stdout. (`weir run` keeps SIGPIPE ignored:

@@ -184,10 +184,20 @@ impl Metrics {
 /// Starts structured logging to stderr: `WEIR_LOG` (or `RUST_LOG`) filters,
 /// `WEIR_LOG_FORMAT=json` switches to JSON lines.
 pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logging at `level` for weir's own lines (`WEIR_LOG` or `RUST_LOG` win):
+/// a host logs at info, an operator command only warnings unless asked.
+pub fn init_logging_at(level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("WEIR_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,wasmtime=warn,cranelift=warn,async_nats=warn"));
+        .unwrap_or_else(|_| {
+            EnvFilter::new(format!(
+                "{level},wasmtime=warn,cranelift=warn,async_nats=warn"
+            ))
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

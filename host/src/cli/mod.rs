@@ -23,6 +23,19 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log more: -v info, -vv debug (operator commands log only warnings
+    /// by default; `weir run` logs info; WEIR_LOG overrides both).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+impl Cli {
+    /// The level of weir's own log lines for this command line.
+    pub fn log_level(&self) -> &'static str {
+        const LEVELS: [&str; 4] = ["warn", "info", "debug", "trace"];
+        let host = usize::from(matches!(self.command, Command::Run(_)));
+        LEVELS[(host + usize::from(self.verbose)).min(LEVELS.len() - 1)]
+    }
 }
 
 #[derive(Subcommand)]
