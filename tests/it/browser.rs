@@ -367,6 +367,25 @@ async fn the_live_page_shows_the_fleet_and_a_killed_hosts_units_moving_in_a_brow
         )
         .await;
     tab.screenshot(&artifacts.join("fleet.png")).await;
+    // The same page on a wall screen (large type) and on a phone.
+    tab.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 1920, "height": 1080, "deviceScaleFactor": 1, "mobile": false }),
+    )
+    .await;
+    tab.eval("document.getElementById('wall').click(); 'ok'")
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tab.screenshot(&artifacts.join("fleet-wall.png")).await;
+    tab.eval("document.getElementById('wall').click(); 'ok'")
+        .await;
+    tab.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true }),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tab.screenshot(&artifacts.join("fleet-phone.png")).await;
     tab.eval(&format!(
         "document.querySelector('#letter-rows tr[data-sequence=\"{sequence}\"] button').click(); 'ok'"
     ))

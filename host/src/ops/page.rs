@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::delivery::dead_letter::{DeadLetters, LetterError, LetterFilter, StoredLetter};
-use crate::ops::status::{FleetStatus, RowCounts, StatusSource, TenantUsage};
+use crate::ops::status::{FleetStatus, RowCounts, StatusReport, StatusSource, TenantUsage};
 use crate::reload::generation::{Generation, PluginStatus};
 
 const INDEX_HTML: &str = include_str!("page/index.html");
@@ -62,6 +62,9 @@ const LETTERS_WINDOW: time::Duration = time::Duration::hours(1);
 const LETTERS_READ: usize = 1000;
 /// A listing is reused this long: several open pages cost one read.
 const LETTERS_FRESH: Duration = Duration::from_secs(2);
+/// A status report is reused this long: every open page polls each
+/// second, and a report lists every partition's consumers.
+const REPORT_FRESH: Duration = Duration::from_millis(500);
 /// Security headers of every page answer: only the page's own files run,
 /// nothing is framed (no clickjacking of the replay button).
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -77,6 +80,8 @@ pub struct Page {
     failed_logins: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     /// The last dead-letter listing and when it was read.
     letters_cache: tokio::sync::Mutex<Option<(Instant, Vec<StoredLetter>)>>,
+    /// The last status report and when it was made.
+    report_cache: tokio::sync::Mutex<Option<(Instant, StatusReport)>>,
 }
 
 /// Logged-in sessions by the SHA-256 of their token: the map holds no
@@ -194,6 +199,7 @@ impl Page {
             sessions: Mutex::new(Sessions::default()),
             failed_logins: Mutex::new(HashMap::new()),
             letters_cache: tokio::sync::Mutex::new(None),
+            report_cache: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -300,6 +306,20 @@ impl Page {
         Ok(token)
     }
 
+    /// The status report, made at most every `REPORT_FRESH` however many
+    /// pages poll (requests at once wait for one report).
+    async fn report(&self) -> StatusReport {
+        let mut cache = self.report_cache.lock().await;
+        if let Some((made_at, report)) = cache.as_ref()
+            && made_at.elapsed() < REPORT_FRESH
+        {
+            return report.clone();
+        }
+        let report = self.status.report().await;
+        *cache = Some((Instant::now(), report.clone()));
+        report
+    }
+
     /// The newest dead letters of the last hour, newest first; read at most
     /// every `LETTERS_FRESH`.
     async fn recent_letters(&self) -> Result<Vec<StoredLetter>, PageError> {
@@ -370,23 +390,27 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Refuses a state-changing request that did not come from a page this
-/// host served: its `Origin` must name this host (`Host` header). Browsers
-/// always send `Origin` on a POST from a script, so a missing one is
-/// refused too (a curl user has the admin API with a bearer key instead).
+/// host served: its `Origin` must name this host, as the `Host` header or,
+/// behind a proxy that rewrites `Host`, `X-Forwarded-Host` says. (A page
+/// of another origin cannot set `X-Forwarded-Host` on its request without
+/// a CORS preflight, which this host never grants.) Browsers always send
+/// `Origin` on a POST from a script, so a missing one is refused too (a
+/// curl user has the admin API with a bearer key instead).
 fn same_origin(headers: &HeaderMap) -> Result<(), PageError> {
-    let origin = headers
-        .get(header::ORIGIN)
-        .and_then(|value| value.to_str().ok())
-        .ok_or(PageError::CrossOrigin)?;
-    let host = headers
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .ok_or(PageError::CrossOrigin)?;
+    let text = |name| headers.get(name).and_then(|value| value.to_str().ok());
+    let origin = text(header::ORIGIN).ok_or(PageError::CrossOrigin)?;
     let origin_host = origin
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))
         .ok_or(PageError::CrossOrigin)?;
-    if origin_host.eq_ignore_ascii_case(host) {
+    let forwarded = text(header::HeaderName::from_static("x-forwarded-host"))
+        .and_then(|hosts| hosts.split(',').next())
+        .map(str::trim);
+    if [text(header::HOST), forwarded]
+        .into_iter()
+        .flatten()
+        .any(|host| origin_host.eq_ignore_ascii_case(host))
+    {
         Ok(())
     } else {
         Err(PageError::CrossOrigin)
@@ -415,7 +439,7 @@ fn session_cookie(token: &str, max_age: u64, headers: &HeaderMap) -> HeaderValue
 
 async fn state(State(page): State<Arc<Page>>, headers: HeaderMap) -> Response {
     let admin = page.session(&headers).is_some();
-    let report = page.status.report().await;
+    let report = page.report().await;
     let router = &page.status.router;
     // `report.units` lists `router.units()` in the same order.
     let units = router
@@ -551,6 +575,12 @@ mod tests {
             ("host", "127.0.0.1:8080"),
         ]);
         assert!(same_origin(&ok).is_ok());
+        let proxied = headers(&[
+            ("origin", "https://weir.example"),
+            ("host", "10.0.0.7:8080"),
+            ("x-forwarded-host", "weir.example"),
+        ]);
+        assert!(same_origin(&proxied).is_ok());
         for bad in [
             headers(&[("host", "127.0.0.1:8080")]),
             headers(&[("origin", "null"), ("host", "127.0.0.1:8080")]),

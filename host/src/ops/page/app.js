@@ -298,10 +298,10 @@ $("logout").addEventListener("submit", async (event) => {
 });
 
 function setWall(on) {
-  document.body.classList.toggle("wall", on);
+  document.documentElement.classList.toggle("wall", on);
   try { localStorage.setItem("weir-wall", on ? "1" : ""); } catch (_) { /* private mode */ }
 }
-$("wall").addEventListener("click", () => setWall(!document.body.classList.contains("wall")));
+$("wall").addEventListener("click", () => setWall(!document.documentElement.classList.contains("wall")));
 setWall(new URLSearchParams(location.search).has("wall") || (() => {
   try { return localStorage.getItem("weir-wall") === "1"; } catch (_) { return false; }
 })());
