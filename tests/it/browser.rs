@@ -638,5 +638,24 @@ async fn the_page_json_and_login_work_without_a_browser_and_show_tenants_only_to
         .unwrap();
     assert_eq!(after["admin"], false);
     assert!(after.get("tenants").is_none());
+
+    // Guessing is slowed as for API keys: past 20 wrong keys a minute, 429
+    // without a look at the key, the right one included.
+    let mut wrong_keys = 2; // the tenant's and "not-the-key" above
+    loop {
+        let answer = login("guess", Some(&origin)).await.expect("login answers");
+        if answer.status() == 429 {
+            break;
+        }
+        assert_eq!(answer.status(), 401);
+        wrong_keys += 1;
+        assert!(wrong_keys <= 20, "still 401 after {wrong_keys} wrong keys");
+    }
+    assert_eq!(wrong_keys, 20);
+    let blocked = login(ADMIN_KEY, Some(&origin))
+        .await
+        .expect("login answers");
+    assert_eq!(blocked.status(), 429);
+    assert!(set_cookies(&blocked).is_empty());
     host.shutdown().await;
 }
