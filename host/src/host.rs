@@ -37,6 +37,7 @@ use crate::nats::embedded::{
 };
 use crate::nats::kv::NatsKv;
 use crate::ops::http::Ops;
+use crate::ops::page::Page;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
 use crate::reload::releases::ReleaseFollower;
@@ -229,7 +230,8 @@ impl RunningHost {
             generations: generations.subscribe(),
             reloads: reload_requests,
         };
-        let routes = front_door.router().merge(ops.router());
+        let page = Page::new(status.clone(), generations.subscribe());
+        let routes = front_door.router().merge(ops.router()).merge(page.router());
         tasks.push(tokio::spawn(listener::serve(
             listener,
             routes,

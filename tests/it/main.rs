@@ -6,6 +6,7 @@ mod nats_auth;
 mod support;
 
 mod boundaries;
+mod browser;
 mod cli;
 mod connection;
 mod delivery;
