@@ -7,6 +7,8 @@ mod support;
 
 mod boundaries;
 mod cli;
+mod cluster;
+mod cluster_support;
 mod connection;
 mod delivery;
 mod dlq;
