@@ -10,9 +10,13 @@
 //! Each scenario prints one line: rows accepted (202), lost (asserted 0),
 //! delivered twice and out of order (printed; asserted 0 only for duplicates
 //! of clean stops, the one thing promised), and the recovery: the time from
-//! the fault until every table delivered a row sent after it. Run with
+//! the fault until every table delivered a row sent after it (for NATS
+//! faults also when the front doors stored rows again). Run with
 //! `--nocapture` to see the table. The scenarios run one at a time (they
-//! share two cores, and their timings are the point).
+//! share two cores, and their timings are the point). docs/deployment.md
+//! ("What faults cost") keeps the figures and what they show: a NATS node's
+//! death stalls the units whose pulls went through it for 5–16 s, and the
+//! rows it had in flight come back after the ack wait, out of order.
 
 use std::time::{Duration, Instant};
 
@@ -171,9 +175,20 @@ impl Harness {
         let log = load.log.lock().unwrap();
         let result = account(scenario, &log, &self.tailer.deliveries.lock().unwrap(), ran);
         println!("{}", line(&name, &result, recovery));
-        let mut refusals: std::collections::BTreeMap<u16, usize> = Default::default();
+        // What the producers were told while the fault lasted (0: no
+        // answer), each status with its first answer.
+        let mut refusals: std::collections::BTreeMap<u16, (usize, &str)> = Default::default();
         for refusal in &log.refusals {
-            *refusals.entry(refusal.status).or_default() += 1;
+            refusals
+                .entry(refusal.status)
+                .or_insert((0, &refusal.body))
+                .0 += 1;
+        }
+        for (status, (count, first)) in &refusals {
+            println!("    refused {count}× {status}, first: {first:?}");
+        }
+        for late in &result.late {
+            println!("    out of order: {late}");
         }
         assert!(
             result.lost.is_empty(),
@@ -274,19 +289,21 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
     let fault = Instant::now();
     h.nats.kill(&leader).await;
     let recovery = h.healed(&load, &steady_tables(), fault).await;
+    let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
     let new_leader = h.nats.stream_leader(&h.client, STREAM).await;
     h.nats.restart(&leader).await;
     h.nats.wait_healthy().await;
     h.fleet.balanced().await;
     let recovery = format!(
-        "{} ({STREAM} leader {leader} -> {new_leader})",
-        secs(recovery)
+        "{} (accepting again {}; {STREAM} leader {leader} -> {new_leader})",
+        secs(recovery),
+        secs(accepting)
     );
     h.finish(load, "SIGKILL the stream leader node", &recovery, false)
         .await;
 
     // A rolling restart: each node stopped (SIGTERM), started again, and
-    // current before the next.
+    // current before the next. Per node: delivering again (accepting again).
     let load = h.begin().await;
     let mut each = Vec::new();
     let names: Vec<String> = h.nats.nodes.iter().map(|n| n.name.clone()).collect();
@@ -296,7 +313,8 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
         h.nats.restart(name).await;
         h.nats.wait_healthy().await;
         let healed = h.healed(&load, &steady_tables(), fault).await;
-        each.push(format!("{name} {}", secs(healed)));
+        let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
+        each.push(format!("{name} {} ({})", secs(healed), secs(accepting)));
     }
     h.fleet.balanced().await;
     h.finish(
@@ -401,13 +419,10 @@ async fn r1_the_same_faults_on_one_server() {
     h.nats.restart("n1").await;
     h.nats.wait_healthy().await;
     let recovery = h.healed(&load, &steady_tables(), fault).await;
+    let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
     h.fleet.balanced().await;
-    h.finish(
-        load,
-        "SIGKILL the server, restart it",
-        &secs(recovery),
-        false,
-    )
-    .await;
+    let recovery = format!("{} (accepting again {})", secs(recovery), secs(accepting));
+    h.finish(load, "SIGKILL the server, restart it", &recovery, false)
+        .await;
     h.stop().await;
 }

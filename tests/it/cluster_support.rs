@@ -665,6 +665,21 @@ impl Load {
         self.started.elapsed()
     }
 
+    /// How long after `at` every one of `tables` had a request sent at or
+    /// after `at` accepted: when the front doors stored rows again.
+    pub fn accepting_again(&self, tables: &[String], at: Instant) -> Option<Duration> {
+        let log = self.log.lock().unwrap();
+        tables.iter().try_fold(Duration::ZERO, |slowest, table| {
+            let accepted = log
+                .requests
+                .get(table)?
+                .iter()
+                .filter(|request| request.sent >= at)
+                .find_map(|request| request.accepted)?;
+            Some(slowest.max(accepted.duration_since(at)))
+        })
+    }
+
     /// The first sequence of `table` sent at or after `at`, once there is one.
     pub fn first_seq_sent_after(&self, table: &str, at: Instant) -> Option<u64> {
         let log = self.log.lock().unwrap();
@@ -907,6 +922,9 @@ pub struct Account {
     /// First deliveries of a row after a later row of its table (seen
     /// before it on the same host, or in an earlier pass on any host).
     pub order_violations: usize,
+    /// The first few of them: table, sequence, and how long after the next
+    /// row of its table it came.
+    pub late: Vec<String>,
     pub rows_per_sec: f64,
 }
 
@@ -941,6 +959,12 @@ pub fn account(
     let mut duplicated = 0;
     let mut order_violations = 0;
     let mut order: HashMap<&str, Order> = HashMap::new();
+    let mut late = Vec::new();
+    let first_seen: HashMap<(&str, u64), Instant> = mine
+        .iter()
+        .rev()
+        .map(|d| ((d.table.as_str(), d.seq), d.seen))
+        .collect();
     for delivery in &mine {
         let first = delivered
             .entry(&delivery.table)
@@ -960,6 +984,16 @@ pub fn account(
         let host_max = order.by_host.entry(delivery.host).or_insert(0);
         if delivery.seq < order.before.max(*host_max) {
             order_violations += 1;
+            if late.len() < 5 {
+                let next = first_seen.get(&(delivery.table.as_str(), delivery.seq + 1));
+                late.push(format!(
+                    "{} seq {} came {} after seq {}",
+                    delivery.table,
+                    delivery.seq,
+                    next.map_or("?".into(), |next| secs(delivery.seen.duration_since(*next))),
+                    delivery.seq + 1
+                ));
+            }
         }
         *host_max = (*host_max).max(delivery.seq + 1);
         order.this_pass = order.this_pass.max(delivery.seq + 1);
@@ -984,6 +1018,7 @@ pub fn account(
         lost,
         duplicated,
         order_violations,
+        late,
         rows_per_sec: accepted as f64 / load_ran.as_secs_f64(),
     }
 }
