@@ -8,6 +8,8 @@ mod support;
 mod boundaries;
 mod browser;
 mod cli;
+mod cluster;
+mod cluster_support;
 mod connection;
 mod delivery;
 mod dlq;

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
 use async_nats::jetstream::{self, consumer, object_store, stream};
 use futures::future::join_all;
 use serde::Serialize;
@@ -767,28 +768,51 @@ fn normalize_unlimited(value: i64) -> i64 {
     if value <= 0 { -1 } else { value }
 }
 
+/// How often a stream is created (or updated) when the server does not
+/// answer in time. Hosts of a fleet started together all create the same
+/// streams, and a clustered server answers only some of several concurrent
+/// creates of one replicated stream: the others time out while the stream
+/// is being made (two of three hosts started at once on an empty 3-node
+/// cluster failed to boot; `tests/it/cluster.rs`). Looking again finds it.
+const STREAM_ATTEMPTS: u32 = 3;
+
 async fn create_or_update_stream(
     js: &jetstream::Context,
     config: stream::Config,
 ) -> Result<stream::Stream, TopologyError> {
+    let mut attempt = 1;
+    loop {
+        match create_or_update_stream_once(js, config.clone()).await {
+            Ok(stream) => return Ok(stream),
+            Err(err)
+                if err.kind() == CreateStreamErrorKind::TimedOut && attempt < STREAM_ATTEMPTS =>
+            {
+                tracing::warn!(stream = %config.name, attempt, "creating a stream timed out; looking again");
+                attempt += 1;
+            }
+            Err(err) => {
+                return Err(TopologyError::Stream {
+                    stream: config.name.clone(),
+                    reason: err.to_string(),
+                });
+            }
+        }
+    }
+}
+
+async fn create_or_update_stream_once(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, CreateStreamError> {
     let name = config.name.clone();
-    let error = |err: String| TopologyError::Stream {
-        stream: name.clone(),
-        reason: err,
-    };
     match js.get_stream(&name).await {
         Ok(_) => {
-            js.update_stream(config)
-                .await
-                .map_err(|err| error(err.to_string()))?;
+            js.update_stream(config).await?;
             js.get_stream(&name)
                 .await
-                .map_err(|err| error(err.to_string()))
+                .map_err(|err| CreateStreamError::with_source(CreateStreamErrorKind::Response, err))
         }
-        Err(_) => js
-            .create_stream(config)
-            .await
-            .map_err(|err| error(err.to_string())),
+        Err(_) => js.create_stream(config).await,
     }
 }
 

@@ -82,6 +82,23 @@ struct WriteSpec {
     what: &'static str,
 }
 
+/// How often a bucket is created when the server does not answer in time.
+/// Hosts of a fleet started together create the same bucket at once, and a
+/// clustered server answers only some of several concurrent creates of one
+/// replicated stream: the others time out while it is being made (three
+/// hosts started at once on an empty 3-node cluster; `tests/it/cluster.rs`).
+const CREATE_ATTEMPTS: u32 = 3;
+
+/// Whether creating a bucket failed because a request timed out (async-nats
+/// reports a timed-out stream create inside as a JetStream error).
+fn timed_out(err: &jetstream::context::CreateKeyValueError) -> bool {
+    use jetstream::context::{CreateKeyValueErrorKind, CreateStreamError, CreateStreamErrorKind};
+    err.kind() == CreateKeyValueErrorKind::TimedOut
+        || std::error::Error::source(err)
+            .and_then(|source| source.downcast_ref::<CreateStreamError>())
+            .is_some_and(|source| source.kind() == CreateStreamErrorKind::TimedOut)
+}
+
 impl NatsKv {
     /// Opens an existing bucket.
     pub async fn open(client: &async_nats::Client, bucket: &str) -> Result<NatsKv, KvError> {
@@ -131,12 +148,22 @@ impl NatsKv {
             num_replicas: options.replicas,
             ..Default::default()
         };
-        js.create_or_update_key_value(config)
-            .await
-            .map_err(|err| KvError::Bucket {
-                bucket: options.bucket.clone(),
-                reason: err.to_string(),
-            })?;
+        let mut attempt = 1;
+        loop {
+            match js.create_or_update_key_value(config.clone()).await {
+                Ok(_) => break,
+                Err(err) if attempt < CREATE_ATTEMPTS && timed_out(&err) => {
+                    tracing::warn!(bucket = %options.bucket, attempt, "creating a bucket timed out; looking again");
+                    attempt += 1;
+                }
+                Err(err) => {
+                    return Err(KvError::Bucket {
+                        bucket: options.bucket.clone(),
+                        reason: err.to_string(),
+                    });
+                }
+            }
+        }
         NatsKv::open(client, &options.bucket).await
     }
 
