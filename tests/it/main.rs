@@ -10,6 +10,7 @@ mod cli;
 mod connection;
 mod delivery;
 mod dlq;
+mod fencing;
 mod fleet;
 mod front_door;
 mod http_sink;
