@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SyncPolicy};
 use crate::coordination::{
-    Coordination, CoordinationError, KeyFollower, Membership, PluginVersions, UnitRunner, host_id,
+    Coordination, CoordinationError, KeyFollower, Lease, Membership, PluginVersions, UnitEnd,
+    UnitRunner, host_id,
 };
 use crate::delivery::worker::{ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
@@ -314,9 +315,16 @@ impl UnitRunner for DeliveryUnits {
         &self,
         unit: Unit,
         release: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), String>> {
+        lease: Lease,
+    ) -> BoxFuture<'static, Result<UnitEnd, String>> {
         let worker = self.0.worker(unit);
-        async move { worker.run(release).await.map_err(|err| err.to_string()) }.boxed()
+        async move {
+            worker
+                .run(release, lease)
+                .await
+                .map_err(|err| err.to_string())
+        }
+        .boxed()
     }
 }
 

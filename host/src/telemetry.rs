@@ -70,6 +70,9 @@ pub struct Metrics {
     pub unit_takeovers: Counter,
     /// Times this host lost its lease and stopped pulling every unit.
     pub coordination_step_downs: Counter,
+    /// Batches abandoned unanswered because the lease ran out before their
+    /// sink call or acks (the rows go to the unit's next owner).
+    pub fenced_batches: Counter,
     /// Units this host pulls now.
     pub units_owned: Gauge,
 }
@@ -172,6 +175,11 @@ impl Metrics {
             "coordination_step_downs",
             "Times this host could not renew its member key and stopped pulling",
             self.coordination_step_downs.clone(),
+        );
+        weir.register(
+            "fenced_batches",
+            "Batches abandoned unanswered because this host's lease ran out before the sink call or the acks",
+            self.fenced_batches.clone(),
         );
         weir.register(
             "units_owned",

@@ -4,89 +4,22 @@
 //! published is delivered; duplicates come only from rows in flight at the
 //! kill. Takeover and handover times are printed, not asserted.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use weir::ops::status::StatusReport;
-use weir::topology::route::{Router, Unit};
 
-use crate::support::{ACME_KEY, Host, Nats, TestHost, base_config, eventually, output};
+use crate::support::{
+    ACME_KEY, Host, Nats, PRODUCERS, TABLES, TestHost, all_tables, balanced, by_id, delivered,
+    eventually, every_table_grows, fleet_config, produce, size, sizes, tables_of, written,
+};
 
-const PARTITIONS: u32 = 4;
-const SHARDS: u32 = 8;
-const TABLES: usize = 64;
 const MEMBER_TTL_SECS: u64 = 5;
-
-/// The base config over 4 × 8 units and 64 tables, as member `id`
-/// listening on `port` (0: any).
-fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> String {
-    let tables: Vec<String> = (0..TABLES).map(|t| format!("\"t{t}\"")).collect();
-    base_config(
-        nats_url,
-        &format!("\n[coordination]\nhost_id = \"{id}\"\nmember_ttl_secs = {ttl_secs}\n"),
-    )
-    .replace(
-        "listen = \"127.0.0.1:0\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    )
-    .replace(
-        "[stream]\ncreate = true\n",
-        &format!("[stream]\ncreate = true\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
-    )
-    .replace(
-        "tables = [\"orders\"]",
-        &format!("tables = [{}]", tables.join(", ")),
-    )
-}
 
 /// A fleet host as member `id`.
 fn spawn(nats_url: &str, id: &'static str) -> Host {
     Host::spawn_with(id, fleet_config(nats_url, id, 0, MEMBER_TTL_SECS))
-}
-
-/// Waits until `observer` sees exactly `members` members holding every
-/// unit, with loads differing by at most one; returns each member's units.
-async fn balanced(observer: &Host, members: &[&str]) -> BTreeMap<String, Vec<String>> {
-    let what = format!("{members:?} share every unit evenly");
-    eventually(Duration::from_secs(40), &what, || async {
-        let report = observer.status().await?;
-        let ids: BTreeSet<&str> = report.fleet.members.iter().map(|m| m.id.as_str()).collect();
-        if ids != members.iter().copied().collect() || !report.fleet.unowned.is_empty() {
-            return None;
-        }
-        let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for unit in &report.units {
-            owned
-                .entry(unit.owner.clone()?)
-                .or_default()
-                .push(unit.consumer.clone());
-        }
-        let loads: Vec<usize> = owned.values().map(Vec::len).collect();
-        let (min, max) = (loads.iter().min()?, loads.iter().max()?);
-        (owned.len() == members.len() && max - min <= 1).then_some(owned)
-    })
-    .await
-}
-
-/// Tables whose unit's consumer is in `consumers`.
-fn tables_of(consumers: &[String]) -> Vec<String> {
-    let router = Router::new("weir", PARTITIONS, SHARDS);
-    (0..TABLES)
-        .map(|t| format!("t{t}"))
-        .filter(|table| {
-            let unit: Unit = router.route("acme", table);
-            consumers.contains(&router.unit_consumer(unit))
-        })
-        .collect()
-}
-
-/// The size of a sink's output file (0 before its first row). Outputs only
-/// grow, a killed host's too, so a larger size is a new row.
-fn size(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 /// Time until one of `tables` gets a new row in one of `hosts`' outputs.
@@ -103,105 +36,6 @@ async fn first_row(hosts: &[&Host], tables: &[String], since: Instant) -> Durati
         (now != before).then(|| since.elapsed())
     })
     .await
-}
-
-/// How many bytes the hosts in `dirs` wrote for each of `tables`, summed
-/// over the hosts.
-fn sizes(dirs: &[&Path], tables: &[String]) -> Vec<u64> {
-    tables
-        .iter()
-        .map(|table| dirs.iter().map(|dir| size(&output(dir, table))).sum())
-        .collect()
-}
-
-/// Waits until each of `tables` got a new row in the outputs in `dirs`
-/// since `before` (their `sizes` then): rows flow on every unit of those
-/// tables.
-async fn every_table_grows(dirs: &[&Path], tables: &[String], before: &[u64], what: &str) {
-    eventually(Duration::from_secs(30), what, || async {
-        let now = sizes(dirs, tables);
-        now.iter()
-            .zip(before)
-            .all(|(now, before)| now > before)
-            .then_some(())
-    })
-    .await
-}
-
-/// Every table of the fleet's tests.
-fn all_tables() -> Vec<String> {
-    (0..TABLES).map(|t| format!("t{t}")).collect()
-}
-
-/// Every id each host's sink wrote (hosts named with their directory),
-/// by table, in the order written.
-fn written(hosts: &[(&'static str, &Path)]) -> BTreeMap<String, Vec<(u64, &'static str)>> {
-    let mut tables: BTreeMap<String, Vec<(u64, &'static str)>> = BTreeMap::new();
-    for (id, dir) in hosts {
-        for t in 0..TABLES {
-            let table = format!("t{t}");
-            let text = std::fs::read_to_string(output(dir, &table)).unwrap_or_default();
-            // A killed host may have left half a line.
-            for line in text.lines() {
-                if let Ok(row) = serde_json::from_str::<serde_json::Value>(line)
-                    && let Some(row_id) = row["id"].as_u64()
-                {
-                    tables.entry(table.clone()).or_default().push((row_id, *id));
-                }
-            }
-        }
-    }
-    tables
-}
-
-/// Every id delivered, with the hosts that delivered it (once per delivery).
-fn delivered(hosts: &[&Host]) -> BTreeMap<u64, Vec<&'static str>> {
-    let dirs: Vec<(&'static str, &Path)> = hosts.iter().map(|h| (h.id, h.dir.path())).collect();
-    by_id(&written(&dirs))
-}
-
-fn by_id(tables: &BTreeMap<String, Vec<(u64, &'static str)>>) -> BTreeMap<u64, Vec<&'static str>> {
-    let mut seen: BTreeMap<u64, Vec<&'static str>> = BTreeMap::new();
-    for rows in tables.values() {
-        for (id, host) in rows {
-            seen.entry(*id).or_default().push(host);
-        }
-    }
-    seen
-}
-
-/// Producers posting concurrently, so every table gets rows often and a
-/// moved unit's first row is not waiting for its turn.
-const PRODUCERS: u64 = 4;
-
-/// Posts rows to `url` round-robin over its share of the tables until
-/// `stop`; returns every id the front door accepted.
-async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<u64> {
-    let http = reqwest::Client::new();
-    let (mut accepted, mut request) = (Vec::new(), 0u64);
-    while !stop.load(Ordering::Relaxed) {
-        let table = format!("t{}", (request * PRODUCERS + producer) % TABLES as u64);
-        // Ids unique across producers: request number, producer, row.
-        let first = (request * PRODUCERS + producer) * 20;
-        request += 1;
-        let ids: Vec<u64> = (first..first + 20).collect();
-        let body: String = ids
-            .iter()
-            .map(|id| format!("{{\"id\":{id},\"email\":\"u{id}@example.com\"}}\n"))
-            .collect();
-        let response = http
-            .post(format!("{url}/v1/ingest/{table}"))
-            .bearer_auth(ACME_KEY)
-            .body(body)
-            .send()
-            .await;
-        if response.is_ok_and(|r| r.status() == 202) {
-            accepted.extend(ids);
-        }
-        // Pacing, not synchronisation: steady load that leaves the hosts CPU.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    accepted
 }
 
 #[tokio::test(flavor = "multi_thread")]

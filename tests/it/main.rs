@@ -13,6 +13,7 @@ mod cluster_support;
 mod connection;
 mod delivery;
 mod dlq;
+mod fencing;
 mod fleet;
 mod front_door;
 mod http_sink;

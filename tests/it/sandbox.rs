@@ -304,8 +304,14 @@ async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100
 
     let batches = 100_000;
     let mut rss = Vec::new();
+    let lease = weir::coordination::Lease::until(
+        tokio::time::Instant::now() + std::time::Duration::from_secs(86_400),
+    );
     for batch in 0..batches {
-        let verdicts = runner.run(row.clone()).await.expect("no call fails");
+        let verdicts = runner
+            .run(row.clone(), &lease)
+            .await
+            .expect("no call fails");
         assert!(matches!(verdicts[0], Verdict::Done));
         if batch % 20_000 == 0 || batch == batches - 1 {
             rss.push((batch, rss_kib()));

@@ -1,9 +1,12 @@
 //! Shared test helpers: a nats-server guard, a host started in-process from
 //! a TOML written to a temp dir, and small waiting and reading helpers.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
@@ -12,6 +15,7 @@ use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
 use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::ops::status::StatusReport;
+use weir::topology::route::{Router, Unit};
 
 /// The `weir` binary, for tests that run real processes.
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -442,4 +446,215 @@ impl Drop for Host {
 /// The file the NDJSON sink writes for `acme`/`table` under `dir`.
 pub fn output(dir: &Path, table: &str) -> PathBuf {
     dir.join("out").join("acme").join(format!("{table}.ndjson"))
+}
+
+// A fleet of `weir` processes over 4 × 8 units and 64 tables, rows posted
+// by producers with per-table sequence numbers, and what their sinks wrote.
+
+pub const PARTITIONS: u32 = 4;
+pub const SHARDS: u32 = 8;
+pub const TABLES: usize = 64;
+
+/// The base config over 4 × 8 units and 64 tables, as member `id`
+/// listening on `port` (0: any).
+pub fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> String {
+    let tables: Vec<String> = (0..TABLES).map(|t| format!("\"t{t}\"")).collect();
+    base_config(
+        nats_url,
+        &format!("\n[coordination]\nhost_id = \"{id}\"\nmember_ttl_secs = {ttl_secs}\n"),
+    )
+    .replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    )
+    .replace(
+        "[stream]\ncreate = true\n",
+        &format!("[stream]\ncreate = true\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
+    )
+    .replace(
+        "tables = [\"orders\"]",
+        &format!("tables = [{}]", tables.join(", ")),
+    )
+}
+
+/// Waits until `observer` sees exactly `members` members holding every
+/// unit, with loads differing by at most one; returns each member's units.
+pub async fn balanced(observer: &Host, members: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let what = format!("{members:?} share every unit evenly");
+    eventually(Duration::from_secs(40), &what, || async {
+        let report = observer.status().await?;
+        let ids: BTreeSet<&str> = report.fleet.members.iter().map(|m| m.id.as_str()).collect();
+        if ids != members.iter().copied().collect() || !report.fleet.unowned.is_empty() {
+            return None;
+        }
+        let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for unit in &report.units {
+            owned
+                .entry(unit.owner.clone()?)
+                .or_default()
+                .push(unit.consumer.clone());
+        }
+        let loads: Vec<usize> = owned.values().map(Vec::len).collect();
+        let (min, max) = (loads.iter().min()?, loads.iter().max()?);
+        (owned.len() == members.len() && max - min <= 1).then_some(owned)
+    })
+    .await
+}
+
+/// Every unit of the fleet's topology.
+pub fn fleet_units() -> Vec<Unit> {
+    Router::new("weir", PARTITIONS, SHARDS).units()
+}
+
+/// Tables whose unit's consumer is in `consumers`.
+pub fn tables_of(consumers: &[String]) -> Vec<String> {
+    let router = Router::new("weir", PARTITIONS, SHARDS);
+    all_tables()
+        .into_iter()
+        .filter(|table| {
+            let unit: Unit = router.route("acme", table);
+            consumers.contains(&router.unit_consumer(unit))
+        })
+        .collect()
+}
+
+/// The size of a sink's output file (0 before its first row). Outputs only
+/// grow, a killed host's too, so a larger size is a new row.
+pub fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// How many bytes the hosts in `dirs` wrote for each of `tables`, summed
+/// over the hosts.
+pub fn sizes(dirs: &[&Path], tables: &[String]) -> Vec<u64> {
+    tables
+        .iter()
+        .map(|table| dirs.iter().map(|dir| size(&output(dir, table))).sum())
+        .collect()
+}
+
+/// Waits until each of `tables` got a new row in the outputs in `dirs`
+/// since `before` (their `sizes` then): rows flow on every unit of those
+/// tables.
+pub async fn every_table_grows(dirs: &[&Path], tables: &[String], before: &[u64], what: &str) {
+    eventually(Duration::from_secs(30), what, || async {
+        let now = sizes(dirs, tables);
+        now.iter()
+            .zip(before)
+            .all(|(now, before)| now > before)
+            .then_some(())
+    })
+    .await
+}
+
+/// Every table of the fleet's tests.
+pub fn all_tables() -> Vec<String> {
+    (0..TABLES).map(|t| format!("t{t}")).collect()
+}
+
+/// A row a host's sink wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct WrittenRow {
+    pub id: u64,
+    /// Its place in its table's sequence (as the producer posted it).
+    pub seq: Option<u64>,
+    pub host: &'static str,
+    /// Where its line starts in the host's output file.
+    pub offset: u64,
+}
+
+/// Every row each host's sink wrote (hosts named with their directory), by
+/// table, each host's rows in the order written.
+pub fn written_rows(hosts: &[(&'static str, &Path)]) -> BTreeMap<String, Vec<WrittenRow>> {
+    let mut tables: BTreeMap<String, Vec<WrittenRow>> = BTreeMap::new();
+    for (host, dir) in hosts {
+        for table in all_tables() {
+            let text = std::fs::read_to_string(output(dir, &table)).unwrap_or_default();
+            let mut offset = 0;
+            // A killed host may have left half a line.
+            for line in text.split_inclusive('\n') {
+                if let Ok(row) = serde_json::from_str::<serde_json::Value>(line)
+                    && let Some(id) = row["id"].as_u64()
+                {
+                    let seq = row["seq"].as_u64();
+                    let row = WrittenRow {
+                        id,
+                        seq,
+                        host,
+                        offset,
+                    };
+                    tables.entry(table.clone()).or_default().push(row);
+                }
+                offset += line.len() as u64;
+            }
+        }
+    }
+    tables
+}
+
+/// Every id each host's sink wrote, by table, in the order written.
+pub fn written(hosts: &[(&'static str, &Path)]) -> BTreeMap<String, Vec<(u64, &'static str)>> {
+    written_rows(hosts)
+        .into_iter()
+        .map(|(table, rows)| (table, rows.iter().map(|r| (r.id, r.host)).collect()))
+        .collect()
+}
+
+/// Every id delivered, with the hosts that delivered it (once per delivery).
+pub fn delivered(hosts: &[&Host]) -> BTreeMap<u64, Vec<&'static str>> {
+    let dirs: Vec<(&'static str, &Path)> = hosts.iter().map(|h| (h.id, h.dir.path())).collect();
+    by_id(&written(&dirs))
+}
+
+pub fn by_id(
+    tables: &BTreeMap<String, Vec<(u64, &'static str)>>,
+) -> BTreeMap<u64, Vec<&'static str>> {
+    let mut seen: BTreeMap<u64, Vec<&'static str>> = BTreeMap::new();
+    for rows in tables.values() {
+        for (id, host) in rows {
+            seen.entry(*id).or_default().push(host);
+        }
+    }
+    seen
+}
+
+/// Producers posting concurrently, so every table gets rows often and a
+/// moved unit's first row is not waiting for its turn.
+pub const PRODUCERS: u64 = 4;
+
+/// Posts rows to `url` round-robin over its share of the tables until
+/// `stop`; returns every id the front door accepted. Each producer has
+/// tables of its own and posts one request at a time, so a table's `seq`
+/// field numbers its rows in the order they were stored.
+pub async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<u64> {
+    let http = reqwest::Client::new();
+    let (mut accepted, mut request) = (Vec::new(), 0u64);
+    let mut next_seq: BTreeMap<u64, u64> = BTreeMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let table = (request * PRODUCERS + producer) % TABLES as u64;
+        // Ids unique across producers: request number, producer, row.
+        let first = (request * PRODUCERS + producer) * 20;
+        request += 1;
+        let ids: Vec<u64> = (first..first + 20).collect();
+        let seq = next_seq.entry(table).or_default();
+        let body: String = ids
+            .iter()
+            .map(|id| {
+                *seq += 1;
+                format!("{{\"id\":{id},\"seq\":{seq},\"email\":\"u{id}@example.com\"}}\n")
+            })
+            .collect();
+        let response = http
+            .post(format!("{url}/v1/ingest/t{table}"))
+            .bearer_auth(ACME_KEY)
+            .body(body)
+            .send()
+            .await;
+        if response.is_ok_and(|r| r.status() == 202) {
+            accepted.extend(ids);
+        }
+        // Pacing, not synchronisation: steady load that leaves the hosts CPU.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    accepted
 }

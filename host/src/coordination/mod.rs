@@ -16,10 +16,16 @@
 //! - Takeover (a member key expired): the new owner claims the unit and, if
 //!   the dead owner left rows in flight and nobody pulled within the quiet
 //!   margin, resets the consumer to its ack floor so they come back at once
-//!   ([`takeover`]).
+//!   ([`takeover`]). A claimer asked to let go before its takeover is done
+//!   deletes its claim instead of writing `released`: the next owner must
+//!   still unpin and reset.
 //! - Fencing: unit consumers are pinned (one puller per unit, enforced by
 //!   the server), and a host that cannot renew its key steps down on its own
-//!   clock a margin before the key can expire, aborting its workers.
+//!   clock a margin before the key can expire, aborting its workers. Each
+//!   worker holds the [`Lease`] its unit was claimed under and checks it
+//!   before every sink call and ack: a host frozen past its lease (SIGSTOP,
+//!   a VM pause) delivers nothing more when it wakes, before its coordinator
+//!   even runs.
 //!
 //! Architecture invariant: a unit is pulled only by the host whose claim is
 //! recorded in `owners.`, and a claim is taken only from a `released`
@@ -156,11 +162,99 @@ impl FleetView {
 }
 
 /// Runs a unit this host claimed until `release` is cancelled, finishing
-/// every row it was sent. Coordination decides *which* units run here; what
-/// running one means (delivery) is the host's to plug in.
+/// every row it was sent, and delivers nothing (no sink call, no ack) once
+/// `lease` no longer holds. Coordination decides *which* units run here;
+/// what running one means (delivery) is the host's to plug in.
 pub trait UnitRunner: Send + Sync + 'static {
-    fn run(&self, unit: Unit, release: CancellationToken)
-    -> BoxFuture<'static, Result<(), String>>;
+    fn run(
+        &self,
+        unit: Unit,
+        release: CancellationToken,
+        lease: Lease,
+    ) -> BoxFuture<'static, Result<UnitEnd, String>>;
+}
+
+/// How a unit runner stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitEnd {
+    /// Released: every row it was sent is settled, so the claim ends with
+    /// a `released` record (nothing for the next owner to redo).
+    Drained,
+    /// The lease ran out: rows may be left unsettled, so the claim stays
+    /// for the next owner to take over (reset to the ack floor).
+    Fenced,
+}
+
+/// The host's lease as renewals publish it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    /// Counts unbroken runs of renewals: a renewal answered after the
+    /// previous lease ran out starts a new term, since the key may have
+    /// expired (and the units been taken) in between.
+    pub term: u64,
+    /// Renewal time + TTL − [`STEP_DOWN_MARGIN`], on the monotonic clock
+    /// (which runs on while the process is stopped).
+    pub until: Instant,
+}
+
+/// The lease a unit was claimed under, handed to its runner: the unit is
+/// this host's to deliver only while that lease holds. A lease that lapsed
+/// and was renewed since does not hold: another host may own the unit.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    state: watch::Receiver<Option<LeaseState>>,
+    term: Option<u64>,
+}
+
+impl Lease {
+    /// The lease as it is now (the term a runner started now holds under).
+    pub fn current(state: watch::Receiver<Option<LeaseState>>) -> Lease {
+        let term = state.borrow().map(|s| s.term);
+        Lease { state, term }
+    }
+
+    /// A lease held until `until` and never renewed (tests, tools).
+    pub fn until(until: Instant) -> Lease {
+        let (_, state) = watch::channel(Some(LeaseState { term: 1, until }));
+        Lease::current(state)
+    }
+
+    /// Whether the unit is still this host's to deliver: the lease has not
+    /// run out and is still the term it started in.
+    pub fn held(&self) -> bool {
+        self.held_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The end of the lease if it is still this term.
+    fn held_until(&self) -> Option<Instant> {
+        let state = (*self.state.borrow())?;
+        (Some(state.term) == self.term).then_some(state.until)
+    }
+
+    /// Resolves once the lease no longer holds.
+    pub async fn lost(&mut self) {
+        loop {
+            let state = *self.state.borrow_and_update();
+            let Some(until) = state.filter(|s| Some(s.term) == self.term).map(|s| s.until) else {
+                return;
+            };
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                changed = self.state.changed() => {
+                    // No more renewals (the host is leaving): the last one
+                    // runs out on its own.
+                    if changed.is_err() {
+                        tokio::time::sleep_until(until).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A subsystem that follows some key prefixes of the coordination bucket
@@ -249,6 +343,7 @@ impl Coordination {
             published,
             caught_up: false,
             lease,
+            member_term: None,
             tasks: BTreeMap::new(),
             done_tx,
             done_rx,
@@ -317,7 +412,10 @@ struct Coordinator {
     published: watch::Sender<Arc<FleetView>>,
     caught_up: bool,
     /// Until when this host may act as a member (renewal time + TTL − margin).
-    lease: watch::Receiver<Option<Instant>>,
+    lease: watch::Receiver<Option<LeaseState>>,
+    /// The lease term this host became a member in: a renewal in a new term
+    /// means the lease lapsed meanwhile, even if this loop missed the lapse.
+    member_term: Option<u64>,
     tasks: BTreeMap<Unit, UnitTask>,
     done_tx: mpsc::UnboundedSender<TaskDone>,
     done_rx: mpsc::UnboundedReceiver<TaskDone>,
@@ -336,7 +434,8 @@ impl Coordinator {
         renewing: CancellationToken,
     ) {
         loop {
-            let lease_until = *self.lease.borrow_and_update();
+            let lease = *self.lease.borrow_and_update();
+            let lease_until = lease.map(|l| l.until);
             let step_down_at = lease_until.filter(|_| self.view.member);
             // Most events are renewals that change nothing: those cost no
             // reconcile and no new view.
@@ -381,19 +480,34 @@ impl Coordinator {
                     }
                     // What the task wrote last counts now, not when the watch
                     // brings it: the unit is not mistaken for an orphan.
-                    if let Some((record, revision)) = written
-                        && self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision)
-                    {
-                        self.view.owners.insert(unit, (record, revision));
+                    match written {
+                        Some(Written::Record(record, revision))
+                            if self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision) =>
+                        {
+                            self.view.owners.insert(unit, (record, revision));
+                        }
+                        Some(Written::Deleted(revision))
+                            if self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision) =>
+                        {
+                            self.view.owners.remove(&unit);
+                        }
+                        _ => {}
                     }
                 }
             }
             let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
-            if self.view.member && !lease_valid && !self.leaving {
+            let term = self.lease.borrow().map(|l| l.term);
+            let was_member = self.view.member;
+            let lapsed = !lease_valid || term != self.member_term;
+            let stepped_down = was_member && lapsed && !self.leaving;
+            if stepped_down {
                 self.step_down();
             }
             let member = lease_valid && !self.leaving;
-            changed |= member != self.view.member || self.leaving;
+            if member && (!was_member || stepped_down) {
+                self.member_term = lease.map(|l| l.term);
+            }
+            changed |= member != was_member || stepped_down || self.leaving;
             self.view.member = member;
             if !changed {
                 continue;
@@ -557,9 +671,10 @@ impl Coordinator {
         let release = CancellationToken::new();
         let releasing = matches!(work, UnitWork::DropClaim(_));
         let (ctx, done, stop) = (self.ctx.clone(), self.done_tx.clone(), release.clone());
+        let lease = Lease::current(self.lease.clone());
         let handle = tokio::spawn(async move {
             let written = match work {
-                UnitWork::Claim(claim) => run_unit(&ctx, unit, claim, stop).await,
+                UnitWork::Claim(claim) => run_unit(&ctx, unit, claim, stop, lease).await,
                 UnitWork::DropClaim(revision) => {
                     drop_claim(&ctx, unit, revision).await;
                     None
@@ -579,8 +694,14 @@ impl Coordinator {
     }
 }
 
-/// A finished unit task, with the owner record it wrote last.
-type TaskDone = (Unit, u64, Option<(OwnerRecord, u64)>);
+/// A finished unit task, with what it wrote last to the owner record.
+type TaskDone = (Unit, u64, Option<Written>);
+
+/// What a unit task wrote last to its owner record, at which revision.
+enum Written {
+    Record(OwnerRecord, u64),
+    Deleted(u64),
+}
 
 /// What a unit task does.
 enum UnitWork {
@@ -642,14 +763,15 @@ fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
 }
 
 /// A unit's life on this host: claim it, take it over if its owner died,
-/// pull it until released, then record the clean handover. Returns the
-/// `released` record and its revision, if it was written.
+/// pull it until released, then record the clean handover. Returns what it
+/// wrote last to the owner record.
 async fn run_unit(
     ctx: &UnitContext,
     unit: Unit,
     claim: Claim,
     release: CancellationToken,
-) -> Option<(OwnerRecord, u64)> {
+    lease: Lease,
+) -> Option<Written> {
     let membership = &ctx.membership;
     let key = owner_key(unit);
     let record = OwnerRecord {
@@ -674,6 +796,9 @@ async fn run_unit(
     };
     let stream = membership.router.partition_stream(unit.partition);
     let consumer = membership.router.unit_consumer(unit);
+    // Whether the rows a previous owner may have left in flight are dealt
+    // with: only then can this claim end in a `released` record.
+    let mut taken_over = !claim.takeover;
     if claim.takeover {
         let started = Instant::now();
         loop {
@@ -690,16 +815,29 @@ async fn run_unit(
                     .await
                     {
                         Ok(()) => {
-                            if action == Takeover::Reset {
-                                membership.metrics.unit_takeovers.inc();
-                                tracing::info!(
+                            // Nobody of ours pulls yet: a pin now is a request the
+                            // old owner left open, which took the pin and the rows
+                            // just reset (they would wait out the ack wait there).
+                            let after =
+                                takeover::inspect(&membership.client, &stream, &consumer).await;
+                            if after.as_ref().is_ok_and(|after| after.pinned) {
+                                tracing::warn!(
                                     %consumer,
-                                    rows = state.ack_pending,
-                                    waited_ms = started.elapsed().as_millis() as u64,
-                                    "took over a unit; rows left in flight are redelivered"
+                                    "a pull request left by the old owner took the unit after the reset; taking it over again"
                                 );
+                            } else {
+                                if action == Takeover::Reset {
+                                    membership.metrics.unit_takeovers.inc();
+                                    tracing::info!(
+                                        %consumer,
+                                        rows = state.ack_pending,
+                                        waited_ms = started.elapsed().as_millis() as u64,
+                                        "took over a unit; rows left in flight are redelivered"
+                                    );
+                                }
+                                taken_over = true;
+                                break;
                             }
-                            break;
                         }
                         Err(err) => {
                             tracing::warn!(%consumer, error = %err, "cannot take the unit over yet")
@@ -714,9 +852,31 @@ async fn run_unit(
             }
         }
     }
-    if !release.is_cancelled() {
-        tracing::debug!(%consumer, "pulling");
-        if let Err(err) = membership.units.run(unit, release.clone()).await {
+    if !taken_over {
+        // Asked to let go while still waiting to take over (the old owner
+        // came back, say): its rows may still be in flight and pinned, so a
+        // `released` record would wrongly tell the next owner there is nothing
+        // to redo. Removing the claim leaves the takeover to the next owner.
+        return match membership.kv.delete_at(&key, revision).await {
+            Ok(revision) => {
+                tracing::info!(%consumer, "gave up a takeover not done yet; the next owner takes the unit over");
+                Some(Written::Deleted(revision))
+            }
+            Err(err) => {
+                tracing::warn!(%key, error = %err, "cannot give up the claim; it will be dropped as an orphan");
+                None
+            }
+        };
+    }
+    tracing::debug!(%consumer, "pulling");
+    match membership.units.run(unit, release.clone(), lease).await {
+        Ok(UnitEnd::Drained) => {}
+        Ok(UnitEnd::Fenced) => {
+            // Rows may be unsettled: the claim stays `owned` for the next
+            // owner (or this host, once a member again) to take over.
+            return None;
+        }
+        Err(err) => {
             tracing::error!(error = %err, "cannot pull the unit");
             tokio::time::sleep(RETRY_PAUSE).await;
         }
@@ -731,7 +891,7 @@ async fn run_unit(
         .update(&key, to_bytes(&released), revision)
         .await
     {
-        Ok(revision) => Some((released, revision)),
+        Ok(revision) => Some(Written::Record(released, revision)),
         Err(err) => {
             tracing::warn!(%key, error = %err, "cannot record the handover; the claim will be dropped and the next owner checks for rows left in flight");
             None
@@ -747,10 +907,11 @@ async fn renew(
     mut record: MemberRecord,
     plugins: PluginVersions,
     ttl: Duration,
-    lease: watch::Sender<Option<Instant>>,
+    lease: watch::Sender<Option<LeaseState>>,
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
+    let mut held: Option<LeaseState> = None;
     loop {
         record.plugins = plugins();
         let value = to_bytes(&record);
@@ -758,7 +919,20 @@ async fn renew(
         let pause =
             match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
                 Ok(Ok(_)) => {
-                    lease.send_replace(Some(sent + ttl.saturating_sub(STEP_DOWN_MARGIN)));
+                    // Answered within the lease: the key never expired
+                    // meanwhile. Answered after it (a freeze, an outage): a
+                    // new term, and runners of the old one stay fenced.
+                    let term = match held {
+                        Some(state) if Instant::now() < state.until => state.term,
+                        Some(state) => state.term + 1,
+                        None => 1,
+                    };
+                    let state = LeaseState {
+                        term,
+                        until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
+                    };
+                    held = Some(state);
+                    lease.send_replace(held);
                     period
                 }
                 Ok(Err(err)) => {
@@ -963,6 +1137,43 @@ mod tests {
         released.0.state = OwnerState::Released;
         view.owners.insert(UNIT, released);
         assert_eq!(orphaned_claim(&view, UNIT), None);
+    }
+
+    fn lease_state(term: u64, until: Instant) -> Option<LeaseState> {
+        Some(LeaseState { term, until })
+    }
+
+    #[tokio::test]
+    async fn a_lease_holds_through_renewals_of_its_term_only() {
+        let now = Instant::now();
+        let (renewals, state) = watch::channel(lease_state(1, now + Duration::from_millis(50)));
+        let mut lease = Lease::current(state);
+        assert!(lease.held());
+        // Renewed in time: the same term, later.
+        renewals.send_replace(lease_state(1, now + Duration::from_secs(60)));
+        assert!(lease.held());
+        let lost = tokio::time::timeout(Duration::from_millis(100), lease.lost()).await;
+        assert!(lost.is_err(), "a renewed lease is not lost");
+        // Renewed after it ran out: valid again, but not for this runner,
+        // whose unit may have been taken over meanwhile.
+        renewals.send_replace(lease_state(2, now + Duration::from_secs(60)));
+        assert!(!lease.held());
+        tokio::time::timeout(Duration::from_secs(1), lease.lost())
+            .await
+            .expect("a new term ends the lease at once");
+    }
+
+    #[tokio::test]
+    async fn a_lease_runs_out_on_the_clock_without_any_event() {
+        let lease = Lease::until(Instant::now() + Duration::from_millis(30));
+        assert!(lease.held());
+        let mut waiting = lease.clone();
+        tokio::time::timeout(Duration::from_secs(1), waiting.lost())
+            .await
+            .expect("lost when it runs out");
+        assert!(!lease.held());
+        let none = Lease::current(watch::channel(None).1);
+        assert!(!none.held(), "no lease yet holds nothing");
     }
 
     #[test]

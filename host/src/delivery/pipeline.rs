@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Pipeline as PipelineConfig;
+use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 
@@ -73,6 +74,17 @@ impl Verdict {
 pub struct StepFailure {
     pub plugin: Arc<Plugin>,
     pub error: CallError,
+}
+
+/// Why a pipeline run ended without verdicts.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Failed(#[from] StepFailure),
+    /// The host's lease ran out before the sink call: the unit may be
+    /// someone else's now, so nothing was delivered.
+    #[error("the lease ran out before the sink call")]
+    Fenced,
 }
 
 /// One step: a loaded plugin version and the warm instance running it.
@@ -154,7 +166,9 @@ impl PipelineRunner {
     }
 
     /// Runs `rows` through every step; returns one verdict per input row.
-    pub async fn run(&mut self, rows: Batch) -> Result<Vec<Verdict>, StepFailure> {
+    /// The sink is called only while `lease` holds, checked right before
+    /// the call: transforms only compute, the sink is what the world sees.
+    pub async fn run(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, RunError> {
         let mut verdicts = vec![Verdict::Done; rows.len()];
         let mut origins: Vec<usize> = (0..rows.len()).collect();
         let mut rows = rows;
@@ -168,7 +182,7 @@ impl PipelineRunner {
             let transformed = result.map_err(|error| step.failed(error))?;
             let mut answer = match Answer::new(&transformed, rows.len()) {
                 Ok(answer) => answer,
-                Err(err) => return Err(step.malformed(err)),
+                Err(err) => return Err(step.malformed(err).into()),
             };
             // The common answer, every row passed on as it is, keeps the batch.
             if answer.all_ok() {
@@ -179,7 +193,7 @@ impl PipelineRunner {
             for (index, origin) in origins.into_iter().enumerate() {
                 let outcome = match answer.outcome(index) {
                     Ok(outcome) => outcome,
-                    Err(err) => return Err(step.malformed(err)),
+                    Err(err) => return Err(step.malformed(err).into()),
                 };
                 match outcome {
                     Outcome::Ok => {
@@ -190,7 +204,7 @@ impl PipelineRunner {
                         for new in emitted {
                             if let Err(err) = answer.push_emitted(&mut next_rows, &rows, index, new)
                             {
-                                return Err(step.malformed(err));
+                                return Err(step.malformed(err).into());
                             }
                             next_origins.push(origin);
                         }
@@ -205,11 +219,15 @@ impl PipelineRunner {
         if let Some(step) = &mut self.sink
             && !rows.is_empty()
         {
-            let result = step.instance().await?.deliver(rows.packed()).await;
+            let instance = step.instance().await?;
+            if !lease.held() {
+                return Err(RunError::Fenced);
+            }
+            let result = instance.deliver(rows.packed()).await;
             let delivered = result.map_err(|error| step.failed(error))?;
             let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {
                 Ok(outcomes) => outcomes,
-                Err(err) => return Err(step.malformed(err)),
+                Err(err) => return Err(step.malformed(err).into()),
             };
             for (origin, outcome) in origins.into_iter().zip(outcomes) {
                 verdicts[origin].merge(Verdict::of(outcome, &step.plugin, "sink"));

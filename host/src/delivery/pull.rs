@@ -21,12 +21,18 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::coordination::Lease;
 use crate::nats::jetstream::{PIN_GROUP, unpin};
 
 /// How long the server keeps one pull request waiting for rows.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+/// The same for a request sent without a pin id (before the first row):
+/// an unpin does not end such a request (the server pins it anew on its
+/// next row), so a release waits for it to end, and it ends soon.
+const UNPINNED_PULL_EXPIRES: Duration = Duration::from_secs(1);
+const UNPINNED_PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// A request the server has not ended this long after its expiry was lost
 /// (a server restart, a reconnect): pull again.
 const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
@@ -67,6 +73,8 @@ mod serde_nanos_u64 {
 struct Outstanding {
     remaining: usize,
     lost_after: Instant,
+    /// Sent without a pin id: an unpin does not end it.
+    without_pin: bool,
 }
 
 /// How much one pull request asks for: up to `max_rows` rows, but no more
@@ -113,6 +121,9 @@ pub struct Puller {
     received: VecDeque<Message>,
     /// When rows received were last kept alive.
     kept_alive: Instant,
+    /// No request is sent once it no longer holds: a request from a host
+    /// past its lease could take the pin from the unit's next owner.
+    lease: Lease,
 }
 
 impl Puller {
@@ -122,6 +133,7 @@ impl Puller {
         stream: String,
         consumer: String,
         size: PullSize,
+        lease: Lease,
     ) -> Result<Puller, PullError> {
         let client = js.client();
         let inbox = async_nats::Subject::from(client.new_inbox());
@@ -145,6 +157,7 @@ impl Puller {
             outstanding: None,
             received: VecDeque::new(),
             kept_alive: Instant::now(),
+            lease,
         })
     }
 
@@ -201,16 +214,28 @@ impl Puller {
         let pin = self.pin.take();
         let started = Instant::now();
         match unpin(&self.client, &self.stream, &self.consumer).await {
-            // Once the unpin is answered the server sends this request
-            // nothing more (a new row gets it a 423), and every row it
-            // sent before is ahead of the answer on the connection: a
-            // flush round trip puts them all in the subscription.
+            // Once the unpin is answered the server sends a request with
+            // the old pin id nothing more (a new row gets it a 423), and
+            // every row it sent before is ahead of the answer on the
+            // connection: a flush round trip puts them all in the
+            // subscription.
             Ok(()) => {
-                if let Err(err) = self.client.flush().await {
-                    tracing::debug!(error = %err, "flush after unpin failed");
-                }
-                while let Some(Some(message)) = self.subscriber.next().now_or_never() {
-                    rows.extend(self.receive(message).await);
+                self.drain_into(&mut rows).await;
+                // A request sent without a pin id is not ended by the unpin:
+                // the server pins it anew on its next row. Take what it brings
+                // until it ends, then unpin again; otherwise its rows would
+                // wait out the ack wait, behind newer ones.
+                if self.outstanding.as_ref().is_some_and(|o| o.without_pin) {
+                    while let Some(lost_after) = self.outstanding.as_ref().map(|o| o.lost_after) {
+                        match tokio::time::timeout_at(lost_after, self.subscriber.next()).await {
+                            Ok(Some(message)) => rows.extend(self.receive(message).await),
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                    if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
+                        tracing::debug!(consumer = %self.consumer, error = %err, "second unpin failed");
+                    }
+                    self.drain_into(&mut rows).await;
                 }
             }
             Err(err) => {
@@ -227,6 +252,16 @@ impl Puller {
         tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
         let _ = self.subscriber.unsubscribe().await;
         rows
+    }
+
+    /// Flushes, then takes every row already in the subscription.
+    async fn drain_into(&mut self, rows: &mut Vec<Message>) {
+        if let Err(err) = self.client.flush().await {
+            tracing::debug!(error = %err, "flush after unpin failed");
+        }
+        while let Some(Some(message)) = self.subscriber.next().now_or_never() {
+            rows.extend(self.receive(message).await);
+        }
     }
 
     /// A request asks for more rows than a batch takes, so the server sends
@@ -258,11 +293,21 @@ impl Puller {
 
     /// Sends one pull request and records it as outstanding.
     async fn request(&mut self) {
+        if !self.lease.held() {
+            tokio::time::sleep(REFUSED_PAUSE).await;
+            return;
+        }
         let batch = self.size.rows_for(self.mean_row_bytes);
+        let without_pin = self.pin.is_none();
+        let (expires, idle_heartbeat) = if without_pin {
+            (UNPINNED_PULL_EXPIRES, UNPINNED_PULL_HEARTBEAT)
+        } else {
+            (PULL_EXPIRES, PULL_HEARTBEAT)
+        };
         let body = PullRequest {
             batch,
-            expires: PULL_EXPIRES,
-            idle_heartbeat: PULL_HEARTBEAT,
+            expires,
+            idle_heartbeat,
             group: PIN_GROUP,
             id: self.pin.as_deref(),
         };
@@ -281,7 +326,8 @@ impl Puller {
             Ok(()) => {
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
-                    lost_after: Instant::now() + PULL_EXPIRES + LOST_REQUEST_GRACE,
+                    lost_after: Instant::now() + expires + LOST_REQUEST_GRACE,
+                    without_pin,
                 })
             }
             Err(err) => {

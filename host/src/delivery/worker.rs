@@ -5,6 +5,11 @@
 //! Architecture invariant: a row is acked only after its pipeline finished
 //! with it, or after its dead letter was stored. A crash at any point before
 //! that means redelivery, never loss.
+//!
+//! Fencing: a worker runs under the [`Lease`] its unit was claimed under and
+//! checks it right before every sink call, dead letter and answer; once it
+//! no longer holds, the batch is abandoned unanswered (the next owner gets
+//! its rows back) and the worker stops.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -18,9 +23,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DeliveryConfig;
+use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::batch::{Batch, Position};
 use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
-use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
+use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
@@ -37,6 +43,10 @@ pub enum DeliveryError {
     #[error("unit {consumer}: cannot bind its consumer: {reason}")]
     Bind { consumer: String, reason: String },
 }
+
+/// The lease ran out: the batch in hand was abandoned, unanswered.
+#[derive(Debug, Clone, Copy)]
+struct Fenced;
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
 fn runners(generation: &Generation) -> Vec<Option<PipelineRunner>> {
@@ -114,8 +124,14 @@ impl UnitWorker {
     /// `drain_timeout`) until the server confirms their answers applied, so
     /// the next owner, or this host after a restart, starts exactly where
     /// this one stopped. Aborting the task instead (a host that lost its
-    /// membership) leaves the rows to redelivery.
-    pub async fn run(mut self, release: CancellationToken) -> Result<(), DeliveryError> {
+    /// membership) leaves the rows to redelivery, and so does the worker
+    /// itself once `lease` no longer holds (it stops pulling, calls no sink
+    /// and answers no row: [`UnitEnd::Fenced`]).
+    pub async fn run(
+        mut self,
+        release: CancellationToken,
+        mut lease: Lease,
+    ) -> Result<UnitEnd, DeliveryError> {
         let stream_name = self.router.partition_stream(self.unit.partition);
         let consumer_name = self.router.unit_consumer(self.unit);
         let mut puller = Puller::open(
@@ -131,6 +147,7 @@ impl UnitWorker {
                     .batch_bytes
                     .saturating_mul(self.settings.pull_rows.div_ceil(self.settings.batch_rows)),
             },
+            lease.clone(),
         )
         .await
         .map_err(|err| DeliveryError::Bind {
@@ -138,32 +155,65 @@ impl UnitWorker {
             reason: err.to_string(),
         })?;
         loop {
+            // Biased: a worker past its lease sends no further pull request,
+            // which could take the pin from the unit's next owner.
             let first = tokio::select! {
+                biased;
                 _ = release.cancelled() => break,
+                _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
                 first = puller.next() => first,
             };
-            let batch = fill_batch(&self.settings, first, &mut puller).await;
-            self.process(batch, Some(&mut puller)).await;
+            let batch = fill_batch(&self.settings, first, &mut puller, &lease).await;
+            let rows = batch.len();
+            if let Err(Fenced) = self.process(batch, Some(&mut puller), &lease).await {
+                return Ok(self.fenced(&consumer_name, rows));
+            }
         }
         let mut rest = puller.release().await;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
-            self.process(batch, None).await;
+            let rows = batch.len();
+            if let Err(Fenced) = self.process(batch, None, &lease).await {
+                return Ok(self.fenced(&consumer_name, rows));
+            }
         }
         self.settler
             .confirm_applied(&consumer_name, self.settings.drain_timeout)
             .await;
-        Ok(())
+        Ok(UnitEnd::Drained)
+    }
+
+    /// The lease ran out (with a batch of `rows` in hand, if any): said once
+    /// per worker, which stops here.
+    fn fenced(&self, consumer: &str, rows: usize) -> UnitEnd {
+        if rows > 0 {
+            self.metrics.fenced_batches.inc();
+        }
+        tracing::warn!(
+            unit = ?self.unit,
+            consumer,
+            rows,
+            "this host's lease ran out: the unit may be another host's now, so this batch is \
+             abandoned unanswered (its rows go to the next owner) and the unit is no longer pulled here"
+        );
+        UnitEnd::Fenced
     }
 
     /// Runs a batch through its pipelines, keeping its rows alive while it
     /// runs, then settles every row.
     /// `puller`: where rows received meanwhile are kept alive too.
-    async fn process(&mut self, batch: Vec<Message>, mut puller: Option<&mut Puller>) {
+    async fn process(
+        &mut self,
+        batch: Vec<Message>,
+        mut puller: Option<&mut Puller>,
+        lease: &Lease,
+    ) -> Result<(), Fenced> {
         self.adopt_new_generation();
         self.metrics.batches.inc();
-        if let Some(puller) = puller.as_deref_mut() {
+        if let Some(puller) = puller.as_deref_mut()
+            && lease.held()
+        {
             puller
                 .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
@@ -174,10 +224,12 @@ impl UnitWorker {
             &self.router,
             &self.settings,
             &batch,
+            lease,
         );
         let client = &self.settler.client;
-        let verdicts = keep_alive(&batch, client, puller, self.settings.ack_wait, work).await;
-        self.settler.settle(batch, verdicts).await;
+        let ack_wait = self.settings.ack_wait;
+        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
+        self.settler.settle(batch, verdicts, lease).await
     }
 }
 
@@ -240,7 +292,8 @@ async fn run_pipelines(
     router: &Router,
     settings: &DeliveryConfig,
     batch: &[Message],
-) -> Vec<Verdict> {
+    lease: &Lease,
+) -> Result<Vec<Verdict>, Fenced> {
     let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
     let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(batch.len());
     // Batch indexes by pipeline, in batch order.
@@ -271,14 +324,15 @@ async fn run_pipelines(
         let mut isolating = false;
         while let Some(part) = parts.pop() {
             let rows = pack(batch, &decoded, &part);
-            let failure = match runner.run(rows).await {
+            let failure = match runner.run(rows, lease).await {
                 Ok(results) => {
                     for (index, verdict) in part.into_iter().zip(results) {
                         verdicts[index] = verdict;
                     }
                     continue;
                 }
-                Err(failure) => failure,
+                Err(RunError::Failed(failure)) => failure,
+                Err(RunError::Fenced) => return Err(Fenced),
             };
             if part.len() == 1 {
                 verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
@@ -301,8 +355,9 @@ async fn run_pipelines(
                     batch,
                     decoded: &decoded,
                     settings,
+                    lease,
                 };
-                for (index, verdict) in alone.run(&part).await {
+                for (index, verdict) in alone.run(&part).await? {
                     verdicts[index] = verdict;
                 }
             } else {
@@ -312,7 +367,7 @@ async fn run_pipelines(
             }
         }
     }
-    verdicts
+    Ok(verdicts)
 }
 
 /// The verdict of a row whose plugin call failed on its own: retry it
@@ -343,39 +398,48 @@ struct Isolation<'a> {
     batch: &'a [Message],
     decoded: &'a [Option<Decoded<'a>>],
     settings: &'a DeliveryConfig,
+    lease: &'a Lease,
 }
 
 impl Isolation<'_> {
-    async fn run(&self, part: &[usize]) -> Vec<(usize, Verdict)> {
+    async fn run(&self, part: &[usize]) -> Result<Vec<(usize, Verdict)>, Fenced> {
         let next = AtomicUsize::new(0);
         let lanes = (0..ISOLATION_LANES.min(part.len())).map(|_| self.lane(part, &next));
-        futures::future::join_all(lanes)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        let mut settled = Vec::with_capacity(part.len());
+        for lane in futures::future::join_all(lanes).await {
+            settled.extend(lane?);
+        }
+        Ok(settled)
     }
 
     /// One lane: fresh instances (dropped afterwards, back to the pool),
     /// taking the next row of `part` until none is left.
-    async fn lane(&self, part: &[usize], next: &AtomicUsize) -> Vec<(usize, Verdict)> {
+    async fn lane(
+        &self,
+        part: &[usize],
+        next: &AtomicUsize,
+    ) -> Result<Vec<(usize, Verdict)>, Fenced> {
         let mut settled = Vec::new();
         let Some(config) = self.generation.config().pipelines.get(self.pipeline) else {
-            return settled;
+            return Ok(settled);
         };
         let Some(mut runner) =
             PipelineRunner::new(config, |name| self.generation.plugin(name).cloned())
         else {
-            return settled;
+            return Ok(settled);
         };
         while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let verdict = match runner.run(pack(self.batch, self.decoded, &[index])).await {
+            let rows = pack(self.batch, self.decoded, &[index]);
+            let verdict = match runner.run(rows, self.lease).await {
                 Ok(results) => results.into_iter().next().unwrap_or(Verdict::Done),
-                Err(failure) => failed_row(self.settings, &self.batch[index], failure),
+                Err(RunError::Failed(failure)) => {
+                    failed_row(self.settings, &self.batch[index], failure)
+                }
+                Err(RunError::Fenced) => return Err(Fenced),
             };
             settled.push((index, verdict));
         }
-        settled
+        Ok(settled)
     }
 }
 
@@ -393,6 +457,7 @@ async fn keep_alive<F: std::future::Future>(
     client: &Client,
     mut puller: Option<&mut Puller>,
     ack_wait: Duration,
+    lease: &Lease,
     work: F,
 ) -> F::Output {
     let period = progress_period(ack_wait);
@@ -401,7 +466,8 @@ async fn keep_alive<F: std::future::Future>(
     loop {
         tokio::select! {
             output = &mut work => return output,
-            _ = ticker.tick() => {
+            // Past the lease a row's ack wait is the next owner's to run.
+            _ = ticker.tick(), if lease.held() => {
                 for message in batch {
                     if let Err(err) = ack::reply(client, message, AckKind::Progress).await {
                         tracing::debug!(error = %err, "cannot extend a row's ack wait");
@@ -523,7 +589,17 @@ impl Settler {
 
     /// Acks, naks or dead-letters each row. Dead letters are stored before
     /// their rows are acked; a row whose letter was not stored is retried.
-    async fn settle(&mut self, batch: Vec<Message>, mut verdicts: Vec<Verdict>) {
+    /// Nothing is stored or answered once `lease` no longer holds: the rows
+    /// left are the next owner's.
+    async fn settle(
+        &mut self,
+        batch: Vec<Message>,
+        mut verdicts: Vec<Verdict>,
+        lease: &Lease,
+    ) -> Result<(), Fenced> {
+        if !lease.held() {
+            return Err(Fenced);
+        }
         let deliveries: Vec<i64> = batch
             .iter()
             .map(|m| ack::info(m).map_or(1, |info| info.delivered))
@@ -572,7 +648,13 @@ impl Settler {
         }
 
         let mut last_acked = None;
+        let mut fenced = false;
         for ((message, verdict), failed) in batch.iter().zip(verdicts).zip(letter_failed) {
+            // Checked per row: a clock read, against acking after a freeze.
+            if !lease.held() {
+                fenced = true;
+                break;
+            }
             let acked = matches!(verdict, Verdict::Done)
                 || matches!(verdict, Verdict::DeadLetter { .. } if !failed);
             let result = match verdict {
@@ -606,6 +688,7 @@ impl Settler {
         if let Some(message) = last_acked {
             self.last_acked = message.reply.clone();
         }
+        if fenced { Err(Fenced) } else { Ok(()) }
     }
 }
 
@@ -614,12 +697,14 @@ async fn fill_batch(
     settings: &DeliveryConfig,
     first: Message,
     puller: &mut Puller,
+    lease: &Lease,
 ) -> Vec<Message> {
     let mut bytes = first.payload.len();
     let mut batch = Vec::with_capacity(settings.batch_rows);
     batch.push(first);
     let deadline = Instant::now() + settings.batch_wait;
-    while batch.len() < settings.batch_rows && bytes < settings.batch_bytes {
+    // Past the lease, no further pull request (see `UnitWorker::run`).
+    while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
         match puller.next_until(Some(deadline)).await {
             Some(message) => {
                 bytes += message.payload.len();
