@@ -217,3 +217,19 @@ pub fn init_logging_at(level: &str) {
         builder.try_init()
     };
 }
+
+/// An error and its causes, each said once: a cause whose text the message
+/// already carries (thiserror messages often quote their source) is not
+/// repeated.
+pub fn each_cause_once(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -134,17 +134,9 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     1
 }
 
-/// An error and its causes, each said once: a cause whose text the message
-/// already carries is not repeated.
+/// An error and its causes, each said once.
 pub fn describe(error: &anyhow::Error) -> String {
-    let mut text = error.to_string();
-    for cause in error.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text = format!("{text}: {cause}");
-        }
-    }
-    text
+    weir::telemetry::each_cause_once(error.as_ref())
 }
 
 #[cfg(test)]

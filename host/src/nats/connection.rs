@@ -128,7 +128,7 @@ pub async fn connect(
             Ok(client) => return Ok(client),
             Err(error) => error,
         };
-        let reason = cause_chain(&error);
+        let reason = crate::telemetry::each_cause_once(&error);
         match error.kind() {
             async_nats::ConnectErrorKind::AuthorizationViolation
             | async_nats::ConnectErrorKind::Authentication => {
@@ -157,20 +157,6 @@ fn is_tls_failure(reason: &str) -> bool {
     ["certificate", "alert", "handshake", "tls"]
         .iter()
         .any(|word| reason.contains(word))
-}
-
-/// An error and its causes, each once.
-fn cause_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The login `auth` asks for, else credentials in the first URL that has
