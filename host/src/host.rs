@@ -135,8 +135,10 @@ impl RunningHost {
 
         // Sandbox: the first generation of plugins.
         let sandbox = Arc::new(
-            Sandbox::with_pool(metrics.clone(), instance_pool(&config))?
-                .with_cache_dir(config.data_dir.join("compiled")),
+            Sandbox::with_pool(metrics.clone(), instance_pool(&config))?.with_cache(
+                config.compile_cache_dir.clone(),
+                config.compile_cache_max_bytes,
+            ),
         );
         let mut plugins = HashMap::new();
         for plugin in config.plugins.values() {

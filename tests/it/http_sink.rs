@@ -1,6 +1,6 @@
 //! The HTTP sink against a local endpoint: batches arrive as NDJSON, 5xx
 //! answers are retried, 4xx dead-lettered, ungranted hosts denied, and a
-//! `wasi:http` plugin without `grants.http` refused at load.
+//! `wasi:http` plugin without `grants.http` loaded, its every request denied.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -9,9 +9,6 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use weir::config::{Config, Overrides};
-use weir::host::{RunningHost, StartError};
-use weir::sandbox::LoadError;
 
 use crate::support::{
     Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
@@ -255,40 +252,27 @@ async fn a_request_to_a_host_not_in_grants_http_is_denied_and_dead_lettered() {
     host.shutdown().await;
 }
 
+/// componentize-js imports wasi:http by default: such a plugin loads, and
+/// each request it makes is refused at call time (`HttpRequestDenied`).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_wasi_http_plugin_without_grants_http_is_refused_at_load() {
+async fn a_wasi_http_plugin_without_grants_http_loads_and_every_request_is_denied() {
     let nats = Nats::start();
-    let extra = http_pipeline("http://127.0.0.1:9/ingest", "");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, base_config(nats.url(), &extra)).unwrap();
-    let config = Config::load(&path, &Overrides::default()).expect("valid config");
-    let err = match RunningHost::start(config).await {
-        Ok(host) => {
-            host.shutdown().await;
-            panic!("the host started");
-        }
-        Err(err) => err,
-    };
-    let StartError::Plugin(LoadError::Ungranted {
-        plugin,
-        import,
-        grant,
-        ..
-    }) = &err
-    else {
-        panic!("expected an ungranted-import error, got {err}");
-    };
-    assert_eq!(plugin, "hooks");
-    assert!(
-        import.starts_with("wasi:http/outgoing-handler@0.2."),
-        "{import}"
-    );
-    assert_eq!(*grant, "grants.http");
-    let message = err.to_string();
-    assert!(
-        message.contains("weir_http_sink.wasm imports `wasi:http/outgoing-handler@0.2.")
-            && message.contains("but has no `grants.http`"),
-        "{message}"
-    );
+    let endpoint = Endpoint::start(&[], 200).await;
+    let extra = http_pipeline(&endpoint.url(), "");
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("events", orders(0, 2)).await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 2).await;
+    for reason in &reasons {
+        assert!(
+            reason.contains(&format!(
+                "http sink: request to {} denied: not in grants.http",
+                endpoint.addr
+            )),
+            "{reasons:?}"
+        );
+    }
+    assert!(endpoint.received().is_empty(), "{:?}", endpoint.received());
+    host.shutdown().await;
 }

@@ -19,6 +19,7 @@ mod front_door;
 mod http_sink;
 mod kv;
 mod operator;
+mod plugin_tools;
 mod policies;
 mod reload;
 mod retries;

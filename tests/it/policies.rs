@@ -30,6 +30,7 @@ fn policy_config(nats_url: &str, id: &str, endpoint_port: u16, extra: &str) -> S
         r#"
 listen = "127.0.0.1:0"
 data_dir = "data"
+compile_cache_dir = "{cache}"
 plugins_dir = "{plugins}"
 max_body_bytes = 1048576
 
@@ -79,6 +80,7 @@ sink = "files"
 {extra}
 "#,
         plugins = plugins_dir().display(),
+        cache = crate::support::compile_cache_dir().display(),
     )
 }
 

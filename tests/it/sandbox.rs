@@ -327,45 +327,63 @@ async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100
     );
 }
 
-/// A second start with the same plugins loads them from weir's compiled
-/// cache (keyed by content and engine) instead of compiling them again.
+/// The compiled cache is the user's, not a data dir's: a host with a
+/// fresh data dir (a new process: a fresh engine) loads every plugin from
+/// the cache another data dir filled, compiling nothing.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_second_start_loads_compiled_plugins_from_the_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, base_config("nats://127.0.0.1:1", "")).unwrap();
-    let config = Config::load(&path, &Overrides::default()).unwrap();
-    let cache = dir.path().join("compiled");
+async fn a_fresh_data_dir_loads_compiled_plugins_from_the_shared_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut configs = Vec::new();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for dir in &dirs {
+        let path = dir.path().join("weir.toml");
+        let text = base_config("nats://127.0.0.1:1", "").replace(
+            &format!(
+                "compile_cache_dir = \"{}\"",
+                crate::support::compile_cache_dir().display()
+            ),
+            &format!("compile_cache_dir = \"{}\"", cache.path().display()),
+        );
+        std::fs::write(&path, text).unwrap();
+        configs.push(Config::load(&path, &Overrides::default()).unwrap());
+    }
+    assert_ne!(configs[0].data_dir, configs[1].data_dir);
+    assert_eq!(configs[0].compile_cache_dir, cache.path());
 
-    let mut times = Vec::new();
-    for start in ["first start", "second start"] {
-        // A fresh engine each time, as a new process would have.
+    let mut counts = Vec::new();
+    for config in &configs {
         let sandbox = Sandbox::new(weir::telemetry::Metrics::default())
             .unwrap()
-            .with_cache_dir(cache.clone());
-        let began = std::time::Instant::now();
+            .with_cache(
+                config.compile_cache_dir.clone(),
+                config.compile_cache_max_bytes,
+            );
         for plugin in config.plugins.values() {
             sandbox.load(plugin).await.unwrap();
         }
-        times.push((start, began.elapsed()));
-        if start == "first start" {
-            assert_eq!(cached(&cache).len(), 2, "one compiled file per plugin");
+        let counter = sandbox.compile_cache().unwrap();
+        counts.push((counter.hits(), counter.misses()));
+        if counts.len() == 1 {
+            assert_eq!(
+                cached(cache.path()).len(),
+                2,
+                "one compiled file per plugin"
+            );
         }
     }
-    let before = cached(&cache);
-    println!("plugin load with the compiled cache: {times:?}");
-    // The second start read the files; it neither removed nor rewrote them.
-    assert_eq!(cached(&cache), before);
+    // (hits, misses): the first data dir compiled both, the second neither.
+    assert_eq!(counts, [(0, 2), (2, 0)]);
+    assert_eq!(cached(cache.path()).len(), 2);
+    for dir in &dirs {
+        assert!(!dir.path().join("data/compiled").exists());
+    }
 }
 
-/// The compiled files and their modification times.
-fn cached(dir: &std::path::Path) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+/// The compiled files.
+fn cached(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
-        .map(|entry| {
-            let entry = entry.unwrap();
-            (entry.path(), entry.metadata().unwrap().modified().unwrap())
-        })
+        .map(|entry| entry.unwrap().path())
         .collect();
     files.sort();
     files

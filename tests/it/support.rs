@@ -85,6 +85,7 @@ pub fn base_config(nats_url: &str, extra: &str) -> String {
         r#"
 listen = "127.0.0.1:0"
 data_dir = "data"
+compile_cache_dir = "{cache}"
 plugins_dir = "{plugins}"
 max_body_bytes = 1048576
 
@@ -120,7 +121,14 @@ sink = "files"
 {extra}
 "#,
         plugins = plugins_dir().display(),
+        cache = compile_cache_dir().display(),
     )
+}
+
+/// The compiled cache the tests share: under `target/`, never the
+/// user's own (`~/.cache/weir`), and warm across test runs.
+pub fn compile_cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled")
 }
 
 /// A host running in this process, with its own temp dir.

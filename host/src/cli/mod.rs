@@ -12,6 +12,10 @@ mod status;
 mod target;
 mod tenant;
 
+// `weir plugin test` and `weir plugin check`, beside `plugin.rs`.
+mod plugin_check;
+mod plugin_test;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -103,13 +107,16 @@ pub struct Refused(pub String);
 
 /// The exit code for an error (docs/cli.md): 3 invalid config, 4 cannot
 /// connect, 5 refused (by the server, the front door or a plugin's world),
-/// 1 anything else. Clap exits with 2 on a usage error itself.
+/// 6 a plugin call failed in `weir plugin test`, 1 anything else. Clap exits with 2 on a usage error itself.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     use weir::client::SendError;
     use weir::host::StartError;
     for cause in error.chain() {
         if cause.is::<weir::config::ConfigError>() {
             return 3;
+        }
+        if cause.is::<plugin_test::PluginFailed>() {
+            return 6;
         }
         if cause.is::<weir::nats::connection::ConnectError>() {
             return 4;

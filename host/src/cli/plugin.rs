@@ -55,11 +55,19 @@ pub enum PluginCommand {
         /// Only this plugin.
         name: Option<String>,
     },
+    /// Run a plugin on rows from a file, without NATS, in the sandbox
+    /// `weir run` uses, and print each row's outcome.
+    Test(super::plugin_test::TestArgs),
+    /// Name the world a `.wasm` implements (or what it misses), its
+    /// imports, the grants it would need, its size and compile time.
+    Check(super::plugin_check::CheckArgs),
 }
 
 impl PluginCommand {
     pub async fn run(self) -> anyhow::Result<()> {
         match self {
+            PluginCommand::Test(args) => return args.run().await,
+            PluginCommand::Check(args) => return args.run().await,
             PluginCommand::Push {
                 fleet,
                 name,

@@ -100,6 +100,10 @@ pub struct Config {
     pub source: PathBuf,
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Compiled plugins, shared by every data dir of the user.
+    pub compile_cache_dir: PathBuf,
+    /// The compiled cache's bound; least recently used entries go first.
+    pub compile_cache_max_bytes: u64,
     pub max_body_bytes: usize,
     /// A top-level row field whose value dedupes the row (its message id).
     pub idempotency_field: Option<String>,
@@ -121,6 +125,33 @@ pub struct Config {
 
 /// The smallest plugin instance pool a host sizes for itself.
 pub const DEFAULT_PLUGIN_INSTANCES: u32 = 256;
+
+/// The compiled cache's bound when the config sets none: room for many
+/// interpreter-sized (Python, JS) plugins, and far more Rust ones.
+pub const DEFAULT_COMPILE_CACHE_MAX_BYTES: u64 = 2 << 30;
+/// Overrides where the compiled cache is by default
+/// (`compile_cache_dir` in the TOML wins).
+pub const COMPILE_CACHE_DIR_ENV: &str = "WEIR_CACHE_DIR";
+
+/// Where compiled plugins are kept when the config does not say:
+/// [`user_compile_cache_dir`], else (no home) `<data_dir>/compiled`.
+pub fn default_compile_cache_dir(data_dir: &Path) -> PathBuf {
+    user_compile_cache_dir().unwrap_or_else(|| data_dir.join("compiled"))
+}
+
+/// The user's compiled cache, shared by all their data dirs:
+/// `$WEIR_CACHE_DIR`, else `$XDG_CACHE_HOME/weir/compiled`, else
+/// `~/.cache/weir/compiled`.
+pub fn user_compile_cache_dir() -> Option<PathBuf> {
+    let set = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(dir) = set(COMPILE_CACHE_DIR_ENV) {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(cache) = set("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(cache).join("weir/compiled"));
+    }
+    set("HOME").map(|home| PathBuf::from(home).join(".cache/weir/compiled"))
+}
 /// The largest plugin instance pool: its slots are address space reserved
 /// up front (two 4 GiB memories each), and 64-bit Linux gives a process 128 TiB.
 pub const MAX_PLUGIN_INSTANCES: u32 = 8_192;
@@ -392,7 +423,7 @@ pub struct Grants {
     /// Environment variables the plugin sees (it sees none otherwise).
     pub env: BTreeMap<String, String>,
     /// `host:port` authorities the plugin may reach over outbound HTTP
-    /// (`wasi:http`), lowercased; empty means no `wasi:http` at all.
+    /// (`wasi:http`), lowercased; empty: every request is refused.
     pub http: Vec<String>,
 }
 
@@ -419,6 +450,8 @@ pub struct Pipeline {
 struct RawConfig {
     listen: Option<Spanned<String>>,
     data_dir: Option<String>,
+    compile_cache_dir: Option<String>,
+    compile_cache_max_bytes: Option<Spanned<Size>>,
     max_body_bytes: Option<Spanned<Size>>,
     max_plugin_instances: Option<Spanned<u32>>,
     idempotency_field: Option<String>,
@@ -884,6 +917,10 @@ impl<'a> Checker<'a> {
             .data_dir
             .clone()
             .unwrap_or_else(|| self.resolve(raw.data_dir.as_deref().unwrap_or("data")));
+        let compile_cache_dir = match raw.compile_cache_dir.as_deref() {
+            Some(dir) => self.resolve(dir),
+            None => default_compile_cache_dir(&data_dir),
+        };
 
         let n = &raw.nats;
         let path = |value: &Option<String>| value.as_deref().map(|p| self.resolve(p));
@@ -1235,6 +1272,13 @@ impl<'a> Checker<'a> {
             DEFAULT_MAX_BODY_BYTES as u64,
         ))
         .unwrap_or(usize::MAX);
+        let compile_cache_max_bytes = self.size(
+            "compile_cache_max_bytes",
+            &raw.compile_cache_max_bytes,
+            1 << 20,
+            u64::MAX,
+            DEFAULT_COMPILE_CACHE_MAX_BYTES,
+        );
         if let Some(set) = &raw.max_plugin_instances
             && !(1..=MAX_PLUGIN_INSTANCES).contains(set.get_ref())
         {
@@ -1252,6 +1296,8 @@ impl<'a> Checker<'a> {
             source: self.file,
             listen,
             data_dir,
+            compile_cache_dir,
+            compile_cache_max_bytes,
             max_body_bytes,
             idempotency_field: raw.idempotency_field,
             admin_api_keys,

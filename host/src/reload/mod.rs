@@ -330,7 +330,7 @@ impl Reloader {
 }
 
 /// Settings a running host cannot change: NATS, the topology, its part in
-/// the fleet, its drain timeout and instance pool. A reload that changes
+/// the fleet, its drain timeout, instance pool and compiled cache. A reload that changes
 /// them keeps the running values and names what needs a restart.
 fn keep_restart_only(next: &mut Config, running: &Config) -> Vec<String> {
     let mut kept = Vec::new();
@@ -353,6 +353,14 @@ fn keep_restart_only(next: &mut Config, running: &Config) -> Vec<String> {
     if next.max_plugin_instances != running.max_plugin_instances {
         next.max_plugin_instances = running.max_plugin_instances;
         kept.push("max_plugin_instances".to_string());
+    }
+    // The sandbox, which holds the cache, lives as long as the process.
+    if (&next.compile_cache_dir, next.compile_cache_max_bytes)
+        != (&running.compile_cache_dir, running.compile_cache_max_bytes)
+    {
+        next.compile_cache_dir = running.compile_cache_dir.clone();
+        next.compile_cache_max_bytes = running.compile_cache_max_bytes;
+        kept.push("compile_cache_dir / compile_cache_max_bytes".to_string());
     }
     kept
 }

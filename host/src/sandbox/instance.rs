@@ -241,7 +241,12 @@ impl Plugin {
             }
             Ok(Err(reason)) => Err(Instantiate::Failed(CallError {
                 kind: FailureKind::Refused,
-                message: format!("init refused its settings: {reason}"),
+                message: format!(
+                    "init refused its settings: {}{}",
+                    escape_line(reason.trim()),
+                    // What the guest printed before refusing, such as a stack.
+                    instance.stderr.block()
+                ),
             })),
             Err(err) => Err(Instantiate::Failed(instance.failure(err))),
         }
@@ -428,13 +433,13 @@ impl PluginInstance {
             Some(trap) => (FailureKind::Trap, format!("trapped ({trap})")),
             None => (FailureKind::Trap, format!("trapped ({})", err.root_cause())),
         };
-        // A Rust guest prints its panic message to stderr before it aborts.
-        let tail = self.stderr.last_line();
-        let message = if tail.is_empty() {
-            format!("plugin `{}` {what}", self.plugin.name())
-        } else {
-            format!("plugin `{}` {what}: {tail}", self.plugin.name())
-        };
+        // A guest prints its cause to stderr before it traps: a Rust panic
+        // message, a Python traceback, a JS error and its stack.
+        let message = format!(
+            "plugin `{}` {what}{}",
+            self.plugin.name(),
+            self.stderr.quoted()
+        );
         CallError { kind, message }
     }
 }
@@ -502,7 +507,7 @@ impl wasmtime::ResourceLimiter for Limiter {
 /// and who the plugin is (for its logs and counters).
 pub struct PluginState {
     pub(super) wasi: WasiCtx,
-    /// Used only through the `http_linker`, i.e. with `grants.http`.
+    /// Used only through the `http_linker`, by plugins importing `wasi:http`.
     pub(super) http: WasiHttpCtx,
     pub(super) gate: HttpGate,
     pub(super) table: ResourceTable,
@@ -527,19 +532,73 @@ impl StderrTail {
         }
     }
 
-    pub(super) fn last_line(&self) -> String {
+    /// The guest's last stderr lines as a trap's reason quotes them: the
+    /// last line after `: ` (a panic message, `KeyError: 'id'`), the lines
+    /// before it below, each indented with `  | ` and its control
+    /// characters escaped, so a guest cannot forge host log lines. Empty
+    /// when the call wrote nothing.
+    pub(super) fn quoted(&self) -> String {
         let Ok(bytes) = self.0.lock() else {
             return String::new();
         };
-        let text = String::from_utf8_lossy(&bytes);
-        text.trim_end()
-            .lines()
-            .rev()
-            .find(|line| !line.trim().is_empty() && !line.contains("note: run with"))
-            .unwrap_or("")
-            .trim()
-            .to_string()
+        quote_tail(&String::from_utf8_lossy(&bytes))
     }
+
+    /// Every line the guest wrote, quoted as the lines of [`Self::quoted`].
+    pub(super) fn block(&self) -> String {
+        let Ok(bytes) = self.0.lock() else {
+            return String::new();
+        };
+        quote_block(&meaningful_lines(&String::from_utf8_lossy(&bytes)))
+    }
+}
+
+/// See [`StderrTail::quoted`]; a pure function of the captured text.
+fn quote_tail(text: &str) -> String {
+    let mut lines = meaningful_lines(text);
+    let Some(last) = lines.pop() else {
+        return String::new();
+    };
+    format!(": {}{}", escape_line(last.trim()), quote_block(&lines))
+}
+
+/// Lines worth quoting: not blank, not Rust's backtrace hint.
+fn meaningful_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(str::trim_end)
+        .filter(|line| !line.trim().is_empty() && !line.contains("note: run with"))
+        .collect()
+}
+
+/// `lines` each on its own line after `  | `, the latest kept when they
+/// exceed `STDERR_TAIL_BYTES` once escaped (the reason stays bounded).
+fn quote_block(lines: &[&str]) -> String {
+    let mut kept = Vec::new();
+    let mut bytes = 0;
+    for line in lines.iter().rev() {
+        let quoted = format!("\n  | {}", escape_line(line));
+        bytes += quoted.len();
+        if bytes > STDERR_TAIL_BYTES {
+            break;
+        }
+        kept.push(quoted);
+    }
+    kept.reverse();
+    kept.concat()
+}
+
+/// A line with its control characters (escapes, carriage returns) written
+/// out, tabs kept: a traceback stays readable, a forged log line does not.
+fn escape_line(line: &str) -> String {
+    let mut escaped = String::with_capacity(line.len());
+    for c in line.chars() {
+        if c.is_control() && c != '\t' {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 impl IsTerminal for StderrTail {
@@ -582,5 +641,40 @@ impl tokio::io::AsyncWrite for StderrTail {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceback_is_quoted_whole_with_its_last_line_first() {
+        let text = "Traceback (most recent call last):\n  File \"app.py\", line 7, in transform\n    row[\"id\"]\nKeyError: 'id'\n";
+        assert_eq!(
+            quote_tail(text),
+            ": KeyError: 'id'\n  | Traceback (most recent call last):\n  |   File \"app.py\", line 7, in transform\n  |     row[\"id\"]"
+        );
+    }
+
+    #[test]
+    fn a_rust_panic_drops_the_backtrace_hint_and_nothing_is_quoted_from_silence() {
+        let text = "thread '<unnamed>' panicked at src/lib.rs:1:1:\nboom\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            quote_tail(text),
+            ": boom\n  | thread '<unnamed>' panicked at src/lib.rs:1:1:"
+        );
+        assert_eq!(quote_tail("\n  \n"), "");
+    }
+
+    #[test]
+    fn a_guest_cannot_forge_a_host_log_line_or_grow_the_reason_unbounded() {
+        let forged = quote_tail("x\r\u{1b}[31m INFO weir: forged\nlast");
+        assert_eq!(forged, ": last\n  | x\\r\\u{1b}[31m INFO weir: forged");
+        let long: String = (0..2000).map(|n| format!("line {n}\n")).collect();
+        let quoted = quote_tail(&long);
+        assert!(quoted.len() <= STDERR_TAIL_BYTES + 64, "{}", quoted.len());
+        assert!(quoted.starts_with(": line 1999\n  | "), "{quoted}");
+        assert!(quoted.ends_with("  | line 1998"), "{quoted}");
     }
 }

@@ -5,8 +5,9 @@
 //! Architecture invariant: a plugin reaches nothing it was not granted. WASI
 //! is linked because every std guest imports it, but the context is empty:
 //! no preopens, no environment, no sockets, unless the TOML grants them.
-//! `wasi:http` is linked only for plugins with `grants.http`, and each of
-//! their requests must go to an authority in that list.
+//! `wasi:http` is linked only for plugins that import it, and each of
+//! their requests must go to an authority in their `grants.http` (none
+//! without one: every request is refused at call time).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,10 +21,13 @@ use crate::config::{PluginConfig, World};
 use crate::telemetry::{Metrics, PluginLabels};
 
 pub mod bindings;
+pub mod cache;
 mod http;
 mod imports;
+pub mod inspect;
 mod instance;
 
+use cache::{CompileCache, Origin};
 use instance::PluginPre;
 pub use instance::{CallError, FailureKind, Plugin, PluginInstance, PluginState};
 
@@ -98,24 +102,16 @@ pub enum LoadError {
         path: String,
         reason: String,
     },
-    #[error(
-        "plugin `{plugin}`: {path} imports `{import}` but has no `{grant}`; add the `host:port` authorities it may reach"
-    )]
-    Ungranted {
-        plugin: String,
-        path: String,
-        import: String,
-        /// The TOML key that would grant the import.
-        grant: &'static str,
-    },
     #[error("plugin `{plugin}`: grant of {dir}: {reason}")]
     Grant {
         plugin: String,
         dir: String,
         reason: String,
     },
-    #[error("plugin `{plugin}`: init failed: {0}", .source)]
-    Init { plugin: String, source: CallError },
+    // Not a `source`: the message already says it, and a printer that
+    // walks the chain would say it twice.
+    #[error("plugin `{plugin}`: init failed: {error}")]
+    Init { plugin: String, error: CallError },
 }
 
 /// How long the process stood still, as the epoch ticker saw it. Taken
@@ -140,13 +136,13 @@ pub struct Sandbox {
     engine: Engine,
     /// WASI with an empty context and weir's host API: every plugin.
     linker: Linker<PluginState>,
-    /// The same plus `wasi:http`: only plugins with `grants.http`.
+    /// The same plus `wasi:http`: only plugins that import it.
     http_linker: Linker<PluginState>,
     metrics: Metrics,
     ticker_stop: Arc<AtomicBool>,
     pauses: Arc<Pauses>,
     /// Where compiled components are kept between starts, if anywhere.
-    cache: Option<PathBuf>,
+    cache: Option<Arc<CompileCache>>,
 }
 
 impl Sandbox {
@@ -226,13 +222,64 @@ impl Sandbox {
         })
     }
 
-    /// Keeps compiled components in `dir`, keyed by the `.wasm`'s SHA-256
-    /// and the engine's compatibility hash, so a restart skips Cranelift.
-    /// `dir` must be weir's own (its data directory): what is loaded from
-    /// it runs as native code, so it is never a plugins directory.
-    pub fn with_cache_dir(mut self, dir: PathBuf) -> Sandbox {
-        self.cache = Some(dir);
+    /// Keeps compiled components in `dir` (see [`cache`]), at most
+    /// `max_bytes` of them, so a restart or another data dir skips
+    /// Cranelift. `dir` must be weir's own: what is loaded from it runs as
+    /// native code, so it is never a plugins directory.
+    pub fn with_cache(mut self, dir: PathBuf, max_bytes: u64) -> Sandbox {
+        self.cache = Some(Arc::new(CompileCache::new(dir, max_bytes)));
         self
+    }
+
+    /// The compiled cache, when there is one (its hit and miss counts).
+    pub fn compile_cache(&self) -> Option<&CompileCache> {
+        self.cache.as_deref()
+    }
+
+    /// Compiles a component, or loads it from the compiled cache; a
+    /// compilation is logged before (it can take half a minute) and after.
+    pub(crate) async fn compile(
+        &self,
+        plugin: &str,
+        path: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Compiled, LoadError> {
+        let engine = self.engine.clone();
+        let cache = self.cache.clone();
+        let (name, shown) = (plugin.to_string(), path.to_string());
+        // Cranelift takes a while on a big component: keep it off the runtime threads.
+        let compiled = tokio::task::spawn_blocking(move || -> wasmtime::Result<Compiled> {
+            if let Some(component) = cache.as_ref().and_then(|c| c.load(&engine, &bytes)) {
+                tracing::debug!(plugin = %name, "compiled component loaded from the cache");
+                return Ok(Compiled {
+                    component,
+                    origin: Origin::Cache,
+                });
+            }
+            tracing::info!(plugin = %name, path = %shown, "compiling plugin {name} ({})…", megabytes(bytes.len()));
+            let started = std::time::Instant::now();
+            let component = Component::new(&engine, &bytes)?;
+            let took = started.elapsed();
+            tracing::info!(plugin = %name, "compiled plugin {name} in {:.1} s", took.as_secs_f64());
+            if let Some(cache) = &cache {
+                cache.store(&engine, &bytes, &component);
+            }
+            Ok(Compiled {
+                component,
+                origin: Origin::Compiled,
+            })
+        })
+        .await;
+        let compile_error = |reason: String| LoadError::Compile {
+            plugin: plugin.to_string(),
+            path: path.to_string(),
+            reason,
+        };
+        match compiled {
+            Err(err) => Err(compile_error(err.to_string())),
+            Ok(Err(err)) => Err(compile_error(format!("{err:#}"))),
+            Ok(Ok(compiled)) => Ok(compiled),
+        }
     }
 
     /// Compiles a plugin, checks it implements its world and links, and
@@ -248,21 +295,7 @@ impl Sandbox {
                 source,
             })?;
         let version = version_of(&bytes);
-        let engine = self.engine.clone();
-        let cache = self.cache.clone();
-        // Cranelift takes a while on a big component: keep it off the runtime threads.
-        let component = tokio::task::spawn_blocking(move || compile(&engine, &bytes, cache))
-            .await
-            .map_err(|err| LoadError::Compile {
-                plugin: plugin.clone(),
-                path: path.clone(),
-                reason: err.to_string(),
-            })?
-            .map_err(|err| LoadError::Compile {
-                plugin: plugin.clone(),
-                path: path.clone(),
-                reason: format!("{err:#}"),
-            })?;
+        let component = self.compile(&plugin, &path, bytes).await?.component;
 
         if let Some(found) = foreign_version(&self.engine, &component) {
             return Err(LoadError::WrongVersion {
@@ -279,19 +312,20 @@ impl Sandbox {
                 missing,
             }
         })?;
-        // An ungranted wasi:http import gets a message naming the grant,
-        // not the linker's "unknown import".
+        // A component that imports wasi:http without a grant still loads
+        // (componentize-js imports it by default): its gate, with nothing
+        // allowed, refuses each request at call time.
         let linker = match (
             http_import(&self.engine, &component),
             config.grants.http.is_empty(),
         ) {
             (Some(import), true) => {
-                return Err(LoadError::Ungranted {
-                    plugin,
-                    path,
-                    import,
-                    grant: "grants.http",
-                });
+                tracing::warn!(
+                    plugin = %config.name,
+                    %import,
+                    "plugin imports wasi:http but has no grants.http: its requests will be refused"
+                );
+                &self.http_linker
             }
             (_, false) => &self.http_linker,
             (None, true) => &self.linker,
@@ -345,9 +379,9 @@ impl Sandbox {
         let smoke_test = loaded
             .instantiate()
             .await
-            .map_err(|source| LoadError::Init {
+            .map_err(|error| LoadError::Init {
                 plugin: config.name.clone(),
-                source,
+                error,
             })?;
         drop(smoke_test);
         tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), "plugin loaded");
@@ -361,29 +395,42 @@ impl Drop for Sandbox {
     }
 }
 
-/// The exports a world needs, checked before linking so a wrong component
-/// gets a message that names what it lacks.
-fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(), String> {
-    let required: &[&str] = match world {
+/// The functions each world's component must export.
+pub fn required_exports(world: World) -> &'static [&'static str] {
+    match world {
         World::Transform => &["init", "transform"],
         World::Sink => &["init", "deliver"],
         World::Budget => &["init", "admit"],
         World::Router => &["init", "route-table", "route-keys"],
-    };
+    }
+}
+
+/// The exports of `world` the component lacks (none: it implements it).
+fn missing_exports(engine: &Engine, component: &Component, world: World) -> Vec<&'static str> {
     let ty = component.component_type();
-    let missing: Vec<String> = required
+    required_exports(world)
         .iter()
+        .copied()
         .filter(|name| {
             !ty.exports(engine).any(|(export, item)| {
-                export == **name && matches!(item.ty, ComponentItem::ComponentFunc(_))
+                export == *name && matches!(item.ty, ComponentItem::ComponentFunc(_))
             })
         })
+        .collect()
+}
+
+/// The exports a world needs, checked before linking so a wrong component
+/// gets a message that names what it lacks.
+fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(), String> {
+    let missing: Vec<String> = missing_exports(engine, component, world)
+        .iter()
         .map(|name| format!("`{name}`"))
         .collect();
     if missing.is_empty() {
         Ok(())
     } else {
-        let found: Vec<String> = ty
+        let found: Vec<String> = component
+            .component_type()
             .exports(engine)
             .map(|(name, _)| format!("`{name}`"))
             .collect();
@@ -399,8 +446,6 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
     }
 }
 
-/// The component's `wasi:http/…` import, if it has any; the outgoing
-/// handler is named first, since that is what reaches the network.
 /// The version of `weir:plugin` a component imports, when it is not this
 /// host's (a plugin built with an older SDK).
 fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
@@ -419,6 +464,8 @@ fn imported_version(import: &str) -> Option<&str> {
         .map(|(_, version)| version)
 }
 
+/// The component's `wasi:http/…` import, if it has any; the outgoing
+/// handler is named first, since that is what reaches the network.
 fn http_import(engine: &Engine, component: &Component) -> Option<String> {
     let mut imports: Vec<String> = component
         .component_type()
@@ -430,53 +477,15 @@ fn http_import(engine: &Engine, component: &Component) -> Option<String> {
     imports.into_iter().next()
 }
 
-/// Compiles a component, or loads it from the compiled cache when it holds
-/// this exact `.wasm` for this exact engine. Cache trouble never fails a
-/// load: it only costs a compilation.
-fn compile(engine: &Engine, bytes: &[u8], cache: Option<PathBuf>) -> wasmtime::Result<Component> {
-    let Some(dir) = cache else {
-        return Component::new(engine, bytes);
-    };
-    use sha2::Digest;
-    use std::hash::{Hash, Hasher};
-    let digest: String = sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    let path = dir.join(format!("{digest}-{:016x}.cwasm", hasher.finish()));
-    if path.exists() {
-        // SAFETY: the file was written by `Component::serialize` of this
-        // engine configuration into weir's own data directory (the key
-        // includes the engine's compatibility hash); nothing else writes
-        // there.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(component) => {
-                tracing::debug!(cache = %path.display(), "compiled component loaded from the cache");
-                return Ok(component);
-            }
-            Err(err) => {
-                tracing::warn!(cache = %path.display(), error = %err, "unusable compiled component; compiling again");
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-    }
-    let component = Component::new(engine, bytes)?;
-    let stored = component
-        .serialize()
-        .map_err(std::io::Error::other)
-        .and_then(|compiled| {
-            std::fs::create_dir_all(&dir)?;
-            // Written aside and renamed: a crash never leaves half a file under the key.
-            let partial = path.with_extension(format!("partial-{}", std::process::id()));
-            std::fs::write(&partial, compiled)?;
-            std::fs::rename(&partial, &path)
-        });
-    if let Err(err) = stored {
-        tracing::warn!(cache = %dir.display(), error = %err, "cannot keep the compiled component");
-    }
-    Ok(component)
+/// A compiled component and what it cost.
+pub(crate) struct Compiled {
+    pub(crate) component: Component,
+    pub(crate) origin: Origin,
+}
+
+/// `18.4 MB`, as the compile log line shows a component's size.
+pub fn megabytes(bytes: usize) -> String {
+    format!("{:.1} MB", bytes as f64 / 1_000_000.0)
 }
 
 /// A short content digest: the plugin's version as status and logs show it.

@@ -19,6 +19,9 @@
 //!   row on its first attempt; otherwise every row `ok`.
 //! - `spin`: loops forever on a triggered batch; otherwise `ok`.
 //! - `trap`: panics on every triggered batch; otherwise every row `ok`.
+//! - `traceback`: on a triggered batch, writes a Python-like traceback
+//!   (several stderr lines, naming `trigger`) and then panics, as an
+//!   interpreter does before it traps; otherwise every row `ok`.
 //! - `retry`: asks for a retry (10 ms) of every row holding `trigger` (of
 //!   every row without one); other rows `ok`.
 //! - `leak`: leaks `leak_kb` KiB per call (never freed), then every row `ok`.
@@ -90,6 +93,7 @@ enum Mode {
     Connect,
     Env,
     Trap,
+    Traceback,
     Retry,
     Slow,
     Grow,
@@ -132,6 +136,14 @@ impl Transform for Chaos {
             }
             Mode::Spin if triggered => spin(),
             Mode::Trap if triggered => panic!("chaos: trapping on purpose"),
+            Mode::Traceback if triggered => {
+                let needle = settings.trigger.as_deref().unwrap_or("id");
+                eprintln!("Traceback (most recent call last):");
+                eprintln!("  File \"app.py\", line 12, in transform");
+                eprintln!("    value = row[\"{needle}\"]");
+                eprintln!("KeyError: '{needle}'");
+                panic!("chaos: Python function threw an unexpected exception")
+            }
             Mode::Leak => {
                 let leaked: &'static mut [u8] = vec![1u8; settings.leak_kb as usize * 1024].leak();
                 black_box(leaked);

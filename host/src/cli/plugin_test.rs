@@ -1,0 +1,551 @@
+//! `weir plugin test FILE.wasm --rows rows.ndjson`: runs a plugin on rows
+//! without NATS, in the sandbox `weir run` uses (same limits and grants,
+//! from the config when given), and prints what it decided for each row.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use weir::config::{Config, Overrides, PluginConfig, World};
+use weir::delivery::batch::{Answer, Batch, Outcome, Position};
+use weir::ingest::ndjson::{self, Fields, Line};
+use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
+use weir::sandbox::{CallError, Plugin, Sandbox};
+
+/// Instances `weir plugin test` needs at once: one, plus room for a retry.
+const TEST_POOL_INSTANCES: u32 = 4;
+
+#[derive(clap::Args)]
+pub struct TestArgs {
+    /// The component to run.
+    file: PathBuf,
+    /// The rows, as the front door takes them: one JSON object per line
+    /// (NDJSON), blank lines skipped. Every row has the tenant `--tenant`
+    /// and the table `--table`.
+    #[arg(long, value_name = "FILE")]
+    rows: PathBuf,
+    /// The settings handed to `init`, a JSON object (default: the
+    /// plugin's settings in `--config`, else `{}`).
+    #[arg(long, value_name = "JSON")]
+    settings: Option<String>,
+    /// The world to run it as (default: the plugin's in `--config`, else
+    /// the one world the component implements).
+    #[arg(long, value_name = "WORLD", value_parser = parse_world)]
+    world: Option<World>,
+    /// A weir config: the plugin runs with its limits, grants and settings
+    /// there (needs `--plugin`), its compiled cache and topology.
+    #[arg(long, short, value_name = "FILE", requires = "plugin")]
+    config: Option<PathBuf>,
+    /// The plugin's name in `--config`.
+    #[arg(long, value_name = "NAME", requires = "config")]
+    plugin: Option<String>,
+    /// The tenant of every row.
+    #[arg(long, default_value = "test")]
+    tenant: String,
+    /// The table of every row.
+    #[arg(long, default_value = "test")]
+    table: String,
+    /// A router's routing field: the top-level field whose value is each
+    /// row's key (default: `[policies] routing_field` in `--config`).
+    #[arg(long, value_name = "FIELD")]
+    routing_field: Option<String>,
+    /// A budget's tenant settings (what `weir tenant set` stores), a JSON object.
+    #[arg(long, value_name = "JSON")]
+    tenant_settings: Option<String>,
+    /// Print one JSON object instead of text, for scripts.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The plugin failed a call (trap, deadline, memory cap, broken contract):
+/// `weir plugin test` exits with its own code (docs/cli.md).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PluginFailed(pub String);
+
+fn parse_world(text: &str) -> Result<World, String> {
+    match text {
+        "transform" => Ok(World::Transform),
+        "sink" => Ok(World::Sink),
+        "budget" => Ok(World::Budget),
+        "router" => Ok(World::Router),
+        other => Err(format!(
+            "`{other}` is not a world: transform, sink, budget or router"
+        )),
+    }
+}
+
+/// The sandbox `weir run` would build: its compiled cache from the config,
+/// else the user's (`~/.cache/weir/compiled`), if there is a home.
+pub fn sandbox(config: Option<&Config>) -> anyhow::Result<Sandbox> {
+    let sandbox = Sandbox::with_pool(weir::telemetry::Metrics::default(), TEST_POOL_INSTANCES)?;
+    Ok(match config {
+        Some(config) => sandbox.with_cache(
+            config.compile_cache_dir.clone(),
+            config.compile_cache_max_bytes,
+        ),
+        None => match weir::config::user_compile_cache_dir() {
+            Some(dir) => sandbox.with_cache(dir, weir::config::DEFAULT_COMPILE_CACHE_MAX_BYTES),
+            None => sandbox,
+        },
+    })
+}
+
+/// What happened to one input row.
+struct RowReport {
+    /// 1-based line in the rows file.
+    line: usize,
+    answer: Value,
+    text: String,
+}
+
+impl TestArgs {
+    pub async fn run(self) -> anyhow::Result<()> {
+        let given = match &self.config {
+            Some(path) => Some(Config::load(path, &Overrides::default())?),
+            None => None,
+        };
+        let sandbox = sandbox(given.as_ref())?;
+        let plugin_config = self.plugin_config(&sandbox, given.as_ref()).await?;
+        // Without a config, the defaults `weir run` has for an empty one.
+        let config = match given {
+            Some(config) => config,
+            None => default_config("")?,
+        };
+        let plugin = sandbox.load(&plugin_config).await?;
+
+        let body = Bytes::from(
+            std::fs::read(&self.rows)
+                .with_context(|| format!("cannot read {}", self.rows.display()))?,
+        );
+        let routing_field = self
+            .routing_field
+            .clone()
+            .or_else(|| config.policies.routing_field.clone());
+        let fields = Fields {
+            key: None,
+            route: routing_field.as_deref(),
+        };
+        let lines = ndjson::split(&body, fields)
+            .map_err(|bad| anyhow::anyhow!("{}: {bad}", self.rows.display()))?;
+
+        let topology = Topology {
+            partitions: config.stream.partitions,
+            shards: config.stream.shards,
+        };
+        let mut reports = Vec::new();
+        let failure = match plugin_config.world {
+            World::Transform => self.transform(&plugin, &lines, &mut reports).await,
+            World::Sink => self.deliver(&plugin, &lines, &mut reports).await,
+            World::Budget => self.admit(&plugin, &lines, &mut reports).await,
+            World::Router => self.route(&plugin, &lines, topology, &mut reports).await,
+        }
+        .err();
+        self.print(&plugin, lines.len(), &reports, failure.as_ref());
+        match failure {
+            Some(error) => Err(PluginFailed(error.message).into()),
+            None => Ok(()),
+        }
+    }
+
+    /// The plugin as `weir run` would load it: from `--config` (with this
+    /// file and any `--settings`), or with every default.
+    async fn plugin_config(
+        &self,
+        sandbox: &Sandbox,
+        config: Option<&Config>,
+    ) -> anyhow::Result<PluginConfig> {
+        let wasm = std::path::absolute(&self.file)
+            .with_context(|| format!("cannot resolve {}", self.file.display()))?;
+        let mut plugin = match (config, &self.plugin) {
+            (Some(config), Some(name)) => config.plugins.get(name).cloned().with_context(|| {
+                format!(
+                    "{}: no plugin `{name}` in the config",
+                    config.source.display()
+                )
+            })?,
+            _ => {
+                let world = match self.world {
+                    Some(world) => world,
+                    None => only_world(sandbox, &wasm).await?,
+                };
+                defaults(&wasm, world)?
+            }
+        };
+        plugin.wasm = wasm;
+        if let Some(world) = self.world
+            && world != plugin.world
+        {
+            anyhow::bail!(
+                "plugin `{}` is a {} in the config, not a {}",
+                plugin.name,
+                plugin.world.as_str(),
+                world.as_str()
+            );
+        }
+        if let Some(settings) = &self.settings {
+            let value: Value = serde_json::from_str(settings).context("--settings")?;
+            anyhow::ensure!(value.is_object(), "--settings must be a JSON object");
+            plugin.settings = value;
+        }
+        Ok(plugin)
+    }
+
+    fn batch(&self, lines: &[Line]) -> Batch {
+        let mut batch = Batch::with_capacity(lines.len(), 0);
+        for line in lines {
+            let position = Position {
+                sequence: line.number as u64,
+                attempt: 1,
+            };
+            batch.push(&self.tenant, &self.table, &line.payload, [], position);
+        }
+        batch
+    }
+
+    async fn transform(
+        &self,
+        plugin: &Arc<Plugin>,
+        lines: &[Line],
+        reports: &mut Vec<RowReport>,
+    ) -> Result<(), CallError> {
+        let rows = self.batch(lines);
+        let mut instance = plugin.instantiate().await?;
+        let transformed = instance.transform(rows.packed()).await?;
+        let mut answer = Answer::new(&transformed, rows.len())
+            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
+        for (index, line) in lines.iter().enumerate() {
+            let outcome = answer
+                .outcome(index)
+                .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
+            let report = match outcome {
+                Outcome::Emit(range) if range.is_empty() => {
+                    (json!({ "outcome": "drop" }), "dropped".to_string())
+                }
+                Outcome::Emit(range) => {
+                    let mut emitted = Batch::default();
+                    for new in range {
+                        answer
+                            .push_emitted(&mut emitted, &rows, index, new)
+                            .map_err(|err| {
+                                instance.contract(&format!("returned a malformed answer: {err}"))
+                            })?;
+                    }
+                    emitted_report(&emitted)
+                }
+                other => outcome_report(&other),
+            };
+            reports.push(RowReport {
+                line: line.number,
+                answer: report.0,
+                text: report.1,
+            });
+        }
+        Ok(())
+    }
+
+    async fn deliver(
+        &self,
+        plugin: &Arc<Plugin>,
+        lines: &[Line],
+        reports: &mut Vec<RowReport>,
+    ) -> Result<(), CallError> {
+        let rows = self.batch(lines);
+        let mut instance = plugin.instantiate().await?;
+        let delivered = instance.deliver(rows.packed()).await?;
+        let outcomes = weir::delivery::batch::delivered(&delivered, rows.len())
+            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
+        for (line, outcome) in lines.iter().zip(outcomes) {
+            let (answer, text) = match outcome {
+                Outcome::Ok => (json!({ "outcome": "delivered" }), "delivered".to_string()),
+                other => outcome_report(&other),
+            };
+            reports.push(RowReport {
+                line: line.number,
+                answer,
+                text,
+            });
+        }
+        Ok(())
+    }
+
+    /// One request per row; what the budget admitted counts as queued and
+    /// recent for the next (nothing is acked while the file runs).
+    async fn admit(
+        &self,
+        plugin: &Arc<Plugin>,
+        lines: &[Line],
+        reports: &mut Vec<RowReport>,
+    ) -> Result<(), CallError> {
+        if let Some(settings) = &self.tenant_settings
+            && !serde_json::from_str::<Value>(settings).is_ok_and(|value| value.is_object())
+        {
+            return Err(CallError {
+                kind: weir::sandbox::FailureKind::Refused,
+                message: "--tenant-settings must be a JSON object".into(),
+            });
+        }
+        let mut instance = plugin.instantiate().await?;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        for line in lines {
+            let size = line.payload.len() as u64;
+            let request = Admission {
+                tenant: self.tenant.clone(),
+                table: self.table.clone(),
+                rows: 1,
+                bytes: size,
+                usage: Usage {
+                    queued_rows: rows,
+                    queued_bytes: bytes,
+                    recent_rows: rows,
+                    recent_bytes: bytes,
+                    window_ms: u32::try_from(weir::ingest::usage::RATE_WINDOW.as_millis())
+                        .unwrap_or(u32::MAX),
+                },
+                tenant_settings: self.tenant_settings.clone(),
+            };
+            let (answer, text) = match instance.admit(&request).await? {
+                Decision::Admit => {
+                    rows += 1;
+                    bytes += size;
+                    (json!({ "decision": "admit" }), "admit".to_string())
+                }
+                Decision::Throttle(ms) => (
+                    json!({ "decision": "throttle", "after_ms": ms }),
+                    format!("throttle: retry after {ms} ms (429)"),
+                ),
+                Decision::Reject(reason) => (
+                    json!({ "decision": "reject", "reason": reason }),
+                    format!("reject (403): {reason}"),
+                ),
+            };
+            reports.push(RowReport {
+                line: line.number,
+                answer,
+                text,
+            });
+        }
+        Ok(())
+    }
+
+    /// The table's route, then (when it goes by key) each row's.
+    async fn route(
+        &self,
+        plugin: &Arc<Plugin>,
+        lines: &[Line],
+        topology: Topology,
+        reports: &mut Vec<RowReport>,
+    ) -> Result<(), CallError> {
+        let mut instance = plugin.instantiate().await?;
+        let table_route = instance
+            .route_table(topology, &self.tenant, &self.table)
+            .await?;
+        let routes = match table_route {
+            TableRoute::Fixed(route) => vec![route; lines.len()],
+            TableRoute::ByKey => {
+                let keys: Vec<Option<String>> =
+                    lines.iter().map(|line| line.route_key.clone()).collect();
+                instance
+                    .route_keys(topology, &self.tenant, &self.table, &keys)
+                    .await?
+            }
+        };
+        let by_key = matches!(table_route, TableRoute::ByKey);
+        for (line, route) in lines.iter().zip(routes) {
+            let (unit, shown) = match route {
+                Route::DefaultRoute => (Value::Null, "default route".to_string()),
+                Route::To(unit) => (
+                    json!({ "partition": unit.partition, "shard": unit.shard }),
+                    format!("partition {} shard {}", unit.partition, unit.shard),
+                ),
+            };
+            let how = if by_key { "by key" } else { "fixed" };
+            reports.push(RowReport {
+                line: line.number,
+                answer: json!({ "table_route": how, "key": line.route_key, "unit": unit }),
+                text: match &line.route_key {
+                    Some(key) if by_key => format!("{shown} (key {key:?})"),
+                    _ => format!("{shown} ({how} for the table)"),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn print(
+        &self,
+        plugin: &Plugin,
+        rows: usize,
+        reports: &[RowReport],
+        failure: Option<&CallError>,
+    ) {
+        let world = plugin.config.world.as_str();
+        if self.json {
+            let rows: Vec<Value> = reports
+                .iter()
+                .map(|report| {
+                    let mut row = json!({ "line": report.line });
+                    if let (Some(row), Some(answer)) =
+                        (row.as_object_mut(), report.answer.as_object())
+                    {
+                        row.extend(answer.clone());
+                    }
+                    row
+                })
+                .collect();
+            let failure = failure.map(|error| {
+                json!({ "kind": format!("{:?}", error.kind).to_lowercase(), "message": error.message })
+            });
+            let out = json!({
+                "plugin": plugin.name(),
+                "version": plugin.version,
+                "world": world,
+                "tenant": self.tenant,
+                "table": self.table,
+                "rows": rows,
+                "failure": failure,
+            });
+            println!("{out}");
+            return;
+        }
+        println!(
+            "{} ({world}, version {}) on {} rows of tenant {} table {}",
+            self.file.display(),
+            plugin.version,
+            rows,
+            self.tenant,
+            self.table
+        );
+        for report in reports {
+            println!("line {}: {}", report.line, report.text);
+        }
+        if failure.is_some() {
+            // The error itself goes to stderr, once, as every error does.
+            println!(
+                "the call failed: `weir run` would retry the whole batch, then dead-letter its rows with the error"
+            );
+        }
+    }
+}
+
+/// A config holding only this plugin, every limit at its default: the
+/// plugin as `weir run` would load it with no limits or grants written.
+fn defaults(wasm: &Path, world: World) -> anyhow::Result<PluginConfig> {
+    // Named after its file, as far as a plugin name allows.
+    let name: String = wasm
+        .file_stem()
+        .map(|stem| stem.to_string_lossy())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        .take(64)
+        .collect();
+    let name = if name.is_empty() {
+        "plugin".to_string()
+    } else {
+        name
+    };
+    let text = format!(
+        "[plugins.{name}]\nwasm = {}\nworld = \"{}\"\n",
+        serde_json::to_string(&wasm.display().to_string())?,
+        world.as_str()
+    );
+    default_config(&text)?
+        .plugins
+        .remove(&name)
+        .context("the generated config holds its plugin")
+}
+
+/// `text` parsed as a config file in the working directory.
+fn default_config(text: &str) -> anyhow::Result<Config> {
+    Ok(Config::parse(
+        Path::new("weir-plugin-test.toml"),
+        text,
+        &Overrides::default(),
+    )?)
+}
+
+/// The one world the component implements, or an error saying which it misses.
+async fn only_world(sandbox: &Sandbox, wasm: &Path) -> anyhow::Result<World> {
+    let inspection = sandbox.inspect(wasm).await?;
+    match inspection.implemented().as_slice() {
+        [world] => Ok(*world),
+        [] => Err(super::Refused(format!(
+            "{} implements no weir world (see `weir plugin check`)",
+            wasm.display()
+        ))
+        .into()),
+        several => {
+            let names: Vec<&str> = several.iter().map(|world| world.as_str()).collect();
+            anyhow::bail!(
+                "{} implements several worlds ({}): pick one with --world",
+                wasm.display(),
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// Retry, dead letter (and ok, for a transform) as text and JSON.
+fn outcome_report(outcome: &Outcome<'_>) -> (Value, String) {
+    match outcome {
+        Outcome::Ok => (json!({ "outcome": "ok" }), "ok".to_string()),
+        Outcome::Emit(range) => (
+            json!({ "outcome": "emit", "rows": range.len() }),
+            format!("emit {} rows", range.len()),
+        ),
+        Outcome::Retry(ms) => (
+            json!({ "outcome": "retry", "after_ms": ms }),
+            format!("retry after {ms} ms"),
+        ),
+        Outcome::DeadLetter(reason) => (
+            json!({ "outcome": "dead-letter", "reason": reason }),
+            format!("dead-letter: {reason}"),
+        ),
+    }
+}
+
+/// The rows a transform emitted in place of one row: table, payload
+/// (as JSON when it is JSON) and headers.
+fn emitted_report(emitted: &Batch) -> (Value, String) {
+    let mut rows = Vec::new();
+    let mut text = match emitted.len() {
+        1 => "emit 1 row".to_string(),
+        count => format!("emit {count} rows"),
+    };
+    for index in 0..emitted.len() {
+        let bytes = emitted.payload(index);
+        let payload = serde_json::from_slice::<Value>(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()));
+        let headers: serde_json::Map<String, Value> = emitted
+            .headers(index)
+            .map(|(name, value)| (name.to_string(), Value::String(value.to_string())))
+            .collect();
+        text.push_str(&format!(
+            "\n    -> {}: {}",
+            emitted.table(index),
+            printable(&String::from_utf8_lossy(bytes))
+        ));
+        if !headers.is_empty() {
+            text.push_str(&format!("  headers {}", Value::Object(headers.clone())));
+        }
+        rows.push(json!({ "table": emitted.table(index), "payload": payload, "headers": headers }));
+    }
+    (json!({ "outcome": "emit", "emitted": rows }), text)
+}
+
+/// `text` with its control characters escaped: a payload printed on one
+/// line stays on one line.
+fn printable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}

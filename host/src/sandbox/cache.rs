@@ -1,0 +1,222 @@
+//! The compiled cache: components compiled by Cranelift, kept as native
+//! code in one directory shared by every data dir of the user, so a fresh
+//! data dir (or a second host) loads a big plugin without compiling it.
+//!
+//! Architecture invariant: an entry is loaded only by the exact engine that
+//! wrote it. Its name holds the `.wasm`'s SHA-256, weir's version and the
+//! engine's compatibility hash (wasmtime's version and every setting that
+//! shapes the code), so another weir build never maps an incompatible file.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+const EXTENSION: &str = "cwasm";
+
+/// A directory of compiled components with a size bound; least recently
+/// used entries are evicted after each store.
+#[derive(Debug)]
+pub struct CompileCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// Where a component came from: the cache, or Cranelift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Cache,
+    Compiled,
+}
+
+impl CompileCache {
+    pub fn new(dir: PathBuf, max_bytes: u64) -> CompileCache {
+        CompileCache {
+            dir,
+            max_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Loads served from the cache so far.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Loads that had to compile so far.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// The entry of this `.wasm` for this engine.
+    fn path_of(&self, engine: &Engine, wasm: &[u8]) -> PathBuf {
+        use sha2::Digest;
+        use std::hash::{Hash, Hasher};
+        let digest: String = sha2::Sha256::digest(wasm)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        self.dir
+            .join(format!("{digest}-{:016x}.{EXTENSION}", hasher.finish()))
+    }
+
+    /// The compiled component, if the cache holds it; its entry is marked
+    /// as just used. An unusable entry is removed.
+    pub fn load(&self, engine: &Engine, wasm: &[u8]) -> Option<Component> {
+        let path = self.path_of(engine, wasm);
+        if !path.exists() {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        // SAFETY: the file was written by `Component::serialize` of an engine
+        // with this compatibility hash (it is in the name), into weir's own
+        // cache directory, never a plugins directory; nothing else writes there.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => {
+                // The modification time is the entry's last use, for eviction.
+                let _ = std::fs::File::options()
+                    .append(true)
+                    .open(&path)
+                    .and_then(|file| file.set_modified(SystemTime::now()));
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(component)
+            }
+            Err(err) => {
+                tracing::warn!(cache = %path.display(), error = %err, "unusable compiled component; compiling again");
+                let _ = std::fs::remove_file(&path);
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Keeps a compiled component, then evicts the least recently used
+    /// entries beyond the bound. Trouble only costs a later compilation.
+    pub fn store(&self, engine: &Engine, wasm: &[u8], component: &Component) {
+        let path = self.path_of(engine, wasm);
+        let stored = component
+            .serialize()
+            .map_err(std::io::Error::other)
+            .and_then(|compiled| {
+                std::fs::create_dir_all(&self.dir)?;
+                // Written aside and renamed: a crash never leaves half a file under the key.
+                let partial = path.with_extension(format!("partial-{}", std::process::id()));
+                std::fs::write(&partial, compiled)?;
+                std::fs::rename(&partial, &path)
+            });
+        if let Err(err) = stored {
+            tracing::warn!(cache = %self.dir.display(), error = %err, "cannot keep the compiled component");
+            return;
+        }
+        self.evict(&path);
+    }
+
+    /// Removes least recently used entries until the cache fits its bound;
+    /// `keep` (the entry just written) is never removed.
+    fn evict(&self, keep: &Path) {
+        let Ok(listing) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let entries: Vec<Entry> = listing
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().extension().is_some_and(|ext| ext == EXTENSION))
+            .filter_map(|entry| {
+                let meta = entry.metadata().ok()?;
+                Some(Entry {
+                    path: entry.path(),
+                    bytes: meta.len(),
+                    used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                })
+            })
+            .collect();
+        for path in to_evict(entries, self.max_bytes, keep) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(cache = %path.display(), "evicted a compiled component (cache over its bound)")
+                }
+                Err(err) => {
+                    tracing::warn!(cache = %path.display(), error = %err, "cannot evict a compiled component")
+                }
+            }
+        }
+    }
+}
+
+/// One cache file, as eviction sees it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// Last load or store.
+    pub used: SystemTime,
+}
+
+/// The entries to remove, least recently used first, so the rest fit in
+/// `max_bytes`; `keep` stays even if it alone is over the bound.
+pub fn to_evict(mut entries: Vec<Entry>, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
+    let mut total: u64 = entries.iter().map(|entry| entry.bytes).sum();
+    entries.sort_by_key(|entry| entry.used);
+    let mut evicted = Vec::new();
+    for entry in entries {
+        if total <= max_bytes {
+            break;
+        }
+        if entry.path == keep {
+            continue;
+        }
+        total = total.saturating_sub(entry.bytes);
+        evicted.push(entry.path);
+    }
+    evicted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn entry(name: &str, bytes: u64, age_secs: u64) -> Entry {
+        Entry {
+            path: PathBuf::from(name),
+            bytes,
+            used: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - age_secs),
+        }
+    }
+
+    #[test]
+    fn eviction_removes_the_least_recently_used_until_the_cache_fits() {
+        let entries = vec![
+            entry("new", 40, 1),
+            entry("oldest", 30, 300),
+            entry("old", 30, 200),
+            entry("mid", 30, 100),
+        ];
+        // 130 bytes, bound 70: the two oldest go, 70 remain.
+        assert_eq!(
+            to_evict(entries.clone(), 70, Path::new("new")),
+            vec![PathBuf::from("oldest"), PathBuf::from("old")]
+        );
+        assert!(to_evict(entries.clone(), 130, Path::new("new")).is_empty());
+    }
+
+    #[test]
+    fn the_entry_just_written_stays_even_over_the_bound() {
+        let entries = vec![entry("big", 500, 1), entry("old", 10, 50)];
+        assert_eq!(
+            to_evict(entries, 100, Path::new("big")),
+            vec![PathBuf::from("old")]
+        );
+    }
+}

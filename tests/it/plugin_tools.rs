@@ -1,0 +1,311 @@
+//! The plugin author's tools against real plugins: `weir plugin test` gives
+//! the outcomes a real host on a real nats-server gives for the same rows,
+//! a trap exits non-zero quoting the guest's stderr (as the dead-letter
+//! reason does), `weir plugin check` names each plugin's world or what it
+//! misses, and a second check loads from the shared compiled cache.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use weir_test_artifacts::{
+    CHAOS, HOT_TENANT_ROUTER, HTTP_SINK, NDJSON_SINK, TENANT_BUDGET, VALIDATOR,
+};
+
+use crate::support::{
+    Nats, TestHost, WEIR, base_config, compile_cache_dir, dead_letter_reasons, eventually,
+};
+
+/// `weir plugin <args>` with the tests' compiled cache, never the user's.
+fn weir_plugin(args: &[&str]) -> Output {
+    weir_plugin_cached(&compile_cache_dir(), args)
+}
+
+fn weir_plugin_cached(cache: &Path, args: &[&str]) -> Output {
+    Command::new(WEIR)
+        .arg("plugin")
+        .args(args)
+        .env("WEIR_CACHE_DIR", cache)
+        .env_remove("WEIR_LOG")
+        .output()
+        .expect("weir runs")
+}
+
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
+        panic!(
+            "not JSON ({err}): {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// Rows with an `id` (emitted, `email` masked) and without (dead-lettered).
+const ROWS: &str = "{\"id\":1,\"email\":\"a@example.com\"}\n{\"name\":\"no id\"}\n\n{\"id\":3,\"email\":\"c@example.com\",\"amount\":7}\n{\"kind\":\"also no id\"}\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let rows = host.dir.path().join("rows.ndjson");
+    std::fs::write(&rows, ROWS).unwrap();
+
+    let output = weir_plugin(&[
+        "test",
+        VALIDATOR,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--config",
+        host.config_path().to_str().unwrap(),
+        "--plugin",
+        "validate",
+        "--tenant",
+        "acme",
+        "--table",
+        "orders",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report = json_of(&output);
+    assert_eq!(report["world"], "transform");
+    let mut emitted = Vec::new();
+    let mut dead = Vec::new();
+    for row in report["rows"].as_array().unwrap() {
+        match row["outcome"].as_str().unwrap() {
+            "emit" => {
+                for new in row["emitted"].as_array().unwrap() {
+                    assert_eq!(new["table"], "orders");
+                    emitted.push(new["payload"].to_string());
+                }
+            }
+            "dead-letter" => dead.push(row["reason"].as_str().unwrap().to_string()),
+            other => panic!("unexpected outcome {other}: {report}"),
+        }
+    }
+    // Line numbers are the file's: the blank third line is skipped.
+    let lines: Vec<u64> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, [1, 2, 4, 5]);
+    assert_eq!(emitted.len(), 2, "{report}");
+    assert_eq!(dead.len(), 2, "{report}");
+
+    // The same rows through a real host: what its sink wrote and what it
+    // dead-lettered are what `weir plugin test` said.
+    assert_eq!(host.ingest("orders", ROWS).await.status(), 202);
+    let written = eventually(Duration::from_secs(30), "the rows delivered", || async {
+        let lines = host.sink_lines("orders");
+        (lines.len() == 2).then_some(lines)
+    })
+    .await;
+    let parsed = |text: &String| serde_json::from_str::<Value>(text).unwrap();
+    assert_eq!(
+        written.iter().map(parsed).collect::<Vec<_>>(),
+        emitted.iter().map(parsed).collect::<Vec<_>>()
+    );
+    let mut reasons = dead_letter_reasons(&nats, 2).await;
+    reasons.sort();
+    dead.sort();
+    assert_eq!(reasons, dead);
+    host.shutdown().await;
+}
+
+/// The traceback a guest prints before it traps is in the reason, both in
+/// `weir plugin test` (which exits 6) and in a real host's dead letter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trap_exits_non_zero_and_quotes_the_guests_stderr_as_the_dead_letter_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(&rows, "{\"id\":1}\n{\"sku\":\"boom\"}\n").unwrap();
+    let output = weir_plugin(&[
+        "test",
+        CHAOS,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--settings",
+        r#"{"mode":"traceback","trigger":"sku"}"#,
+    ]);
+    assert_eq!(output.status.code(), Some(6), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for quoted in [
+        "trapped (wasm trap",
+        "Python function threw an unexpected exception",
+        "  | Traceback (most recent call last):",
+        "  |     value = row[\"sku\"]",
+        "  | KeyError: 'sku'",
+    ] {
+        assert!(stderr.contains(quoted), "{quoted:?} not in {stderr}");
+    }
+    assert_eq!(stderr.matches("KeyError").count(), 1, "said once: {stderr}");
+
+    // A real host retries the batch, then dead-letters it with the same words.
+    let nats = Nats::start();
+    let extra = r#"
+[plugins.py]
+wasm = "weir_chaos.wasm"
+world = "transform"
+settings = { mode = "traceback", trigger = "sku" }
+
+[[pipelines]]
+tables = ["py"]
+transforms = ["py"]
+sink = "files"
+"#;
+    let host = TestHost::start(&base_config(nats.url(), extra)).await;
+    assert_eq!(
+        host.ingest("py", "{\"sku\":\"boom\"}\n").await.status(),
+        202
+    );
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].contains("KeyError: 'sku'") && reasons[0].contains("Traceback"),
+        "{reasons:?}"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_check_names_each_plugins_world_and_the_grants_it_needs() {
+    for (wasm, world) in [
+        (VALIDATOR, "transform"),
+        (CHAOS, "transform"),
+        (NDJSON_SINK, "sink"),
+        (HTTP_SINK, "sink"),
+        (TENANT_BUDGET, "budget"),
+        (HOT_TENANT_ROUTER, "router"),
+    ] {
+        let output = weir_plugin(&["check", wasm, "--json"]);
+        assert!(output.status.success(), "{wasm}: {output:?}");
+        let report = json_of(&output);
+        assert_eq!(report["implements"], serde_json::json!([world]), "{wasm}");
+        assert_eq!(report["worlds"][world]["missing"], serde_json::json!([]));
+        assert_eq!(
+            report["bytes"].as_u64(),
+            Some(std::fs::metadata(wasm).unwrap().len())
+        );
+        let grants: Vec<&str> = report["grants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|need| need["grant"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            grants.contains(&"grants.http"),
+            wasm == HTTP_SINK,
+            "{wasm}: {grants:?}"
+        );
+    }
+    // The text names the missing exports of every other world.
+    let output = weir_plugin(&["check", NDJSON_SINK]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("world: weir:plugin/sink@0.2.0"), "{text}");
+    assert!(text.contains("transform: missing `transform`"), "{text}");
+    assert!(
+        text.contains("router: missing `route-table`, `route-keys`"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_run_as_the_wrong_world_is_refused_naming_the_missing_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(&rows, "{\"id\":1}\n").unwrap();
+    let output = weir_plugin(&[
+        "test",
+        NDJSON_SINK,
+        "--world",
+        "transform",
+        "--rows",
+        rows.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(5), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "does not implement world `weir:plugin/transform@0.2.0`: missing export `transform`"
+        ),
+        "{stderr}"
+    );
+}
+
+/// `weir plugin test` on a sink reports what it delivered; the HTTP sink
+/// without `grants.http` loads and each of its requests is denied.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_without_grants_http_loads_and_its_requests_are_denied() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(&rows, "{\"id\":1}\n{\"id\":2}\n").unwrap();
+    let output = weir_plugin(&[
+        "test",
+        HTTP_SINK,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--settings",
+        r#"{"url":"http://127.0.0.1:9/ingest"}"#,
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report = json_of(&output);
+    assert_eq!(report["world"], "sink");
+    for row in report["rows"].as_array().unwrap() {
+        assert_eq!(row["outcome"], "dead-letter", "{report}");
+        assert!(
+            row["reason"]
+                .as_str()
+                .unwrap()
+                .contains("request to 127.0.0.1:9 denied: not in grants.http"),
+            "{report}"
+        );
+    }
+}
+
+/// A second `weir plugin check` in another process loads the component
+/// from the cache the first filled: no "compiling" line, `from_cache`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_compiled_cache_is_shared_between_processes_and_the_compile_is_logged() {
+    let cache = tempfile::tempdir().unwrap();
+    let first = weir_plugin_cached(cache.path(), &["-v", "check", VALIDATOR, "--json"]);
+    let second = weir_plugin_cached(cache.path(), &["-v", "check", VALIDATOR, "--json"]);
+    let logged = |output: &Output| String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        logged(&first).contains("compiling plugin weir_validator (0.2 MB)…")
+            && logged(&first).contains("compiled plugin weir_validator in "),
+        "{}",
+        logged(&first)
+    );
+    assert!(
+        !logged(&second).contains("compiling plugin"),
+        "{}",
+        logged(&second)
+    );
+    assert_eq!(json_of(&first)["from_cache"], false);
+    assert_eq!(json_of(&second)["from_cache"], true);
+}
+
+/// An error `init` returns is said once, and the plugin does not load (5).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_init_error_is_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(&rows, "{\"id\":1}\n").unwrap();
+    let output = weir_plugin(&[
+        "test",
+        CHAOS,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--settings",
+        r#"{"mode":"fail-init"}"#,
+    ]);
+    assert_eq!(output.status.code(), Some(5), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        "weir: error: plugin `weir_chaos`: init failed: init refused its settings: chaos: init refused"
+    );
+}
