@@ -16,7 +16,11 @@ impl CheckArgs {
         let config = Config::load(&self.config, &Overrides::default())?;
         // What `weir run` does before it connects: compile, link against
         // the world and `init` each plugin; every failure is reported.
-        let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+        // With the config's compiled cache: a check warms it for `weir run`.
+        let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
+            config.compile_cache_dir.clone(),
+            config.compile_cache_max_bytes,
+        );
         let mut failures = Vec::new();
         for plugin in config.plugins.values() {
             if let Err(err) = sandbox.load(plugin).await {

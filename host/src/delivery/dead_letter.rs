@@ -29,8 +29,9 @@ pub mod headers {
     pub const SEQUENCE: &str = "Weir-Sequence";
 }
 
-/// Longest reason kept: a plugin's reason is its own text, so bound it.
-const MAX_REASON_BYTES: usize = 1024;
+/// Longest reason kept: a plugin's reason is its own text, so bound it;
+/// room for a failed call's message and the guest's stderr it quotes (4 KiB).
+const MAX_REASON_BYTES: usize = 8192;
 
 /// One row on its way to the dead-letter stream.
 #[derive(Debug)]
@@ -593,7 +594,7 @@ mod tests {
     #[test]
     fn reasons_become_one_bounded_line() {
         assert_eq!(header_safe("a\r\nb"), "a  b");
-        assert_eq!(header_safe(&"é".repeat(1000)).len(), 1024);
+        assert_eq!(header_safe(&"é".repeat(5000)).len(), MAX_REASON_BYTES);
     }
 
     #[test]

@@ -549,7 +549,10 @@ impl StderrTail {
         let Ok(bytes) = self.0.lock() else {
             return String::new();
         };
-        quote_block(&meaningful_lines(&String::from_utf8_lossy(&bytes)))
+        quote_block(
+            &meaningful_lines(&String::from_utf8_lossy(&bytes)),
+            STDERR_TAIL_BYTES,
+        )
     }
 }
 
@@ -559,7 +562,9 @@ fn quote_tail(text: &str) -> String {
     let Some(last) = lines.pop() else {
         return String::new();
     };
-    format!(": {}{}", escape_line(last.trim()), quote_block(&lines))
+    let last = escape_line(last.trim());
+    let block = quote_block(&lines, STDERR_TAIL_BYTES.saturating_sub(last.len()));
+    format!(": {last}{block}")
 }
 
 /// Lines worth quoting: not blank, not Rust's backtrace hint.
@@ -571,14 +576,14 @@ fn meaningful_lines(text: &str) -> Vec<&str> {
 }
 
 /// `lines` each on its own line after `  | `, the latest kept when they
-/// exceed `STDERR_TAIL_BYTES` once escaped (the reason stays bounded).
-fn quote_block(lines: &[&str]) -> String {
+/// exceed `budget` bytes once escaped (the reason stays bounded).
+fn quote_block(lines: &[&str], budget: usize) -> String {
     let mut kept = Vec::new();
     let mut bytes = 0;
     for line in lines.iter().rev() {
         let quoted = format!("\n  | {}", escape_line(line));
         bytes += quoted.len();
-        if bytes > STDERR_TAIL_BYTES {
+        if bytes > budget {
             break;
         }
         kept.push(quoted);
@@ -673,7 +678,7 @@ mod tests {
         assert_eq!(forged, ": last\n  | x\\r\\u{1b}[31m INFO weir: forged");
         let long: String = (0..2000).map(|n| format!("line {n}\n")).collect();
         let quoted = quote_tail(&long);
-        assert!(quoted.len() <= STDERR_TAIL_BYTES + 64, "{}", quoted.len());
+        assert!(quoted.len() <= STDERR_TAIL_BYTES + 2, "{}", quoted.len());
         assert!(quoted.starts_with(": line 1999\n  | "), "{quoted}");
         assert!(quoted.ends_with("  | line 1998"), "{quoted}");
     }
