@@ -116,12 +116,14 @@ async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
 }
 
 /// The traceback a guest prints before it traps is in the reason, both in
-/// `weir plugin test` (which exits 6) and in a real host's dead letter.
+/// `weir plugin test` (which exits 6) and in a real host's dead letter; in
+/// both, the failing row is isolated and the other one goes through.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trap_exits_non_zero_and_quotes_the_guests_stderr_as_the_dead_letter_does() {
+    const ROWS: &str = "{\"id\":1}\n{\"sku\":\"boom\"}\n";
     let dir = tempfile::tempdir().unwrap();
     let rows = dir.path().join("rows.ndjson");
-    std::fs::write(&rows, "{\"id\":1}\n{\"sku\":\"boom\"}\n").unwrap();
+    std::fs::write(&rows, ROWS).unwrap();
     let output = weir_plugin(&[
         "test",
         CHAOS,
@@ -129,8 +131,18 @@ async fn a_trap_exits_non_zero_and_quotes_the_guests_stderr_as_the_dead_letter_d
         rows.to_str().unwrap(),
         "--settings",
         r#"{"mode":"traceback","trigger":"sku"}"#,
+        "--json",
     ]);
     assert_eq!(output.status.code(), Some(6), "{output:?}");
+    let report = json_of(&output);
+    let outcomes: Vec<&str> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["ok", "failed"], "{report}");
+    assert_eq!(report["rows"][1]["kind"], "trap");
     let stderr = String::from_utf8_lossy(&output.stderr);
     for quoted in [
         "trapped (wasm trap",
@@ -143,7 +155,8 @@ async fn a_trap_exits_non_zero_and_quotes_the_guests_stderr_as_the_dead_letter_d
     }
     assert_eq!(stderr.matches("KeyError").count(), 1, "said once: {stderr}");
 
-    // A real host retries the batch, then dead-letters it with the same words.
+    // A real host delivers the first row, retries the second, then
+    // dead-letters it with the same words.
     let nats = Nats::start();
     let extra = r#"
 [plugins.py]
@@ -157,15 +170,19 @@ transforms = ["py"]
 sink = "files"
 "#;
     let host = TestHost::start(&base_config(nats.url(), extra)).await;
-    assert_eq!(
-        host.ingest("py", "{\"sku\":\"boom\"}\n").await.status(),
-        202
-    );
+    assert_eq!(host.ingest("py", ROWS).await.status(), 202);
     let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(
         reasons[0].contains("KeyError: 'sku'") && reasons[0].contains("Traceback"),
         "{reasons:?}"
     );
+    eventually(
+        Duration::from_secs(30),
+        "the other row delivered",
+        || async { (host.sink_lines("py") == ["{\"id\":1}"]).then_some(()) },
+    )
+    .await;
     host.shutdown().await;
 }
 

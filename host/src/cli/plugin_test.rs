@@ -136,16 +136,32 @@ impl TestArgs {
             shards: config.stream.shards,
         };
         let mut reports = Vec::new();
-        let failure = match plugin_config.world {
-            World::Transform => self.transform(&plugin, &lines, &mut reports).await,
-            World::Sink => self.deliver(&plugin, &lines, &mut reports).await,
-            World::Budget => self.admit(&plugin, &lines, &mut reports).await,
-            World::Router => self.route(&plugin, &lines, topology, &mut reports).await,
-        }
-        .err();
-        self.print(&plugin, lines.len(), &reports, failure.as_ref());
-        match failure {
-            Some(error) => Err(PluginFailed(error.message).into()),
+        let failures = match plugin_config.world {
+            World::Transform | World::Sink => self.isolating(&plugin, &lines, &mut reports).await,
+            World::Budget => self
+                .admit(&plugin, &lines, &mut reports)
+                .await
+                .err()
+                .into_iter()
+                .collect(),
+            World::Router => self
+                .route(&plugin, &lines, topology, &mut reports)
+                .await
+                .err()
+                .into_iter()
+                .collect(),
+        };
+        self.print(&plugin, lines.len(), &reports, failures.first());
+        match failures.first() {
+            // The first failure in full (the others are printed per row).
+            Some(first) => Err(PluginFailed(match failures.len() {
+                1 => first.message.clone(),
+                count => format!(
+                    "{count} rows fail the plugin call; the first: {}",
+                    first.message
+                ),
+            })
+            .into()),
             None => Ok(()),
         }
     }
@@ -193,7 +209,7 @@ impl TestArgs {
         Ok(plugin)
     }
 
-    fn batch(&self, lines: &[Line]) -> Batch {
+    fn batch(&self, lines: &[&Line]) -> Batch {
         let mut batch = Batch::with_capacity(lines.len(), 0);
         for line in lines {
             let position = Position {
@@ -205,22 +221,77 @@ impl TestArgs {
         batch
     }
 
-    async fn transform(
+    /// Every row through the transform or sink in one call; when the call
+    /// fails, its rows are split in halves and tried again, as delivery
+    /// isolates the rows that fail their plugin, until each failing row is
+    /// alone. Returns the errors of the rows that fail on their own.
+    async fn isolating(
         &self,
         plugin: &Arc<Plugin>,
         lines: &[Line],
         reports: &mut Vec<RowReport>,
-    ) -> Result<(), CallError> {
+    ) -> Vec<CallError> {
+        let mut parts = vec![lines.iter().collect::<Vec<&Line>>()];
+        let mut failures = Vec::new();
+        while let Some(part) = parts.pop() {
+            let result = match plugin.config.world {
+                World::Sink => self.deliver(plugin, &part).await,
+                _ => self.transform(plugin, &part).await,
+            };
+            match result {
+                Ok(answers) => {
+                    for (line, (answer, text)) in part.iter().zip(answers) {
+                        reports.push(RowReport {
+                            line: line.number,
+                            answer,
+                            text,
+                        });
+                    }
+                }
+                Err(error) if part.len() == 1 => {
+                    let kind = format!("{:?}", error.kind).to_lowercase();
+                    reports.push(RowReport {
+                        line: part[0].number,
+                        answer: json!({ "outcome": "failed", "kind": kind, "error": error.message }),
+                        text: format!(
+                            "fails its call (retried, then dead-lettered): {}",
+                            error.message
+                        ),
+                    });
+                    failures.push(error);
+                }
+                Err(_) => {
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                }
+            }
+        }
+        reports.sort_by_key(|report| report.line);
+        failures
+    }
+
+    /// One transform call on a fresh instance (a failed call leaves
+    /// nothing to reuse): each row's outcome, with the rows it emitted.
+    async fn transform(
+        &self,
+        plugin: &Arc<Plugin>,
+        lines: &[&Line],
+    ) -> Result<Vec<(Value, String)>, CallError> {
         let rows = self.batch(lines);
         let mut instance = plugin.instantiate().await?;
         let transformed = instance.transform(rows.packed()).await?;
-        let mut answer = Answer::new(&transformed, rows.len())
-            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
-        for (index, line) in lines.iter().enumerate() {
+        let malformed = |instance: &weir::sandbox::PluginInstance, err| {
+            instance.contract(&format!("returned a malformed answer: {err}"))
+        };
+        let mut answer =
+            Answer::new(&transformed, rows.len()).map_err(|err| malformed(&instance, err))?;
+        let mut answers = Vec::with_capacity(lines.len());
+        for index in 0..lines.len() {
             let outcome = answer
                 .outcome(index)
-                .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
-            let report = match outcome {
+                .map_err(|err| malformed(&instance, err))?;
+            answers.push(match outcome {
                 Outcome::Emit(range) if range.is_empty() => {
                     (json!({ "outcome": "drop" }), "dropped".to_string())
                 }
@@ -229,46 +300,34 @@ impl TestArgs {
                     for new in range {
                         answer
                             .push_emitted(&mut emitted, &rows, index, new)
-                            .map_err(|err| {
-                                instance.contract(&format!("returned a malformed answer: {err}"))
-                            })?;
+                            .map_err(|err| malformed(&instance, err))?;
                     }
                     emitted_report(&emitted)
                 }
                 other => outcome_report(&other),
-            };
-            reports.push(RowReport {
-                line: line.number,
-                answer: report.0,
-                text: report.1,
             });
         }
-        Ok(())
+        Ok(answers)
     }
 
+    /// One sink call on a fresh instance: each row's outcome.
     async fn deliver(
         &self,
         plugin: &Arc<Plugin>,
-        lines: &[Line],
-        reports: &mut Vec<RowReport>,
-    ) -> Result<(), CallError> {
+        lines: &[&Line],
+    ) -> Result<Vec<(Value, String)>, CallError> {
         let rows = self.batch(lines);
         let mut instance = plugin.instantiate().await?;
         let delivered = instance.deliver(rows.packed()).await?;
         let outcomes = weir::delivery::batch::delivered(&delivered, rows.len())
             .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
-        for (line, outcome) in lines.iter().zip(outcomes) {
-            let (answer, text) = match outcome {
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
                 Outcome::Ok => (json!({ "outcome": "delivered" }), "delivered".to_string()),
                 other => outcome_report(&other),
-            };
-            reports.push(RowReport {
-                line: line.number,
-                answer,
-                text,
-            });
-        }
-        Ok(())
+            })
+            .collect())
     }
 
     /// One request per row; what the budget admitted counts as queued and
@@ -421,11 +480,9 @@ impl TestArgs {
         for report in reports {
             println!("line {}: {}", report.line, report.text);
         }
-        if failure.is_some() {
+        if failure.is_some() && reports.len() < rows {
             // The error itself goes to stderr, once, as every error does.
-            println!(
-                "the call failed: `weir run` would retry the whole batch, then dead-letter its rows with the error"
-            );
+            println!("a call failed: the rows after it were not tried");
         }
     }
 }
