@@ -37,6 +37,17 @@ impl Cli {
     /// The level of weir's own log lines for this command line.
     pub fn log_level(&self) -> &'static str {
         const LEVELS: [&str; 4] = ["warn", "info", "debug", "trace"];
+        if self.verbose == 0
+            && matches!(
+                &self.command,
+                Command::Plugin {
+                    what: plugin::PluginCommand::Test(_) | plugin::PluginCommand::Check(_)
+                }
+            )
+        {
+            // Warnings, and the compile lines (`sandbox::COMPILE_LOG`).
+            return "warn,weir::compile=info";
+        }
         let host = usize::from(matches!(self.command, Command::Run(_)));
         LEVELS[(host + usize::from(self.verbose)).min(LEVELS.len() - 1)]
     }

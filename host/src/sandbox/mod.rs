@@ -37,6 +37,10 @@ use bindings::sink::SinkPre;
 use bindings::transform::TransformPre;
 use bindings::transform::weir::plugin::host::{self as host_api};
 
+/// The log target of the lines around a compilation, so a command that
+/// logs only warnings can still show them (a first compile can take half
+/// a minute and must not look hung).
+pub const COMPILE_LOG: &str = "weir::compile";
 /// The version of the `weir:plugin` WIT package (`wit/types.wit`) this host speaks.
 pub const WIT_VERSION: &str = "0.2.0";
 /// How often the epoch advances: the granularity of every call deadline,
@@ -256,11 +260,11 @@ impl Sandbox {
                     origin: Origin::Cache,
                 });
             }
-            tracing::info!(plugin = %name, path = %shown, "compiling plugin {name} ({})…", megabytes(bytes.len()));
+            tracing::info!(target: COMPILE_LOG, plugin = %name, path = %shown, "compiling plugin {name} ({})…", megabytes(bytes.len()));
             let started = std::time::Instant::now();
             let component = Component::new(&engine, &bytes)?;
             let took = started.elapsed();
-            tracing::info!(plugin = %name, "compiled plugin {name} in {:.1} s", took.as_secs_f64());
+            tracing::info!(target: COMPILE_LOG, plugin = %name, "compiled plugin {name} in {:.1} s", took.as_secs_f64());
             if let Some(cache) = &cache {
                 cache.store(&engine, &bytes, &component);
             }
