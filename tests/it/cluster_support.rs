@@ -277,6 +277,7 @@ pub fn host_config(settings: &FleetSettings, id: &str) -> String {
     format!(
         r#"listen = "127.0.0.1:0"
 data_dir = "data"
+compile_cache_dir = "{cache}"
 plugins_dir = "{plugins}"
 max_body_bytes = 1048576
 # A row's id is its message id: a producer's retry after a refusal or a
@@ -318,6 +319,7 @@ transforms = ["validate"]
 sink = "files"
 "#,
         plugins = plugins_dir().display(),
+        cache = crate::support::compile_cache_dir().display(),
         seeds = settings.seeds,
         replicas = settings.replicas,
         max_bytes = settings.max_bytes,
