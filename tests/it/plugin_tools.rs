@@ -61,15 +61,16 @@ async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
         host.config_path().to_str().unwrap(),
         "--plugin",
         "validate",
-        "--tenant",
-        "acme",
-        "--table",
-        "orders",
         "--json",
     ]);
     assert!(output.status.success(), "{output:?}");
     let report = json_of(&output);
     assert_eq!(report["world"], "transform");
+    // The config's tenant, and the table of the pipeline the plugin is in.
+    assert_eq!(
+        (&report["tenant"], &report["table"]),
+        (&"acme".into(), &"orders".into())
+    );
     let mut emitted = Vec::new();
     let mut dead = Vec::new();
     for row in report["rows"].as_array().unwrap() {

@@ -41,12 +41,14 @@ pub struct TestArgs {
     /// The plugin's name in `--config`.
     #[arg(long, value_name = "NAME", requires = "config")]
     plugin: Option<String>,
-    /// The tenant of every row.
-    #[arg(long, default_value = "test")]
-    tenant: String,
-    /// The table of every row.
-    #[arg(long, default_value = "test")]
-    table: String,
+    /// The tenant of every row (default: the first tenant of `--config`,
+    /// else `test`).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The table of every row (default: the first table of the first
+    /// pipeline of `--config` the plugin is in, else `test`).
+    #[arg(long)]
+    table: Option<String>,
     /// A router's routing field: the top-level field whose value is each
     /// row's key (default: `[policies] routing_field` in `--config`).
     #[arg(long, value_name = "FIELD")]
@@ -102,7 +104,7 @@ struct RowReport {
 }
 
 impl TestArgs {
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub async fn run(mut self) -> anyhow::Result<()> {
         let given = match &self.config {
             Some(path) => Some(Config::load(path, &Overrides::default())?),
             None => None,
@@ -115,6 +117,19 @@ impl TestArgs {
             None => default_config("")?,
         };
         let plugin = sandbox.load(&plugin_config).await?;
+        if self.tenant.is_none() {
+            self.tenant = config.tenants.first().map(|tenant| tenant.name.clone());
+        }
+        if self.table.is_none() {
+            self.table = config
+                .pipelines
+                .iter()
+                .find(|pipeline| {
+                    pipeline.transforms.contains(&plugin_config.name)
+                        || pipeline.sink.as_ref() == Some(&plugin_config.name)
+                })
+                .and_then(|pipeline| pipeline.tables.first().cloned());
+        }
 
         let body = Bytes::from(
             std::fs::read(&self.rows)
@@ -209,6 +224,16 @@ impl TestArgs {
         Ok(plugin)
     }
 
+    /// The rows' tenant: `--tenant`, the config's first, or `test`.
+    fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or("test")
+    }
+
+    /// The rows' table: `--table`, the plugin's pipeline's first, or `test`.
+    fn table(&self) -> &str {
+        self.table.as_deref().unwrap_or("test")
+    }
+
     fn batch(&self, lines: &[&Line]) -> Batch {
         let mut batch = Batch::with_capacity(lines.len(), 0);
         for line in lines {
@@ -216,7 +241,7 @@ impl TestArgs {
                 sequence: line.number as u64,
                 attempt: 1,
             };
-            batch.push(&self.tenant, &self.table, &line.payload, [], position);
+            batch.push(self.tenant(), self.table(), &line.payload, [], position);
         }
         batch
     }
@@ -351,8 +376,8 @@ impl TestArgs {
         for line in lines {
             let size = line.payload.len() as u64;
             let request = Admission {
-                tenant: self.tenant.clone(),
-                table: self.table.clone(),
+                tenant: self.tenant().to_string(),
+                table: self.table().to_string(),
                 rows: 1,
                 bytes: size,
                 usage: Usage {
@@ -399,7 +424,7 @@ impl TestArgs {
     ) -> Result<(), CallError> {
         let mut instance = plugin.instantiate().await?;
         let table_route = instance
-            .route_table(topology, &self.tenant, &self.table)
+            .route_table(topology, self.tenant(), self.table())
             .await?;
         let routes = match table_route {
             TableRoute::Fixed(route) => vec![route; lines.len()],
@@ -407,7 +432,7 @@ impl TestArgs {
                 let keys: Vec<Option<String>> =
                     lines.iter().map(|line| line.route_key.clone()).collect();
                 instance
-                    .route_keys(topology, &self.tenant, &self.table, &keys)
+                    .route_keys(topology, self.tenant(), self.table(), &keys)
                     .await?
             }
         };
@@ -461,8 +486,8 @@ impl TestArgs {
                 "plugin": plugin.name(),
                 "version": plugin.version,
                 "world": world,
-                "tenant": self.tenant,
-                "table": self.table,
+                "tenant": self.tenant(),
+                "table": self.table(),
                 "rows": rows,
                 "failure": failure,
             });
@@ -474,8 +499,8 @@ impl TestArgs {
             self.file.display(),
             plugin.version,
             rows,
-            self.tenant,
-            self.table
+            self.tenant(),
+            self.table()
         );
         for report in reports {
             println!("line {}: {}", report.line, report.text);
