@@ -335,3 +335,81 @@ async fn an_init_error_is_said_once() {
     );
     assert_eq!(stderr.matches("init refused").count(), 2, "{stderr}");
 }
+
+/// A budget answers each row as one request, what it admitted counting as
+/// queued for the next; a router routes a hot tenant's rows by key (one
+/// key, one unit) and anyone else's table by weir's default route.
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_and_routers_answer_for_each_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(
+        &rows,
+        "{\"user\":\"a\"}\n{\"user\":\"b\"}\n{\"user\":\"a\"}\n",
+    )
+    .unwrap();
+    let rows = rows.to_str().unwrap();
+    let budget = weir_plugin(&[
+        "test",
+        TENANT_BUDGET,
+        "--rows",
+        rows,
+        "--settings",
+        r#"{"queued_rows": 2}"#,
+        "--json",
+    ]);
+    assert!(budget.status.success(), "{budget:?}");
+    let report = json_of(&budget);
+    let decisions: Vec<&str> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(decisions, ["admit", "admit", "throttle"], "{report}");
+    let suspended = json_of(&weir_plugin(&[
+        "test",
+        TENANT_BUDGET,
+        "--rows",
+        rows,
+        "--tenant-settings",
+        r#"{"suspended": true}"#,
+        "--json",
+    ]));
+    assert_eq!(suspended["rows"][0]["decision"], "reject", "{suspended}");
+
+    let route = |tenant: &str| {
+        let output = weir_plugin(&[
+            "test",
+            HOT_TENANT_ROUTER,
+            "--rows",
+            rows,
+            "--settings",
+            r#"{"hot_tenants": {"acme": 4}}"#,
+            "--routing-field",
+            "user",
+            "--tenant",
+            tenant,
+            "--json",
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        json_of(&output)
+    };
+    let hot = route("acme");
+    let units: Vec<&Value> = hot["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            assert_eq!(row["table_route"], "by key", "{hot}");
+            assert!(row["unit"]["partition"].is_u64(), "{hot}");
+            &row["unit"]
+        })
+        .collect();
+    assert_eq!(units[0], units[2], "one key, one unit: {hot}");
+    let cold = route("beta");
+    for row in cold["rows"].as_array().unwrap() {
+        assert_eq!(row["table_route"], "fixed", "{cold}");
+        assert_eq!(row["unit"], Value::Null, "the default route: {cold}");
+    }
+}
