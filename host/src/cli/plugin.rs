@@ -13,6 +13,12 @@ use super::target::{FleetTarget, router_of};
 
 #[derive(clap::Subcommand)]
 pub enum PluginCommand {
+    /// Run a plugin on rows from a file, without NATS, in the sandbox
+    /// `weir run` uses, and print each row's outcome.
+    Test(super::plugin_test::TestArgs),
+    /// Name the world a `.wasm` implements (or what it misses), its
+    /// imports, the grants it would need, its size and compile time.
+    Check(super::plugin_check::CheckArgs),
     /// Check a `.wasm` against plugin NAME's world and settings (as `weir
     /// check` would), then store it as NAME's release: every host fetches
     /// it, checks its digest and swaps it in between batches.
@@ -55,12 +61,6 @@ pub enum PluginCommand {
         /// Only this plugin.
         name: Option<String>,
     },
-    /// Run a plugin on rows from a file, without NATS, in the sandbox
-    /// `weir run` uses, and print each row's outcome.
-    Test(super::plugin_test::TestArgs),
-    /// Name the world a `.wasm` implements (or what it misses), its
-    /// imports, the grants it would need, its size and compile time.
-    Check(super::plugin_check::CheckArgs),
 }
 
 impl PluginCommand {

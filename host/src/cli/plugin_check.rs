@@ -134,7 +134,7 @@ fn as_json(inspection: &Inspection) -> serde_json::Value {
     serde_json::json!({
         "bytes": inspection.bytes,
         "version": inspection.version,
-        "compile_ms": inspection.compile.as_millis() as u64,
+        "compile_ms": u64::try_from(inspection.compile.as_millis()).unwrap_or(u64::MAX),
         "from_cache": inspection.origin == Origin::Cache,
         "implements": implemented,
         "worlds": worlds,
