@@ -109,28 +109,12 @@ impl TestArgs {
             Some(path) => Some(Config::load(path, &Overrides::default())?),
             None => None,
         };
-        let sandbox = sandbox(given.as_ref())?;
-        let plugin_config = self.plugin_config(&sandbox, given.as_ref()).await?;
         // Without a config, the defaults `weir run` has for an empty one.
-        let config = match given {
-            Some(config) => config,
+        let config = match &given {
+            Some(config) => config.clone(),
             None => default_config("")?,
         };
-        let plugin = sandbox.load(&plugin_config).await?;
-        if self.tenant.is_none() {
-            self.tenant = config.tenants.first().map(|tenant| tenant.name.clone());
-        }
-        if self.table.is_none() {
-            self.table = config
-                .pipelines
-                .iter()
-                .find(|pipeline| {
-                    pipeline.transforms.contains(&plugin_config.name)
-                        || pipeline.sink.as_ref() == Some(&plugin_config.name)
-                })
-                .and_then(|pipeline| pipeline.tables.first().cloned());
-        }
-
+        // The rows are read first: a bad line is found before a long compile.
         let body = Bytes::from(
             std::fs::read(&self.rows)
                 .with_context(|| format!("cannot read {}", self.rows.display()))?,
@@ -145,6 +129,23 @@ impl TestArgs {
         };
         let lines = ndjson::split(&body, fields)
             .map_err(|bad| anyhow::anyhow!("{}: {bad}", self.rows.display()))?;
+
+        let sandbox = sandbox(given.as_ref())?;
+        let plugin_config = self.plugin_config(&sandbox, given.as_ref()).await?;
+        let plugin = sandbox.load(&plugin_config).await?;
+        if self.tenant.is_none() {
+            self.tenant = config.tenants.first().map(|tenant| tenant.name.clone());
+        }
+        if self.table.is_none() {
+            self.table = config
+                .pipelines
+                .iter()
+                .find(|pipeline| {
+                    pipeline.transforms.contains(&plugin_config.name)
+                        || pipeline.sink.as_ref() == Some(&plugin_config.name)
+                })
+                .and_then(|pipeline| pipeline.tables.first().cloned());
+        }
 
         let topology = Topology {
             partitions: config.stream.partitions,
