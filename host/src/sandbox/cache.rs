@@ -60,16 +60,19 @@ impl CompileCache {
     /// The entry of this `.wasm` for this engine.
     fn path_of(&self, engine: &Engine, wasm: &[u8]) -> PathBuf {
         use sha2::Digest;
-        use std::hash::{Hash, Hasher};
-        let digest: String = sha2::Sha256::digest(wasm)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        env!("CARGO_PKG_VERSION").hash(&mut hasher);
-        self.dir
-            .join(format!("{digest}-{:016x}.{EXTENSION}", hasher.finish()))
+        use std::hash::Hash;
+        let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+        // SHA-256 rather than std's hasher, whose output may change between
+        // Rust releases: the same engine keeps finding its entries.
+        let mut engine_key = Sha256Hasher(sha2::Sha256::new());
+        engine.precompile_compatibility_hash().hash(&mut engine_key);
+        env!("CARGO_PKG_VERSION").hash(&mut engine_key);
+        let engine_key = engine_key.0.finalize();
+        self.dir.join(format!(
+            "{}-{}.{EXTENSION}",
+            hex(&sha2::Sha256::digest(wasm)),
+            hex(&engine_key[..8])
+        ))
     }
 
     /// The compiled component, if the cache holds it; its entry is marked
@@ -154,6 +157,20 @@ impl CompileCache {
     }
 }
 
+/// Feeds what a `Hash` impl writes into SHA-256.
+struct Sha256Hasher(sha2::Sha256);
+
+impl std::hash::Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        sha2::Digest::update(&mut self.0, bytes);
+    }
+
+    /// Unused: the digest is read from the inner hasher.
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
 /// One cache file, as eviction sees it.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -187,6 +204,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    const DEFAULT_BOUND: u64 = 1 << 30;
+
     fn entry(name: &str, bytes: u64, age_secs: u64) -> Entry {
         Entry {
             path: PathBuf::from(name),
@@ -209,6 +228,20 @@ mod tests {
             vec![PathBuf::from("oldest"), PathBuf::from("old")]
         );
         assert!(to_evict(entries.clone(), 130, Path::new("new")).is_empty());
+    }
+
+    #[test]
+    fn an_entry_is_named_by_the_wasm_and_the_engine_that_compiled_it() {
+        let cache = CompileCache::new(PathBuf::from("/cache"), DEFAULT_BOUND);
+        let plain = Engine::default();
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        let other = Engine::new(&config).unwrap();
+        let name = |engine: &Engine, wasm: &[u8]| cache.path_of(engine, wasm);
+        assert_eq!(name(&plain, b"a"), name(&Engine::default(), b"a"));
+        assert_ne!(name(&plain, b"a"), name(&plain, b"b"));
+        assert_ne!(name(&plain, b"a"), name(&other, b"a"));
+        assert!(name(&plain, b"a").starts_with("/cache"));
     }
 
     #[test]
