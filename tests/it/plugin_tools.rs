@@ -413,3 +413,42 @@ async fn budgets_and_routers_answer_for_each_row() {
         assert_eq!(row["unit"], Value::Null, "the default route: {cold}");
     }
 }
+
+/// Past its bound, the cache keeps the entry just written and evicts the
+/// least recently used; an evicted plugin is compiled again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_compiled_cache_evicts_the_least_recently_used_past_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, base_config("nats://127.0.0.1:1", "")).unwrap();
+    let config = weir::config::Config::load(&path, &Default::default()).unwrap();
+    let (validate, files) = (&config.plugins["validate"], &config.plugins["files"]);
+    let cache = dir.path().join("compiled");
+    let entries = || std::fs::read_dir(&cache).unwrap().count();
+    // Room for both: each compiles to well under 500 kB.
+    let bound = 1_000_000;
+    let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())
+        .unwrap()
+        .with_cache(cache.clone(), bound);
+    sandbox.load(validate).await.unwrap();
+    sandbox.load(files).await.unwrap();
+    assert_eq!(entries(), 2, "both fit");
+
+    let tight = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())
+        .unwrap()
+        .with_cache(cache.clone(), 1); // room for none but the newest
+    tight.load(validate).await.unwrap(); // a hit: nothing written, nothing evicted
+    assert_eq!(entries(), 2);
+    let chaos = {
+        let mut chaos = validate.clone();
+        chaos.wasm = CHAOS.into();
+        chaos.settings = serde_json::json!({ "mode": "pass" });
+        chaos
+    };
+    tight.load(&chaos).await.unwrap(); // a miss: written, then the rest evicted
+    assert_eq!(entries(), 1, "only the entry just written stays");
+    let counts = tight.compile_cache().unwrap();
+    assert_eq!((counts.hits(), counts.misses()), (1, 1));
+    tight.load(validate).await.unwrap();
+    assert_eq!(counts.misses(), 2, "the evicted plugin compiles again");
+}
