@@ -51,7 +51,7 @@ impl Inspection {
 }
 
 /// Every world, in the order `weir plugin check` reports them.
-pub const WORLDS: [World; 4] = [World::Transform, World::Sink, World::Budget, World::Router];
+const WORLDS: [World; 4] = [World::Transform, World::Sink, World::Budget, World::Router];
 
 impl Sandbox {
     /// Compiles (or loads from the cache) the component at `path` and
@@ -103,7 +103,7 @@ impl Sandbox {
 /// imports the filesystem and environment interfaces whether it uses them
 /// or not, so those are said to matter only if the plugin reads files or
 /// variables.
-pub fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
+fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
     let first = |prefix: &str| {
         imports
             .iter()

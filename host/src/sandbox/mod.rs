@@ -400,7 +400,7 @@ impl Drop for Sandbox {
 }
 
 /// The functions each world's component must export.
-pub fn required_exports(world: World) -> &'static [&'static str] {
+fn required_exports(world: World) -> &'static [&'static str] {
     match world {
         World::Transform => &["init", "transform"],
         World::Sink => &["init", "deliver"],
