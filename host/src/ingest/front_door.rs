@@ -27,7 +27,7 @@ use crate::ingest::policy::{Admit, Policies, PolicyError};
 use crate::ingest::publish::{PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
-use crate::telemetry::Metrics;
+use crate::telemetry::{CodeLabels, Metrics};
 use crate::topology::route::encode_token;
 
 /// The request header that makes a retried request store its rows once.
@@ -209,16 +209,25 @@ async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let gate = door.gates.borrow().clone();
-    let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
-    let answer = match before_the_body(&door, &gate, &table, &headers, peer) {
-        Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
-        Err(refusal) => {
-            discard(body).await;
-            Err(refusal)
+    use tracing::Instrument;
+    let began = Instant::now();
+    // The tenant is recorded once the key is known; units are chosen per
+    // row later, so the request span does not carry one.
+    let span = tracing::info_span!("ingest", %table, tenant = tracing::field::Empty);
+    let answer = async {
+        let gate = door.gates.borrow().clone();
+        let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
+        match before_the_body(&door, &gate, &table, &headers, peer) {
+            Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
+            Err(refusal) => {
+                discard(body).await;
+                Err(refusal)
+            }
         }
-    };
-    match answer {
+    }
+    .instrument(span.clone())
+    .await;
+    let response = match answer {
         Ok(published) => (
             StatusCode::ACCEPTED,
             axum::Json(json!({
@@ -228,10 +237,25 @@ async fn ingest(
         )
             .into_response(),
         Err(refusal) => {
-            door.metrics.requests_refused.inc();
+            let code = refusal.status.as_u16();
+            door.metrics
+                .requests_refused
+                .get_or_create(&CodeLabels { code })
+                .inc();
+            // The reason names no key: a refusal's text never quotes one.
+            span.in_scope(|| {
+                tracing::info!(code, reason = %refusal.error, line = refusal.line, "ingest request refused")
+            });
             refusal.into_response()
         }
-    }
+    };
+    door.metrics
+        .request_duration
+        .get_or_create(&CodeLabels {
+            code: response.status().as_u16(),
+        })
+        .observe(began.elapsed().as_secs_f64());
+    response
 }
 
 /// A request whose key, table and announced size passed, with its share of
@@ -268,6 +292,7 @@ fn before_the_body<'g>(
             door.failed_keys.failed(address);
         }
     })?;
+    tracing::Span::current().record("tenant", tenant);
     if gate.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,

@@ -17,7 +17,7 @@ use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::config::{PluginConfig, World};
-use crate::telemetry::{Metrics, PluginLabels};
+use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 
 pub mod bindings;
 mod http;
@@ -338,6 +338,10 @@ impl Sandbox {
             metrics: self.metrics.clone(),
             labels: PluginLabels {
                 plugin: config.name.clone(),
+            },
+            call_labels: PluginCallLabels {
+                plugin: config.name.clone(),
+                world: config.world.as_str(),
             },
             counter_names: Default::default(),
             pauses: self.pauses.clone(),

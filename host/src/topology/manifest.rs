@@ -461,22 +461,32 @@ impl Manifest {
 }
 
 /// Whether weir can run with a difference.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    prometheus_client::encoding::EncodeLabelValue,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// weir would lose, reorder or silently drop rows: it refuses to start.
     Required,
     /// weir works, with less margin than intended: a warning.
     Recommended,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Required => "required",
+            Severity::Recommended => "recommended",
+        }
+    }
+}
+
+/// Lowercase, as in the JSON and the docs (the derive would print `Required`).
+impl prometheus_client::encoding::EncodeLabelValue for Severity {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 /// One difference between the manifest and the server.
