@@ -308,3 +308,39 @@ fn a_severity_label_is_lowercase() {
         "{text}"
     );
 }
+
+/// The dashboard queries only documented metrics (a rename in code and
+/// docs must reach it too).
+#[test]
+fn the_grafana_dashboard_queries_documented_metrics() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../examples/grafana/weir.json"))
+            .expect("the dashboard is JSON");
+    let documented = documented();
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a PromQL expression");
+            let mut rest = expr;
+            while let Some(start) = rest.find("weir_") {
+                let name: String = rest[start..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[start + name.len()..];
+                queried.insert(name);
+            }
+        }
+    }
+    assert!(queried.len() > 10, "{queried:?}");
+    for name in &queried {
+        let family = ["_bucket", "_total"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        assert!(
+            documented.contains_key(family),
+            "the dashboard queries {name}, which docs/metrics.md does not list"
+        );
+    }
+}
