@@ -22,6 +22,7 @@ use async_nats::{Client, Message};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
@@ -295,7 +296,6 @@ impl UnitWorker {
         puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        use tracing::Instrument;
         let span = tracing::info_span!(
             "batch",
             unit = %self.settler.unit_labels.unit,
@@ -428,54 +428,80 @@ async fn run_pipelines(
         let Some(Some(runner)) = runners.get_mut(pipeline) else {
             continue;
         };
-        let mut parts = vec![indexes];
-        let mut isolating = false;
-        while let Some(part) = parts.pop() {
-            let rows = pack(batch, &decoded, &part);
-            let failure = match runner.run(rows, lease).await {
-                Ok(results) => {
-                    for (index, verdict) in part.into_iter().zip(results) {
-                        verdicts[index] = verdict;
+        let span = tracing::info_span!(
+            "pipeline",
+            tenant = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.tenant))),
+            table = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.table))),
+        );
+        async {
+            let mut parts = vec![indexes];
+            let mut isolating = false;
+            while let Some(part) = parts.pop() {
+                let rows = pack(batch, &decoded, &part);
+                let failure = match runner.run(rows, lease).await {
+                    Ok(results) => {
+                        for (index, verdict) in part.into_iter().zip(results) {
+                            verdicts[index] = verdict;
+                        }
+                        continue;
                     }
+                    Err(RunError::Failed(failure)) => failure,
+                    Err(RunError::Fenced) => return Err(Fenced),
+                };
+                if part.len() == 1 {
+                    verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
                     continue;
                 }
-                Err(RunError::Failed(failure)) => failure,
-                Err(RunError::Fenced) => return Err(Fenced),
-            };
-            if part.len() == 1 {
-                verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
-                continue;
-            }
-            if !isolating {
-                tracing::warn!(
-                    plugin = failure.plugin.name(),
-                    version = %failure.plugin.version,
-                    rows = part.len(),
-                    error = %failure.error,
-                    "plugin call failed; isolating the failing rows"
-                );
-                isolating = true;
-            }
-            if failure.error.kind == FailureKind::Deadline {
-                let alone = Isolation {
-                    generation: pipelines,
-                    pipeline,
-                    batch,
-                    decoded: &decoded,
-                    settings,
-                    lease,
-                };
-                for (index, verdict) in alone.run(&part).await? {
-                    verdicts[index] = verdict;
+                if !isolating {
+                    tracing::warn!(
+                        plugin = failure.plugin.name(),
+                        version = %failure.plugin.version,
+                        rows = part.len(),
+                        error = %failure.error,
+                        "plugin call failed; isolating the failing rows"
+                    );
+                    isolating = true;
                 }
-            } else {
-                let (left, right) = part.split_at(part.len() / 2);
-                parts.push(right.to_vec());
-                parts.push(left.to_vec());
+                if failure.error.kind == FailureKind::Deadline {
+                    let alone = Isolation {
+                        generation: pipelines,
+                        pipeline,
+                        batch,
+                        decoded: &decoded,
+                        settings,
+                        lease,
+                    };
+                    for (index, verdict) in alone.run(&part).await? {
+                        verdicts[index] = verdict;
+                    }
+                } else {
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                }
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await?;
+    }
+    Ok(verdicts)
+}
+
+/// Up to three distinct values, joined by commas (`…` when there are more):
+/// a batch's tenants or tables, for its span.
+fn few<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    let mut distinct: Vec<&str> = Vec::with_capacity(4);
+    for value in values {
+        if !distinct.contains(&value) {
+            distinct.push(value);
+            if distinct.len() > 3 {
+                distinct[3] = "…";
+                break;
             }
         }
     }
-    Ok(verdicts)
+    distinct.join(",")
 }
 
 /// The verdict of a row whose plugin call failed on its own: retry it
