@@ -209,6 +209,19 @@ async fn a_dead_lettered_row_is_logged_at_debug_with_where_it_was() {
         (delivered + dead == 50.0).then_some(())
     })
     .await;
+    // The unit goes idle: its summary is said on its own, not only at stop.
+    let log_path = dir.path().join("weir.log");
+    eventually(
+        Duration::from_secs(30),
+        "the unit's INFO summary",
+        || async {
+            let log = std::fs::read_to_string(&log_path).ok()?;
+            log.lines()
+                .any(|line| line.contains("\"dead_lettered\":2,"))
+                .then_some(())
+        },
+    )
+    .await;
     let (log, lines) = stop_and_read(child, dir.path()).await;
     let dead: Vec<_> = lines
         .iter()

@@ -118,6 +118,12 @@ impl Summary {
         }
     }
 
+    /// When the summary is to be said, if there is anything to say.
+    fn due(&self) -> Option<Instant> {
+        let quiet = self.dead_lettered.is_empty() && self.retried == 0;
+        (!quiet).then_some(self.since + SUMMARY_PERIOD)
+    }
+
     fn dead_lettered(&mut self, plugin: &str, reason: &str) {
         let reason: String = reason.chars().take(SUMMARY_REASON_CHARS).collect();
         let key = (plugin.to_string(), reason);
@@ -243,7 +249,13 @@ impl UnitWorker {
                 biased;
                 _ = release.cancelled() => break,
                 _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
-                first = puller.next() => first,
+                // Waits no longer than the unit's summary is due, so an
+                // idle unit still says what it dead-lettered.
+                first = puller.next_until(self.settler.summary.due()) => first,
+            };
+            let Some(first) = first else {
+                self.settler.summary.flush(&consumer_name, false);
+                continue;
             };
             let began = Instant::now();
             let batch = fill_batch(&self.settings, first, &mut puller, &lease).await;
