@@ -28,7 +28,9 @@ pub struct PluginCounterLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SeverityLabels {
-    pub severity: crate::topology::manifest::Severity,
+    /// `required` or `recommended` (a string: telemetry knows nothing of
+    /// the topology, which imports it through `nats`).
+    pub severity: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

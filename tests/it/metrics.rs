@@ -298,7 +298,7 @@ fn a_severity_label_is_lowercase() {
     metrics
         .topology_mismatches
         .get_or_create(&SeverityLabels {
-            severity: Severity::Required,
+            severity: Severity::Required.as_str(),
         })
         .set(1);
     let mut text = String::new();

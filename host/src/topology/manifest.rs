@@ -471,21 +471,12 @@ pub enum Severity {
 }
 
 impl Severity {
+    /// Lowercase, as in the JSON, the docs and the metric's label.
     pub fn as_str(self) -> &'static str {
         match self {
             Severity::Required => "required",
             Severity::Recommended => "recommended",
         }
-    }
-}
-
-/// Lowercase, as in the JSON and the docs (the derive would print `Required`).
-impl prometheus_client::encoding::EncodeLabelValue for Severity {
-    fn encode(
-        &self,
-        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.as_str())
     }
 }
 
