@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::config::Config;
 use crate::ingest::idempotency::{ClaimError, RequestKeys};
 use crate::ingest::ndjson;
-use crate::ingest::policy::{Admit, Policies, PolicyError};
+use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
 use crate::ingest::publish::{PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
@@ -211,9 +211,13 @@ async fn ingest(
 ) -> Response {
     use tracing::Instrument;
     let began = Instant::now();
-    // The tenant is recorded once the key is known; units are chosen per
-    // row later, so the request span does not carry one.
-    let span = tracing::info_span!("ingest", %table, tenant = tracing::field::Empty);
+    // Tenant and unit are recorded once known (after the key, after routing).
+    let span = tracing::info_span!(
+        "ingest",
+        %table,
+        tenant = tracing::field::Empty,
+        unit = tracing::field::Empty
+    );
     let answer = async {
         let gate = door.gates.borrow().clone();
         let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
@@ -426,6 +430,11 @@ async fn accept(
         .place(tenant, table, || route_keys)
         .await
         .map_err(Refusal::policy_failed)?;
+    // A router may spread a request's rows over many units: named only
+    // when they all go to one.
+    if let Placement::Table(unit) = &placement {
+        tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
+    }
     let mut published = door
         .publisher
         .publish(tenant, table, &placement, to_publish)
