@@ -947,3 +947,28 @@ async fn fill_batch(
     }
     batch
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_names_a_bounded_number_of_reasons() {
+        let mut summary = Summary::new();
+        assert_eq!(summary.due(), None, "nothing to say, nothing due");
+        for n in 0..SUMMARY_REASONS + 5 {
+            summary.dead_lettered("validate", &format!("reason {n}"));
+            summary.dead_lettered("validate", &format!("reason {n}"));
+        }
+        assert_eq!(summary.dead_lettered.len(), SUMMARY_REASONS + 1);
+        let others = &summary.dead_lettered[&(String::new(), "other reasons".to_string())];
+        assert_eq!(*others, 10);
+        assert!(summary.due().is_some());
+    }
+
+    #[test]
+    fn few_names_three_values_then_an_ellipsis() {
+        assert_eq!(few(["a", "a", "b"].into_iter()), "a,b");
+        assert_eq!(few(["a", "b", "c", "d", "e"].into_iter()), "a,b,c,…");
+    }
+}
