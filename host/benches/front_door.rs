@@ -9,7 +9,13 @@
 //!    (one publisher with a window of 1024 PubAcks, where the front door's
 //!    4 requests keep 4 such windows in flight).
 //! 2. Latency: requests offered open-loop at half that throughput for
-//!    `WEIR_BENCH_SECONDS` (default 5); p50 and p99 from send to 202.
+//!    `WEIR_BENCH_SECONDS` (default 5); p50 and p99 from send to 202, and
+//!    of the rows' accept-to-ack latency (stored in the stream → acked
+//!    after delivery), read from the host's `weir_accept_to_ack_seconds`
+//!    histogram on `/metrics` as Prometheus' `histogram_quantile` would
+//!    (the buckets' growth between a scrape before and one after, with
+//!    every offered row delivered; the throughput run's backlog is
+//!    delivered before the first scrape).
 //!
 //! The host delivers while it ingests (pass-through transform, null sink),
 //! as in production. Every request must be answered 202 and the host must
@@ -141,6 +147,11 @@ async fn run(rows: usize, latency_window: Duration) {
     let weir_rows_per_sec = rows as f64 / started.elapsed().as_secs_f64();
     let accepted = host.status().rows().accepted;
     assert_eq!(accepted, rows as u64, "the host accepted every row sent");
+    // The throughput run's rows delivered first: their acks would count in
+    // the latency run's histogram, and their backlog would slow it.
+    wait_delivered(&host, 2 * rows as u64).await;
+    let metrics_url = format!("http://{}/metrics", host.http_addr());
+    let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.
     let offered = weir_rows_per_sec / 2.0;
@@ -180,6 +191,16 @@ async fn run(rows: usize, latency_window: Duration) {
         expected,
         "every offered row accepted"
     );
+    wait_delivered(&host, rows as u64 + expected).await;
+    let after = accept_to_ack_buckets(&http, &metrics_url).await;
+    let acked = after.last().map_or(0.0, |b| b.1) - before.last().map_or(0.0, |b| b.1);
+    assert_eq!(
+        acked as usize,
+        index * ROWS_PER_REQUEST,
+        "the histogram counted every offered row once"
+    );
+    let ack_p50 = bucket_quantile(&before, &after, 0.50) * 1000.0;
+    let ack_p99 = bucket_quantile(&before, &after, 0.99) * 1000.0;
     host.shutdown().await;
     drop(server);
 
@@ -203,6 +224,8 @@ async fn run(rows: usize, latency_window: Duration) {
     print_figure(BENCH, "offered_rows_per_sec", offered);
     print_figure(BENCH, "latency_p50_ms", p50);
     print_figure(BENCH, "latency_p99_ms", p99);
+    print_figure(BENCH, "accept_to_ack_p50_ms", ack_p50);
+    print_figure(BENCH, "accept_to_ack_p99_ms", ack_p99);
     let mut table = Table::new(&["figure", "measured", "target"]);
     table.push(vec![
         "raw pipelined publish, no consumer".into(),
@@ -231,7 +254,72 @@ async fn run(rows: usize, latency_window: Duration) {
         format!("p50 {p50:.1} ms, p99 {p99:.1} ms"),
         format!("p99 ≤ {TARGET_P99_MS:.0} ms"),
     ]);
+    table.push(vec![
+        "accept-to-ack at the same load (histogram)".into(),
+        format!("p50 {ack_p50:.1} ms, p99 {ack_p99:.1} ms"),
+        "(stored → delivered and acked)".into(),
+    ]);
     table.print();
+}
+
+/// The cumulative buckets `(le, count)` of `weir_accept_to_ack_seconds`,
+/// in order, `+Inf` last.
+async fn accept_to_ack_buckets(http: &reqwest::Client, url: &str) -> Vec<(f64, f64)> {
+    let text = http
+        .get(url)
+        .send()
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("/metrics is text");
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("weir_accept_to_ack_seconds_bucket{le=\""))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    assert!(
+        !buckets.is_empty(),
+        "no weir_accept_to_ack_seconds on {url}"
+    );
+    buckets
+}
+
+/// The `q` quantile of what the histogram gained from `before` to `after`,
+/// interpolated linearly within its bucket (as `histogram_quantile` does).
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let gained: Vec<(f64, f64)> = after
+        .iter()
+        .zip(before)
+        .map(|(&(le, a), &(_, b))| (le, a - b))
+        .collect();
+    let total = gained.last().map_or(0.0, |b| b.1);
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, count) in &gained {
+        if count >= rank {
+            if le.is_infinite() {
+                return lower.0;
+            }
+            let within = count - lower.1;
+            let share = if within > 0.0 {
+                (rank - lower.1) / within
+            } else {
+                1.0
+            };
+            return lower.0 + (le - lower.0) * share;
+        }
+        lower = (le, count);
+    }
+    lower.0
 }
 
 /// Waits until the host has claimed all `units`, so both runs start with

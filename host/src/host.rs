@@ -456,7 +456,9 @@ fn record_mismatches(metrics: &Metrics, mismatches: &[Mismatch]) {
         let count = mismatches.iter().filter(|m| m.severity == severity).count();
         metrics
             .topology_mismatches
-            .get_or_create(&SeverityLabels { severity })
+            .get_or_create(&SeverityLabels {
+                severity: severity.as_str(),
+            })
             .set(count as i64);
     }
     for mismatch in mismatches {

@@ -5,11 +5,19 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginLabels {
     pub plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginCallLabels {
+    pub plugin: String,
+    /// `transform`, `sink`, `budget` or `router`.
+    pub world: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -20,7 +28,9 @@ pub struct PluginCounterLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SeverityLabels {
-    pub severity: crate::topology::manifest::Severity,
+    /// `required` or `recommended` (a string: telemetry knows nothing of
+    /// the topology, which imports it through `nats`).
+    pub severity: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,8 +39,57 @@ pub struct ReloadLabels {
     pub result: String,
 }
 
-/// Every counter a host keeps. Cheap to clone: each metric is an `Arc`.
-#[derive(Clone, Debug, Default)]
+/// An HTTP status code, as a label: a few dozen values at most.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: u16,
+}
+
+/// A unit, by its consumer's name (`weir_in_0_3`): bounded by the topology.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnitLabels {
+    pub unit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeadLetterLabels {
+    /// The plugin that dead-lettered the row or whose calls failed it;
+    /// `none` when no plugin was involved (a row no pipeline takes).
+    pub plugin: String,
+    /// `verdict` (the plugin said so), `retries` (it failed
+    /// `max_deliveries` times) or `undeliverable` (no pipeline took it).
+    pub cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    /// `WEIR_GIT_COMMIT` at build time, or `unknown`.
+    pub commit: &'static str,
+}
+
+/// A histogram family whose histograms share one bucket layout.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Durations of a request or a batch: 0.5 ms to 16 s, doubling.
+fn request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+}
+
+/// Plugin calls are shorter: 50 µs to 6.5 s, doubling.
+fn call_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+/// Accept-to-ack: 0.5 ms to 28 s in steps of 1.5×, fine enough for a p50
+/// and a p99 read from the buckets within a step.
+fn latency_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_5, 1.5, 28))
+}
+
+/// Every metric a host keeps. Cheap to clone: each metric is an `Arc`.
+/// The exported names are in `docs/metrics.md` (a test compares the two).
+#[derive(Clone, Debug)]
 pub struct Metrics {
     /// Rows JetStream acknowledged at the front door.
     pub rows_accepted: Counter,
@@ -38,15 +97,24 @@ pub struct Metrics {
     pub rows_delivered: Counter,
     /// Rows acked after being written to the dead-letter stream.
     pub rows_dead_lettered: Counter,
+    /// The same rows, by plugin and cause.
+    pub dead_letters: Family<DeadLetterLabels, Counter>,
     /// Rows handed back to JetStream for a later retry.
     pub rows_retried: Counter,
     /// Batches run through a pipeline.
     pub batches: Counter,
-    /// Ingest requests refused with a 4xx or 5xx.
-    pub requests_refused: Counter,
-    /// Of those, requests the budget throttled (429).
+    /// How long a batch took, from its first row pulled to its last answer.
+    pub batch_duration: Histogram,
+    /// From a row's storage in its stream (the server's clock) to its ack
+    /// (this host's clock), for rows delivered or dead-lettered.
+    pub accept_to_ack: Histogram,
+    /// Ingest requests refused, by status code.
+    pub requests_refused: Family<CodeLabels, Counter>,
+    /// Ingest request durations, by status code (accepted ones too).
+    pub request_duration: Histograms<CodeLabels>,
+    /// Of the refused, requests the budget throttled (429).
     pub requests_throttled: Counter,
-    /// Of those, requests the budget rejected (403).
+    /// Of the refused, requests the budget rejected (403).
     pub requests_rejected: Counter,
     /// Connections closed at once because too many were open.
     pub connections_refused: Counter,
@@ -54,6 +122,8 @@ pub struct Metrics {
     pub plugin_failures: Family<PluginLabels, Counter>,
     /// Plugin calls made.
     pub plugin_calls: Family<PluginLabels, Counter>,
+    /// Plugin call durations, by plugin and world.
+    pub plugin_call_duration: Histograms<PluginCallLabels>,
     /// Counters plugins keep through the `host.add-counter` import.
     pub plugin_counters: Family<PluginCounterLabels, Counter>,
     /// `add-counter` calls refused: a malformed name, or one name too many.
@@ -75,12 +145,69 @@ pub struct Metrics {
     pub fenced_batches: Counter,
     /// Units this host pulls now.
     pub units_owned: Gauge,
+    /// Units no live member pulls, as this host's watch sees them.
+    pub units_unowned: Gauge,
+    /// Rows left for each unit this host pulls, as the last row delivered
+    /// said (JetStream puts it in every delivery's reply subject).
+    pub unit_pending_rows: Family<UnitLabels, Gauge>,
+    /// Always 1, labelled with the version and commit.
+    pub build_info: Family<BuildLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                commit: option_env!("WEIR_GIT_COMMIT").unwrap_or("unknown"),
+            })
+            .set(1);
+        Metrics {
+            rows_accepted: Counter::default(),
+            rows_delivered: Counter::default(),
+            rows_dead_lettered: Counter::default(),
+            dead_letters: Family::default(),
+            rows_retried: Counter::default(),
+            batches: Counter::default(),
+            batch_duration: request_buckets(),
+            accept_to_ack: latency_buckets(),
+            requests_refused: Family::default(),
+            request_duration: Family::new_with_constructor(request_buckets),
+            requests_throttled: Counter::default(),
+            requests_rejected: Counter::default(),
+            connections_refused: Counter::default(),
+            plugin_failures: Family::default(),
+            plugin_calls: Family::default(),
+            plugin_call_duration: Family::new_with_constructor(call_buckets),
+            plugin_counters: Family::default(),
+            plugin_counter_refusals: Family::default(),
+            plugin_instances: Gauge::default(),
+            plugin_instance_waits: Counter::default(),
+            topology_mismatches: Family::default(),
+            reloads: Family::default(),
+            unit_takeovers: Counter::default(),
+            coordination_step_downs: Counter::default(),
+            fenced_batches: Counter::default(),
+            units_owned: Gauge::default(),
+            units_unowned: Gauge::default(),
+            unit_pending_rows: Family::default(),
+            build_info,
+        }
+    }
 }
 
 impl Metrics {
-    /// Registers every metric under the `weir_` prefix.
+    /// Registers every metric under the `weir_` prefix. Counters get their
+    /// `_total` suffix from the encoder; the names here are documented in
+    /// `docs/metrics.md`.
     pub fn register(&self, registry: &mut Registry) {
         let weir = registry.sub_registry_with_prefix("weir");
+        weir.register(
+            "build_info",
+            "Always 1: the version and git commit of this weir",
+            self.build_info.clone(),
+        );
         weir.register(
             "rows_accepted",
             "Rows acknowledged by JetStream at the front door",
@@ -97,6 +224,11 @@ impl Metrics {
             self.rows_dead_lettered.clone(),
         );
         weir.register(
+            "dead_letters",
+            "Rows written to the dead-letter stream, by plugin and cause (verdict, retries, undeliverable)",
+            self.dead_letters.clone(),
+        );
+        weir.register(
             "rows_retried",
             "Rows handed back to JetStream for a retry",
             self.rows_retried.clone(),
@@ -107,8 +239,23 @@ impl Metrics {
             self.batches.clone(),
         );
         weir.register(
-            "requests_refused",
-            "Ingest requests answered with an error",
+            "batch_duration_seconds",
+            "Time from a batch's first row pulled to its last row answered",
+            self.batch_duration.clone(),
+        );
+        weir.register(
+            "accept_to_ack_seconds",
+            "Time from a row's storage in its stream (server clock) to its ack (host clock)",
+            self.accept_to_ack.clone(),
+        );
+        weir.register(
+            "ingest_request_duration_seconds",
+            "Ingest request durations, by status code",
+            self.request_duration.clone(),
+        );
+        weir.register(
+            "ingest_requests_refused",
+            "Ingest requests answered with an error, by status code",
             self.requests_refused.clone(),
         );
         weir.register(
@@ -132,13 +279,18 @@ impl Metrics {
             self.plugin_calls.clone(),
         );
         weir.register(
+            "plugin_call_duration_seconds",
+            "Plugin call durations, by plugin and world",
+            self.plugin_call_duration.clone(),
+        );
+        weir.register(
             "plugin_counter_refusals",
             "Plugin counters refused (a malformed name, or more than 64 names)",
             self.plugin_counter_refusals.clone(),
         );
         weir.register(
             "plugin_counter",
-            "Counters kept by plugins",
+            "Counters kept by plugins (at most 64 names per plugin version)",
             self.plugin_counters.clone(),
         );
         weir.register(
@@ -186,6 +338,16 @@ impl Metrics {
             "Units this host pulls",
             self.units_owned.clone(),
         );
+        weir.register(
+            "units_unowned",
+            "Units no live member pulls, as this host's watch sees them",
+            self.units_unowned.clone(),
+        );
+        weir.register(
+            "unit_pending_rows",
+            "Rows left for a unit this host pulls, as of its last delivered row",
+            self.unit_pending_rows.clone(),
+        );
     }
 }
 
@@ -197,7 +359,9 @@ pub fn init_logging() {
 
 /// Logging at `level` for weir's own lines (`WEIR_LOG` or `RUST_LOG` win):
 /// a host logs at info, an operator command only warnings unless asked.
+/// Colours only when stderr is a terminal: a file or a collector gets none.
 pub fn init_logging_at(level: &str) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("WEIR_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
@@ -212,10 +376,88 @@ pub fn init_logging_at(level: &str) {
     let json = std::env::var("WEIR_LOG_FORMAT").is_ok_and(|f| f == "json");
     // A second init (tests start several hosts in one process) is harmless.
     let _ = if json {
-        builder.json().try_init()
+        builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(FlatJson)
+            .try_init()
     } else {
-        builder.try_init()
+        builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init()
     };
+}
+
+/// One JSON object per line with every field at the top: `timestamp`,
+/// `level`, `target`, `span` (the innermost span's name), the fields of
+/// every span the event is in (outermost first), then the event's own
+/// fields (`message` among them). An event field wins over a span's.
+struct FlatJson;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for FlatJson
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use serde_json::{Map, Value};
+        use tracing_subscriber::fmt::FormattedFields;
+        let meta = event.metadata();
+        let mut object = Map::new();
+        let now = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        object.insert("timestamp".into(), Value::String(now));
+        object.insert("level".into(), Value::String(meta.level().as_str().into()));
+        object.insert("target".into(), Value::String(meta.target().into()));
+        if let Some(scope) = ctx.event_scope() {
+            let mut innermost = None;
+            for span in scope.from_root() {
+                innermost = Some(span.name());
+                let extensions = span.extensions();
+                // Span fields were written by `JsonFields`: a JSON object.
+                if let Some(fields) = extensions.get::<FormattedFields<N>>()
+                    && let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields)
+                {
+                    object.extend(fields);
+                }
+            }
+            if let Some(name) = innermost {
+                object.insert("span".into(), Value::String(name.into()));
+            }
+        }
+        event.record(&mut JsonVisitor(&mut object));
+        writeln!(writer, "{}", Value::Object(object))
+    }
+}
+
+/// Writes an event's fields into a JSON object, numbers as numbers.
+struct JsonVisitor<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonVisitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
 }
 
 /// An error and its causes, each said once: a cause whose text the message

@@ -18,6 +18,8 @@ mod fleet;
 mod front_door;
 mod http_sink;
 mod kv;
+mod logs;
+mod metrics;
 mod operator;
 mod plugin_tools;
 mod policies;

@@ -513,11 +513,12 @@ impl Coordinator {
                 continue;
             }
             self.reconcile();
-            self.ctx
-                .membership
-                .metrics
-                .units_owned
-                .set(self.tasks.len() as i64);
+            let metrics = &self.ctx.membership.metrics;
+            metrics.units_owned.set(self.tasks.len() as i64);
+            let units = self.ctx.membership.router.units();
+            metrics
+                .units_unowned
+                .set(self.view.unowned(&units).len() as i64);
             self.published.send_replace(Arc::new(self.view.clone()));
             if self.leaving && self.tasks.is_empty() {
                 break;

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
@@ -137,6 +139,15 @@ impl Step {
     }
 }
 
+/// The span of one plugin call: what a plugin logs meanwhile names it.
+fn call_span(plugin: &Plugin) -> tracing::Span {
+    tracing::info_span!(
+        "plugin",
+        plugin = plugin.name(),
+        world = plugin.config.world.as_str()
+    )
+}
+
 /// Runs one pipeline for one delivery worker. Not shared: each worker owns
 /// its instances, so a call never waits for another worker's.
 pub struct PipelineRunner {
@@ -177,8 +188,9 @@ impl PipelineRunner {
             if rows.is_empty() {
                 break;
             }
+            let span = call_span(&step.plugin);
             let instance = step.instance().await?;
-            let result = instance.transform(rows.packed()).await;
+            let result = instance.transform(rows.packed()).instrument(span).await;
             let transformed = result.map_err(|error| step.failed(error))?;
             let mut answer = match Answer::new(&transformed, rows.len()) {
                 Ok(answer) => answer,
@@ -219,11 +231,12 @@ impl PipelineRunner {
         if let Some(step) = &mut self.sink
             && !rows.is_empty()
         {
+            let span = call_span(&step.plugin);
             let instance = step.instance().await?;
             if !lease.held() {
                 return Err(RunError::Fenced);
             }
-            let result = instance.deliver(rows.packed()).await;
+            let result = instance.deliver(rows.packed()).instrument(span).await;
             let delivered = result.map_err(|error| step.failed(error))?;
             let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {
                 Ok(outcomes) => outcomes,

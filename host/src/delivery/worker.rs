@@ -12,15 +12,17 @@
 //! its rows back) and the worker stops.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, AckKind};
 use async_nats::{Client, Message};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
@@ -32,11 +34,19 @@ use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::reload::generation::Generation;
 use crate::sandbox::FailureKind;
-use crate::telemetry::Metrics;
+use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::{Router, Unit};
 
 /// Shortest interval between in-progress acks of a running batch.
 const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
+/// Rows dead-lettered or retried are logged one by one at DEBUG, and at
+/// INFO as one summary per unit at most this often: a bad producer must
+/// not turn the log into a copy of the dead-letter stream.
+const SUMMARY_PERIOD: Duration = Duration::from_secs(10);
+/// Distinct reasons a summary names; the rest are counted together.
+const SUMMARY_REASONS: usize = 8;
+/// Characters of a reason a summary keeps.
+const SUMMARY_REASON_CHARS: usize = 120;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
@@ -85,6 +95,80 @@ struct Settler {
     /// The ack subject of the last row acked: repeated with a reply asked
     /// for, it confirms every answer sent before it was applied.
     last_acked: Option<async_nats::Subject>,
+    /// The unit's pending-rows gauge.
+    unit_labels: UnitLabels,
+    summary: Summary,
+}
+
+/// Rows dead-lettered and retried since the last INFO summary of a unit.
+struct Summary {
+    since: Instant,
+    retried: u64,
+    /// Dead-lettered rows by plugin and reason (bounded; see
+    /// [`SUMMARY_REASONS`]).
+    dead_lettered: BTreeMap<(String, String), u64>,
+}
+
+impl Summary {
+    fn new() -> Summary {
+        Summary {
+            since: Instant::now(),
+            retried: 0,
+            dead_lettered: BTreeMap::new(),
+        }
+    }
+
+    /// When the summary is to be said, if there is anything to say.
+    fn due(&self) -> Option<Instant> {
+        let quiet = self.dead_lettered.is_empty() && self.retried == 0;
+        (!quiet).then_some(self.since + SUMMARY_PERIOD)
+    }
+
+    fn dead_lettered(&mut self, plugin: &str, reason: &str) {
+        let reason: String = reason.chars().take(SUMMARY_REASON_CHARS).collect();
+        let key = (plugin.to_string(), reason);
+        let key = if self.dead_lettered.len() < SUMMARY_REASONS
+            || self.dead_lettered.contains_key(&key)
+        {
+            key
+        } else {
+            (String::new(), "other reasons".to_string())
+        };
+        *self.dead_lettered.entry(key).or_default() += 1;
+    }
+
+    /// Logs one INFO line if anything happened and `SUMMARY_PERIOD` has
+    /// passed (or at once when `now`), then starts over.
+    fn flush(&mut self, unit: &str, now: bool) {
+        let elapsed = self.since.elapsed();
+        if !now && elapsed < SUMMARY_PERIOD {
+            return;
+        }
+        let summary = std::mem::replace(self, Summary::new());
+        let dead_lettered: u64 = summary.dead_lettered.values().sum();
+        if dead_lettered == 0 && summary.retried == 0 {
+            return;
+        }
+        let reasons = summary
+            .dead_lettered
+            .iter()
+            .map(|((plugin, reason), rows)| match plugin.as_str() {
+                "" => format!("{rows} × {reason}"),
+                plugin => format!("{rows} × {plugin}: {reason}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        tracing::info!(
+            unit,
+            dead_lettered,
+            retried = summary.retried,
+            seconds = elapsed.as_secs(),
+            reasons,
+            "{dead_lettered} rows dead-lettered and {} retried in the last {} s",
+            summary.retried,
+            elapsed.as_secs()
+        );
+    }
 }
 
 impl UnitWorker {
@@ -105,6 +189,10 @@ impl UnitWorker {
             dead_letters: DeadLetters::new(js.clone(), router.clone()),
             metrics: metrics.clone(),
             last_acked: None,
+            unit_labels: UnitLabels {
+                unit: router.unit_consumer(unit),
+            },
+            summary: Summary::new(),
         };
         UnitWorker {
             js,
@@ -161,11 +249,18 @@ impl UnitWorker {
                 biased;
                 _ = release.cancelled() => break,
                 _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
-                first = puller.next() => first,
+                // Waits no longer than the unit's summary is due, so an
+                // idle unit still says what it dead-lettered.
+                first = puller.next_until(self.settler.summary.due()) => first,
             };
+            let Some(first) = first else {
+                self.settler.summary.flush(&consumer_name, false);
+                continue;
+            };
+            let began = Instant::now();
             let batch = fill_batch(&self.settings, first, &mut puller, &lease).await;
             let rows = batch.len();
-            if let Err(Fenced) = self.process(batch, Some(&mut puller), &lease).await {
+            if let Err(Fenced) = self.process(batch, began, Some(&mut puller), &lease).await {
                 return Ok(self.fenced(&consumer_name, rows));
             }
         }
@@ -174,19 +269,21 @@ impl UnitWorker {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
             let rows = batch.len();
-            if let Err(Fenced) = self.process(batch, None, &lease).await {
+            if let Err(Fenced) = self.process(batch, Instant::now(), None, &lease).await {
                 return Ok(self.fenced(&consumer_name, rows));
             }
         }
         self.settler
             .confirm_applied(&consumer_name, self.settings.drain_timeout)
             .await;
+        self.settler.stopped();
         Ok(UnitEnd::Drained)
     }
 
     /// The lease ran out (with a batch of `rows` in hand, if any): said once
     /// per worker, which stops here.
-    fn fenced(&self, consumer: &str, rows: usize) -> UnitEnd {
+    fn fenced(&mut self, consumer: &str, rows: usize) -> UnitEnd {
+        self.settler.stopped();
         if rows > 0 {
             self.metrics.fenced_batches.inc();
         }
@@ -203,7 +300,30 @@ impl UnitWorker {
     /// Runs a batch through its pipelines, keeping its rows alive while it
     /// runs, then settles every row.
     /// `puller`: where rows received meanwhile are kept alive too.
+    /// `began`: when its first row was pulled.
     async fn process(
+        &mut self,
+        batch: Vec<Message>,
+        began: Instant,
+        puller: Option<&mut Puller>,
+        lease: &Lease,
+    ) -> Result<(), Fenced> {
+        let span = tracing::info_span!(
+            "batch",
+            unit = %self.settler.unit_labels.unit,
+            rows = batch.len()
+        );
+        let processed = self
+            .process_in_span(batch, puller, lease)
+            .instrument(span)
+            .await;
+        self.metrics
+            .batch_duration
+            .observe(began.elapsed().as_secs_f64());
+        processed
+    }
+
+    async fn process_in_span(
         &mut self,
         batch: Vec<Message>,
         mut puller: Option<&mut Puller>,
@@ -320,54 +440,80 @@ async fn run_pipelines(
         let Some(Some(runner)) = runners.get_mut(pipeline) else {
             continue;
         };
-        let mut parts = vec![indexes];
-        let mut isolating = false;
-        while let Some(part) = parts.pop() {
-            let rows = pack(batch, &decoded, &part);
-            let failure = match runner.run(rows, lease).await {
-                Ok(results) => {
-                    for (index, verdict) in part.into_iter().zip(results) {
-                        verdicts[index] = verdict;
+        let span = tracing::info_span!(
+            "pipeline",
+            tenant = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.tenant))),
+            table = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.table))),
+        );
+        async {
+            let mut parts = vec![indexes];
+            let mut isolating = false;
+            while let Some(part) = parts.pop() {
+                let rows = pack(batch, &decoded, &part);
+                let failure = match runner.run(rows, lease).await {
+                    Ok(results) => {
+                        for (index, verdict) in part.into_iter().zip(results) {
+                            verdicts[index] = verdict;
+                        }
+                        continue;
                     }
+                    Err(RunError::Failed(failure)) => failure,
+                    Err(RunError::Fenced) => return Err(Fenced),
+                };
+                if part.len() == 1 {
+                    verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
                     continue;
                 }
-                Err(RunError::Failed(failure)) => failure,
-                Err(RunError::Fenced) => return Err(Fenced),
-            };
-            if part.len() == 1 {
-                verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
-                continue;
-            }
-            if !isolating {
-                tracing::warn!(
-                    plugin = failure.plugin.name(),
-                    version = %failure.plugin.version,
-                    rows = part.len(),
-                    error = %failure.error,
-                    "plugin call failed; isolating the failing rows"
-                );
-                isolating = true;
-            }
-            if failure.error.kind == FailureKind::Deadline {
-                let alone = Isolation {
-                    generation: pipelines,
-                    pipeline,
-                    batch,
-                    decoded: &decoded,
-                    settings,
-                    lease,
-                };
-                for (index, verdict) in alone.run(&part).await? {
-                    verdicts[index] = verdict;
+                if !isolating {
+                    tracing::warn!(
+                        plugin = failure.plugin.name(),
+                        version = %failure.plugin.version,
+                        rows = part.len(),
+                        error = %failure.error,
+                        "plugin call failed; isolating the failing rows"
+                    );
+                    isolating = true;
                 }
-            } else {
-                let (left, right) = part.split_at(part.len() / 2);
-                parts.push(right.to_vec());
-                parts.push(left.to_vec());
+                if failure.error.kind == FailureKind::Deadline {
+                    let alone = Isolation {
+                        generation: pipelines,
+                        pipeline,
+                        batch,
+                        decoded: &decoded,
+                        settings,
+                        lease,
+                    };
+                    for (index, verdict) in alone.run(&part).await? {
+                        verdicts[index] = verdict;
+                    }
+                } else {
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                }
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await?;
+    }
+    Ok(verdicts)
+}
+
+/// Up to three distinct values, joined by commas (`…` when there are more):
+/// a batch's tenants or tables, for its span.
+fn few<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    let mut distinct: Vec<&str> = Vec::with_capacity(4);
+    for value in values {
+        if !distinct.contains(&value) {
+            distinct.push(value);
+            if distinct.len() > 3 {
+                distinct[3] = "…";
+                break;
             }
         }
     }
-    Ok(verdicts)
+    distinct.join(",")
 }
 
 /// The verdict of a row whose plugin call failed on its own: retry it
@@ -375,9 +521,11 @@ async fn run_pipelines(
 fn failed_row(settings: &DeliveryConfig, message: &Message, failure: StepFailure) -> Verdict {
     let info = ack::info(message);
     let attempt = info.as_ref().map_or(1, |info| info.delivered);
-    tracing::warn!(
-        plugin = failure.plugin.name(),
+    tracing::debug!(
+        unit = info.as_ref().map_or("", |info| info.consumer),
+        sequence = info.as_ref().map_or(0, |info| info.stream_sequence),
         subject = %message.subject,
+        plugin = failure.plugin.name(),
         attempt,
         error = %failure.error,
         "a row fails its plugin; it will be retried"
@@ -604,7 +752,10 @@ impl Settler {
             .iter()
             .map(|m| ack::info(m).map_or(1, |info| info.delivered))
             .collect();
-        for (verdict, delivered) in verdicts.iter_mut().zip(&deliveries) {
+        let mut gave_up = vec![false; batch.len()];
+        for ((verdict, delivered), gave_up) in
+            verdicts.iter_mut().zip(&deliveries).zip(&mut gave_up)
+        {
             if let Verdict::Retry { reason, plugin, .. } = verdict
                 && *delivered >= i64::from(self.settings.max_deliveries)
             {
@@ -612,6 +763,7 @@ impl Settler {
                     plugin: plugin.take(),
                     reason: format!("gave up after {delivered} deliveries: {reason}"),
                 };
+                *gave_up = true;
             }
         }
 
@@ -649,7 +801,8 @@ impl Settler {
 
         let mut last_acked = None;
         let mut fenced = false;
-        for ((message, verdict), failed) in batch.iter().zip(verdicts).zip(letter_failed) {
+        let rows = batch.iter().zip(verdicts).zip(letter_failed).zip(gave_up);
+        for (((message, verdict), failed), gave_up) in rows {
             // Checked per row: a clock read, against acking after a freeze.
             if !lease.held() {
                 fenced = true;
@@ -667,18 +820,42 @@ impl Settler {
                     self.metrics.rows_delivered.inc();
                     self.answer(message, AckKind::Ack).await
                 }
-                Verdict::DeadLetter { reason, .. } => {
-                    tracing::info!(subject = %message.subject, %reason, "row dead-lettered");
-                    self.metrics.rows_dead_lettered.inc();
+                Verdict::DeadLetter { reason, plugin } => {
+                    let plugin = plugin.as_ref().map(|p| p.name());
+                    self.dead_lettered(message, plugin, &reason, gave_up);
                     self.answer(message, AckKind::Ack).await
                 }
-                Verdict::Retry { delay, .. } => {
+                Verdict::Retry {
+                    delay,
+                    plugin,
+                    reason,
+                } => {
                     self.metrics.rows_retried.inc();
+                    self.summary.retried += 1;
+                    tracing::debug!(
+                        tenant = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(t, _)| t),
+                        table = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(_, t)| t),
+                        unit = %self.unit_labels.unit,
+                        sequence = ack::info(message).map_or(0, |info| info.stream_sequence),
+                        plugin = plugin.as_ref().map_or("", |p| p.name()),
+                        %reason,
+                        ?delay,
+                        "row handed back for a retry"
+                    );
                     self.answer(message, AckKind::Nak(Some(delay))).await
                 }
             };
             match result {
-                Ok(()) if acked => last_acked = Some(message),
+                Ok(()) if acked => {
+                    last_acked = Some(message);
+                    if let Some(info) = ack::info(message) {
+                        // A server clock ahead of this host's counts as 0.
+                        let waited = SystemTime::now()
+                            .duration_since(info.created)
+                            .unwrap_or_default();
+                        self.metrics.accept_to_ack.observe(waited.as_secs_f64());
+                    }
+                }
                 Ok(()) => {}
                 Err(err) => {
                     tracing::warn!(error = %err, subject = %message.subject, "cannot settle a row; JetStream will redeliver it")
@@ -688,7 +865,62 @@ impl Settler {
         if let Some(message) = last_acked {
             self.last_acked = message.reply.clone();
         }
+        // The server says with every delivery how many rows are left after
+        // it: the unit's backlog, without asking for the consumer's info.
+        if let Some(info) = batch.last().and_then(ack::info) {
+            self.metrics
+                .unit_pending_rows
+                .get_or_create(&self.unit_labels)
+                .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
+        }
+        self.summary.flush(&self.unit_labels.unit, false);
         if fenced { Err(Fenced) } else { Ok(()) }
+    }
+
+    /// Counts and logs (at DEBUG) a row acked after its dead letter was stored.
+    fn dead_lettered(
+        &mut self,
+        message: &Message,
+        plugin: Option<&str>,
+        reason: &str,
+        gave_up: bool,
+    ) {
+        self.metrics.rows_dead_lettered.inc();
+        let cause = match (gave_up, plugin) {
+            (true, _) => "retries",
+            (false, Some(_)) => "verdict",
+            (false, None) => "undeliverable",
+        };
+        self.metrics
+            .dead_letters
+            .get_or_create(&DeadLetterLabels {
+                plugin: plugin.unwrap_or("none").to_string(),
+                cause,
+            })
+            .inc();
+        self.summary.dead_lettered(plugin.unwrap_or(""), reason);
+        // Parsing the subject again costs only when the line is wanted.
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let parsed = self.router.parse(message.subject.as_str()).ok();
+        tracing::debug!(
+            tenant = parsed.as_ref().map_or("", |(tenant, _)| tenant.as_ref()),
+            table = parsed.as_ref().map_or("", |(_, table)| table.as_ref()),
+            unit = %self.unit_labels.unit,
+            sequence = ack::info(message).map_or(0, |info| info.stream_sequence),
+            plugin = plugin.unwrap_or(""),
+            reason,
+            cause,
+            "row dead-lettered"
+        );
+    }
+
+    /// The unit is no longer pulled here: its summary is said now, and its
+    /// backlog is another host's to report.
+    fn stopped(&mut self) {
+        self.summary.flush(&self.unit_labels.unit, true);
+        self.metrics.unit_pending_rows.remove(&self.unit_labels);
     }
 }
 
@@ -714,4 +946,29 @@ async fn fill_batch(
         }
     }
     batch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_names_a_bounded_number_of_reasons() {
+        let mut summary = Summary::new();
+        assert_eq!(summary.due(), None, "nothing to say, nothing due");
+        for n in 0..SUMMARY_REASONS + 5 {
+            summary.dead_lettered("validate", &format!("reason {n}"));
+            summary.dead_lettered("validate", &format!("reason {n}"));
+        }
+        assert_eq!(summary.dead_lettered.len(), SUMMARY_REASONS + 1);
+        let others = &summary.dead_lettered[&(String::new(), "other reasons".to_string())];
+        assert_eq!(*others, 10);
+        assert!(summary.due().is_some());
+    }
+
+    #[test]
+    fn few_names_three_values_then_an_ellipsis() {
+        assert_eq!(few(["a", "a", "b"].into_iter()), "a,b");
+        assert_eq!(few(["a", "b", "c", "d", "e"].into_iter()), "a,b,c,…");
+    }
 }

@@ -23,11 +23,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::config::Config;
 use crate::ingest::idempotency::{ClaimError, RequestKeys};
 use crate::ingest::ndjson;
-use crate::ingest::policy::{Admit, Policies, PolicyError};
+use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
 use crate::ingest::publish::{PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
-use crate::telemetry::Metrics;
+use crate::telemetry::{CodeLabels, Metrics};
 use crate::topology::route::encode_token;
 
 /// The request header that makes a retried request store its rows once.
@@ -209,16 +209,29 @@ async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let gate = door.gates.borrow().clone();
-    let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
-    let answer = match before_the_body(&door, &gate, &table, &headers, peer) {
-        Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
-        Err(refusal) => {
-            discard(body).await;
-            Err(refusal)
+    use tracing::Instrument;
+    let began = Instant::now();
+    // Tenant and unit are recorded once known (after the key, after routing).
+    let span = tracing::info_span!(
+        "ingest",
+        %table,
+        tenant = tracing::field::Empty,
+        unit = tracing::field::Empty
+    );
+    let answer = async {
+        let gate = door.gates.borrow().clone();
+        let peer = peer.map(|Extension(ConnectInfo(address))| address.ip());
+        match before_the_body(&door, &gate, &table, &headers, peer) {
+            Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
+            Err(refusal) => {
+                discard(body).await;
+                Err(refusal)
+            }
         }
-    };
-    match answer {
+    }
+    .instrument(span.clone())
+    .await;
+    let response = match answer {
         Ok(published) => (
             StatusCode::ACCEPTED,
             axum::Json(json!({
@@ -228,10 +241,25 @@ async fn ingest(
         )
             .into_response(),
         Err(refusal) => {
-            door.metrics.requests_refused.inc();
+            let code = refusal.status.as_u16();
+            door.metrics
+                .requests_refused
+                .get_or_create(&CodeLabels { code })
+                .inc();
+            // The reason names no key: a refusal's text never quotes one.
+            span.in_scope(|| {
+                tracing::info!(code, reason = %refusal.error, line = refusal.line, "ingest request refused")
+            });
             refusal.into_response()
         }
-    }
+    };
+    door.metrics
+        .request_duration
+        .get_or_create(&CodeLabels {
+            code: response.status().as_u16(),
+        })
+        .observe(began.elapsed().as_secs_f64());
+    response
 }
 
 /// A request whose key, table and announced size passed, with its share of
@@ -268,6 +296,7 @@ fn before_the_body<'g>(
             door.failed_keys.failed(address);
         }
     })?;
+    tracing::Span::current().record("tenant", tenant);
     if gate.config.pipeline_for(table).is_none() {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
@@ -401,6 +430,11 @@ async fn accept(
         .place(tenant, table, || route_keys)
         .await
         .map_err(Refusal::policy_failed)?;
+    // A router may spread a request's rows over many units: named only
+    // when they all go to one.
+    if let Placement::Table(unit) = &placement {
+        tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
+    }
     let mut published = door
         .publisher
         .publish(tenant, table, &placement, to_publish)

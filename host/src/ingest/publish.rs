@@ -61,6 +61,11 @@ impl Publisher {
     /// The largest row the server stores (its `max_payload`, less room for
     /// headers): checked for every row of a request before the first is
     /// published, so a refused request stores nothing.
+    /// The name a unit goes by in logs and metrics (its consumer's).
+    pub fn unit_name(&self, unit: crate::topology::route::Unit) -> String {
+        self.router.unit_consumer(unit)
+    }
+
     pub fn max_row_bytes(&self) -> usize {
         self.max_row_bytes
     }

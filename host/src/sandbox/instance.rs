@@ -14,7 +14,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
 use crate::config::PluginConfig;
-use crate::telemetry::{Metrics, PluginLabels};
+use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 
 use super::bindings::budget::{Budget, BudgetPre};
 use super::bindings::router::{Router as RouterPolicy, RouterPre};
@@ -84,6 +84,7 @@ pub struct Plugin {
     pub(super) engine: Engine,
     pub(super) metrics: Metrics,
     pub(super) labels: PluginLabels,
+    pub(super) call_labels: PluginCallLabels,
     /// The counter names this version has used (`add-counter`), bounded.
     pub(super) counter_names: Mutex<std::collections::HashSet<String>>,
     /// The process's pauses, taken off this plugin's deadlines.
@@ -304,7 +305,9 @@ impl PluginInstance {
         self.store.set_epoch_deadline(1);
     }
 
-    pub(super) fn begin_call(&mut self) {
+    /// Counts a call and arms its deadline; returns when it began, for
+    /// [`PluginInstance::end_call`].
+    pub(super) fn begin_call(&mut self) -> Instant {
         self.stderr.clear();
         self.arm_deadline();
         self.batches += 1;
@@ -313,43 +316,57 @@ impl PluginInstance {
             .plugin_calls
             .get_or_create(&self.plugin.labels)
             .inc();
+        Instant::now()
+    }
+
+    /// Records a call's duration, failed or not.
+    fn end_call<T>(&self, began: Instant, result: T) -> T {
+        self.plugin
+            .metrics
+            .plugin_call_duration
+            .get_or_create(&self.plugin.call_labels)
+            .observe(began.elapsed().as_secs_f64());
+        result
     }
 
     /// Runs a transform over a packed batch. The caller checks the answer
     /// against the batch as it reads it: the sandbox only runs the call.
     pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
-        self.begin_call();
+        let began = self.begin_call();
         let Exports::Transform(exports) = &self.exports else {
             return Err(self.contract("is not a transform"));
         };
-        exports
+        let result = exports
             .call_transform(&mut self.store, rows)
             .await
-            .map_err(|err| self.failure(err))
+            .map_err(|err| self.failure(err));
+        self.end_call(began, result)
     }
 
     /// Hands a packed batch to a sink; the caller checks the answer.
     pub async fn deliver(&mut self, rows: &Batch) -> Result<Delivered, CallError> {
-        self.begin_call();
+        let began = self.begin_call();
         let Exports::Sink(exports) = &self.exports else {
             return Err(self.contract("is not a sink"));
         };
-        exports
+        let result = exports
             .call_deliver(&mut self.store, rows)
             .await
-            .map_err(|err| self.failure(err))
+            .map_err(|err| self.failure(err));
+        self.end_call(began, result)
     }
 
     /// Asks a budget about one request.
     pub async fn admit(&mut self, request: &Admission) -> Result<Decision, CallError> {
-        self.begin_call();
+        let began = self.begin_call();
         let Exports::Budget(exports) = &self.exports else {
             return Err(self.contract("is not a budget"));
         };
-        exports
+        let result = exports
             .call_admit(&mut self.store, request)
             .await
-            .map_err(|err| self.failure(err))
+            .map_err(|err| self.failure(err));
+        self.end_call(began, result)
     }
 
     /// Asks a router how a table's rows are routed.
@@ -359,14 +376,15 @@ impl PluginInstance {
         tenant: &str,
         table: &str,
     ) -> Result<TableRoute, CallError> {
-        self.begin_call();
+        let began = self.begin_call();
         let Exports::Router(exports) = &self.exports else {
             return Err(self.contract("is not a router"));
         };
-        exports
+        let result = exports
             .call_route_table(&mut self.store, topology, tenant, table)
             .await
-            .map_err(|err| self.failure(err))
+            .map_err(|err| self.failure(err));
+        self.end_call(began, result)
     }
 
     /// Asks a router for the route of each key of one request.
@@ -377,14 +395,15 @@ impl PluginInstance {
         table: &str,
         keys: &[Option<String>],
     ) -> Result<Vec<Route>, CallError> {
-        self.begin_call();
+        let began = self.begin_call();
         let Exports::Router(exports) = &self.exports else {
             return Err(self.contract("is not a router"));
         };
         let routes = exports
             .call_route_keys(&mut self.store, topology, tenant, table, keys)
             .await
-            .map_err(|err| self.failure(err))?;
+            .map_err(|err| self.failure(err));
+        let routes = self.end_call(began, routes)?;
         if routes.len() != keys.len() {
             return Err(self.contract(&format!(
                 "returned {} routes for {} keys",

@@ -18,7 +18,7 @@ use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::config::{PluginConfig, World};
-use crate::telemetry::{Metrics, PluginLabels};
+use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 
 pub mod bindings;
 pub mod cache;
@@ -376,6 +376,10 @@ impl Sandbox {
             metrics: self.metrics.clone(),
             labels: PluginLabels {
                 plugin: config.name.clone(),
+            },
+            call_labels: PluginCallLabels {
+                plugin: config.name.clone(),
+                world: config.world.as_str(),
             },
             counter_names: Default::default(),
             pauses: self.pauses.clone(),

@@ -461,22 +461,23 @@ impl Manifest {
 }
 
 /// Whether weir can run with a difference.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    prometheus_client::encoding::EncodeLabelValue,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// weir would lose, reorder or silently drop rows: it refuses to start.
     Required,
     /// weir works, with less margin than intended: a warning.
     Recommended,
+}
+
+impl Severity {
+    /// Lowercase, as in the JSON, the docs and the metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Required => "required",
+            Severity::Recommended => "recommended",
+        }
+    }
 }
 
 /// One difference between the manifest and the server.
