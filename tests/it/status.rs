@@ -183,7 +183,48 @@ async fn a_stalled_unit_shows_its_rows_and_the_others_none() {
             .unwrap();
     assert!(!ok);
     assert!(stderr.contains("rows not yet settled"), "{stderr}");
+
+    // `--watch` redraws until Ctrl-C, then exits cleanly.
+    let url = host.url("");
+    let url = url.trim_end_matches('/').to_string();
+    let (status, redraws) = tokio::task::spawn_blocking(move || watch_twice(&url))
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        redraws.iter().all(|line| line.contains("backlog 20;")),
+        "{redraws:?}"
+    );
     host.shutdown().await;
+}
+
+/// Runs `weir status --watch 1 --brief` until it drew twice, then sends
+/// it SIGINT: its exit status and the lines it drew.
+fn watch_twice(url: &str) -> (std::process::ExitStatus, Vec<String>) {
+    use std::io::BufRead;
+    let mut watch = Command::new(WEIR)
+        .args(["status", "--url", url, "--brief", "--watch", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    let stdout = watch.stdout.take().expect("piped stdout");
+    let mut lines = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok);
+    let redraws: Vec<String> = lines.by_ref().filter(|l| !l.is_empty()).take(2).collect();
+    unsafe { libc::kill(watch.id() as libc::pid_t, libc::SIGINT) };
+    // Read on to the end: a closed pipe would stop it by SIGPIPE instead.
+    std::thread::spawn(move || lines.for_each(drop));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(status) = watch.try_wait().expect("weir's status") {
+            return (status, redraws);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    panic!("weir status --watch still ran 10 s after SIGINT");
 }
 
 /// `GET /v1/status` with a client that gives up after 10 s: before the
@@ -239,6 +280,19 @@ async fn status_answers_while_nats_is_frozen_or_gone_and_says_what_it_cannot_kno
     // not answer.
     let pid = nats.server.pid() as libc::pid_t;
     unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The signal is only queued by `kill`: wait until the kernel says the
+    // server stopped (state `T`), or a request may still be answered.
+    eventually(Duration::from_secs(5), "nats-server stopped", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .next()?
+            .to_string();
+        (state == "T").then_some(())
+    })
+    .await;
     let (frozen, took) = status_within_10_s(&status_url).await;
     println!("status with NATS frozen: {took:?}");
     assert_unknown(&frozen);

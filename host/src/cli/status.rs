@@ -13,6 +13,8 @@ use super::target::HostTarget;
 /// Units listed one by one up to this many; past it, only those with rows
 /// or without an owner (a fleet of 1024 units is not read line by line).
 const LIST_ALL_UNITS: usize = 64;
+/// Usage snapshots come every second: one older than this is stale.
+const STALE_USAGE_MS: u64 = 5000;
 /// Reasons listed, most frequent first.
 const REASONS_SHOWN: usize = 10;
 
@@ -69,8 +71,15 @@ impl StatusArgs {
     /// shown as such and asked again.
     async fn watch(&self, url: &str, interval: Duration) -> anyhow::Result<()> {
         let clear = std::io::stdout().is_terminal();
+        // One listener for the whole watch: a Ctrl-C that comes while a
+        // report is fetched or drawn is not lost.
+        let mut stop = std::pin::pin!(tokio::signal::ctrl_c());
         loop {
-            let screen = match fetch_status(url, self.key.as_deref()).await {
+            let fetched = tokio::select! {
+                fetched = fetch_status(url, self.key.as_deref()) => fetched,
+                _ = &mut stop => return Ok(()),
+            };
+            let screen = match fetched {
                 Ok(report) => self.render(&report)?,
                 Err(err) => format!("{err}\n"),
             };
@@ -84,7 +93,7 @@ impl StatusArgs {
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = tokio::signal::ctrl_c() => return Ok(()),
+                _ = &mut stop => return Ok(()),
             }
         }
     }
@@ -191,6 +200,15 @@ pub fn tables(report: &StatusReport) -> String {
             "tenants: none shown (pass --key: an admin key shows all)"
         );
     } else {
+        match report.usage_age_ms {
+            Some(age) if age > STALE_USAGE_MS => {
+                let _ = writeln!(out, "tenants' usage as of {} ago (stale):", duration(age));
+            }
+            None => {
+                let _ = writeln!(out, "tenants' usage without a snapshot yet (partial):");
+            }
+            Some(_) => {}
+        }
         let mut tenants = Table::new(["TENANT", "QUEUED ROWS", "QUEUED BYTES", "ROWS/S"]);
         for usage in &report.tenants {
             tenants.row([

@@ -53,6 +53,10 @@ pub struct StatusReport {
     /// budget is asked with).
     #[serde(default)]
     pub tenants: Vec<TenantUsage>,
+    /// Milliseconds since this host applied the last usage snapshot (one a
+    /// second while NATS is up); `None`: none yet.
+    #[serde(default)]
+    pub usage_age_ms: Option<u64>,
     #[serde(default)]
     pub dead_letters: DeadLetterStatus,
 }
@@ -430,6 +434,7 @@ impl StatusSource {
                     recent_bytes: usage.recent.bytes,
                 })
                 .collect(),
+            usage_age_ms: self.ledger.snapshot_age().map(|age| age.as_millis() as u64),
             dead_letters,
         }
     }
@@ -477,6 +482,20 @@ impl StatusSource {
         }
         Some((at, scan))
     }
+}
+
+/// Every unit's backlog by consumer name, from one paged consumer listing
+/// per partition (256 units a request); a partition that did not answer
+/// is left out. Unbounded in time: for benches and tools, not reports.
+pub async fn unit_backlogs(client: &async_nats::Client, router: &Router) -> Backlogs {
+    let js = jetstream::new(client.clone());
+    let mut backlogs = Backlogs::new();
+    for partition in 0..router.partitions() {
+        if let Some((_, found)) = partition_reads(&js, router.partition_stream(partition)).await {
+            backlogs.extend(found);
+        }
+    }
+    backlogs
 }
 
 /// One partition stream's (last sequence, messages) and its consumers'
