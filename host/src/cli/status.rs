@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 use std::io::IsTerminal as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weir::client::fetch_status;
 use weir::ops::status::{StatusReport, known};
@@ -49,12 +49,24 @@ impl StatusArgs {
         if let Some(interval) = self.watch {
             return self.watch(url, Duration::from_secs(interval.max(1))).await;
         }
+        // The wait counts from the start: the first report may take a
+        // while too (NATS frozen).
+        let started = tokio::time::Instant::now();
         let mut report = fetch_status(url, key).await?;
         if let Some(seconds) = self.wait_drained {
-            let deadline = Instant::now() + Duration::from_secs(seconds);
-            while !report.drained() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                report = fetch_status(url, key).await?;
+            let deadline = started + Duration::from_secs(seconds);
+            while !report.drained() {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left.min(Duration::from_millis(200))).await;
+                // A report still on its way at the deadline is not waited
+                // for: the last one says why it is not drained.
+                match tokio::time::timeout_at(deadline, fetch_status(url, key)).await {
+                    Ok(fetched) => report = fetched?,
+                    Err(_) => break,
+                }
             }
             anyhow::ensure!(
                 report.drained(),

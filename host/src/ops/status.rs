@@ -120,8 +120,8 @@ pub struct FleetStatus {
     pub me: String,
     /// Whether it currently acts as a member (holds its lease).
     pub member: bool,
-    /// False while NATS is disconnected: members and owners are as last
-    /// seen, and may have changed since.
+    /// False while NATS is disconnected or did not answer this report:
+    /// members and owners are as last seen, and may have changed since.
     #[serde(default = "yes")]
     pub current: bool,
     pub members: Vec<MemberStatus>,
@@ -178,21 +178,25 @@ impl StatusReport {
             format!("{count} {what}{}", if count == 1 { "" } else { "s" })
         };
         let totals = &self.totals;
-        let mut line = format!(
-            "accepted {}, delivered {}, dead-lettered {}, backlog {}; {}, {}",
+        let fleet = format!(
+            "{}, {}",
+            counted(self.fleet.members.len(), "member"),
+            counted(self.fleet.unowned.len(), "unowned unit")
+        );
+        let fleet = if !self.nats.connected {
+            format!("members ? (NATS disconnected; last seen: {fleet})")
+        } else if !self.fleet.current {
+            format!("members ? (NATS did not answer in time; last seen: {fleet})")
+        } else {
+            fleet
+        };
+        format!(
+            "accepted {}, delivered {}, dead-lettered {}, backlog {}; {fleet}",
             known(totals.accepted),
             known(totals.delivered),
             known(totals.dead_lettered),
             known(self.backlog()),
-            counted(self.fleet.members.len(), "member"),
-            counted(self.fleet.unowned.len(), "unowned unit")
-        );
-        if !self.nats.connected {
-            line.push_str(" (NATS disconnected: fleet as last seen)");
-        } else if !self.nats.answered {
-            line.push_str(" (NATS did not answer in time)");
-        }
-        line
+        )
     }
 }
 
@@ -384,7 +388,8 @@ impl StatusSource {
         let fleet_status = FleetStatus {
             me: fleet.me.clone(),
             member: fleet.member,
-            current: connected,
+            // The watch goes quiet when NATS does, without a word.
+            current: connected && answered,
             members: fleet
                 .members
                 .iter()
