@@ -601,3 +601,81 @@ async fn scan_reasons(
     scan.by_reason = by_reason;
     Some(scan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partition(last: u64, messages: u64) -> Option<((u64, u64), Backlogs)> {
+        Some(((last, messages), Backlogs::new()))
+    }
+
+    #[test]
+    fn totals_come_from_stream_sequences_and_what_did_not_answer_stays_unknown() {
+        let reads = NatsReads {
+            partitions: vec![partition(10, 2), partition(5, 0)],
+            dead_letters: Some((3, 1)),
+            reasons: None,
+        };
+        assert_eq!(
+            reads.totals(),
+            FleetTotals {
+                accepted: Some(15),
+                settled: Some(13),
+                delivered: Some(10),
+                dead_lettered: Some(3),
+                queued: Some(2),
+            }
+        );
+        // One partition silent: no partial sum passes for the fleet's.
+        let reads = NatsReads {
+            partitions: vec![partition(10, 2), None],
+            dead_letters: Some((3, 1)),
+            reasons: None,
+        };
+        let totals = reads.totals();
+        assert_eq!((totals.accepted, totals.delivered), (None, None));
+        assert_eq!(totals.dead_lettered, Some(3));
+        assert!(!reads.answered(2));
+        // Disconnected: nothing was read, nothing is known.
+        assert_eq!(NatsReads::default().totals(), FleetTotals::default());
+    }
+
+    fn report(units: &[(Option<u64>, Option<u64>)], connected: bool) -> StatusReport {
+        let units: Vec<serde_json::Value> = units
+            .iter()
+            .map(|(pending, ack_pending)| {
+                serde_json::json!({"consumer": "c", "pending": pending, "ack_pending": ack_pending})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "rows": {"accepted": 0, "delivered": 0, "dead_lettered": 0, "retried": 0},
+            "units": units,
+            "plugins": [],
+            "nats": {"url": "", "connected": connected, "answered": connected, "embedded": false},
+        }))
+        .expect("a report")
+    }
+
+    #[test]
+    fn a_backlog_with_one_unknown_unit_is_unknown_and_not_drained() {
+        let known = report(&[(Some(0), Some(0)), (Some(3), Some(1))], true);
+        assert_eq!(known.backlog(), Some(4));
+        assert!(!known.drained());
+        assert_eq!(known.not_drained_because(), "4 rows not yet settled");
+        let partial = report(&[(Some(0), Some(0)), (None, None)], false);
+        assert_eq!(partial.backlog(), None);
+        assert!(!partial.drained());
+        assert!(
+            partial.summary().contains("backlog ?;"),
+            "{}",
+            partial.summary()
+        );
+        assert!(partial.summary().starts_with("accepted ?, delivered ?"));
+        assert_eq!(
+            partial.not_drained_because(),
+            "backlog unknown: NATS is disconnected"
+        );
+        assert!(report(&[(Some(0), Some(0))], true).drained());
+    }
+}
