@@ -285,11 +285,13 @@ struct NatsReads {
 }
 
 impl NatsReads {
+    /// Whether every count and backlog was read. Reasons are not needed:
+    /// a scan refused (a user without the DLQ reader's permissions) leaves
+    /// only them unknown.
     fn answered(&self, partitions: u32) -> bool {
         self.partitions.len() == partitions as usize
             && self.partitions.iter().all(Option::is_some)
             && self.dead_letters.is_some()
-            && self.reasons.is_some()
     }
 
     fn totals(&self) -> FleetTotals {
@@ -457,9 +459,9 @@ impl StatusSource {
                     .flatten()
             }
         }));
-        let dead_letters = tokio::time::timeout_at(deadline, self.dead_letter_reads(&js));
+        let dead_letters = self.dead_letter_reads(&js, deadline);
         let (partitions, dead_letters) = tokio::join!(partitions, dead_letters);
-        let (dead_letters, reasons) = dead_letters.ok().flatten().unzip();
+        let (dead_letters, reasons) = dead_letters.unzip();
         NatsReads {
             partitions,
             dead_letters,
@@ -472,8 +474,10 @@ impl StatusSource {
     async fn dead_letter_reads(
         &self,
         js: &jetstream::Context,
+        deadline: Instant,
     ) -> Option<((u64, u64), Option<ReasonScan>)> {
-        let mut stream = js.get_stream(self.router.dead_letter_stream()).await.ok()?;
+        let stream = js.get_stream(self.router.dead_letter_stream());
+        let mut stream = tokio::time::timeout_at(deadline, stream).await.ok()?.ok()?;
         let state = &stream.cached_info().state;
         let at = (state.last_sequence, state.messages);
         let first = state.first_sequence;
@@ -481,7 +485,11 @@ impl StatusSource {
         if let Some(scan) = cached.filter(|scan| scan.at == at) {
             return Some((at, Some(scan)));
         }
-        let scan = scan_reasons(&mut stream, at, first).await;
+        // A scan cut short (or refused) leaves the counts above known.
+        let scan = tokio::time::timeout_at(deadline, scan_reasons(&mut stream, at, first))
+            .await
+            .ok()
+            .flatten();
         if let (Some(scan), Ok(mut cache)) = (&scan, self.reasons.lock()) {
             *cache = Some(scan.clone());
         }
