@@ -38,8 +38,11 @@ echo "== the sink wrote $(wc -l <"$out") rows to ${out#"$root"/} (email and card
 head -n 3 "$out"
 echo
 echo "== summary"
-"$weir" status --url "$url"
-
+"$weir" status --url "$url" --brief
+echo
+echo "== status (as the admin sees it)"
+"$weir" status --url "$url" --key quickstart-admin-key-change-me
+echo
 echo "== stopping weir"
 kill -TERM $weir_pid
 wait $weir_pid

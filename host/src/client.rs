@@ -42,6 +42,8 @@ const MAX_LINE_BYTES: usize = 64 << 20;
 /// How much of an answer's body is read (they are small JSON objects).
 const MAX_ANSWER_BYTES: usize = 64 << 10;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `fetch_status` waits for a whole answer.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request without an answer by then is retried (its key makes that safe).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How `<stdin>` is named in errors.
@@ -980,7 +982,11 @@ pub async fn fetch_status(
     key: Option<&str>,
 ) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
-    let mut request = reqwest::Client::new().get(&endpoint);
+    // A host answers within its NATS read bound; a frozen host must not
+    // hang `weir status` (or `--wait-drained`) for ever.
+    let mut request = reqwest::Client::new()
+        .get(&endpoint)
+        .timeout(STATUS_TIMEOUT);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }

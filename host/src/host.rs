@@ -220,6 +220,7 @@ impl RunningHost {
             fleet: coordination.view(),
             ledger: ledger.clone(),
             nats: nats_status(&config, &nats_url, embedded.is_some()),
+            reasons: Default::default(),
         };
         let front_door = FrontDoor::new(
             gate,
@@ -417,6 +418,7 @@ fn nats_status(config: &Config, url: &str, embedded: bool) -> NatsStatus {
     NatsStatus {
         url: connection::redact(url),
         connected: true,
+        answered: true,
         embedded,
         sync: embedded.then(|| {
             match config.nats.embedded.sync {

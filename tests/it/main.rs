@@ -27,5 +27,6 @@ mod reload;
 mod retries;
 mod stops;
 mod sandbox;
+mod status;
 mod send;
 mod topology;

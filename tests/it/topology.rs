@@ -199,6 +199,20 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
         (dlq.info().await.ok()?.state.messages == 1).then_some(())
     })
     .await;
+    // Its status reads the streams and the dead letters' reasons with
+    // these permissions too.
+    let report = eventually(
+        Duration::from_secs(20),
+        "a status that counts it",
+        || async {
+            let report = host.host.status().report().await;
+            (report.totals.dead_lettered == Some(1)).then_some(report)
+        },
+    )
+    .await;
+    assert!(report.nats.answered, "{:?}", report.nats);
+    assert_eq!(report.dead_letters.scanned, Some(1));
+    assert_eq!(report.dead_letters.by_reason[0].count, 1);
     host.shutdown().await;
 
     // A user without one permission is refused at boot, naming it.

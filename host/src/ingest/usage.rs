@@ -293,7 +293,9 @@ impl Ledger {
         std::mem::take(&mut self.state().outbox)
     }
 
-    fn snapshot_age(&self) -> Option<Duration> {
+    /// Time since this host applied the last usage snapshot (`None`: none
+    /// yet): how stale queued counts may be, e.g. while NATS is down.
+    pub fn snapshot_age(&self) -> Option<Duration> {
         self.state().snapshot_at.map(|at| at.elapsed())
     }
 

@@ -30,7 +30,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::delivery::dead_letter::{DeadLetters, LetterError, LetterFilter, StoredLetter};
-use crate::ops::status::{FleetStatus, RowCounts, StatusReport, StatusSource, TenantUsage};
+use crate::ops::status::{
+    FleetStatus, FleetTotals, RowCounts, StatusReport, StatusSource, TenantUsage,
+};
 use crate::reload::generation::{Generation, PluginStatus};
 
 const INDEX_HTML: &str = include_str!("page/index.html");
@@ -153,13 +155,20 @@ impl IntoResponse for PageError {
 pub struct PageState {
     /// Whether the request came with a live admin session.
     pub admin: bool,
+    /// This host's own counters.
     pub rows: RowCounts,
+    /// The fleet's, from the streams (`None`: NATS did not answer).
+    #[serde(default)]
+    pub totals: FleetTotals,
     pub fleet: FleetStatus,
     pub partitions: u32,
     pub shards: u32,
     pub units: Vec<PageUnit>,
     pub plugins: Vec<PluginStatus>,
     pub nats_connected: bool,
+    /// Whether NATS answered the report's reads in time.
+    #[serde(default)]
+    pub nats_answered: bool,
     /// Present only for an admin session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<Vec<TenantUsage>>,
@@ -459,12 +468,14 @@ async fn state(State(page): State<Arc<Page>>, headers: HeaderMap) -> Response {
     let state = PageState {
         admin,
         rows: report.rows,
+        totals: report.totals,
         fleet: report.fleet,
         partitions: router.partitions(),
         shards,
         units,
         plugins: report.plugins,
         nats_connected: report.nats.connected,
+        nats_answered: report.nats.answered,
         tenants: admin.then_some(report.tenants),
     };
     let mut response = axum::Json(state).into_response();

@@ -1,30 +1,49 @@
-//! What a host reports about itself: row counts, the fleet (members, each
-//! unit's owner, unowned units), unit backlogs, plugin versions and its
-//! NATS connection. Served as JSON at `/v1/status` and read back by
-//! `weir status`.
+//! What a host reports about itself and its fleet: fleet-wide row counts
+//! (from the streams), the fleet (members, each unit's owner, unowned
+//! units), every unit's backlog, dead letters by reason, tenants' usage,
+//! plugin versions and its NATS connection — plus this host's own counters.
+//! Served as JSON at `/v1/status` and read back by `weir status`.
 //!
-//! Owners and unowned units come from the coordination watch (no request);
-//! backlogs from one paged consumer listing per partition (256 units a
-//! request) rather than a request per unit.
+//! Owners and unowned units come from the coordination watch (no request).
+//! What only NATS knows is read per report, all reads at once under one
+//! deadline (`NATS_READ_TIMEOUT`), and not at all while the client is
+//! disconnected: a report answers within that bound whatever the server
+//! does, and what NATS did not answer is `None` (unknown), never 0.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::coordination::FleetView;
+use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
 use crate::reload::generation::{Generation, PluginStatus};
 use crate::telemetry::Metrics;
 use crate::topology::route::Router;
 
+/// How long one report waits for NATS, all its reads together. A frozen
+/// server (SIGSTOP, a partition) keeps the client "connected" until its
+/// pings fail; without this bound a report waited 20 s (4 × 5 s requests).
+pub const NATS_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Dead letters read (headers only, the newest) to count them by reason:
+/// a bound on what one report costs however many letters are kept.
+pub const REASON_SCAN: u64 = 1000;
+/// Longest reason kept in a count: reasons are plugins' own text.
+const REASON_CHARS: usize = 120;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
+    /// This host's own counters since it started (not the fleet's).
     pub rows: RowCounts,
+    /// The fleet's counters, from the streams: the same on every host.
+    #[serde(default)]
+    pub totals: FleetTotals,
     #[serde(default)]
     pub fleet: FleetStatus,
     pub units: Vec<UnitStatus>,
@@ -34,6 +53,53 @@ pub struct StatusReport {
     /// budget is asked with).
     #[serde(default)]
     pub tenants: Vec<TenantUsage>,
+    /// Milliseconds since this host applied the last usage snapshot (one a
+    /// second while NATS is up); `None`: none yet.
+    #[serde(default)]
+    pub usage_age_ms: Option<u64>,
+    #[serde(default)]
+    pub dead_letters: DeadLetterStatus,
+}
+
+/// Rows of the whole fleet, from the streams (not any process's memory):
+/// every host reports the same, and a restart changes nothing. `None`:
+/// NATS did not answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FleetTotals {
+    /// Rows ever stored in the partition streams (the sum of their last
+    /// sequences). A replayed dead letter is stored, so counted, again.
+    pub accepted: Option<u64>,
+    /// Rows that left the partition streams: acked after delivery or after
+    /// their dead letter was stored (work-queue streams drop acked rows).
+    pub settled: Option<u64>,
+    /// Settled rows that were not dead-lettered.
+    pub delivered: Option<u64>,
+    /// Dead letters ever stored (the dead-letter stream's last sequence;
+    /// replays and purges do not lower it).
+    pub dead_lettered: Option<u64>,
+    /// Rows in the partition streams now: queued or in flight.
+    pub queued: Option<u64>,
+}
+
+/// Dead letters as the dead-letter stream holds them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeadLetterStatus {
+    /// Letters kept now (not yet replayed or purged); `None`: unknown.
+    pub held: Option<u64>,
+    /// How many of the newest held letters `by_reason` counts (at most
+    /// `REASON_SCAN`); `None`: not read.
+    pub scanned: Option<u64>,
+    /// The scanned letters by plugin and reason, most first.
+    pub by_reason: Vec<ReasonCount>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReasonCount {
+    /// The plugin that gave up on the rows; `None`: the host did.
+    pub plugin: Option<String>,
+    /// The reason, cut at 120 characters.
+    pub reason: String,
+    pub count: u64,
 }
 
 /// One tenant's queued rows and bytes fleet-wide, and what it sent in the
@@ -54,9 +120,17 @@ pub struct FleetStatus {
     pub me: String,
     /// Whether it currently acts as a member (holds its lease).
     pub member: bool,
+    /// False while NATS is disconnected or did not answer this report:
+    /// members and owners are as last seen, and may have changed since.
+    #[serde(default = "yes")]
+    pub current: bool,
     pub members: Vec<MemberStatus>,
     /// Consumers of the units no live member holds.
     pub unowned: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,30 +145,64 @@ pub struct MemberStatus {
 }
 
 impl StatusReport {
-    /// True when every unit's backlog is empty and nothing is in flight.
+    /// True when every unit's backlog is known to be empty and nothing is
+    /// in flight: an unknown backlog is not a drained one.
     pub fn drained(&self) -> bool {
         self.units
             .iter()
             .all(|unit| unit.pending == Some(0) && unit.ack_pending == Some(0))
     }
 
-    /// The one-line summary `weir status` prints.
+    /// Rows waiting or in flight on every unit; `None` when any unit's is
+    /// unknown (a partial sum would read as a smaller backlog).
+    pub fn backlog(&self) -> Option<u64> {
+        self.units
+            .iter()
+            .map(|u| Some(u.pending? + u.ack_pending?))
+            .sum()
+    }
+
+    /// Why the fleet is not drained, in a few words.
+    pub fn not_drained_because(&self) -> String {
+        match self.backlog() {
+            None if !self.nats.connected => "backlog unknown: NATS is disconnected".to_string(),
+            None => "backlog unknown: NATS did not answer in time".to_string(),
+            Some(rows) => format!("{rows} rows not yet settled"),
+        }
+    }
+
+    /// The one-line summary `weir status` prints: fleet-wide counts, `?`
+    /// for what is unknown.
     pub fn summary(&self) -> String {
-        let backlog: u64 = self.units.iter().filter_map(|u| u.pending).sum();
         let counted = |count: usize, what: &str| {
             format!("{count} {what}{}", if count == 1 { "" } else { "s" })
         };
-        format!(
-            "accepted {}, delivered {}, dead-lettered {}, retried {}, backlog {}; {}, {}",
-            self.rows.accepted,
-            self.rows.delivered,
-            self.rows.dead_lettered,
-            self.rows.retried,
-            backlog,
+        let totals = &self.totals;
+        let fleet = format!(
+            "{}, {}",
             counted(self.fleet.members.len(), "member"),
             counted(self.fleet.unowned.len(), "unowned unit")
+        );
+        let fleet = if !self.nats.connected {
+            format!("members ? (NATS disconnected; last seen: {fleet})")
+        } else if !self.fleet.current {
+            format!("members ? (NATS did not answer in time; last seen: {fleet})")
+        } else {
+            fleet
+        };
+        format!(
+            "accepted {}, delivered {}, dead-lettered {}, backlog {}; {fleet}",
+            known(totals.accepted),
+            known(totals.delivered),
+            known(totals.dead_lettered),
+            known(self.backlog()),
         )
     }
+}
+
+/// A count, or `?` when unknown.
+pub fn known(count: Option<u64>) -> String {
+    count.map_or_else(|| "?".to_string(), |count| count.to_string())
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,7 +232,12 @@ pub struct UnitStatus {
 pub struct NatsStatus {
     /// Credentials redacted; empty unless asked with an admin key.
     pub url: String,
+    /// The client's connection state when the report was made.
     pub connected: bool,
+    /// Whether every read this report made answered within
+    /// `NATS_READ_TIMEOUT` (false while disconnected: nothing was asked).
+    #[serde(default)]
+    pub answered: bool,
     /// True when weir runs its own nats-server.
     pub embedded: bool,
     /// The embedded server's durability (`always` or `periodic`).
@@ -144,10 +257,69 @@ pub struct StatusSource {
     pub(crate) nats: NatsStatus,
     pub(crate) fleet: watch::Receiver<Arc<FleetView>>,
     pub(crate) ledger: Ledger,
+    /// The last reason counts and the dead-letter stream state they were
+    /// read at: read again only when that state changed.
+    pub(crate) reasons: Arc<Mutex<Option<ReasonScan>>>,
+}
+
+/// Reason counts read at a dead-letter stream state (last sequence, kept).
+#[derive(Clone)]
+pub(crate) struct ReasonScan {
+    at: (u64, u64),
+    scanned: u64,
+    by_reason: Vec<ReasonCount>,
 }
 
 /// Pending and ack-pending rows by consumer name.
 pub type Backlogs = HashMap<String, (u64, u64)>;
+
+/// What one report read from NATS; each part `None` when it did not
+/// answer in time.
+#[derive(Default)]
+struct NatsReads {
+    /// Per partition: (last sequence, messages) and its consumers' backlogs.
+    partitions: Vec<Option<((u64, u64), Backlogs)>>,
+    /// The dead-letter stream's (last sequence, messages).
+    dead_letters: Option<(u64, u64)>,
+    reasons: Option<ReasonScan>,
+}
+
+impl NatsReads {
+    /// Whether every count and backlog was read. Reasons are not needed:
+    /// a scan refused (a user without the DLQ reader's permissions) leaves
+    /// only them unknown.
+    fn answered(&self, partitions: u32) -> bool {
+        self.partitions.len() == partitions as usize
+            && self.partitions.iter().all(Option::is_some)
+            && self.dead_letters.is_some()
+    }
+
+    fn totals(&self) -> FleetTotals {
+        let streams: Option<Vec<(u64, u64)>> = self
+            .partitions
+            .iter()
+            .map(|p| p.as_ref().map(|(state, _)| *state))
+            .collect();
+        let streams = streams.filter(|s| !s.is_empty());
+        let accepted = streams
+            .as_ref()
+            .map(|s| s.iter().map(|(last, _)| last).sum());
+        let queued: Option<u64> = streams.as_ref().map(|s| s.iter().map(|(_, n)| n).sum());
+        let settled = accepted
+            .zip(queued)
+            .map(|(a, q): (u64, u64)| a.saturating_sub(q));
+        let dead_lettered = self.dead_letters.map(|(last, _)| last);
+        FleetTotals {
+            accepted,
+            settled,
+            // A letter is stored before its row is acked: for that moment
+            // it is dead-lettered and not yet settled, hence saturating.
+            delivered: settled.zip(dead_lettered).map(|(s, d)| s.saturating_sub(d)),
+            dead_lettered,
+            queued,
+        }
+    }
+}
 
 impl StatusSource {
     pub fn registry(&self) -> Arc<Registry> {
@@ -159,7 +331,7 @@ impl StatusSource {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// The row counters alone: no request to NATS.
+    /// This host's row counters alone: no request to NATS.
     pub fn rows(&self) -> RowCounts {
         let metrics = &self.metrics;
         RowCounts {
@@ -175,9 +347,22 @@ impl StatusSource {
         self.fleet.borrow().clone()
     }
 
-    /// The whole report.
+    /// The whole report, within `NATS_READ_TIMEOUT` (at once while NATS is
+    /// disconnected).
     pub async fn report(&self) -> StatusReport {
-        let backlogs = unit_backlogs(&self.client, &self.router).await;
+        let connected = self.nats_connected();
+        let reads = if connected {
+            self.read_nats(Instant::now() + NATS_READ_TIMEOUT).await
+        } else {
+            NatsReads::default()
+        };
+        let answered = connected && reads.answered(self.router.partitions());
+        let backlogs: Backlogs = reads
+            .partitions
+            .iter()
+            .flatten()
+            .flat_map(|(_, backlogs)| backlogs.iter().map(|(k, v)| (k.clone(), *v)))
+            .collect();
         let fleet = self.fleet();
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -205,6 +390,8 @@ impl StatusSource {
         let fleet_status = FleetStatus {
             me: fleet.me.clone(),
             member: fleet.member,
+            // The watch goes quiet when NATS does, without a word.
+            current: connected && answered,
             members: fleet
                 .members
                 .iter()
@@ -222,13 +409,24 @@ impl StatusSource {
                 .map(|unit| self.router.unit_consumer(unit))
                 .collect(),
         };
+        let dead_letters = DeadLetterStatus {
+            held: reads.dead_letters.map(|(_, held)| held),
+            scanned: reads.reasons.as_ref().map(|scan| scan.scanned),
+            by_reason: reads
+                .reasons
+                .as_ref()
+                .map(|scan| scan.by_reason.clone())
+                .unwrap_or_default(),
+        };
         StatusReport {
             rows: self.rows(),
+            totals: reads.totals(),
             fleet: fleet_status,
             units,
             plugins: self.generations.borrow().plugin_status(),
             nats: NatsStatus {
-                connected: self.nats_connected(),
+                connected,
+                answered,
                 ..self.nats.clone()
             },
             tenants: self
@@ -243,27 +441,249 @@ impl StatusSource {
                     recent_bytes: usage.recent.bytes,
                 })
                 .collect(),
+            usage_age_ms: self.ledger.snapshot_age().map(|age| age.as_millis() as u64),
+            dead_letters,
         }
+    }
+
+    /// Every read a report needs, all at once, each given up at `deadline`.
+    async fn read_nats(&self, deadline: Instant) -> NatsReads {
+        let js = jetstream::new(self.client.clone());
+        let partitions = futures::future::join_all((0..self.router.partitions()).map(|p| {
+            let name = self.router.partition_stream(p);
+            let js = &js;
+            async move {
+                tokio::time::timeout_at(deadline, partition_reads(js, name))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+        }));
+        let dead_letters = self.dead_letter_reads(&js, deadline);
+        let (partitions, dead_letters) = tokio::join!(partitions, dead_letters);
+        let (dead_letters, reasons) = dead_letters.unzip();
+        NatsReads {
+            partitions,
+            dead_letters,
+            reasons: reasons.flatten(),
+        }
+    }
+
+    /// The dead-letter stream's (last sequence, messages) and its reason
+    /// counts (from the last report when the stream has not changed).
+    async fn dead_letter_reads(
+        &self,
+        js: &jetstream::Context,
+        deadline: Instant,
+    ) -> Option<((u64, u64), Option<ReasonScan>)> {
+        let stream = js.get_stream(self.router.dead_letter_stream());
+        let mut stream = tokio::time::timeout_at(deadline, stream).await.ok()?.ok()?;
+        let state = &stream.cached_info().state;
+        let at = (state.last_sequence, state.messages);
+        let first = state.first_sequence;
+        let cached = self.reasons.lock().ok().and_then(|cache| cache.clone());
+        if let Some(scan) = cached.filter(|scan| scan.at == at) {
+            return Some((at, Some(scan)));
+        }
+        // A scan cut short (or refused) leaves the counts above known.
+        let scan = tokio::time::timeout_at(deadline, scan_reasons(&mut stream, at, first))
+            .await
+            .ok()
+            .flatten();
+        if let (Some(scan), Ok(mut cache)) = (&scan, self.reasons.lock()) {
+            *cache = Some(scan.clone());
+        }
+        Some((at, scan))
     }
 }
 
-/// Every unit's backlog (pending, ack pending) by consumer name, from one
-/// paged consumer listing per partition: 256 units a request.
+/// Every unit's backlog by consumer name, from one paged consumer listing
+/// per partition (256 units a request); a partition that did not answer
+/// is left out. Unbounded in time: for benches and tools, not reports.
 pub async fn unit_backlogs(client: &async_nats::Client, router: &Router) -> Backlogs {
-    use futures::StreamExt;
     let js = jetstream::new(client.clone());
     let mut backlogs = Backlogs::new();
     for partition in 0..router.partitions() {
-        let Ok(stream) = js
-            .get_stream_no_info(router.partition_stream(partition))
-            .await
-        else {
-            continue;
-        };
-        let mut consumers = stream.consumers();
-        while let Some(Ok(info)) = consumers.next().await {
-            backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
+        if let Some((_, found)) = partition_reads(&js, router.partition_stream(partition)).await {
+            backlogs.extend(found);
         }
     }
     backlogs
+}
+
+/// One partition stream's (last sequence, messages) and its consumers'
+/// backlogs, from its info and one paged consumer listing (256 a request).
+async fn partition_reads(js: &jetstream::Context, name: String) -> Option<((u64, u64), Backlogs)> {
+    use futures::StreamExt;
+    let stream = js.get_stream(name).await.ok()?;
+    let state = &stream.cached_info().state;
+    let counts = (state.last_sequence, state.messages);
+    let mut backlogs = Backlogs::new();
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers.next().await {
+        // A listing cut short would leave units unknown, not empty.
+        let info = info.ok()?;
+        backlogs.insert(info.name, (info.num_pending, info.num_ack_pending as u64));
+    }
+    Some((counts, backlogs))
+}
+
+/// Counts the newest (at most `REASON_SCAN`) letters by plugin and reason,
+/// reading their headers only through an ordered consumer.
+async fn scan_reasons(
+    stream: &mut jetstream::stream::Stream,
+    at: (u64, u64),
+    first: u64,
+) -> Option<ReasonScan> {
+    use futures::StreamExt;
+    use jetstream::consumer::{DeliverPolicy, pull};
+    let (last, held) = at;
+    let mut scan = ReasonScan {
+        at,
+        scanned: 0,
+        by_reason: Vec::new(),
+    };
+    if held == 0 {
+        return Some(scan);
+    }
+    // Every held letter when they are few; else the last `REASON_SCAN`
+    // sequences (replayed letters leave gaps, so maybe fewer letters).
+    let deliver_policy = if held <= REASON_SCAN {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: last.saturating_sub(REASON_SCAN - 1).max(first),
+        }
+    };
+    let reader = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: String::new(),
+            deliver_policy,
+            headers_only: true,
+            description: Some("weir status: dead letters by reason".into()),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    // What the server counted at creation bounds the read: it never waits
+    // for letters that are not there.
+    let mut to_read = reader.cached_info().num_pending.min(REASON_SCAN);
+    if to_read == 0 {
+        return Some(scan);
+    }
+    let mut messages = reader.messages().await.ok()?;
+    let mut counts: BTreeMap<(Option<String>, String), u64> = BTreeMap::new();
+    while let Some(message) = messages.next().await {
+        let message = message.ok()?;
+        let info = message.info().ok()?;
+        let (sequence, pending) = (info.stream_sequence, info.pending);
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_string())
+        };
+        let reason: String = header(headers::REASON)
+            .unwrap_or_default()
+            .chars()
+            .take(REASON_CHARS)
+            .collect();
+        *counts.entry((header(headers::PLUGIN), reason)).or_default() += 1;
+        scan.scanned += 1;
+        to_read -= 1;
+        // Letters stored after the state read are left for the next scan.
+        if to_read == 0 || pending == 0 || sequence >= last {
+            break;
+        }
+    }
+    let mut by_reason: Vec<ReasonCount> = counts
+        .into_iter()
+        .map(|((plugin, reason), count)| ReasonCount {
+            plugin,
+            reason,
+            count,
+        })
+        .collect();
+    by_reason.sort_by_key(|count| std::cmp::Reverse(count.count));
+    scan.by_reason = by_reason;
+    Some(scan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partition(last: u64, messages: u64) -> Option<((u64, u64), Backlogs)> {
+        Some(((last, messages), Backlogs::new()))
+    }
+
+    #[test]
+    fn totals_come_from_stream_sequences_and_what_did_not_answer_stays_unknown() {
+        let reads = NatsReads {
+            partitions: vec![partition(10, 2), partition(5, 0)],
+            dead_letters: Some((3, 1)),
+            reasons: None,
+        };
+        assert_eq!(
+            reads.totals(),
+            FleetTotals {
+                accepted: Some(15),
+                settled: Some(13),
+                delivered: Some(10),
+                dead_lettered: Some(3),
+                queued: Some(2),
+            }
+        );
+        // One partition silent: no partial sum passes for the fleet's.
+        let reads = NatsReads {
+            partitions: vec![partition(10, 2), None],
+            dead_letters: Some((3, 1)),
+            reasons: None,
+        };
+        let totals = reads.totals();
+        assert_eq!((totals.accepted, totals.delivered), (None, None));
+        assert_eq!(totals.dead_lettered, Some(3));
+        assert!(!reads.answered(2));
+        // Disconnected: nothing was read, nothing is known.
+        assert_eq!(NatsReads::default().totals(), FleetTotals::default());
+    }
+
+    fn report(units: &[(Option<u64>, Option<u64>)], connected: bool) -> StatusReport {
+        let units: Vec<serde_json::Value> = units
+            .iter()
+            .map(|(pending, ack_pending)| {
+                serde_json::json!({"consumer": "c", "pending": pending, "ack_pending": ack_pending})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "rows": {"accepted": 0, "delivered": 0, "dead_lettered": 0, "retried": 0},
+            "units": units,
+            "plugins": [],
+            "nats": {"url": "", "connected": connected, "answered": connected, "embedded": false},
+        }))
+        .expect("a report")
+    }
+
+    #[test]
+    fn a_backlog_with_one_unknown_unit_is_unknown_and_not_drained() {
+        let known = report(&[(Some(0), Some(0)), (Some(3), Some(1))], true);
+        assert_eq!(known.backlog(), Some(4));
+        assert!(!known.drained());
+        assert_eq!(known.not_drained_because(), "4 rows not yet settled");
+        let partial = report(&[(Some(0), Some(0)), (None, None)], false);
+        assert_eq!(partial.backlog(), None);
+        assert!(!partial.drained());
+        assert!(
+            partial.summary().contains("backlog ?;"),
+            "{}",
+            partial.summary()
+        );
+        assert!(partial.summary().starts_with("accepted ?, delivered ?"));
+        assert_eq!(
+            partial.not_drained_because(),
+            "backlog unknown: NATS is disconnected"
+        );
+        assert!(report(&[(Some(0), Some(0))], true).drained());
+    }
 }

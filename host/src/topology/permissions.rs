@@ -57,6 +57,16 @@ impl Permissions {
             // Backlog of every unit in one paged request.
             publish.push(format!("$JS.API.CONSUMER.LIST.{}", stream.name));
         }
+        // Status and the live page read dead letters (headers, newest
+        // first) through ordered consumers of their own: read-only, never
+        // a delete of a letter or a purge.
+        let dlq = router.dead_letter_stream();
+        publish.extend([
+            format!("$JS.API.CONSUMER.CREATE.{dlq}"),
+            format!("$JS.API.CONSUMER.CREATE.{dlq}.>"),
+            format!("$JS.API.CONSUMER.DELETE.{dlq}.>"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{dlq}.>"),
+        ]);
         for bucket in &manifest.buckets {
             // Coordination: member keys and owner records (writes are
             // publishes), reads of one key, and the host's one watch (a
@@ -129,11 +139,13 @@ mod tests {
                 assert!(!subject.contains(destructive), "{subject}");
             }
             // Consumers come and go only for the host's own watch of the
-            // coordination bucket and plugin downloads, never on a
-            // partition stream.
+            // coordination bucket, plugin downloads and readers of dead
+            // letters, never on a partition stream.
             if subject.contains("CONSUMER.CREATE") || subject.contains("CONSUMER.DELETE") {
                 assert!(
-                    subject.contains(".KV_weir_coord") || subject.contains(".OBJ_weir_plugins"),
+                    subject.contains(".KV_weir_coord")
+                        || subject.contains(".OBJ_weir_plugins")
+                        || subject.contains(".weir_dlq"),
                     "{subject}"
                 );
             }

@@ -89,8 +89,11 @@ function line(canvas, series, stroke) {
 }
 
 function drawTotals(state) {
-  const backlog = state.units.reduce((s, u) => s + (u.pending || 0), 0);
-  const inFlight = state.units.reduce((s, u) => s + (u.ack_pending || 0), 0);
+  // A unit NATS did not answer for makes the sums unknown (–), not smaller.
+  const known = state.units.every((u) => u.pending != null && u.ack_pending != null);
+  const backlog = known ? state.units.reduce((s, u) => s + u.pending, 0) : null;
+  const inFlight = known ? state.units.reduce((s, u) => s + u.ack_pending, 0) : null;
+  const fleet = state.totals || {};
   const box = $("totals");
   box.replaceChildren();
   for (const [label, value] of [
@@ -99,15 +102,15 @@ function drawTotals(state) {
     ["unowned", state.fleet.unowned.length],
     ["backlog", backlog],
     ["in flight", inFlight],
-    ["accepted here", state.rows.accepted],
-    ["delivered here", state.rows.delivered],
-    ["dead-lettered here", state.rows.dead_lettered],
+    ["accepted", fleet.accepted],
+    ["delivered", fleet.delivered],
+    ["dead-lettered", fleet.dead_lettered],
   ]) {
     const t = el("div", null, "total");
     t.append(el("b", fmt(value)), el("span", label, "muted"));
     box.append(t);
   }
-  push(totals, backlog);
+  if (backlog !== null) push(totals, backlog);
   $("lag-max").textContent = fmt(Math.max(1, ...totals));
   line($("lag"), totals, "#58a6ff");
 }
@@ -150,7 +153,7 @@ function drawGrid(state) {
     for (const u of state.units.filter((u) => u.partition === p).sort((a, b) => a.shard - b.shard)) {
       seen.add(u.consumer);
       const series = history.get(u.consumer) || [];
-      push(series, u.pending || 0);
+      if (u.pending != null) push(series, u.pending);
       history.set(u.consumer, series);
       const cell = el("div", null, "cell");
       cell.dataset.unit = u.consumer;
@@ -204,8 +207,11 @@ async function poll() {
     const state = await response.json();
     $("me").textContent = state.fleet.me;
     const health = $("health");
-    health.dataset.state = state.nats_connected ? "ok" : "bad";
-    health.textContent = state.nats_connected ? "live · " + new Date().toLocaleTimeString() : "NATS disconnected";
+    const answered = state.nats_connected && state.nats_answered !== false;
+    health.dataset.state = answered ? "ok" : "bad";
+    health.textContent = answered
+      ? "live · " + new Date().toLocaleTimeString()
+      : state.nats_connected ? "NATS not answering" : "NATS disconnected";
     setAdmin(state.admin);
     drawTotals(state);
     drawMembers(state);
