@@ -55,11 +55,15 @@ pub enum PluginCommand {
         /// Only this plugin.
         name: Option<String>,
     },
+    /// Write a new plugin project (Rust, Python or JavaScript) that builds
+    /// on its own, with fixture rows, their expected outcomes and a test.
+    New(super::plugin_new::NewArgs),
 }
 
 impl PluginCommand {
     pub async fn run(self) -> anyhow::Result<()> {
         match self {
+            PluginCommand::New(args) => args.run()?,
             PluginCommand::Push {
                 fleet,
                 name,
