@@ -213,28 +213,37 @@ async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
     host.shutdown().await;
 }
 
-/// A JS transform whose `init` throws an Error.
-const BOOM_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
+/// A JS transform whose `init` throws an Error when told to, and whose
+/// `row` throws on rows without a `user`.
+const THROWING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
 
 export const { init, transform } = weir.transform({
   init(settings) {
-    throw new Error("boom");
+    if (settings.boom) throw new Error("boom");
+  },
+  row(row) {
+    const data = row.json();
+    return weir.emit({ id: data.id, name: data.user.name });
   },
 });
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_js_error_thrown_in_init_refuses_the_plugin_with_its_message() {
+async fn a_js_error_refuses_the_plugin_in_init_and_dead_letters_its_row_in_row() {
     let wasm = tokio::task::spawn_blocking(|| {
-        let dir = scaffold("throws-in-init", "js", "transform");
-        std::fs::write(dir.join("plugin.js"), BOOM_PLUGIN).expect("write plugin.js");
+        let dir = scaffold("throws", "js", "transform");
+        std::fs::write(dir.join("plugin.js"), THROWING_PLUGIN).expect("write plugin.js");
         run_script(&dir, "build.sh");
-        dir.join("throws-in-init.wasm")
+        dir.join("throws.wasm")
     })
     .await
     .expect("build");
     let nats = Nats::start();
-    let err = start_error(&base_config(nats.url(), &pipeline("thrower", &wasm))).await;
+    let refused = pipeline("thrower", &wasm).replace(
+        "world = \"transform\"\n",
+        "world = \"transform\"\nsettings = { boom = true }\n",
+    );
+    let err = start_error(&base_config(nats.url(), &refused)).await;
     assert!(
         matches!(err, StartError::Plugin(LoadError::Init { .. })),
         "{err}"
@@ -245,4 +254,26 @@ async fn a_js_error_thrown_in_init_refuses_the_plugin_with_its_message() {
         "{message}"
     );
     assert_eq!(message.matches("boom").count(), 1, "said once: {message}");
+
+    let host = TestHost::start(&base_config(nats.url(), &pipeline("thrower", &wasm))).await;
+    let response = host
+        .ingest(
+            "thrower",
+            "{\"id\":1,\"user\":{\"name\":\"ann\"}}\n{\"id\":2}\n",
+        )
+        .await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("TypeError: ") && reasons[0].ends_with(" (plugin.js line 9)"),
+        "{reasons:?}"
+    );
+    let lines = eventually(Duration::from_secs(30), "the good row", || async {
+        let lines = host.sink_lines("thrower");
+        (!lines.is_empty()).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines, vec!["{\"id\":1,\"name\":\"ann\"}"]);
+    host.shutdown().await;
 }

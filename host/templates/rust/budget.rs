@@ -26,7 +26,9 @@ impl Budget for Plugin {
             return Decision::Reject(format!("tenant {} is blocked", request.tenant));
         }
         let limit = tenant.get("max_queued_rows").and_then(Value::as_u64);
-        if request.usage.queued_rows + u64::from(request.rows) > limit.unwrap_or(self.max_queued_rows) {
+        if request.usage.queued_rows + u64::from(request.rows)
+            > limit.unwrap_or(self.max_queued_rows)
+        {
             return Decision::Throttle(1000);
         }
         Decision::Admit

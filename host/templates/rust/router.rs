@@ -13,7 +13,12 @@ impl Router for Plugin {
         let settings: Map<String, Value> = weir_plugin::settings(&settings)?;
         let tables = settings.get("by_key").and_then(Value::as_array);
         Ok(Plugin {
-            by_key_tables: tables.into_iter().flatten().filter_map(Value::as_str).map(String::from).collect(),
+            by_key_tables: tables
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect(),
         })
     }
 
@@ -25,12 +30,22 @@ impl Router for Plugin {
         }
     }
 
-    fn route_keys(&mut self, topology: Topology, _: &str, _: &str, keys: &[Option<String>]) -> Vec<Route> {
+    fn route_keys(
+        &mut self,
+        topology: Topology,
+        _: &str,
+        _: &str,
+        keys: &[Option<String>],
+    ) -> Vec<Route> {
         // Deterministic on every host: the sum of the key's bytes.
-        let unit = |key: &String| key.bytes().map(u32::from).sum::<u32>() % topology.partitions.max(1);
+        let unit =
+            |key: &String| key.bytes().map(u32::from).sum::<u32>() % topology.partitions.max(1);
         keys.iter()
             .map(|key| match key {
-                Some(key) => Route::To(Unit { partition: unit(key), shard: 0 }),
+                Some(key) => Route::To(Unit {
+                    partition: unit(key),
+                    shard: 0,
+                }),
                 None => Route::DefaultRoute,
             })
             .collect()

@@ -16,13 +16,17 @@ impl Sink for Plugin {
 
     fn deliver(&mut self, rows: &Rows, out: &mut Deliveries) {
         for row in rows.iter() {
-            let data = serde_json::from_slice::<Map<String, Value>>(row.payload).unwrap_or_default();
+            let data =
+                serde_json::from_slice::<Map<String, Value>>(row.payload).unwrap_or_default();
             let Some(id) = data.get("id") else {
                 out.dead_letter("missing id");
                 continue;
             };
             // A real sink writes the row somewhere (a granted dir, an HTTP API).
-            weir_plugin::log::info(&format!("{} {}/{} id={id}", self.prefix, row.tenant, row.table));
+            weir_plugin::log::info(&format!(
+                "{} {}/{} id={id}",
+                self.prefix, row.tenant, row.table
+            ));
             weir_plugin::counter("rows_delivered", 1);
             out.ok();
         }

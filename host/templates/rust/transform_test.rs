@@ -1,4 +1,3 @@
-
 /// Runs the plugin natively on rows.ndjson and compares each row's outcome
 /// with expected.ndjson (`cargo test`; no wasm, no weir).
 #[cfg(test)]
@@ -31,7 +30,10 @@ mod tests {
 
     #[test]
     fn fixture_rows_have_the_expected_outcomes() {
-        let rows: Vec<RowData> = include_str!("../rows.ndjson").lines().map(RowData::new).collect();
+        let rows: Vec<RowData> = include_str!("../rows.ndjson")
+            .lines()
+            .map(RowData::new)
+            .collect();
         let rows = Rows::pack(&rows);
         let mut plugin = super::Plugin::init("{}".into()).expect("init");
         let mut out = Outcomes::with_capacity(rows.len());

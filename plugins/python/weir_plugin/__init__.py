@@ -291,7 +291,7 @@ def _short_reason(error):
     where = ""
     frames = traceback.extract_tb(error.__traceback__)
     for frame in reversed(frames):
-        if not frame.filename.endswith("weir_plugin/__init__.py"):
+        if not frame.filename.startswith(_NOT_THE_PLUGIN):
             where = " (%s line %d)" % (frame.filename.rsplit("/", 1)[-1], frame.lineno)
             break
     message = str(error)
@@ -299,6 +299,11 @@ def _short_reason(error):
         message = repr(error.args[0])
     text = type(error).__name__ + (": " + message if message else "")
     return text[:400] + where
+
+
+# Frames of these files are not the plugin's own: the SDK and the standard
+# library (json lives there), so that a reason names the plugin's line.
+_NOT_THE_PLUGIN = (__file__.rsplit("/", 1)[0] + "/", json.__file__.rsplit("/", 2)[0] + "/")
 
 
 def _print_exception():
