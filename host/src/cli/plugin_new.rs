@@ -83,7 +83,9 @@ impl NewArgs {
             dir.display()
         );
         println!("  build: cd {} && ./build.sh", dir.display());
-        println!("  test:  ./test.sh");
+        if matches!(self.world, World::Transform | World::Sink) {
+            println!("  test:  ./test.sh");
+        }
         Ok(())
     }
 
@@ -107,9 +109,25 @@ impl NewArgs {
                  at the path in `Cargo.toml`.",
             ),
         };
+        match world {
+            World::Transform => {
+                files.push(("rows.ndjson", ROWS.to_string(), false));
+                files.push(("expected.ndjson", TRANSFORM_EXPECTED.to_string(), false));
+            }
+            World::Sink => {
+                files.push(("rows.ndjson", ROWS.to_string(), false));
+                files.push(("expected.ndjson", SINK_EXPECTED.to_string(), false));
+            }
+            // A policy is asked about requests and tables, not rows: no
+            // row fixtures, so no test to run on them.
+            World::Budget | World::Router => files.retain(|(path, _, _)| *path != "test.sh"),
+        }
         let mut table = String::new();
         for (path, _, _) in &files {
-            table.push_str(&format!("| `{path}` | {} |\n", describe(path)));
+            let what = describe(path);
+            if !what.is_empty() {
+                table.push_str(&format!("| `{path}` | {what} |\n"));
+            }
         }
         files.push((
             "README.md",
@@ -120,19 +138,6 @@ impl NewArgs {
                 .replace("{{language}}", lang_name(self.lang)),
             false,
         ));
-        match world {
-            World::Transform => {
-                files.push(("rows.ndjson", ROWS.to_string(), false));
-                files.push(("expected.ndjson", TRANSFORM_EXPECTED.to_string(), false));
-            }
-            World::Sink => {
-                files.push(("rows.ndjson", ROWS.to_string(), false));
-                files.push(("expected.ndjson", SINK_EXPECTED.to_string(), false));
-            }
-            // A policy is asked about requests and tables, not rows: its
-            // README says how to try it.
-            World::Budget | World::Router => {}
-        }
         let sdk = match self.lang {
             Lang::Rust => sdk_path(self.sdk.as_deref())?,
             Lang::Python | Lang::Js => String::new(),
@@ -166,8 +171,11 @@ fn describe(path: &str) -> &'static str {
         "build.sh" => "builds the `.wasm`",
         "test.sh" => "runs the test",
         "Cargo.toml" => "the crate, in a workspace of its own",
+        "Cargo.lock" => "the crate versions weir's own plugins use",
         "package.json" => "the build tool (componentize-js)",
         "wit/types.wit" => "weir's WIT, `weir:plugin@0.2.0`",
+        "rows.ndjson" => "fixture rows, one payload a line",
+        "expected.ndjson" => "each fixture row's expected outcome, in order",
         p if p.starts_with("weir_plugin/") || p.starts_with("weir/") => "weir's SDK (a copy)",
         _ => "",
     }
@@ -260,6 +268,7 @@ fn python(world: World) -> Vec<File> {
             false,
         ),
         ("wit/types.wit", WIT.to_string(), false),
+        (".gitignore", "*.wasm\n__pycache__/\n".to_string(), false),
         (
             "build.sh",
             include_str!("../../templates/python/build.sh").to_string(),
@@ -303,6 +312,7 @@ fn js(world: World) -> Vec<File> {
             false,
         ),
         ("wit/types.wit", WIT.to_string(), false),
+        (".gitignore", "*.wasm\nnode_modules/\n".to_string(), false),
         (
             "package.json",
             include_str!("../../templates/js/package.json").to_string(),
