@@ -49,9 +49,11 @@ fn built(lang: &str) -> PathBuf {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).expect("remove the old project");
     }
+    // Their chatter goes to stderr: stdout is the bench's figures.
     let status = Command::new(weir)
         .args(["plugin", "new", &name, "--lang", lang, "--dir"])
         .arg(&dir)
+        .stdout(std::io::stderr())
         .status()
         .expect("weir runs");
     assert!(status.success(), "weir plugin new {name}");
@@ -59,6 +61,7 @@ fn built(lang: &str) -> PathBuf {
     let started = Instant::now();
     let status = Command::new(dir.join("build.sh"))
         .env("CARGO_TARGET_DIR", &target)
+        .stdout(std::io::stderr())
         .status()
         .expect("build.sh runs");
     assert!(
