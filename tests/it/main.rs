@@ -5,6 +5,7 @@
 mod nats_auth;
 mod support;
 
+mod authors;
 mod boundaries;
 mod browser;
 mod cli;

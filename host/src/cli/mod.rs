@@ -6,6 +6,7 @@ mod check;
 mod dlq;
 mod mq;
 mod plugin;
+mod plugin_new;
 mod run;
 mod send;
 mod status;

@@ -61,6 +61,9 @@ pub enum PluginCommand {
         /// Only this plugin.
         name: Option<String>,
     },
+    /// Write a new plugin project (Rust, Python or JavaScript) that builds
+    /// on its own, with fixture rows, their expected outcomes and a test.
+    New(super::plugin_new::NewArgs),
 }
 
 impl PluginCommand {
@@ -68,6 +71,7 @@ impl PluginCommand {
         match self {
             PluginCommand::Test(args) => return args.run().await,
             PluginCommand::Check(args) => return args.run().await,
+            PluginCommand::New(args) => args.run()?,
             PluginCommand::Push {
                 fleet,
                 name,

@@ -1,0 +1,338 @@
+// weir plugins in JavaScript: the part that needs no WIT import, so that it
+// also runs in Node (test.mjs). `index.js` adds the host imports and the
+// exports componentize-js binds to `weir:plugin@0.2.0`.
+//
+// A plugin sees rows as `Row` objects and answers each with ok(), emit(...),
+// drop(), retry(ms) or deadLetter(reason); the packed batches (offsets,
+// outcome codes, the "same table" sentinel, reason indexes) stay in here.
+
+const OK = 0, EMIT = 1, RETRY = 2, DEAD_LETTER = 3;
+// An emitted row's table length meaning "the input row's table".
+const SAME_TABLE = 0xffffffff;
+
+const utf8 = new TextDecoder();
+const encoder = new TextEncoder();
+
+/** One input row: `payload` is its bytes as sent; `json()` parses them once. */
+export class Row {
+  constructor(tenant, table, payload, headers = [], sequence = 1n, attempts = 1) {
+    this.tenant = tenant;
+    this.table = table;
+    this.payload = payload;
+    /** [name, value] pairs in order; a name may repeat. */
+    this.headers = headers;
+    this.sequence = sequence;
+    this.attempts = attempts;
+    this._json = undefined;
+  }
+
+  /** The payload parsed as JSON (parsed on first call, then kept). */
+  json() {
+    if (this._json === undefined) this._json = JSON.parse(this.text());
+    return this._json;
+  }
+
+  /** The payload as UTF-8 text. */
+  text() {
+    return utf8.decode(this.payload);
+  }
+
+  /** The first value of header `name` (exact match). */
+  header(name) {
+    const found = this.headers.find(([n]) => n === name);
+    return found === undefined ? undefined : found[1];
+  }
+}
+
+/** A row to emit: `table` undefined keeps the input row's table, `headers`
+ * undefined keeps its headers ([[name, value], …] replaces them). */
+export function out(payload, { table, headers } = {}) {
+  return { [OUT]: true, payload: payloadBytes(payload), table, headers };
+}
+const OUT = Symbol("weir.out");
+
+function payloadBytes(payload) {
+  if (payload instanceof Uint8Array) return payload;
+  if (typeof payload === "string") return encoder.encode(payload);
+  return encoder.encode(JSON.stringify(payload));
+}
+
+const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
+
+/** Pass the row on unchanged (for a sink: it was delivered). */
+export const ok = () => OK_OUTCOME;
+/** Replace the row by `rows`: each out(...) or a payload (Uint8Array,
+ * string, or a value written as JSON) keeping table and headers. */
+export const emit = (...rows) => ({ code: EMIT, rows: rows.map((r) => (r && r[OUT] ? r : out(r))) });
+/** Drop the row: nothing is emitted and it is acked. */
+export const drop = () => ({ code: EMIT, rows: [] });
+/** Try the row again after `afterMs` milliseconds. */
+export const retry = (afterMs) => ({ code: RETRY, argument: afterMs >>> 0 });
+/** Give up on the row: it is dead-lettered with `reason`. */
+export const deadLetter = (reason) => ({ code: DEAD_LETTER, reason: String(reason) });
+
+/** Budget decisions. */
+export const admit = () => ({ tag: "admit" });
+export const throttle = (afterMs) => ({ tag: "throttle", val: afterMs >>> 0 });
+export const reject = (reason) => ({ tag: "reject", val: String(reason) });
+/** Routes: weir's default, a unit, or (from routeTable) by each row's key. */
+export const defaultRoute = () => ({ tag: "default-route" });
+export const to = (partition, shard = 0) => ({ tag: "to", val: { partition, shard } });
+export const byKey = () => ({ tag: "by-key" });
+
+/** The outcome as the scaffolds' expected.ndjson writes it. */
+export function describe(outcome) {
+  if (outcome.code === OK) return { outcome: "ok" };
+  if (outcome.code === RETRY) return { outcome: "retry", after_ms: outcome.argument };
+  if (outcome.code === DEAD_LETTER) return { outcome: "dead_letter", reason: outcome.reason };
+  if (outcome.rows.length === 0) return { outcome: "drop" };
+  return {
+    outcome: "emit",
+    rows: outcome.rows.map((r) => {
+      const row = { payload: utf8.decode(r.payload) };
+      if (r.table !== undefined) row.table = r.table;
+      if (r.headers !== undefined) row.headers = r.headers;
+      return row;
+    }),
+  };
+}
+
+/** The settings JSON `init` receives, as an object ("" is {}). */
+export function parseSettings(text) {
+  if (!text || !text.trim()) return {};
+  const settings = JSON.parse(text);
+  if (settings === null || typeof settings !== "object" || Array.isArray(settings)) {
+    throw new Error("settings: expected a JSON object");
+  }
+  return settings;
+}
+
+/** Prints an error's message and stack to stderr: the host quotes the tail
+ * of a plugin's stderr when it traps. */
+export function report(error) {
+  const text = error && error.stack ? `${error}\n${error.stack}` : String(error);
+  console.error(text);
+}
+
+/** `Error: boom (plugin.js:12)`: the error and the first line of its stack
+ * outside the SDK. */
+export function shortReason(error) {
+  const name = error && error.name ? error.name : "Error";
+  const message = error && error.message !== undefined ? error.message : String(error);
+  let where = "";
+  const stack = (error && error.stack) || "";
+  for (const line of stack.split("\n")) {
+    const match = /([^/\s(@]+\.m?js):(\d+)(?::\d+)?\)?\s*$/.exec(line);
+    if (match && !/^(core|index)\.js$/.test(match[1])) {
+      where = ` (${match[1]} line ${match[2]})`;
+      break;
+    }
+  }
+  return `${name}: ${message}`.slice(0, 400) + where;
+}
+
+/** `decide(row)`, an exception becoming the row's dead letter. */
+export function perRow(decide, row) {
+  let outcome;
+  try {
+    outcome = decide(row);
+  } catch (error) {
+    report(error);
+    return deadLetter(shortReason(error));
+  }
+  if (outcome === undefined || outcome === null) return OK_OUTCOME;
+  if (typeof outcome.code !== "number") {
+    throw new TypeError(`a row's outcome must be ok(), emit(...), drop(), retry(ms) or deadLetter(reason), not ${JSON.stringify(outcome)}`);
+  }
+  return outcome;
+}
+
+/** The rows of a packed batch. */
+export function unpack(batch) {
+  const { data, rows: nums, headers: heads, sequences, attempts } = batch;
+  const text = (o, l) => utf8.decode(data.subarray(o, o + l));
+  const rows = new Array(sequences.length);
+  for (let i = 0; i < sequences.length; i++) {
+    const n = 8 * i;
+    const headers = [];
+    for (let h = nums[n + 6]; h < nums[n + 6] + nums[n + 7]; h++) {
+      headers.push([text(heads[4 * h], heads[4 * h + 1]), text(heads[4 * h + 2], heads[4 * h + 3])]);
+    }
+    rows[i] = new Row(
+      text(nums[n], nums[n + 1]),
+      text(nums[n + 2], nums[n + 3]),
+      data.slice(nums[n + 4], nums[n + 4] + nums[n + 5]),
+      headers,
+      sequences[i],
+      attempts[i],
+    );
+  }
+  return rows;
+}
+
+/** A growable byte buffer. */
+class Bytes {
+  constructor() {
+    this.buf = new Uint8Array(4096);
+    this.len = 0;
+  }
+  put(bytes) {
+    if (this.len + bytes.length > this.buf.length) {
+      const bigger = new Uint8Array(Math.max(this.buf.length * 2, this.len + bytes.length));
+      bigger.set(this.buf.subarray(0, this.len));
+      this.buf = bigger;
+    }
+    this.buf.set(bytes, this.len);
+    const at = this.len;
+    this.len += bytes.length;
+    return [at, bytes.length];
+  }
+  bytes() {
+    return this.buf.slice(0, this.len);
+  }
+}
+
+/** The `transformed` record for `outcomes` of `rows`. */
+export function packTransformed(rows, outcomes) {
+  if (outcomes.length !== rows.length) throw new Error(`${outcomes.length} outcomes for ${rows.length} rows`);
+  const data = new Bytes();
+  const codes = [], emitted = [], headerNums = [], reasons = [];
+  const putHeaders = (pairs) => {
+    const first = headerNums.length / 4;
+    for (const [name, value] of pairs) {
+      headerNums.push(...data.put(encoder.encode(name)), ...data.put(encoder.encode(value)));
+    }
+    return [first, pairs.length];
+  };
+  for (let i = 0; i < rows.length; i++) {
+    const outcome = outcomes[i];
+    if (outcome.code === EMIT) {
+      let inherited;
+      for (const r of outcome.rows) {
+        const table = r.table === undefined ? [0, SAME_TABLE] : data.put(encoder.encode(r.table));
+        const payload = data.put(r.payload);
+        let headers;
+        if (r.headers !== undefined) headers = putHeaders(r.headers);
+        else headers = inherited ??= putHeaders(rows[i].headers);
+        emitted.push(...table, ...payload, ...headers);
+      }
+      codes.push(EMIT, outcome.rows.length);
+    } else if (outcome.code === DEAD_LETTER) {
+      codes.push(DEAD_LETTER, reasons.length);
+      reasons.push(outcome.reason);
+    } else {
+      codes.push(outcome.code, outcome.argument);
+    }
+  }
+  return {
+    data: data.bytes(),
+    outcomes: new Uint32Array(codes),
+    emitted: new Uint32Array(emitted),
+    headers: new Uint32Array(headerNums),
+    reasons,
+  };
+}
+
+/** The `delivered` record for `outcomes` of `rows`. */
+export function packDelivered(rows, outcomes) {
+  if (outcomes.length !== rows.length) throw new Error(`${outcomes.length} outcomes for ${rows.length} rows`);
+  const codes = [], reasons = [];
+  for (const outcome of outcomes) {
+    if (outcome.code === DEAD_LETTER) {
+      codes.push(DEAD_LETTER, reasons.length);
+      reasons.push(outcome.reason);
+    } else if (outcome.code === EMIT) {
+      throw new TypeError("a sink cannot emit rows: return ok(), retry(ms) or deadLetter(reason)");
+    } else {
+      codes.push(outcome.code, outcome.argument);
+    }
+  }
+  return { outcomes: new Uint32Array(codes), reasons };
+}
+
+/** What every world does with a plugin object: `init(settings)` (optional,
+ * `this` is the plugin), then per world `row`/`batch`, `admit`,
+ * `routeTable`/`routeKey`. */
+export function runBatch(plugin, rows) {
+  if (typeof plugin.batch === "function") return plugin.batch(rows);
+  const decide = typeof plugin.row === "function" ? plugin.row.bind(plugin) : () => OK_OUTCOME;
+  return rows.map((row) => perRow(decide, row));
+}
+
+/** Calls `plugin.init` with the parsed settings; throws the message as a
+ * string, which componentize-js turns into the `err` the host reports (an
+ * Error object would lose its message). */
+export function initPlugin(plugin, settings) {
+  try {
+    if (typeof plugin.init === "function") plugin.init(parseSettings(settings));
+  } catch (error) {
+    report(error);
+    throw error && error.message !== undefined ? String(error.message) : String(error);
+  }
+}
+
+/** Runs `call`; an error prints its message and stack before it traps the
+ * plugin, so that the host can quote it. */
+export function guarded(call) {
+  try {
+    return call();
+  } catch (error) {
+    report(error);
+    throw error;
+  }
+}
+
+/** Packs rows the way the host does: for a plugin's own tests. */
+export function packBatch(rows) {
+  const data = new Bytes();
+  const nums = [], headerNums = [];
+  for (const row of rows) {
+    const first = headerNums.length / 4;
+    const tenant = data.put(encoder.encode(row.tenant));
+    const table = data.put(encoder.encode(row.table));
+    const payload = data.put(row.payload);
+    for (const [name, value] of row.headers) {
+      headerNums.push(...data.put(encoder.encode(name)), ...data.put(encoder.encode(value)));
+    }
+    nums.push(...tenant, ...table, ...payload, first, row.headers.length);
+  }
+  return {
+    data: data.bytes(),
+    rows: new Uint32Array(nums),
+    sequences: new BigUint64Array(rows.map((row) => BigInt(row.sequence))),
+    attempts: new Uint32Array(rows.map((row) => row.attempts)),
+    headers: new Uint32Array(headerNums),
+  };
+}
+
+/** Reads back a `transformed` (or, with `delivered`, a `delivered`) record
+ * as outcomes: for a plugin's own tests. */
+export function readOutcomes(packed, delivered = false) {
+  const result = [];
+  let next = 0;
+  const text = (o, l) => utf8.decode(packed.data.subarray(o, o + l));
+  for (let i = 0; i < packed.outcomes.length; i += 2) {
+    const code = packed.outcomes[i], argument = packed.outcomes[i + 1];
+    if (code === DEAD_LETTER) result.push(deadLetter(packed.reasons[argument]));
+    else if (code === RETRY) result.push(retry(argument));
+    else if (code === EMIT && !delivered) {
+      const rows = [];
+      for (let e = next; e < next + argument; e++) {
+        const n = packed.emitted.subarray(6 * e, 6 * e + 6);
+        const headers = [];
+        for (let h = n[4]; h < n[4] + n[5]; h++) {
+          const hn = packed.headers.subarray(4 * h, 4 * h + 4);
+          headers.push([text(hn[0], hn[1]), text(hn[2], hn[3])]);
+        }
+        rows.push({
+          payload: packed.data.slice(n[2], n[2] + n[3]),
+          table: n[1] === SAME_TABLE ? undefined : text(n[0], n[1]),
+          headers: headers.length ? headers : undefined,
+        });
+      }
+      next += argument;
+      result.push({ code: EMIT, rows });
+    } else result.push(OK_OUTCOME);
+  }
+  return result;
+}

@@ -1,0 +1,603 @@
+"""weir_plugin: weir plugins in Python, built with componentize-py.
+
+A plugin subclasses one of `Transform`, `Sink`, `Budget` or `Router`, and
+its module ends with `WitWorld = weir_plugin.export(ThePlugin)`: the class
+componentize-py instantiates. The packed batches of `weir:plugin@0.2.0`
+(offsets, outcome codes, the "same table" sentinel, reason indexes) are
+read and written here; a plugin sees rows as `Row` objects and answers each
+with `ok()`, `emit(...)`, `drop()`, `retry(after_ms)` or `dead_letter(reason)`.
+
+Nothing here imports the generated bindings at import time, so a plugin's
+logic also runs in plain CPython (see `weir_plugin.testing`).
+"""
+
+import json
+import sys
+import traceback
+
+__all__ = [
+    "Row", "Out", "Transform", "Sink", "Budget", "Router", "export",
+    "ok", "emit", "drop", "retry", "dead_letter",
+    "admit", "throttle", "reject", "default_route", "to", "by_key",
+    "log", "count",
+]
+
+WIT_PACKAGE = "weir:plugin@0.2.0"
+
+# The codes of `transformed.outcomes` and `delivered.outcomes` (wit/types.wit).
+_OK, _EMIT, _RETRY, _DEAD_LETTER = 0, 1, 2, 3
+# An emitted row's table length meaning "the input row's table".
+_SAME_TABLE = 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------- rows
+
+
+class Row:
+    """One input row. `payload` is its bytes as sent; `json()` parses them once."""
+
+    __slots__ = ("tenant", "table", "payload", "headers", "sequence", "attempts", "_json")
+
+    def __init__(self, tenant, table, payload, headers=(), sequence=1, attempts=1):
+        self.tenant = tenant
+        self.table = table
+        self.payload = payload
+        # (name, value) pairs in order; a name may repeat.
+        self.headers = list(headers)
+        self.sequence = sequence
+        self.attempts = attempts
+        self._json = None
+
+    def json(self):
+        """The payload parsed as JSON (parsed on first call, then kept).
+        Mutating the result is fine: emit it to send the changed row on."""
+        if self._json is None:
+            self._json = json.loads(self.payload)
+        return self._json
+
+    def text(self):
+        """The payload as UTF-8 text."""
+        return self.payload.decode("utf-8")
+
+    def header(self, name, default=None):
+        """The first value of header `name` (exact match)."""
+        for n, v in self.headers:
+            if n == name:
+                return v
+        return default
+
+    def __repr__(self):
+        return "Row(tenant=%r, table=%r, payload=%r)" % (self.tenant, self.table, self.payload)
+
+
+class Out:
+    """A row to emit. `payload` is bytes, str, or anything else (written as
+    compact JSON). `table` None keeps the input row's table; `headers` None
+    keeps the input row's headers, a list of (name, value) replaces them."""
+
+    __slots__ = ("payload", "table", "headers")
+
+    def __init__(self, payload, table=None, headers=None):
+        self.payload = _payload_bytes(payload)
+        self.table = table
+        self.headers = None if headers is None else list(headers)
+
+
+def _payload_bytes(payload):
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+class Outcome:
+    """What was decided for one row: build it with ok(), emit(), drop(),
+    retry() or dead_letter()."""
+
+    __slots__ = ("code", "rows", "argument", "reason")
+
+    def __init__(self, code, rows=(), argument=0, reason=""):
+        self.code = code
+        self.rows = rows
+        self.argument = argument
+        self.reason = reason
+
+    def describe(self):
+        """The outcome as the scaffolds' `expected.ndjson` writes it."""
+        if self.code == _OK:
+            return {"outcome": "ok"}
+        if self.code == _RETRY:
+            return {"outcome": "retry", "after_ms": self.argument}
+        if self.code == _DEAD_LETTER:
+            return {"outcome": "dead_letter", "reason": self.reason}
+        if not self.rows:
+            return {"outcome": "drop"}
+        rows = []
+        for out in self.rows:
+            row = {"payload": out.payload.decode("utf-8", "replace")}
+            if out.table is not None:
+                row["table"] = out.table
+            if out.headers is not None:
+                row["headers"] = [list(h) for h in out.headers]
+            rows.append(row)
+        return {"outcome": "emit", "rows": rows}
+
+    def __repr__(self):
+        return "Outcome(%r)" % (self.describe(),)
+
+
+_OK_OUTCOME = Outcome(_OK)
+
+
+def ok():
+    """Pass the row on unchanged (for a sink: it was delivered)."""
+    return _OK_OUTCOME
+
+
+def emit(*rows):
+    """Replace the row by `rows`, in order: each an `Out`, or a payload
+    (bytes, str, or a value written as JSON) keeping table and headers."""
+    return Outcome(_EMIT, [r if isinstance(r, Out) else Out(r) for r in rows])
+
+
+def drop():
+    """Drop the row: nothing is emitted and it is acked."""
+    return Outcome(_EMIT, [])
+
+
+def retry(after_ms):
+    """Try the row again after `after_ms` milliseconds."""
+    return Outcome(_RETRY, argument=int(after_ms))
+
+
+def dead_letter(reason):
+    """Give up on the row: it goes to the dead-letter stream with `reason`."""
+    return Outcome(_DEAD_LETTER, reason=str(reason))
+
+
+# ---------------------------------------------------------------- policies
+
+
+def admit():
+    """Budget: store the request's rows."""
+    return ("admit",)
+
+
+def throttle(after_ms):
+    """Budget: not now; the client is told to retry after `after_ms` (HTTP 429)."""
+    return ("throttle", int(after_ms))
+
+
+def reject(reason):
+    """Budget: never, as sent (HTTP 403 with `reason`)."""
+    return ("reject", str(reason))
+
+
+def default_route():
+    """Router: weir's default route (a hash of tenant and table)."""
+    return ("default",)
+
+
+def to(partition, shard=0):
+    """Router: this unit, which must exist in the topology."""
+    return ("to", int(partition), int(shard))
+
+
+def by_key():
+    """Router, from `route_table`: route each row by its key (`route_key`)."""
+    return ("by-key",)
+
+
+class Request:
+    """One ingest request a budget decides: tenant, table, rows, bytes,
+    usage (queued_rows, queued_bytes, recent_rows, recent_bytes, window_ms)
+    and settings (the tenant's settings parsed, or None)."""
+
+    __slots__ = ("tenant", "table", "rows", "bytes", "usage", "settings")
+
+    def __init__(self, tenant, table, rows, bytes, usage, settings):
+        self.tenant = tenant
+        self.table = table
+        self.rows = rows
+        self.bytes = bytes
+        self.usage = usage
+        self.settings = settings
+
+
+# ---------------------------------------------------------------- plugins
+
+
+class Plugin:
+    """What every world shares: `init(settings)` gets the plugin's settings
+    table parsed (a dict). Raise to refuse the settings: the message is the
+    reason weir prints."""
+
+    def init(self, settings):
+        pass
+
+
+class Transform(Plugin):
+    """A pipeline step. Override `row(row)` (one outcome per row), or
+    `batch(rows)` to see the whole batch (a list of outcomes, in order).
+    An exception in `row` dead-letters that row, naming it and its line."""
+
+    world = "transform"
+
+    def row(self, row):
+        return ok()
+
+    def batch(self, rows):
+        return [_per_row(self.row, row) for row in rows]
+
+
+class Sink(Plugin):
+    """The last step. Override `row(row)` (ok() once delivered, retry() or
+    dead_letter()), or `batch(rows)`. An exception dead-letters the row."""
+
+    world = "sink"
+
+    def row(self, row):
+        return ok()
+
+    def batch(self, rows):
+        return [_per_row(self.row, row) for row in rows]
+
+
+class Budget(Plugin):
+    """Override `admit(request)`: return admit(), throttle(ms) or reject(reason)."""
+
+    world = "budget"
+
+    def admit(self, request):
+        return admit()
+
+
+class Router(Plugin):
+    """Override `route_table(topology, tenant, table)` (a route, or by_key())
+    and, for by-key tables, `route_key(topology, tenant, table, key)`.
+    `topology` has `partitions` and `shards`."""
+
+    world = "router"
+
+    def route_table(self, topology, tenant, table):
+        return default_route()
+
+    def route_key(self, topology, tenant, table, key):
+        return default_route()
+
+
+def _per_row(decide, row):
+    """`decide(row)`, an exception becoming the row's dead letter."""
+    try:
+        outcome = decide(row)
+    except Exception as error:  # a bad row must not take its batch down
+        _print_exception()
+        return dead_letter(_short_reason(error))
+    if outcome is None:
+        return _OK_OUTCOME
+    if not isinstance(outcome, Outcome):
+        raise TypeError("a row's outcome must be ok(), emit(...), drop(), retry(ms) "
+                        "or dead_letter(reason), not %r" % (outcome,))
+    return outcome
+
+
+def _short_reason(error):
+    """`KeyError: 'id' (app.py line 9)`: the exception and the innermost
+    line of the plugin's own code that raised it."""
+    where = ""
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        if not frame.filename.startswith(_NOT_THE_PLUGIN):
+            where = " (%s line %d)" % (frame.filename.rsplit("/", 1)[-1], frame.lineno)
+            break
+    message = str(error)
+    if isinstance(error, KeyError) and error.args:
+        message = repr(error.args[0])
+    text = type(error).__name__ + (": " + message if message else "")
+    return text[:400] + where
+
+
+# Frames of these files are not the plugin's own: the SDK and the standard
+# library (json lives there), so that a reason names the plugin's line.
+_NOT_THE_PLUGIN = (__file__.rsplit("/", 1)[0] + "/", json.__file__.rsplit("/", 2)[0] + "/")
+
+
+def _print_exception():
+    # The host quotes the tail of a plugin's stderr when it traps.
+    traceback.print_exc(file=sys.stderr)
+    sys.stderr.flush()
+
+
+def parse_settings(text):
+    """The settings JSON `init` receives, as a dict (an empty string is {})."""
+    if not text or not text.strip():
+        return {}
+    settings = json.loads(text)
+    if not isinstance(settings, dict):
+        raise ValueError("settings: expected a JSON object")
+    return settings
+
+
+# ---------------------------------------------------------------- host
+
+
+class _Log:
+    """Structured log lines, attributed to the plugin by the host; outside
+    wasm they go to stderr."""
+
+    def _send(self, level, message):
+        host = _host()
+        if host is None:
+            print("%s: %s" % (level, message), file=sys.stderr)
+        else:
+            host.log(getattr(host.Level, level.upper()), str(message))
+
+    def trace(self, message):
+        self._send("trace", message)
+
+    def debug(self, message):
+        self._send("debug", message)
+
+    def info(self, message):
+        self._send("info", message)
+
+    def warn(self, message):
+        self._send("warn", message)
+
+    def error(self, message):
+        self._send("error", message)
+
+
+log = _Log()
+
+# Counters added outside wasm (a plugin's own tests read them here).
+counters = {}
+
+
+def count(name, delta=1):
+    """Adds `delta` to the plugin's counter `name` (a metric of the host)."""
+    host = _host()
+    if host is None:
+        counters[name] = counters.get(name, 0) + delta
+    else:
+        host.add_counter(name, int(delta))
+
+
+_HOST = []
+
+
+def _host():
+    """The generated host imports, or None outside wasm."""
+    if not _HOST:
+        try:
+            from wit_world.imports import host
+        except ImportError:
+            host = None
+        if host is not None and sys.platform != "wasi":
+            host = None
+        _HOST.append(host)
+    return _HOST[0]
+
+
+# ---------------------------------------------------------------- packing
+
+
+def unpack(batch):
+    """The rows of a packed `batch`, as `Row` objects."""
+    data = batch.data
+    nums = batch.rows
+    heads = batch.headers
+    sequences = batch.sequences
+    attempts = batch.attempts
+    rows = []
+    for i in range(len(sequences)):
+        n = nums[8 * i: 8 * i + 8]
+        headers = []
+        for h in range(n[6], n[6] + n[7]):
+            no, nl, vo, vl = heads[4 * h: 4 * h + 4]
+            headers.append((data[no:no + nl].decode("utf-8"), data[vo:vo + vl].decode("utf-8")))
+        rows.append(Row(
+            data[n[0]:n[0] + n[1]].decode("utf-8"),
+            data[n[2]:n[2] + n[3]].decode("utf-8"),
+            bytes(data[n[4]:n[4] + n[5]]),
+            headers,
+            sequences[i],
+            attempts[i],
+        ))
+    return rows
+
+
+def pack_transformed(rows, outcomes):
+    """The fields of a `transformed` record for `outcomes` of `rows`:
+    (data, outcomes, emitted, headers, reasons)."""
+    data = bytearray()
+    codes = []
+    emitted = []
+    header_nums = []
+    reasons = []
+
+    def put(raw):
+        offset = len(data)
+        data.extend(raw)
+        return offset, len(raw)
+
+    def put_headers(pairs):
+        first = len(header_nums) // 4
+        for name, value in pairs:
+            header_nums.extend(put(name.encode("utf-8")))
+            header_nums.extend(put(value.encode("utf-8")))
+        return first, len(pairs)
+
+    if len(outcomes) != len(rows):
+        raise ValueError("%d outcomes for %d rows" % (len(outcomes), len(rows)))
+    for row, outcome in zip(rows, outcomes):
+        if outcome.code == _EMIT:
+            inherited = None
+            for out in outcome.rows:
+                if out.table is None:
+                    table = (0, _SAME_TABLE)
+                else:
+                    table = put(out.table.encode("utf-8"))
+                payload = put(out.payload)
+                if out.headers is not None:
+                    headers = put_headers(out.headers)
+                else:
+                    # Every row emitted for one input shares its headers' bytes.
+                    if inherited is None:
+                        inherited = put_headers(row.headers)
+                    headers = inherited
+                emitted.extend((table[0], table[1], payload[0], payload[1], headers[0], headers[1]))
+            codes.extend((_EMIT, len(outcome.rows)))
+        elif outcome.code == _DEAD_LETTER:
+            codes.extend((_DEAD_LETTER, len(reasons)))
+            reasons.append(outcome.reason)
+        else:
+            codes.extend((outcome.code, outcome.argument))
+    return bytes(data), codes, emitted, header_nums, reasons
+
+
+def pack_delivered(rows, outcomes):
+    """The fields of a `delivered` record: (outcomes, reasons)."""
+    if len(outcomes) != len(rows):
+        raise ValueError("%d outcomes for %d rows" % (len(outcomes), len(rows)))
+    codes = []
+    reasons = []
+    for outcome in outcomes:
+        if outcome.code == _DEAD_LETTER:
+            codes.extend((_DEAD_LETTER, len(reasons)))
+            reasons.append(outcome.reason)
+        elif outcome.code == _EMIT:
+            raise TypeError("a sink cannot emit rows: return ok(), retry(ms) or dead_letter(reason)")
+        else:
+            codes.extend((outcome.code, outcome.argument))
+    return codes, reasons
+
+
+# ---------------------------------------------------------------- export
+
+
+def export(plugin_class):
+    """The `WitWorld` class componentize-py instantiates for `plugin_class`
+    (a subclass of Transform, Sink, Budget or Router)."""
+    world = getattr(plugin_class, "world", None)
+    glue = {"transform": _TransformWorld, "sink": _SinkWorld,
+            "budget": _BudgetWorld, "router": _RouterWorld}.get(world)
+    if glue is None:
+        raise TypeError("%r is not a Transform, Sink, Budget or Router" % (plugin_class,))
+    _PLUGIN.clear()
+    _PLUGIN.append(plugin_class)
+    return glue
+
+
+# [plugin class, its instance once init succeeded]
+_PLUGIN = []
+
+
+def _instance():
+    if len(_PLUGIN) < 2:
+        raise RuntimeError("weir called the plugin before init")
+    return _PLUGIN[1]
+
+
+def _guarded(call):
+    """Runs `call`; an exception prints its traceback before it traps the
+    plugin, so that the host can quote it."""
+    try:
+        return call()
+    except BaseException:
+        _print_exception()
+        raise
+
+
+class _World:
+    def init(self, settings):
+        from componentize_py_types import Err
+
+        try:
+            plugin = _PLUGIN[0]()
+            plugin.init(parse_settings(settings))
+        except Exception as error:
+            _print_exception()
+            message = str(error) if isinstance(error, ValueError) and str(error) else None
+            raise Err(message or "%s: %s" % (type(error).__name__, error))
+        del _PLUGIN[1:]
+        _PLUGIN.append(plugin)
+
+
+class _TransformWorld(_World):
+    def transform(self, rows):
+        def run():
+            from wit_world.imports.types import Transformed
+
+            unpacked = unpack(rows)
+            outcomes = _instance().batch(unpacked)
+            return Transformed(*pack_transformed(unpacked, list(outcomes)))
+
+        return _guarded(run)
+
+
+class _SinkWorld(_World):
+    def deliver(self, rows):
+        def run():
+            from wit_world.imports.types import Delivered
+
+            unpacked = unpack(rows)
+            outcomes = _instance().batch(unpacked)
+            return Delivered(*pack_delivered(unpacked, list(outcomes)))
+
+        return _guarded(run)
+
+
+class _BudgetWorld(_World):
+    def admit(self, request):
+        def run():
+            from wit_world.imports import policy
+
+            settings = request.tenant_settings
+            decided = _instance().admit(Request(
+                request.tenant, request.table, request.rows, request.bytes, request.usage,
+                None if settings is None else parse_settings(settings)))
+            if decided is None or decided[0] == "admit":
+                return policy.Decision_Admit()
+            if decided[0] == "throttle":
+                return policy.Decision_Throttle(decided[1])
+            if decided[0] == "reject":
+                return policy.Decision_Reject(decided[1])
+            raise TypeError("a budget returns admit(), throttle(ms) or reject(reason), not %r" % (decided,))
+
+        return _guarded(run)
+
+
+def _route(policy, route):
+    if route is None or route[0] == "default":
+        return policy.Route_DefaultRoute()
+    if route[0] == "to":
+        return policy.Route_To(policy.Unit(route[1], route[2]))
+    raise TypeError("a route is default_route() or to(partition, shard), not %r" % (route,))
+
+
+class _RouterWorld(_World):
+    def route_table(self, topology, tenant, table):
+        def run():
+            from wit_world.imports import policy
+
+            route = _instance().route_table(topology, tenant, table)
+            if route is not None and route[0] == "by-key":
+                return policy.TableRoute_ByKey()
+            return policy.TableRoute_Fixed(_route(policy, route))
+
+        return _guarded(run)
+
+    def route_keys(self, topology, tenant, table, keys):
+        def run():
+            from wit_world.imports import policy
+
+            plugin = _instance()
+            return [_route(policy, None if key is None else plugin.route_key(topology, tenant, table, key))
+                    for key in keys]
+
+        return _guarded(run)

@@ -1,0 +1,279 @@
+//! Plugin authors: `weir plugin new` projects in Rust, Python and
+//! JavaScript build outside the repository, pass their own test, and give
+//! the same outcomes on the same fixture rows in a real host; a Python
+//! exception dead-letters its row naming itself and its line; a JS error in
+//! `init` refuses the plugin with its message.
+//!
+//! The Python and JS builds need componentize-py on PATH and
+//! componentize-js under WEIR_COMPONENTIZE_JS: `.ci/setup` installs both.
+//! Each project is built once per test run (a componentize build takes
+//! 10–60 s) into a temp dir outside the repository.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use weir::host::StartError;
+use weir::sandbox::LoadError;
+
+use crate::support::{
+    Nats, TestHost, WEIR, base_config, dead_letter_reasons, eventually, start_error,
+};
+
+/// Where projects are written and built: outside the repository, for the run.
+fn workspace() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("temp dir"))
+        .path()
+}
+
+/// `weir plugin new NAME --lang LANG --dir …`, its project's folder.
+fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
+    let dir = workspace().join(name);
+    let output = Command::new(WEIR)
+        .args([
+            "plugin", "new", name, "--lang", lang, "--world", world, "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .expect("weir runs");
+    assert!(
+        output.status.success(),
+        "weir plugin new {name}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dir
+}
+
+/// Runs `script` (`./build.sh`, `./test.sh`) in `dir`, panicking with its
+/// output when it fails.
+fn run_script(dir: &Path, script: &str) -> String {
+    let mut command = Command::new(dir.join(script));
+    command.current_dir(dir);
+    // Rust projects share one target folder, so that every run after the
+    // first builds only the plugin itself.
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors");
+    command.env("CARGO_TARGET_DIR", target);
+    command.env("CARGO_NET_OFFLINE", "true");
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{script} in {}: {e}", dir.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{script} in {} failed ({}). Did `. .ci/setup` run?\n{text}",
+        dir.display(),
+        output.status
+    );
+    text
+}
+
+/// The transform scaffold of `lang`, tested and built once per run: its `.wasm`.
+fn built_transform(lang: &'static str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<BTreeMap<&'static str, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    // One build at a time: they are CPU-bound, and two at once only race.
+    let mut built = built
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(wasm) = built.get(lang) {
+        return wasm.clone();
+    }
+    let name = format!("enrich-{lang}");
+    let dir = scaffold(&name, lang, "transform");
+    run_script(&dir, "test.sh");
+    run_script(&dir, "build.sh");
+    let wasm = dir.join(format!("{name}.wasm"));
+    assert!(wasm.is_file(), "{} was not built", wasm.display());
+    built.insert(lang, wasm.clone());
+    wasm
+}
+
+/// A transform plugin `name` at `wasm` in a pipeline of table `name` into the file sink.
+fn pipeline(name: &str, wasm: &Path) -> String {
+    format!(
+        "\n[plugins.{name}]\nwasm = \"{}\"\nworld = \"transform\"\n\n\
+         [[pipelines]]\ntables = [\"{name}\"]\ntransforms = [\"{name}\"]\nsink = \"files\"\n",
+        wasm.display()
+    )
+}
+
+const ROWS: &str = include_str!("../../host/templates/fixtures/rows.ndjson");
+const EXPECTED: &str = include_str!("../../host/templates/fixtures/transform.expected.ndjson");
+
+/// What the sink should hold and what the dead-letter stream should say
+/// for the fixture rows, from the expected outcomes.
+fn expected() -> (Vec<String>, Vec<String>) {
+    let (mut lines, mut reasons) = (Vec::new(), Vec::new());
+    for (row, outcome) in ROWS.lines().zip(EXPECTED.lines()) {
+        let outcome: serde_json::Value = serde_json::from_str(outcome).expect("expected JSON");
+        match outcome["outcome"].as_str() {
+            Some("ok") => lines.push(row.to_string()),
+            Some("emit") => lines.extend(
+                outcome["rows"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|row| row["payload"].as_str().unwrap_or_default().to_string()),
+            ),
+            Some("dead_letter") => {
+                reasons.push(outcome["reason"].as_str().unwrap_or_default().to_string())
+            }
+            _ => {}
+        }
+    }
+    (lines, reasons)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_transform_in_each_language_gives_the_expected_outcomes_in_a_host() {
+    let langs = ["rust", "python", "js"];
+    let mut extra = String::new();
+    for lang in langs {
+        let wasm = tokio::task::spawn_blocking(move || built_transform(lang))
+            .await
+            .expect("build");
+        extra.push_str(&pipeline(lang, &wasm));
+    }
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let (lines, reasons) = expected();
+    for lang in langs {
+        let response = host.ingest(lang, ROWS).await;
+        assert_eq!(
+            response.status(),
+            202,
+            "{lang}: {:?}",
+            response.text().await
+        );
+        let got = eventually(Duration::from_secs(30), "the emitted rows", || async {
+            let got = host.sink_lines(lang);
+            (got.len() >= lines.len()).then_some(got)
+        })
+        .await;
+        assert_eq!(got, lines, "{lang}: the rows in the sink");
+    }
+    let mut got = dead_letter_reasons(&nats, reasons.len() * langs.len()).await;
+    got.sort();
+    let mut want: Vec<String> = reasons
+        .iter()
+        .flat_map(|r| [r.clone(), r.clone(), r.clone()])
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "one dead letter per language, with its reason");
+    host.shutdown().await;
+}
+
+/// A Python transform whose `row` indexes a missing key.
+const KEY_ERROR_APP: &str = r#"import weir_plugin as weir
+
+
+class Plugin(weir.Transform):
+    def row(self, row):
+        data = row.json()
+        data["seen"] = data["id"]
+        return weir.emit(data)
+
+
+WitWorld = weir.export(Plugin)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
+    let wasm = tokio::task::spawn_blocking(|| {
+        let dir = scaffold("key-error", "python", "transform");
+        std::fs::write(dir.join("app.py"), KEY_ERROR_APP).expect("write app.py");
+        run_script(&dir, "build.sh");
+        dir.join("key-error.wasm")
+    })
+    .await
+    .expect("build");
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), &pipeline("keys", &wasm))).await;
+    let response = host.ingest("keys", "{\"id\":1}\n{\"no\":2}\n").await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(reasons, vec!["KeyError: 'id' (app.py line 7)"]);
+    let lines = eventually(Duration::from_secs(30), "the good row", || async {
+        let lines = host.sink_lines("keys");
+        (!lines.is_empty()).then_some(lines)
+    })
+    .await;
+    assert_eq!(
+        lines,
+        vec!["{\"id\":1,\"seen\":1}"],
+        "the other row of the batch went on"
+    );
+    host.shutdown().await;
+}
+
+/// A JS transform whose `init` throws an Error when told to, and whose
+/// `row` throws on rows without a `user`.
+const THROWING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
+
+export const { init, transform } = weir.transform({
+  init(settings) {
+    if (settings.boom) throw new Error("boom");
+  },
+  row(row) {
+    const data = row.json();
+    return weir.emit({ id: data.id, name: data.user.name });
+  },
+});
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_js_error_refuses_the_plugin_in_init_and_dead_letters_its_row_in_row() {
+    let wasm = tokio::task::spawn_blocking(|| {
+        let dir = scaffold("throws", "js", "transform");
+        std::fs::write(dir.join("plugin.js"), THROWING_PLUGIN).expect("write plugin.js");
+        run_script(&dir, "build.sh");
+        dir.join("throws.wasm")
+    })
+    .await
+    .expect("build");
+    let nats = Nats::start();
+    let refused = pipeline("thrower", &wasm).replace(
+        "world = \"transform\"\n",
+        "world = \"transform\"\nsettings = { boom = true }\n",
+    );
+    let err = start_error(&base_config(nats.url(), &refused)).await;
+    assert!(
+        matches!(err, StartError::Plugin(LoadError::Init { .. })),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("init refused its settings: boom"),
+        "{message}"
+    );
+    assert_eq!(message.matches("boom").count(), 1, "said once: {message}");
+
+    let host = TestHost::start(&base_config(nats.url(), &pipeline("thrower", &wasm))).await;
+    let response = host
+        .ingest(
+            "thrower",
+            "{\"id\":1,\"user\":{\"name\":\"ann\"}}\n{\"id\":2}\n",
+        )
+        .await;
+    assert_eq!(response.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("TypeError: ") && reasons[0].ends_with(" (plugin.js line 9)"),
+        "{reasons:?}"
+    );
+    let lines = eventually(Duration::from_secs(30), "the good row", || async {
+        let lines = host.sink_lines("thrower");
+        (!lines.is_empty()).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines, vec!["{\"id\":1,\"name\":\"ann\"}"]);
+    host.shutdown().await;
+}
