@@ -1,6 +1,7 @@
 //! Plugin authors: `weir plugin new` projects in Rust, Python and
 //! JavaScript build outside the repository, pass their own test, and give
-//! the same outcomes on the same fixture rows in a real host; a Python
+//! the same outcomes on the same fixture rows in `weir plugin test` (no
+//! NATS) and in a real host; a Python
 //! exception dead-letters its row naming itself and its line; a JS error in
 //! `init` refuses the plugin with its message.
 //!
@@ -131,6 +132,66 @@ fn expected() -> (Vec<String>, Vec<String>) {
     (lines, reasons)
 }
 
+/// Each row's outcome as `weir plugin test --json` reports it, in the
+/// fixture's shape (emitted payloads parsed, so key order does not matter).
+fn plugin_test_outcomes(wasm: &Path) -> Vec<serde_json::Value> {
+    let rows = workspace().join("fixture-rows.ndjson");
+    std::fs::write(&rows, ROWS).expect("write the rows");
+    // The tests' compiled cache: the host below then loads what this compiled.
+    let output = Command::new(WEIR)
+        .args(["plugin", "test", "--json", "--rows"])
+        .arg(&rows)
+        .arg(wasm)
+        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
+        .env_remove("WEIR_LOG")
+        .output()
+        .expect("weir runs");
+    assert!(
+        output.status.success(),
+        "weir plugin test {}: {}",
+        wasm.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("weir plugin test --json prints JSON");
+    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+    rows.into_iter()
+        .map(|row| match row["outcome"].as_str() {
+            Some("emit") => serde_json::json!({
+                "outcome": "emit",
+                "rows": row["emitted"].as_array().into_iter().flatten()
+                    .map(|out| serde_json::json!({ "payload": out["payload"] }))
+                    .collect::<Vec<_>>(),
+            }),
+            _ => {
+                let mut row = row;
+                if let Some(fields) = row.as_object_mut() {
+                    fields.remove("line");
+                }
+                row
+            }
+        })
+        .collect()
+}
+
+/// The fixture's expected outcomes, emitted payloads parsed.
+fn expected_outcomes() -> Vec<serde_json::Value> {
+    EXPECTED
+        .lines()
+        .map(|line| {
+            let mut outcome: serde_json::Value = serde_json::from_str(line).expect("expected JSON");
+            let emitted = outcome
+                .get_mut("rows")
+                .and_then(serde_json::Value::as_array_mut);
+            for row in emitted.into_iter().flatten() {
+                let payload = row["payload"].as_str().unwrap_or_default();
+                row["payload"] = serde_json::from_str(payload).expect("a JSON payload");
+            }
+            outcome
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_transform_in_each_language_gives_the_expected_outcomes_in_a_host() {
     let langs = ["rust", "python", "js"];
@@ -139,6 +200,15 @@ async fn a_new_transform_in_each_language_gives_the_expected_outcomes_in_a_host(
         let wasm = tokio::task::spawn_blocking(move || built_transform(lang))
             .await
             .expect("build");
+        // `weir plugin test` (no NATS) says what the fixture expects; the
+        // host below must then do it.
+        let outcomes = tokio::task::spawn_blocking({
+            let wasm = wasm.clone();
+            move || plugin_test_outcomes(&wasm)
+        })
+        .await
+        .expect("weir plugin test");
+        assert_eq!(outcomes, expected_outcomes(), "{lang}: weir plugin test");
         extra.push_str(&pipeline(lang, &wasm));
     }
     let nats = Nats::start();

@@ -81,7 +81,7 @@ async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
                     emitted.push(new["payload"].to_string());
                 }
             }
-            "dead-letter" => dead.push(row["reason"].as_str().unwrap().to_string()),
+            "dead_letter" => dead.push(row["reason"].as_str().unwrap().to_string()),
             other => panic!("unexpected outcome {other}: {report}"),
         }
     }
@@ -272,7 +272,7 @@ async fn a_sink_without_grants_http_loads_and_its_requests_are_denied() {
     let report = json_of(&output);
     assert_eq!(report["world"], "sink");
     for row in report["rows"].as_array().unwrap() {
-        assert_eq!(row["outcome"], "dead-letter", "{report}");
+        assert_eq!(row["outcome"], "dead_letter", "{report}");
         assert!(
             row["reason"]
                 .as_str()

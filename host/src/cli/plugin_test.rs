@@ -584,7 +584,7 @@ fn outcome_report(outcome: &Outcome<'_>) -> (Value, String) {
             format!("retry after {ms} ms"),
         ),
         Outcome::DeadLetter(reason) => (
-            json!({ "outcome": "dead-letter", "reason": reason }),
+            json!({ "outcome": "dead_letter", "reason": reason }),
             format!("dead-letter: {reason}"),
         ),
     }

@@ -266,7 +266,9 @@ export function initPlugin(plugin, settings) {
   try {
     if (typeof plugin.init === "function") plugin.init(parseSettings(settings));
   } catch (error) {
-    report(error);
+    // The message becomes init's `err`; stderr gets only where it was
+    // thrown, so the host's report says the message once.
+    if (error && error.stack) console.error(error.stack);
     throw error && error.message !== undefined ? String(error.message) : String(error);
   }
 }

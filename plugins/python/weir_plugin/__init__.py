@@ -312,6 +312,14 @@ def _print_exception():
     sys.stderr.flush()
 
 
+def _print_frames(error):
+    # For an error whose message the host already reports (init's `err`):
+    # only where it happened, so the message is said once.
+    sys.stderr.write("Traceback (most recent call last):\n")
+    traceback.print_tb(error.__traceback__, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def parse_settings(text):
     """The settings JSON `init` receives, as a dict (an empty string is {})."""
     if not text or not text.strip():
@@ -521,7 +529,7 @@ class _World:
             plugin = _PLUGIN[0]()
             plugin.init(parse_settings(settings))
         except Exception as error:
-            _print_exception()
+            _print_frames(error)
             message = str(error) if isinstance(error, ValueError) and str(error) else None
             raise Err(message or "%s: %s" % (type(error).__name__, error))
         del _PLUGIN[1:]
