@@ -17,17 +17,15 @@
 #[allow(dead_code)] // each bench uses part of the helpers
 mod support;
 
-use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use weir::config::{Config, Overrides};
-use weir::delivery::batch::Batch;
-use weir::sandbox::{PluginInstance, Sandbox};
+use weir::sandbox::Sandbox;
 use weir::telemetry::Metrics;
 
-use support::{Table, env_count, median, print_figure};
+use support::{Table, env_count, median, print_figure, time_plugin};
 
 const BENCH: &str = "authors";
 const LANGS: [&str; 3] = ["rust", "python", "js"];
@@ -73,25 +71,6 @@ fn built(lang: &str) -> PathBuf {
         started.elapsed().as_secs_f64()
     );
     wasm
-}
-
-fn time(
-    runtime: &tokio::runtime::Runtime,
-    instance: &mut PluginInstance,
-    batches: &[Batch],
-    calls: usize,
-) -> Duration {
-    runtime.block_on(async {
-        let started = Instant::now();
-        for call in 0..calls {
-            let transformed = instance
-                .transform(batches[call % batches.len()].packed())
-                .await
-                .expect("the plugin call succeeds");
-            black_box(transformed);
-        }
-        started.elapsed()
-    })
 }
 
 fn main() {
@@ -149,7 +128,7 @@ fn main() {
         // One unmeasured turn warms each guest, then the languages take turns.
         for turn in 0..=samples {
             for (index, instance) in instances.iter_mut().enumerate() {
-                let elapsed = time(&runtime, instance, &batches, calls);
+                let elapsed = time_plugin(&runtime, instance, &batches, calls);
                 if turn > 0 {
                     per_row[index].push(elapsed.as_nanos() as f64 / rows_per_sample as f64);
                 }

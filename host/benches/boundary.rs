@@ -36,7 +36,7 @@ use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 use weir_json::{Object, RawValue};
 
-use support::{Table, env_count, median, print_figure};
+use support::{Table, env_count, median, print_figure, time_plugin};
 
 const BENCH: &str = "boundary";
 const BATCH_SIZES: [usize; 4] = [1, 10, 100, 1000];
@@ -378,26 +378,6 @@ fn time_native(batches: &[Batch], calls: usize) -> Duration {
         black_box(mask_native(black_box(&batches[call % batches.len()])));
     }
     started.elapsed()
-}
-
-/// Time to run `calls` batches through a plugin instance, one call each.
-fn time_plugin(
-    runtime: &tokio::runtime::Runtime,
-    instance: &mut PluginInstance,
-    batches: &[Batch],
-    calls: usize,
-) -> Duration {
-    runtime.block_on(async {
-        let started = Instant::now();
-        for call in 0..calls {
-            let transformed = instance
-                .transform(batches[call % batches.len()].packed())
-                .await
-                .expect("the plugin call succeeds");
-            black_box(transformed);
-        }
-        started.elapsed()
-    })
 }
 
 fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, samples: usize) {

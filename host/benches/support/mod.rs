@@ -298,3 +298,23 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
         unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
     }
 }
+
+/// Time to run `calls` batches through a plugin instance, one call each.
+pub fn time_plugin(
+    runtime: &tokio::runtime::Runtime,
+    instance: &mut weir::sandbox::PluginInstance,
+    batches: &[weir::delivery::batch::Batch],
+    calls: usize,
+) -> std::time::Duration {
+    runtime.block_on(async {
+        let started = Instant::now();
+        for call in 0..calls {
+            let transformed = instance
+                .transform(batches[call % batches.len()].packed())
+                .await
+                .expect("the plugin call succeeds");
+            std::hint::black_box(transformed);
+        }
+        started.elapsed()
+    })
+}
