@@ -150,6 +150,10 @@ pub struct Metrics {
     /// Rows left for each unit this host pulls, as the last row delivered
     /// said (JetStream puts it in every delivery's reply subject).
     pub unit_pending_rows: Family<UnitLabels, Gauge>,
+    /// Rows redelivered behind a newer row of their unit that this host had
+    /// already received, not handed back for a retry by it: rows lost in
+    /// flight (a NATS node's death) and back after the ack wait.
+    pub rows_out_of_order: Family<UnitLabels, Counter>,
     /// Always 1, labelled with the version and commit.
     pub build_info: Family<BuildLabels, Gauge>,
 }
@@ -192,6 +196,7 @@ impl Default for Metrics {
             units_owned: Gauge::default(),
             units_unowned: Gauge::default(),
             unit_pending_rows: Family::default(),
+            rows_out_of_order: Family::default(),
             build_info,
         }
     }
@@ -347,6 +352,11 @@ impl Metrics {
             "unit_pending_rows",
             "Rows left for a unit this host pulls, as of its last delivered row",
             self.unit_pending_rows.clone(),
+        );
+        weir.register(
+            "rows_out_of_order",
+            "Rows redelivered behind a newer row of their unit, other than retries this host asked for",
+            self.rows_out_of_order.clone(),
         );
     }
 }

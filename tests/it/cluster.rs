@@ -2,14 +2,17 @@
 //! every stream, the coordination bucket and the plugin store with three
 //! replicas, three `weir` processes on the seed list, and a steady load of
 //! three tenants × two tables through every front door while faults are
-//! injected: a host SIGKILLed or SIGTERMed, the partition stream's leader
+//! injected: a host SIGKILLed or SIGTERMed, frozen (SIGSTOP) past its member
+//! TTL and under it, cut off from every NATS node (a proxy per host that the
+//! test cuts: [`crate::cluster_support::Link`]), the partition stream's leader
 //! node SIGKILLed, every node restarted in turn, a partition filled to its
 //! byte limit, a host added and one removed. The same host faults and a
 //! server kill run on one server with one replica, for comparison.
 //!
 //! Each scenario prints one line: rows accepted (202), lost (asserted 0),
-//! delivered twice and out of order (printed; asserted 0 only for duplicates
-//! of clean stops, the one thing promised), and the recovery: the time from
+//! delivered twice and out of order (printed; duplicates asserted 0 for
+//! clean stops, order violations for every host fault: only a NATS node's
+//! death may reorder the rows in flight through it), and the recovery: the time from
 //! the fault until every table delivered a row sent after it (for NATS
 //! faults also when the front doors stored rows again). Run with
 //! `--nocapture` to see the table. The scenarios run one at a time (they
@@ -36,6 +39,33 @@ const FULL_REFUSALS: usize = 10;
 /// How long the load runs before a fault and after the fleet is whole again.
 const STEADY: Duration = Duration::from_secs(2);
 
+/// What a scenario promises beyond losing nothing.
+#[derive(Clone, Copy)]
+struct Expect {
+    /// Nothing delivered twice (a clean stop: nothing was in flight).
+    no_duplicates: bool,
+    /// No table's rows out of order (a host fault; a NATS node's death
+    /// reorders the rows in flight through it, counted in
+    /// `weir_rows_out_of_order_total`).
+    in_order: bool,
+}
+
+/// A clean stop or a pause the lease outlasts.
+const CLEAN: Expect = Expect {
+    no_duplicates: true,
+    in_order: true,
+};
+/// A host's crash, freeze or partition: rows in flight may come twice.
+const HOST_FAULT: Expect = Expect {
+    no_duplicates: false,
+    in_order: true,
+};
+/// A NATS node's death.
+const NATS_FAULT: Expect = Expect {
+    no_duplicates: false,
+    in_order: false,
+};
+
 /// NATS nodes, a fleet of three hosts on them, the tailer of their sinks.
 struct Harness {
     label: &'static str,
@@ -59,7 +89,7 @@ impl Harness {
         let nats = NatsNodes::start(nodes).await;
         let client = nats.client().await;
         let settings = FleetSettings {
-            seeds: nats.seed_list(),
+            node_ports: nats.nodes.iter().map(|node| node.port).collect(),
             replicas,
             max_bytes,
         };
@@ -134,9 +164,14 @@ impl Harness {
 
     /// Stops the load, waits until every accepted row is delivered (or a
     /// minute passed) and everything is settled, prints the scenario's line
-    /// and asserts that no accepted row was lost (and, for `clean` stops,
-    /// none delivered twice).
-    async fn finish(&mut self, mut load: Load, name: &str, recovery: &str, clean: bool) -> Account {
+    /// and asserts that no accepted row was lost, and what `expect` says.
+    async fn finish(
+        &mut self,
+        mut load: Load,
+        name: &str,
+        recovery: &str,
+        expect: Expect,
+    ) -> Account {
         // The fleet is whole again: every table delivers rows sent from now
         // on, for a while, before the load stops.
         let whole = Instant::now();
@@ -201,8 +236,15 @@ impl Harness {
                 .collect::<Vec<_>>(),
             self.fleet.logs()
         );
-        if clean {
+        if expect.no_duplicates {
             assert_eq!(result.duplicated, 0, "{name}: a clean stop repeats no row");
+        }
+        if expect.in_order {
+            assert_eq!(
+                result.order_violations, 0,
+                "{name}: a host fault reorders no table: {:?}",
+                result.late
+            );
         }
         result
     }
@@ -227,7 +269,7 @@ async fn host_sigkill(h: &mut Harness) {
         load,
         "SIGKILL a host, restart it",
         &format!("takeover {}", secs(takeover)),
-        false,
+        HOST_FAULT,
     )
     .await;
 }
@@ -249,17 +291,81 @@ async fn host_sigterm(h: &mut Harness) {
         load,
         "SIGTERM a host, restart it",
         &format!("handover {}", secs(handover)),
-        true,
+        CLEAN,
     )
     .await;
 }
 
+/// The member TTL of the fleet's hosts (the default).
+const MEMBER_TTL: Duration = Duration::from_secs(5);
+
+/// SIGSTOP the busiest host for `frozen`, then SIGCONT. Past the member
+/// TTL the others take its units over and the woken host, fenced, delivers
+/// nothing of the batches it held; under it, with its lease still holding,
+/// it goes on where it stopped. Its front door is out of the load's list
+/// while it is frozen (a load balancer's health check fails).
+async fn host_sigstop(h: &mut Harness, frozen: Duration) {
+    let load = h.begin().await;
+    let (victim, tables) = h.fleet.busiest().await;
+    let fault = Instant::now();
+    h.fleet.freeze(victim);
+    tokio::time::sleep(frozen).await;
+    h.fleet.thaw(victim);
+    let delivering = h.healed(&load, &tables, fault).await;
+    h.fleet.balanced().await;
+    let past = frozen > MEMBER_TTL;
+    let name = format!(
+        "SIGSTOP a host {} ({}s)",
+        if past {
+            "past its TTL"
+        } else {
+            "under its TTL"
+        },
+        frozen.as_secs_f64()
+    );
+    let recovery = format!("its tables delivering {} after SIGSTOP", secs(delivering));
+    let expect = if past { HOST_FAULT } else { CLEAN };
+    h.finish(load, &name, &recovery, expect).await;
+}
+
+/// Cuts the busiest host off from every NATS node for `cut` (past the
+/// member TTL): it cannot renew its key, steps down on its own clock, and
+/// the others take its units over. Its front door stays in the load's list
+/// (it is up, and says so) and answers 503 once a publish times out; nothing
+/// it accepted before is lost. Healed, it rejoins by handover.
+async fn host_partitioned(h: &mut Harness, cut: Duration) {
+    let load = h.begin().await;
+    let (victim, tables) = h.fleet.busiest().await;
+    let fault = Instant::now();
+    h.fleet.links[victim].cut();
+    let takeover = h.healed(&load, &tables, fault).await;
+    tokio::time::sleep_until((fault + cut).into()).await;
+    h.fleet.links[victim].heal();
+    let healed = Instant::now();
+    h.fleet.balanced().await;
+    let recovery = format!(
+        "takeover {}; rejoined {} after healing",
+        secs(takeover),
+        secs(healed.elapsed())
+    );
+    let name = format!("partition a host ({}s)", cut.as_secs_f64());
+    h.finish(load, &name, &recovery, HOST_FAULT).await;
+}
+
+/// Every host fault, on whichever NATS the harness runs.
+async fn host_faults(h: &mut Harness) {
+    host_sigkill(h).await;
+    host_sigterm(h).await;
+    host_sigstop(h, Duration::from_secs(8)).await;
+    host_sigstop(h, Duration::from_secs(3)).await;
+    host_partitioned(h, Duration::from_secs(8)).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn r3_a_host_killed_stopped_added_and_removed_under_load() {
+async fn r3_a_host_killed_stopped_frozen_partitioned_added_and_removed_under_load() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start("R3", 3, 3, "64MiB", true).await;
-    host_sigkill(&mut h).await;
-    host_sigterm(&mut h).await;
+    host_faults(&mut h).await;
 
     // A fourth host joins by handover, then the first leaves by SIGTERM.
     let load = h.begin().await;
@@ -273,7 +379,7 @@ async fn r3_a_host_killed_stopped_added_and_removed_under_load() {
     h.fleet.wait_exit(0).await;
     h.fleet.balanced().await;
     let recovery = format!("join settled {}, leave {}", secs(join), secs(leave));
-    h.finish(load, "add a host, remove one", &recovery, true)
+    h.finish(load, "add a host, remove one", &recovery, CLEAN)
         .await;
     h.stop().await;
 }
@@ -299,8 +405,13 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
         secs(recovery),
         secs(accepting)
     );
-    h.finish(load, "SIGKILL the stream leader node", &recovery, false)
-        .await;
+    h.finish(
+        load,
+        "SIGKILL the stream leader node",
+        &recovery,
+        NATS_FAULT,
+    )
+    .await;
 
     // A rolling restart: each node stopped (SIGTERM), started again, and
     // current before the next. Per node: delivering again (accepting again).
@@ -321,7 +432,7 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
         load,
         "restart every NATS node in turn",
         &each.join(", "),
-        false,
+        NATS_FAULT,
     )
     .await;
     h.stop().await;
@@ -399,7 +510,7 @@ async fn r3_a_full_partition_refuses_rows_and_loses_none() {
         first.body,
         secs(longest_retry)
     );
-    h.finish(load, "fill a partition (256KiB)", &recovery, false)
+    h.finish(load, "fill a partition (256KiB)", &recovery, HOST_FAULT)
         .await;
     assert_eq!(first.status, 503, "a full partition is a 503 (retry later)");
     h.stop().await;
@@ -409,8 +520,7 @@ async fn r3_a_full_partition_refuses_rows_and_loses_none() {
 async fn r1_the_same_faults_on_one_server() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start("R1", 1, 1, "64MiB", true).await;
-    host_sigkill(&mut h).await;
-    host_sigterm(&mut h).await;
+    host_faults(&mut h).await;
 
     // The only server dies and comes back: what R3 is for.
     let load = h.begin().await;
@@ -422,7 +532,12 @@ async fn r1_the_same_faults_on_one_server() {
     let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
     h.fleet.balanced().await;
     let recovery = format!("{} (accepting again {})", secs(recovery), secs(accepting));
-    h.finish(load, "SIGKILL the server, restart it", &recovery, false)
-        .await;
+    h.finish(
+        load,
+        "SIGKILL the server, restart it",
+        &recovery,
+        NATS_FAULT,
+    )
+    .await;
     h.stop().await;
 }

@@ -141,15 +141,6 @@ impl NatsNodes {
         nats
     }
 
-    /// The seed list a host is configured with: every node.
-    pub fn seed_list(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|node| format!("nats://127.0.0.1:{}", node.port))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
     /// A client of the test's own, on the seed list (it follows the cluster).
     pub async fn client(&self) -> async_nats::Client {
         let seeds: Vec<ServerAddr> = self
@@ -258,10 +249,114 @@ impl NatsNodes {
 
 // ---- the fleet ----
 
+// ---- the network between a host and NATS ----
+
+/// One host's network to the NATS nodes: a TCP proxy per node that the
+/// test can cut. A cut stops forwarding both ways, as a network that drops
+/// packets does (bytes wait in the sockets, as TCP would retransmit them;
+/// new connections get no answer); healing resumes every connection where
+/// it stood. The server may give up on a connection meanwhile, as it would
+/// on a real partition; then the host reconnects once healed.
+pub struct Link {
+    cut: tokio::sync::watch::Sender<bool>,
+    /// The seed list the host is configured with: one proxy per node.
+    pub seeds: String,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Link {
+    /// Proxies to the NATS nodes on `ports`, on fresh loopback ports.
+    pub fn start(ports: &[u16]) -> Link {
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let mut seeds = Vec::new();
+        let mut listeners = Vec::new();
+        for &upstream in ports {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy");
+            listener.set_nonblocking(true).unwrap();
+            seeds.push(format!("nats://{}", listener.local_addr().unwrap()));
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let cut = cut.subscribe();
+            listeners.push(tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(forward(client, upstream, cut.clone()));
+                }
+            }));
+        }
+        Link {
+            cut,
+            seeds: seeds.join(","),
+            listeners,
+        }
+    }
+
+    /// Partitions the host from every node.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        for listener in &self.listeners {
+            listener.abort();
+        }
+    }
+}
+
+/// Waits while the link is cut.
+async fn while_cut(cut: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = cut.wait_for(|cut| !*cut).await;
+}
+
+/// One connection through the proxy: nothing moves while the link is cut.
+async fn forward(
+    client: tokio::net::TcpStream,
+    upstream: u16,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
+    while_cut(&mut cut).await;
+    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::select! {
+        _ = pipe(client_read, server_write, cut.clone()) => {}
+        _ = pipe(server_read, client_write, cut) => {}
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        while_cut(&mut cut).await;
+        let read = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        // Read just before a cut: held until it heals, as in flight.
+        while_cut(&mut cut).await;
+        if to.write_all(&buf[..read]).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// What every host of one fleet is configured with.
 #[derive(Clone)]
 pub struct FleetSettings {
-    pub seeds: String,
+    /// The client ports of the NATS nodes (each host reaches them through
+    /// a [`Link`] of its own).
+    pub node_ports: Vec<u16>,
     pub replicas: u32,
     /// Byte limit of each partition stream.
     pub max_bytes: &'static str,
@@ -269,7 +364,7 @@ pub struct FleetSettings {
 
 /// A host's config: three tenants, their tables through the validator into
 /// the NDJSON file sink, the topology created with `replicas` copies.
-pub fn host_config(settings: &FleetSettings, id: &str) -> String {
+pub fn host_config(settings: &FleetSettings, id: &str, seeds: &str) -> String {
     let tenants: String = TENANTS
         .iter()
         .map(|(name, key)| format!("[[tenants]]\nname = \"{name}\"\napi_keys = [\"{key}\"]\n\n"))
@@ -320,7 +415,6 @@ sink = "files"
 "#,
         plugins = plugins_dir().display(),
         cache = crate::support::compile_cache_dir().display(),
-        seeds = settings.seeds,
         replicas = settings.replicas,
         max_bytes = settings.max_bytes,
     )
@@ -331,6 +425,8 @@ sink = "files"
 pub struct Fleet {
     pub settings: FleetSettings,
     pub hosts: Vec<Host>,
+    /// Each host's network to NATS, by index.
+    pub links: Vec<Link>,
     running: Vec<bool>,
     /// The front doors the load posts to, updated as hosts come and go
     /// (what a load balancer's health check does).
@@ -351,6 +447,7 @@ impl Fleet {
         let mut fleet = Fleet {
             settings,
             hosts: Vec::new(),
+            links: Vec::new(),
             running: Vec::new(),
             front_doors: Arc::default(),
             dirs: Arc::default(),
@@ -374,7 +471,9 @@ impl Fleet {
     /// Starts the next host (h1, h2, …); returns its index.
     pub fn spawn(&mut self) -> usize {
         let id = IDS[self.hosts.len()];
-        let host = Host::spawn_with(id, host_config(&self.settings, id));
+        let link = Link::start(&self.settings.node_ports);
+        let host = Host::spawn_with(id, host_config(&self.settings, id, &link.seeds));
+        self.links.push(link);
         self.dirs
             .write()
             .unwrap()
@@ -427,6 +526,24 @@ impl Fleet {
         self.running[index] = false;
         self.publish_front_doors();
         self.hosts[index].terminate();
+    }
+
+    /// SIGSTOP host `index` (a VM stall, a GC pause of the whole process);
+    /// its front door leaves the load's list, as a load balancer's health
+    /// check would take it out.
+    pub fn freeze(&mut self, index: usize) {
+        self.running[index] = false;
+        self.publish_front_doors();
+        // SAFETY: kill(2) on our own child, which has not been reaped.
+        unsafe { libc::kill(self.hosts[index].child.id() as libc::pid_t, libc::SIGSTOP) };
+    }
+
+    /// SIGCONT host `index`, back in the load's list.
+    pub fn thaw(&mut self, index: usize) {
+        // SAFETY: as in `freeze`.
+        unsafe { libc::kill(self.hosts[index].child.id() as libc::pid_t, libc::SIGCONT) };
+        self.running[index] = true;
+        self.publish_front_doors();
     }
 
     /// Waits until host `index`'s process has exited.

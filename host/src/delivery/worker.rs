@@ -98,6 +98,38 @@ struct Settler {
     /// The unit's pending-rows gauge.
     unit_labels: UnitLabels,
     summary: Summary,
+    order: OrderWatch,
+}
+
+/// Rows handed back for a retry remembered at most: past it the set is
+/// forgotten, and a retried row may be counted as out of order once.
+const HANDED_BACK_LIMIT: usize = 65_536;
+
+/// Notices rows redelivered behind newer rows of their unit that were not
+/// retries this worker asked for (`weir_rows_out_of_order_total`): what a
+/// pull request lost with a NATS node costs the order of a table.
+#[derive(Default)]
+struct OrderWatch {
+    /// The highest stream sequence received.
+    highest: u64,
+    /// Rows this worker nakked and has not received again.
+    handed_back: std::collections::HashSet<u64>,
+}
+
+impl OrderWatch {
+    /// Whether a row is out of order; takes it into the watch.
+    fn received(&mut self, sequence: u64, delivered: i64) -> bool {
+        let late = delivered > 1 && sequence < self.highest && !self.handed_back.remove(&sequence);
+        self.highest = self.highest.max(sequence);
+        late
+    }
+
+    fn handed_back(&mut self, sequence: u64) {
+        if self.handed_back.len() >= HANDED_BACK_LIMIT {
+            self.handed_back.clear();
+        }
+        self.handed_back.insert(sequence);
+    }
 }
 
 /// Rows dead-lettered and retried since the last INFO summary of a unit.
@@ -193,6 +225,7 @@ impl UnitWorker {
                 unit: router.unit_consumer(unit),
             },
             summary: Summary::new(),
+            order: OrderWatch::default(),
         };
         UnitWorker {
             js,
@@ -752,6 +785,17 @@ impl Settler {
             .iter()
             .map(|m| ack::info(m).map_or(1, |info| info.delivered))
             .collect();
+        let late = batch
+            .iter()
+            .filter_map(ack::info)
+            .filter(|info| self.order.received(info.stream_sequence, info.delivered))
+            .count();
+        if late > 0 {
+            self.metrics
+                .rows_out_of_order
+                .get_or_create(&self.unit_labels)
+                .inc_by(late as u64);
+        }
         let mut gave_up = vec![false; batch.len()];
         for ((verdict, delivered), gave_up) in
             verdicts.iter_mut().zip(&deliveries).zip(&mut gave_up)
@@ -810,6 +854,9 @@ impl Settler {
             }
             let acked = matches!(verdict, Verdict::Done)
                 || matches!(verdict, Verdict::DeadLetter { .. } if !failed);
+            if !acked && let Some(info) = ack::info(message) {
+                self.order.handed_back(info.stream_sequence);
+            }
             let result = match verdict {
                 Verdict::DeadLetter { .. } if failed => {
                     self.metrics.rows_retried.inc();
@@ -964,6 +1011,23 @@ mod tests {
         let others = &summary.dead_lettered[&(String::new(), "other reasons".to_string())];
         assert_eq!(*others, 10);
         assert!(summary.due().is_some());
+    }
+
+    #[test]
+    fn only_rows_redelivered_behind_newer_ones_unasked_are_out_of_order() {
+        let mut order = OrderWatch::default();
+        assert!(!order.received(10, 1));
+        assert!(!order.received(11, 1));
+        // A retry this worker asked for comes back behind newer rows: expected.
+        order.handed_back(10);
+        assert!(!order.received(12, 1));
+        assert!(!order.received(10, 2));
+        // A row lost in flight comes back after the ack wait: out of order.
+        assert!(order.received(9, 2));
+        // A redelivery at the front (after a takeover's reset) is in order.
+        let mut fresh = OrderWatch::default();
+        assert!(!fresh.received(5, 3));
+        assert!(!fresh.received(6, 2));
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //!
 //! Settings (unknown keys are refused):
 //!
-//! | key       | type   | default | meaning                                             |
-//! |-----------|--------|---------|-----------------------------------------------------|
-//! | `url`     | string | —       | `http://` or `https://` URL the batches are POSTed to |
-//! | `headers` | table  | `{}`    | extra request headers, name → value                 |
+//! | key         | type   | default | meaning                                                     |
+//! |-------------|--------|---------|-------------------------------------------------------------|
+//! | `url`       | string | —       | `http://` or `https://` URL the batches are POSTed to       |
+//! | `headers`   | table  | `{}`    | extra request headers, name → value (not `idempotency-key`) |
+//! | `key_field` | string | none    | field inserted first in each row's object: the row's key    |
 //!
 //! The host must grant the URL's `host:port` in the plugin's `grants.http`,
 //! or the request is denied and the rows are dead-lettered.
@@ -16,6 +17,22 @@
 //! start of the response body. A payload containing a newline would break
 //! the NDJSON framing, so that row alone is dead-lettered. Counter:
 //! `rows_posted`.
+//!
+//! Replays: weir delivers a row again after a crash, a lost ack or a
+//! takeover, so the endpoint may get it twice. A row's key,
+//! `<tenant>/<table>/<sequence>`, is the same every time (the sequence is
+//! the row's in its partition stream). With `key_field` set, each line is
+//! the payload with `"<key_field>":"<key>"` inserted as its object's first
+//! member (textually: the rest of the payload is sent as it came), so the
+//! endpoint can drop a replayed row; a payload that is not a JSON object is
+//! then dead-lettered. Every POST also carries `idempotency-key`: 32 hex
+//! digits, the FNV-1a 64 ([`weir_plugin::stable_hash64`]) of its rows'
+//! keys (each followed by `\n`), then that of its body, so an endpoint that
+//! dedupes requests drops a retried identical batch (a retry may group rows
+//! otherwise: then only the row keys tell). The body is in it because row
+//! keys alone can meet again with other rows: a table a router moved to
+//! another partition stream, or a stream made anew, numbers rows from
+//! sequences already used.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +42,7 @@ use wasi::http::types::{
     ErrorCode, Fields, IncomingResponse, Method, OutgoingBody, OutgoingRequest, Scheme,
 };
 use wasi::io::streams::StreamError;
-use weir_plugin::{Deliveries, Delivery, Rows, Sink};
+use weir_plugin::{Deliveries, Delivery, Row, Rows, Sink};
 
 /// How long the host waits before retrying rows the endpoint could not take.
 const RETRY_MS: u32 = 500;
@@ -42,7 +59,12 @@ struct Settings {
     url: String,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default)]
+    key_field: Option<String>,
 }
+
+/// The request header naming a batch; set by the sink, never by `headers`.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The settings, with the URL split into the parts a request is built from.
 struct Target {
@@ -55,6 +77,8 @@ struct Target {
 
 struct HttpSink {
     target: Target,
+    /// `key_field` as a JSON string followed by `:`, if set.
+    key_member: Option<String>,
 }
 
 impl Sink for HttpSink {
@@ -66,6 +90,16 @@ impl Sink for HttpSink {
             .into_iter()
             .map(|(name, value)| (name.to_ascii_lowercase(), value.into_bytes()))
             .collect::<Vec<_>>();
+        if headers.iter().any(|(name, _)| name == IDEMPOTENCY_KEY) {
+            return Err(format!(
+                "http-sink: `headers` cannot set `{IDEMPOTENCY_KEY}`: the sink sets it per batch"
+            ));
+        }
+        let key_member = match settings.key_field.as_deref() {
+            None => None,
+            Some("") => return Err("http-sink: `key_field` must not be empty".to_string()),
+            Some(field) => Some(key_member(field)),
+        };
         // Refuse a bad header now, not on every batch.
         Fields::from_list(&headers)
             .map_err(|e| format!("http-sink: bad `headers` setting: {e:?}"))?;
@@ -77,45 +111,141 @@ impl Sink for HttpSink {
                 path,
                 headers,
             },
+            key_member,
         })
     }
 
     fn deliver(&mut self, rows: &Rows, out: &mut Deliveries) {
-        // A payload with a newline would break the NDJSON framing: that row
-        // alone is dead-lettered, the others share the endpoint's answer.
-        let framed: Vec<bool> = rows
-            .iter()
-            .map(|row| !row.payload.contains(&b'\n'))
-            .collect();
-        let mut body = Vec::new();
-        let mut posted = 0u64;
-        for (row, framed) in rows.iter().zip(&framed) {
-            if *framed {
-                body.extend_from_slice(row.payload);
-                body.push(b'\n');
-                posted += 1;
-            }
-        }
+        let batch = frame(rows, self.key_member.as_deref());
         // With nothing to post, no row takes this outcome.
-        let outcome = if posted == 0 {
+        let outcome = if batch.posted == 0 {
             Delivery::Ok
         } else {
-            post(&self.target, &body)
+            post(&self.target, &batch.body, &batch.idempotency_key)
         };
-        if posted > 0 && outcome == Delivery::Ok {
-            weir_plugin::counter("rows_posted", posted);
+        if batch.posted > 0 && outcome == Delivery::Ok {
+            weir_plugin::counter("rows_posted", batch.posted);
         }
-        for framed in framed {
-            if framed {
-                out.push(outcome.clone());
-            } else {
-                out.dead_letter("http sink: payload contains a newline; not one NDJSON line");
+        for refusal in batch.refusals {
+            match refusal {
+                None => out.push(outcome.clone()),
+                Some(reason) => out.dead_letter(reason),
             }
         }
     }
 }
 
 weir_plugin::export_sink!(HttpSink);
+
+/// A batch's NDJSON body, and why each row was left out of it, if it was.
+struct Framed {
+    body: Vec<u8>,
+    /// Per row, in order: `None` if it is in the body.
+    refusals: Vec<Option<&'static str>>,
+    posted: u64,
+    /// The hex digests of the posted rows' keys and of the body.
+    idempotency_key: String,
+}
+
+/// Frames the rows that can be sent as NDJSON lines, keyed if `key_member`
+/// (`"field":`) is set. A payload with a newline would break the framing:
+/// that row alone is dead-lettered, the others share the endpoint's answer.
+fn frame(rows: &Rows, key_member: Option<&str>) -> Framed {
+    let mut body = Vec::new();
+    let mut refusals = Vec::with_capacity(rows.len());
+    let mut keys = Vec::new();
+    let mut posted = 0;
+    for row in rows.iter() {
+        let key = row_key(&row);
+        let refusal = if row.payload.contains(&b'\n') {
+            Some("http sink: payload contains a newline; not one NDJSON line")
+        } else if let Some(member) = key_member {
+            (!push_keyed(&mut body, row.payload, member, &key)).then_some(
+                "http sink: payload is not a JSON object, so `key_field` cannot be added",
+            )
+        } else {
+            body.extend_from_slice(row.payload);
+            None
+        };
+        if refusal.is_none() {
+            body.push(b'\n');
+            keys.extend_from_slice(key.as_bytes());
+            keys.push(b'\n');
+            posted += 1;
+        }
+        refusals.push(refusal);
+    }
+    let idempotency_key = format!(
+        "{:016x}{:016x}",
+        weir_plugin::stable_hash64(&keys),
+        weir_plugin::stable_hash64(&body)
+    );
+    Framed {
+        body,
+        refusals,
+        posted,
+        idempotency_key,
+    }
+}
+
+/// `"field":`, escaped, to insert before a row's key.
+fn key_member(field: &str) -> String {
+    let mut member = Vec::new();
+    push_json_string(&mut member, field);
+    member.push(b':');
+    String::from_utf8_lossy(&member).into_owned()
+}
+
+/// The row's key: the same on every delivery of it.
+fn row_key(row: &Row<'_>) -> String {
+    format!("{}/{}/{}", row.tenant, row.table, row.sequence)
+}
+
+/// Appends `payload` to `body` with `member` (`"field":`) and `key` (as a
+/// JSON string) inserted as the first member of its object, without
+/// parsing the rest; false, appending nothing, if the payload is not an
+/// object (its first non-whitespace byte is not `{`).
+fn push_keyed(body: &mut Vec<u8>, payload: &[u8], member: &str, key: &str) -> bool {
+    let Some(open) = payload.iter().position(|b| !is_json_space(*b)) else {
+        return false;
+    };
+    if payload[open] != b'{' {
+        return false;
+    }
+    let rest = &payload[open + 1..];
+    let empty = rest.iter().find(|b| !is_json_space(**b)) == Some(&b'}');
+    body.extend_from_slice(&payload[..=open]);
+    body.extend_from_slice(member.as_bytes());
+    push_json_string(body, key);
+    if !empty {
+        body.push(b',');
+    }
+    body.extend_from_slice(rest);
+    true
+}
+
+fn is_json_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Appends `text` as a JSON string, quoted and escaped.
+fn push_json_string(out: &mut Vec<u8>, text: &str) {
+    out.push(b'"');
+    for c in text.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            c if u32::from(c) < 0x20 => {
+                out.extend_from_slice(format!("\\u{:04x}", u32::from(c)).as_bytes());
+            }
+            c => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
+    out.push(b'"');
+}
 
 /// `scheme://authority/path` → its parts; only http and https are accepted.
 fn split_url(url: &str) -> Result<(Scheme, String, String), String> {
@@ -142,8 +272,8 @@ fn split_url(url: &str) -> Result<(Scheme, String, String), String> {
 }
 
 /// POSTs one NDJSON body and turns the answer into the batch's outcome.
-fn post(target: &Target, body: &[u8]) -> Delivery {
-    match send(target, body) {
+fn post(target: &Target, body: &[u8], idempotency_key: &str) -> Delivery {
+    match send(target, body, idempotency_key) {
         Ok(response) => judge(target, &response),
         Err(ErrorCode::HttpRequestDenied) => Delivery::DeadLetter(format!(
             "http sink: request to {} denied: not in grants.http",
@@ -160,8 +290,16 @@ fn post(target: &Target, body: &[u8]) -> Delivery {
 }
 
 /// Sends the request and waits for the response head.
-fn send(target: &Target, body: &[u8]) -> Result<IncomingResponse, ErrorCode> {
+fn send(
+    target: &Target,
+    body: &[u8],
+    idempotency_key: &str,
+) -> Result<IncomingResponse, ErrorCode> {
     let mut headers = target.headers.clone();
+    headers.push((
+        IDEMPOTENCY_KEY.to_string(),
+        idempotency_key.as_bytes().to_vec(),
+    ));
     headers.push(("content-type".to_string(), b"application/x-ndjson".to_vec()));
     headers.push((
         "content-length".to_string(),
@@ -278,6 +416,7 @@ fn body_start(response: &IncomingResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_plugin::RowData;
 
     #[test]
     fn splits_urls() {
@@ -292,5 +431,122 @@ mod tests {
         );
         assert!(split_url("ftp://x/").is_err());
         assert!(split_url("http:///x").is_err());
+    }
+
+    /// `payload` keyed `"id":"t/events/7"`, or None if refused.
+    fn keyed(payload: &str) -> Option<String> {
+        let mut body = Vec::new();
+        push_keyed(
+            &mut body,
+            payload.as_bytes(),
+            &key_member("id"),
+            "t/events/7",
+        )
+        .then(|| String::from_utf8(body).unwrap())
+    }
+
+    #[test]
+    fn inserts_the_key_first_in_the_object() {
+        assert_eq!(keyed(r#"{"a":1}"#).unwrap(), r#"{"id":"t/events/7","a":1}"#);
+        // The rest is sent as it came, spaces and all.
+        assert_eq!(
+            keyed(r#"{ "a" : [1, {"b":2}] }"#).unwrap(),
+            r#"{"id":"t/events/7", "a" : [1, {"b":2}] }"#
+        );
+        // A field already named so is left alone: the endpoint sees both.
+        assert_eq!(
+            keyed(r#"{"id":3}"#).unwrap(),
+            r#"{"id":"t/events/7","id":3}"#
+        );
+    }
+
+    #[test]
+    fn an_empty_object_gets_no_comma() {
+        assert_eq!(keyed("{}").unwrap(), r#"{"id":"t/events/7"}"#);
+        assert_eq!(keyed("{ \t }").unwrap(), "{\"id\":\"t/events/7\" \t }");
+    }
+
+    #[test]
+    fn leading_whitespace_is_kept_before_the_object() {
+        assert_eq!(
+            keyed(" \t\r{\"a\":1}").unwrap(),
+            " \t\r{\"id\":\"t/events/7\",\"a\":1}"
+        );
+        assert_eq!(keyed("  { }").unwrap(), r#"  {"id":"t/events/7" }"#);
+    }
+
+    #[test]
+    fn refuses_what_is_not_an_object() {
+        for payload in ["", "   ", "[1]", "\"x\"", "1", "null", " [{}]", "x{}"] {
+            assert_eq!(keyed(payload), None, "{payload:?}");
+        }
+    }
+
+    #[test]
+    fn escapes_the_key_and_the_field() {
+        let mut out = Vec::new();
+        push_json_string(&mut out, "a\"b\\c/d\u{1}é");
+        assert_eq!(String::from_utf8(out).unwrap(), r#""a\"b\\c/d\u0001é""#);
+        assert_eq!(key_member(r#"my "id""#), r#""my \"id\"":"#);
+        let row = RowData {
+            tenant: r#"ac"me"#.into(),
+            table: r"ev\ents".into(),
+            sequence: 42,
+            ..RowData::new("{}")
+        };
+        let rows = Rows::pack([&row]);
+        let key = row_key(&rows.get(0).unwrap());
+        assert_eq!(key, r#"ac"me/ev\ents/42"#);
+        let mut body = Vec::new();
+        assert!(push_keyed(&mut body, b"{}", &key_member("k"), &key));
+        let body = String::from_utf8(body).unwrap();
+        assert_eq!(body, r#"{"k":"ac\"me/ev\\ents/42"}"#);
+    }
+
+    #[test]
+    fn frames_keyed_rows_and_names_the_batch_by_their_keys() {
+        let pack = |rows: &[(u64, &str)]| {
+            let rows: Vec<RowData> = rows
+                .iter()
+                .map(|&(sequence, payload)| RowData {
+                    sequence,
+                    ..RowData::new(payload)
+                })
+                .collect();
+            Rows::pack(&rows)
+        };
+        let member = key_member("_key");
+        let rows = pack(&[(1, r#"{"a":1}"#), (2, "[2]"), (3, "{}\n{}"), (4, "{}")]);
+        let framed = frame(&rows, Some(&member));
+        assert_eq!(
+            String::from_utf8(framed.body.clone()).unwrap(),
+            "{\"_key\":\"t/events/1\",\"a\":1}\n{\"_key\":\"t/events/4\"}\n"
+        );
+        assert_eq!(framed.posted, 2);
+        assert_eq!(framed.refusals[0], None);
+        assert!(framed.refusals[1].unwrap().contains("not a JSON object"));
+        assert!(framed.refusals[2].unwrap().contains("newline"));
+        assert_eq!(framed.refusals[3], None);
+        let keys = format!(
+            "{:016x}",
+            weir_plugin::stable_hash64(b"t/events/1\nt/events/4\n")
+        );
+        let name = format!("{keys}{:016x}", weir_plugin::stable_hash64(&framed.body));
+        assert_eq!(framed.idempotency_key, name);
+        // Without `key_field` the payloads go as they are, any JSON or none.
+        let framed = frame(&pack(&[(1, "[1]"), (4, "x")]), None);
+        assert_eq!(framed.body, b"[1]\nx\n");
+        assert_eq!(&framed.idempotency_key[..16], keys);
+        // The same rows again, the same name; other rows with the same
+        // keys (a moved table, a new stream), or fewer rows, another.
+        let again = frame(&pack(&[(1, "[1]"), (4, "x")]), None);
+        assert_eq!(again.idempotency_key, framed.idempotency_key);
+        let moved = frame(&pack(&[(1, "[1]"), (4, "y")]), None);
+        assert_eq!(&moved.idempotency_key[..16], keys);
+        assert_ne!(moved.idempotency_key, framed.idempotency_key);
+        assert_ne!(
+            frame(&pack(&[(1, "[1]")]), None).idempotency_key[..16],
+            keys
+        );
     }
 }

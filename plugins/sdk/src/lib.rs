@@ -44,12 +44,15 @@
 //! [`Outcomes`]. A per-tenant budget implements [`Budget`] and exports it
 //! with [`export_budget!`]; a routing policy [`Router`] with
 //! [`export_router!`]. Every kind is a value made by `init` and kept per
-//! instance, each call getting it as `&mut self`.
+//! instance, each call getting it as `&mut self`. [`stable_hash64`] is a
+//! hash that never changes, for what a plugin stores or sends: a sink
+//! dropping replays keys a row by its tenant, table and
+//! [`sequence`](Row::sequence), and may compare a hash of its payload.
 //!
 //! Modules import one another without a cycle: `bindings` (the generated
-//! WIT bindings), `slot`, `settings`, `packed` and `answer` import no other
-//! module; `log` and `rows` build on them; the world modules (`transform`,
-//! `sink`, `budget`, `router`) on those.
+//! WIT bindings), `slot`, `settings`, `packed`, `answer` and `hash` import
+//! no other module; `log` and `rows` build on them; the world modules
+//! (`transform`, `sink`, `budget`, `router`) on those.
 
 pub mod budget;
 pub mod log;
@@ -64,10 +67,12 @@ pub mod bindings;
 pub mod slot;
 
 mod answer;
+mod hash;
 mod packed;
 mod settings;
 
 pub use budget::Budget;
+pub use hash::stable_hash64;
 pub use router::Router;
 pub use rows::{Row, RowData, Rows};
 pub use settings::settings;

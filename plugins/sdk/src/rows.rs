@@ -81,7 +81,8 @@ pub struct Row<'a> {
     pub table: &'a str,
     /// Its bytes as the producer sent them (one NDJSON line for HTTP ingest).
     pub payload: &'a [u8],
-    /// Its sequence in its partition stream: stable across redeliveries.
+    /// Its sequence in its partition stream: stable across redeliveries, so
+    /// with `tenant` and `table` a key by which a sink can drop a replay.
     pub sequence: u64,
     /// How many times it has been handed to the pipeline (1 the first time).
     pub attempt: u32,
