@@ -3,7 +3,7 @@
 #
 #   examples/cluster/run.sh [FAULT] [SECONDS]
 #
-# FAULT: none | kill-host | term-host | kill-leader | rolling (default kill-host)
+# FAULT: none | kill-host | term-host | freeze-host | kill-leader | rolling (default kill-host)
 # SECONDS: how long the load runs (default 60); the fault comes at a third.
 #
 # Builds weir and its plugins, starts three nats-servers (n1.conf … n3.conf)
@@ -14,8 +14,8 @@
 set -euo pipefail
 fault="${1:-kill-host}"
 seconds="${2:-60}"
-case "$fault" in none | kill-host | term-host | kill-leader | rolling) ;;
-*) echo "unknown fault $fault (none, kill-host, term-host, kill-leader, rolling)" >&2; exit 2 ;;
+case "$fault" in none | kill-host | term-host | freeze-host | kill-leader | rolling) ;;
+*) echo "unknown fault $fault (none, kill-host, term-host, freeze-host, kill-leader, rolling)" >&2; exit 2 ;;
 esac
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -106,7 +106,9 @@ produce() {
     done
     while [ ! -e run/load/stop ]; do
       door=$((door % 3 + 1))
-      code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 \
+      # A front door silent for 2 s (a frozen host) is given up on, as a
+      # load balancer would; the same ids sent elsewhere store nothing twice.
+      code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
         -H "Authorization: Bearer $tenant-key" --data-binary "$body" \
         "http://127.0.0.1:809$door/v1/ingest/$table" || true)
       if [ "$code" = 202 ]; then
@@ -164,6 +166,13 @@ term-host)
   wait "${host_pid[2]}" || true
   start_host 2
   wait_host 2
+  ;;
+freeze-host)
+  # A VM stall or a stopped process, past the member TTL (5 s): the others
+  # take its units over; woken, it delivers nothing of what it held.
+  kill -STOP "${host_pid[2]}"
+  (sleep 8 && kill -CONT "${host_pid[2]}") &
+  recovery="takeover $(healed "$fault_ns") (h2 frozen 8s)"
   ;;
 kill-leader)
   n=$(leader 1)

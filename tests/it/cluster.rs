@@ -299,12 +299,14 @@ async fn host_sigterm(h: &mut Harness) {
 /// The member TTL of the fleet's hosts (the default).
 const MEMBER_TTL: Duration = Duration::from_secs(5);
 
-/// SIGSTOP the busiest host for `frozen`, then SIGCONT. Past the member
-/// TTL the others take its units over and the woken host, fenced, delivers
-/// nothing of the batches it held; under it, with its lease still holding,
-/// it goes on where it stopped. Its front door is out of the load's list
-/// while it is frozen (a load balancer's health check fails).
-async fn host_sigstop(h: &mut Harness, frozen: Duration) {
+/// SIGSTOP the busiest host for `frozen`, then SIGCONT. Within its lease
+/// (TTL − 1 s from its last renewal's send; renewals every TTL / 3) it
+/// goes on where it stopped: `CLEAN`. Past its lease it wakes in a new term
+/// and fences the batches it held: under the TTL it takes its own units
+/// over (reset to the ack floor), past it the others have; either way the
+/// rows it had written unacked come again. Its front door is out of the
+/// load's list while it is frozen (a load balancer's health check fails).
+async fn host_sigstop(h: &mut Harness, frozen: Duration, what: &str, expect: Expect) {
     let load = h.begin().await;
     let (victim, tables) = h.fleet.busiest().await;
     let fault = Instant::now();
@@ -313,18 +315,8 @@ async fn host_sigstop(h: &mut Harness, frozen: Duration) {
     h.fleet.thaw(victim);
     let delivering = h.healed(&load, &tables, fault).await;
     h.fleet.balanced().await;
-    let past = frozen > MEMBER_TTL;
-    let name = format!(
-        "SIGSTOP a host {} ({}s)",
-        if past {
-            "past its TTL"
-        } else {
-            "under its TTL"
-        },
-        frozen.as_secs_f64()
-    );
+    let name = format!("SIGSTOP a host {what} ({}s)", frozen.as_secs_f64());
     let recovery = format!("its tables delivering {} after SIGSTOP", secs(delivering));
-    let expect = if past { HOST_FAULT } else { CLEAN };
     h.finish(load, &name, &recovery, expect).await;
 }
 
@@ -342,7 +334,8 @@ async fn host_partitioned(h: &mut Harness, cut: Duration) {
     tokio::time::sleep_until((fault + cut).into()).await;
     h.fleet.links[victim].heal();
     let healed = Instant::now();
-    h.fleet.balanced().await;
+    // Seen by another host: the victim's own view is the one before the cut.
+    h.fleet.balanced_seen_by(h.fleet.other_than(victim)).await;
     let recovery = format!(
         "takeover {}; rejoined {} after healing",
         secs(takeover),
@@ -356,8 +349,22 @@ async fn host_partitioned(h: &mut Harness, cut: Duration) {
 async fn host_faults(h: &mut Harness) {
     host_sigkill(h).await;
     host_sigterm(h).await;
-    host_sigstop(h, Duration::from_secs(8)).await;
-    host_sigstop(h, Duration::from_secs(3)).await;
+    // The lease holds at least TTL − 1 s − TTL / 3 = 2.3 s after a freeze.
+    host_sigstop(h, Duration::from_millis(1500), "within its lease", CLEAN).await;
+    host_sigstop(
+        h,
+        MEMBER_TTL - Duration::from_secs(1),
+        "under its TTL",
+        HOST_FAULT,
+    )
+    .await;
+    host_sigstop(
+        h,
+        MEMBER_TTL + Duration::from_secs(3),
+        "past its TTL",
+        HOST_FAULT,
+    )
+    .await;
     host_partitioned(h, Duration::from_secs(8)).await;
 }
 

@@ -38,6 +38,8 @@ const ROWS_PER_REQUEST: u64 = 5;
 const TICK: Duration = Duration::from_millis(100);
 /// How often a refused request is sent again (to the next front door).
 const RETRY: Duration = Duration::from_millis(100);
+/// How long a producer waits for a front door's answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the tailer reads the sink files.
 const TAIL_EVERY: Duration = Duration::from_millis(50);
 
@@ -503,6 +505,14 @@ impl Fleet {
             .collect()
     }
 
+    /// A running host other than `index`.
+    pub fn other_than(&self, index: usize) -> &Host {
+        let other = (0..self.hosts.len())
+            .find(|&i| i != index && self.running[i])
+            .expect("another running host");
+        &self.hosts[other]
+    }
+
     fn observer(&self) -> &Host {
         let index = self
             .running
@@ -569,9 +579,14 @@ impl Fleet {
     /// Waits until the running hosts, and only they, are members holding
     /// every unit, loads within one of each other.
     pub async fn balanced(&self) -> BTreeMap<String, Vec<String>> {
+        self.balanced_seen_by(self.observer()).await
+    }
+
+    /// The same, as `observer` sees it (not a host whose view may be
+    /// stale: one just cut off from NATS).
+    pub async fn balanced_seen_by(&self, observer: &Host) -> BTreeMap<String, Vec<String>> {
         let ids: BTreeSet<&str> = self.running_ids().into_iter().collect();
         let what = format!("{ids:?} share every unit evenly");
-        let observer = self.observer();
         let last = Mutex::new(None);
         let balanced = tokio::time::timeout(
             Duration::from_secs(60),
@@ -824,8 +839,11 @@ struct Producer {
 
 impl Producer {
     async fn run(self, stop: Arc<AtomicBool>, tick: Option<Duration>) {
+        // A front door that does not answer within this (a frozen host, one
+        // cut off from NATS) is given up on, as a load balancer would, and
+        // the request sent to the next: its ids store nothing twice.
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
+            .timeout(REQUEST_TIMEOUT)
             .build()
             .unwrap();
         let key = table_key(self.tenant, self.table);

@@ -1,5 +1,6 @@
 //! The HTTP sink against a local endpoint: batches arrive as NDJSON, 5xx
-//! answers are retried, 4xx dead-lettered, ungranted hosts denied, and a
+//! answers are retried (each row under the same key, to drop a replay), 4xx
+//! dead-lettered, ungranted hosts denied, and a
 //! `wasi:http` plugin without `grants.http` loaded, its every request denied.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -18,6 +19,7 @@ use crate::support::{
 #[derive(Debug, Clone)]
 struct Received {
     content_type: String,
+    idempotency_key: String,
     body: String,
     status: u16,
 }
@@ -101,6 +103,11 @@ async fn answer(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string(),
+        idempotency_key: request_headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
         body: String::from_utf8_lossy(&body).into_owned(),
         status,
     });
@@ -115,6 +122,11 @@ async fn answer(
 /// The HTTP sink as plugin `hooks` for table `events`, POSTing to `url`,
 /// granted `grants` (a TOML array, or nothing when empty).
 fn http_pipeline(url: &str, grants: &str) -> String {
+    http_pipeline_with(&format!("url = \"{url}\""), grants)
+}
+
+/// The same with the sink's `settings` as given (inline TOML table body).
+fn http_pipeline_with(settings: &str, grants: &str) -> String {
     let grants = if grants.is_empty() {
         String::new()
     } else {
@@ -125,7 +137,7 @@ fn http_pipeline(url: &str, grants: &str) -> String {
 [plugins.hooks]
 wasm = "weir_http_sink.wasm"
 world = "sink"
-settings = {{ url = "{url}" }}
+settings = {{ {settings} }}
 {grants}
 [[pipelines]]
 tables = ["events"]
@@ -204,6 +216,71 @@ async fn a_5xx_answer_makes_the_rows_come_again_until_they_are_delivered() {
     }
     for line in refused {
         assert!(lines.contains_key(line), "{line} was not retried");
+    }
+    host.shutdown().await;
+}
+
+/// A row sent again after its POST failed (as after a lost answer, a
+/// crash or a takeover) carries the same key, so the endpoint can drop
+/// what it already has: `key_field` puts `<tenant>/<table>/<sequence>` in
+/// each line, and every POST names its batch in `idempotency-key`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_sent_again_carries_the_same_key_for_the_endpoint_to_drop_it() {
+    let nats = Nats::start();
+    let endpoint = Endpoint::start(&[500], 200).await;
+    let grant = format!("[\"{}\"]", endpoint.addr);
+    let settings = format!("url = \"{}\", key_field = \"weir_key\"", endpoint.url());
+    let extra = http_pipeline_with(&settings, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("events", orders(0, 5)).await;
+    assert_eq!(response.status(), 202);
+    eventually(Duration::from_secs(30), "all rows delivered", || async {
+        (endpoint.delivered_lines().len() == 5).then_some(())
+    })
+    .await;
+    settled(&nats).await;
+
+    let key_of = |line: &str| -> String {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        row["weir_key"].as_str().unwrap().to_string()
+    };
+    let received = endpoint.received();
+    let refused = &received[0];
+    assert_eq!(refused.status, 500, "{received:?}");
+    let delivered: Vec<String> = endpoint
+        .delivered_lines()
+        .keys()
+        .map(|l| key_of(l))
+        .collect();
+    let unique: std::collections::BTreeSet<&String> = delivered.iter().collect();
+    assert_eq!(unique.len(), 5, "one key per row: {delivered:?}");
+    for key in &delivered {
+        let (table, sequence) = key.rsplit_once('/').unwrap();
+        assert_eq!(table, "acme/events", "{key}");
+        assert!(sequence.parse::<u64>().is_ok(), "{key}");
+    }
+    // Every refused row came again under its key; the line is the payload
+    // with the key first, the rest as the producer sent it.
+    for line in refused.body.lines() {
+        assert!(line.starts_with("{\"weir_key\":\"acme/events/"), "{line}");
+        assert!(
+            delivered.contains(&key_of(line)),
+            "{line} came again under another key"
+        );
+    }
+    for request in &received {
+        assert_eq!(request.idempotency_key.len(), 32, "{request:?}");
+        assert!(
+            request
+                .idempotency_key
+                .chars()
+                .all(|c| c.is_ascii_hexdigit())
+        );
+    }
+    // The same rows in the same batch: the same request key.
+    if let Some(again) = received[1..].iter().find(|r| r.body == refused.body) {
+        assert_eq!(again.idempotency_key, refused.idempotency_key);
     }
     host.shutdown().await;
 }

@@ -2,7 +2,8 @@
 //! the outcomes a real host on a real nats-server gives for the same rows,
 //! a trap exits non-zero quoting the guest's stderr (as the dead-letter
 //! reason does), `weir plugin check` names each plugin's world or what it
-//! misses, and a second check loads from the shared compiled cache.
+//! misses, a second check loads from the shared compiled cache, and the
+//! file sink drops a replay under the real sandbox.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -451,4 +452,62 @@ async fn the_compiled_cache_evicts_the_least_recently_used_past_its_bound() {
     assert_eq!((counts.hits(), counts.misses()), (1, 1));
     tight.load(validate).await.unwrap();
     assert_eq!(counts.misses(), 2, "the evicted plugin compiles again");
+}
+
+/// The file sink under the real sandbox (WASI preopens, not the native
+/// unit tests' files) drops a replay: rows it wrote once, handed to it
+/// again with the same sequences and payloads (as after a crash before
+/// their acks), are not written twice, even by a fresh instance in another
+/// process; a row under a known sequence with another payload is.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_file_sink_writes_a_row_handed_to_it_again_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("weir.toml");
+    // `weir plugin test` never connects: the URL is never dialled.
+    std::fs::write(&config, base_config("nats://127.0.0.1:1", "")).unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    let run = |body: &str| {
+        std::fs::write(&rows, body).unwrap();
+        let output = weir_plugin(&[
+            "test",
+            NDJSON_SINK,
+            "--rows",
+            rows.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--plugin",
+            "files",
+            "--settings",
+            r#"{"dedupe_window":65536}"#,
+            "--json",
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        let report = json_of(&output);
+        let outcomes: Vec<String> = report["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["outcome"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(outcomes.len(), body.lines().count(), "{report}");
+        assert!(outcomes.iter().all(|o| o == "delivered"), "{report}");
+    };
+    let written = || std::fs::read_to_string(dir.path().join("out/acme/orders.ndjson")).unwrap();
+
+    let first = "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n";
+    run(first);
+    assert_eq!(written(), first);
+    // The same rows again (each row's sequence is its line number here).
+    run(first);
+    assert_eq!(written(), first, "a replay is written once");
+    // Line 2 under the same sequence with another payload is another row.
+    run("{\"id\":1}\n{\"id\":22}\n");
+    assert_eq!(written(), format!("{first}{{\"id\":22}}\n"));
+    assert!(
+        dir.path()
+            .join("out/.weir-written/acme/orders.seen")
+            .exists(),
+        "the sink's record of what it wrote is beside the tenants' files"
+    );
 }

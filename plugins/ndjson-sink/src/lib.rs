@@ -6,7 +6,7 @@
 //! |------------------|---------|----------|-----------------------------------------------------------------|
 //! | `dir`            | string  | `"/out"` | guest path of the directory the host preopens                   |
 //! | `fsync`          | bool    | `false`  | sync each file (then its sidecar) to disk after a batch's write |
-//! | `dedupe_window`  | integer | `65536`  | rows per file remembered to drop a replay; `0` disables         |
+//! | `dedupe_window`  | integer | `0`      | rows per file remembered to drop a replay (`65536`); `0`: off   |
 //!
 //! A batch is grouped by (tenant, table); each group's lines are appended
 //! with one write to a file opened once for the batch, creating the tenant's
@@ -33,7 +33,10 @@
 //! A sidecar it cannot read costs a possible duplicate, never a row. A
 //! directory reused with a new stream (whose sequences start again at 1)
 //! needs its `.weir-written` removed, or a row equal to one of the last
-//! `dedupe_window` ones with the same sequence would be dropped.
+//! `dedupe_window` ones with the same sequence would be dropped: that is
+//! why it is off unless set (a quickstart run again on a fresh data dir
+//! sends the same rows under the same sequences). Turn it on where the
+//! output directory lives as long as the streams do.
 //!
 //! Counters: `rows_written`, `rows_skipped_replayed` (replays not written).
 
@@ -70,8 +73,9 @@ fn default_dir() -> String {
     "/out".to_string()
 }
 
+/// Off: a directory outliving its streams would drop new rows equal to old ones.
 fn default_dedupe_window() -> usize {
-    65_536
+    0
 }
 
 struct NdjsonSink {
