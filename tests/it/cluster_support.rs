@@ -598,7 +598,10 @@ impl Fleet {
                 if members != ids || !report.fleet.unowned.is_empty() {
                     return None;
                 }
-                let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                // Every member counts, one holding nothing too (a host back
+                // from a partition that has not taken its share yet).
+                let mut owned: BTreeMap<String, Vec<String>> =
+                    ids.iter().map(|id| (id.to_string(), Vec::new())).collect();
                 for unit in &report.units {
                     owned
                         .entry(unit.owner.clone()?)

@@ -212,6 +212,33 @@ async fn freeze(
     }
 }
 
+/// Every host's log lines about its units changing hands, for a failure.
+fn unit_events(hosts: &[&Host]) -> String {
+    const ABOUT: [&str; 8] = [
+        "takeover",
+        "took",
+        "claim",
+        "released",
+        "pin",
+        "lost",
+        "stepping down",
+        "lease",
+    ];
+    hosts
+        .iter()
+        .flat_map(|host| {
+            let log = host.log();
+            let lines: Vec<String> = log
+                .lines()
+                .filter(|line| ABOUT.iter().any(|word| line.contains(word)))
+                .map(|line| format!("{}: {line}", host.id))
+                .collect();
+            lines
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Rows delivered more than once and rows out of order, judged against
 /// the freezes.
 struct Judged {
@@ -432,7 +459,8 @@ async fn a_host_frozen_past_its_ttl_or_just_under_it_is_fenced_and_its_units_are
     );
     assert!(
         judged.out_of_order_outside.is_empty(),
-        "rows delivered out of order, e.g. {:?}",
-        &judged.out_of_order_outside[..judged.out_of_order_outside.len().min(5)]
+        "rows delivered out of order, e.g. {:?}\nwhat the hosts said of their units:\n{}",
+        &judged.out_of_order_outside[..judged.out_of_order_outside.len().min(5)],
+        unit_events(&hosts)
     );
 }

@@ -27,7 +27,7 @@ use crate::nats::jetstream::{PIN_GROUP, unpin};
 /// How long the server keeps one pull request waiting for rows.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
-const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
 /// The same for a request sent without a pin id (before the first row):
 /// an unpin does not end such a request (the server pins it anew on its
 /// next row), so a release waits for it to end, and it ends soon.
@@ -36,10 +36,6 @@ const UNPINNED_PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// A request the server has not ended this long after its expiry was lost
 /// (a server restart, a reconnect): pull again.
 const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
-/// A request that brought nothing, not even a heartbeat, for two of its
-/// heartbeats and this was lost sooner: the node it went through, or its
-/// consumer's leader, died. Waiting for its expiry stalled a unit 5–7 s.
-const SILENCE_GRACE: Duration = Duration::from_millis(500);
 /// Pause before pulling again after the server refused a request.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// How long a release whose unpin failed waits for rows still on their way.
@@ -77,10 +73,6 @@ mod serde_nanos_u64 {
 struct Outstanding {
     remaining: usize,
     lost_after: Instant,
-    /// When the request is taken for lost if the server stays silent:
-    /// two heartbeats past the last word of it.
-    silent_after: Instant,
-    heartbeat: Duration,
     /// Sent without a pin id: an unpin does not end it.
     without_pin: bool,
 }
@@ -189,10 +181,10 @@ impl Puller {
             if self.outstanding.is_none() {
                 self.request().await;
             }
-            let lost_after = self.outstanding.as_ref().map_or_else(
-                || Instant::now() + REFUSED_PAUSE,
-                |o| o.lost_after.min(o.silent_after),
-            );
+            let lost_after = self
+                .outstanding
+                .as_ref()
+                .map_or_else(|| Instant::now() + REFUSED_PAUSE, |o| o.lost_after);
             let until = deadline.map_or(lost_after, |d| d.min(lost_after));
             match tokio::time::timeout_at(until, self.subscriber.next()).await {
                 Ok(Some(message)) => {
@@ -204,7 +196,7 @@ impl Puller {
                 Ok(None) => tokio::time::sleep(REFUSED_PAUSE).await,
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return None,
                 Err(_) => {
-                    tracing::info!(consumer = %self.consumer, "pull request lost (the server went silent); pulling again");
+                    tracing::debug!(consumer = %self.consumer, "pull request lost; pulling again");
                     self.outstanding = None;
                 }
             }
@@ -332,12 +324,9 @@ impl Puller {
             .await
         {
             Ok(()) => {
-                let now = Instant::now();
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
-                    lost_after: now + expires + LOST_REQUEST_GRACE,
-                    silent_after: now + 2 * idle_heartbeat + SILENCE_GRACE,
-                    heartbeat: idle_heartbeat,
+                    lost_after: Instant::now() + expires + LOST_REQUEST_GRACE,
                     without_pin,
                 })
             }
@@ -350,9 +339,6 @@ impl Puller {
 
     /// A row, or `None` for a status the server sent about the request.
     async fn receive(&mut self, message: Message) -> Option<Message> {
-        if let Some(outstanding) = &mut self.outstanding {
-            outstanding.silent_after = Instant::now() + 2 * outstanding.heartbeat + SILENCE_GRACE;
-        }
         match message.status {
             None | Some(StatusCode::OK) => {
                 if let Some(pin) = message
