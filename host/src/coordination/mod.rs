@@ -62,11 +62,6 @@ pub const OWNERS: &str = "owners.";
 pub const STEP_DOWN_MARGIN: Duration = Duration::from_secs(1);
 /// Pause between looks at a unit a taken-over owner may still be pulling.
 const TAKEOVER_RECHECK: Duration = Duration::from_millis(250);
-/// How long after a reset the claimer looks for a request the old owner
-/// left open: the server hands the reset rows to a waiting request (and
-/// pins it) only after it answered the reset, so a look at once could miss
-/// it, and the rows would wait out the ack wait there.
-const AFTER_RESET_LOOK: Duration = Duration::from_millis(200);
 /// Pause before a failed renewal or watch is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How long a planned leave waits, beyond the units' drain timeout, for
@@ -824,9 +819,6 @@ async fn run_unit(
                             // Nobody of ours pulls yet: a pin now is a request the
                             // old owner left open, which took the pin and the rows
                             // just reset (they would wait out the ack wait there).
-                            if action == Takeover::Reset {
-                                tokio::time::sleep(AFTER_RESET_LOOK).await;
-                            }
                             let after =
                                 takeover::inspect(&membership.client, &stream, &consumer).await;
                             if after.as_ref().is_ok_and(|after| after.pinned) {
