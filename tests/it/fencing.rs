@@ -210,25 +210,25 @@ async fn freeze(
     }
 }
 
-/// Every host's log lines about its units changing hands, for a failure.
-fn unit_events(hosts: &[&Host]) -> String {
-    const ABOUT: [&str; 8] = [
-        "takeover",
-        "took",
-        "claim",
-        "released",
-        "pin",
-        "lost",
-        "stepping down",
-        "lease",
-    ];
+/// Every host's log lines about the units of `tables` (their consumers and
+/// owner keys) and about its membership, for a failure.
+fn unit_events(hosts: &[&Host], tables: &BTreeSet<&str>) -> String {
+    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let mut about: Vec<String> = vec!["stepping down".into(), "member".into()];
+    for table in tables {
+        let unit = router.route("acme", table);
+        about.push(format!("{}\"", router.unit_consumer(unit)));
+        about.push(format!("{}=", router.unit_consumer(unit)));
+        about.push(format!("{} ", owner_key(unit)));
+        about.push(format!("{:?}", unit));
+    }
     hosts
         .iter()
         .flat_map(|host| {
             let log = host.log();
             let lines: Vec<String> = log
                 .lines()
-                .filter(|line| ABOUT.iter().any(|word| line.contains(word)))
+                .filter(|line| about.iter().any(|word| line.contains(word.as_str())))
                 .map(|line| format!("{}: {line}", host.id))
                 .collect();
             lines
@@ -457,8 +457,15 @@ async fn a_host_frozen_past_its_ttl_is_fenced_and_its_units_are_taken_over() {
     );
     assert!(
         judged.out_of_order_outside.is_empty(),
-        "rows delivered out of order, e.g. {:?}\nwhat the hosts said of their units:\n{}",
+        "rows delivered out of order, e.g. {:?}\nwhat the hosts said of those tables' units:\n{}",
         &judged.out_of_order_outside[..judged.out_of_order_outside.len().min(5)],
-        unit_events(&hosts)
+        unit_events(
+            &hosts,
+            &judged
+                .out_of_order_outside
+                .iter()
+                .map(|(table, ..)| table.as_str())
+                .collect()
+        )
     );
 }

@@ -17,6 +17,8 @@ const NOT_EXERCISED: &[&str] = &[
     "weir_plugin_counter_refusals",
     "weir_reloads",
     "weir_topology_mismatches",
+    // Only a row lost in flight with a NATS node (tests/it/cluster.rs).
+    "weir_rows_out_of_order",
 ];
 
 /// One row of the doc table.

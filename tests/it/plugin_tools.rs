@@ -426,8 +426,9 @@ async fn the_compiled_cache_evicts_the_least_recently_used_past_its_bound() {
     let (validate, files) = (&config.plugins["validate"], &config.plugins["files"]);
     let cache = dir.path().join("compiled");
     let entries = || std::fs::read_dir(&cache).unwrap().count();
-    // Room for both: each compiles to well under 500 kB.
-    let bound = 1_000_000;
+    // Room for both: each compiles to well under 2 MB (the file sink with
+    // its replay records, the largest, to about 610 kB).
+    let bound = 4_000_000;
     let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())
         .unwrap()
         .with_cache(cache.clone(), bound);

@@ -402,9 +402,13 @@ impl Host {
         let child = Command::new(WEIR)
             .args(["run", "--config"])
             .arg(&path)
+            // `WEIR_TEST_HOST_LOG` sets the hosts' filter, to look closer
+            // at a failure (`weir::delivery=debug`, say).
             .env(
                 "WEIR_LOG",
-                "info,weir::coordination=debug,wasmtime=warn,cranelift=warn",
+                std::env::var("WEIR_TEST_HOST_LOG").unwrap_or_else(|_| {
+                    "info,weir::coordination=debug,wasmtime=warn,cranelift=warn".to_string()
+                }),
             )
             .stdout(Stdio::null())
             .stderr(log)
