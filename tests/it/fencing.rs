@@ -217,18 +217,23 @@ fn unit_events(hosts: &[&Host], tables: &BTreeSet<&str>) -> String {
     let mut about: Vec<String> = vec!["stepping down".into(), "member".into()];
     for table in tables {
         let unit = router.route("acme", table);
-        about.push(format!("{}\"", router.unit_consumer(unit)));
-        about.push(format!("{}=", router.unit_consumer(unit)));
-        about.push(format!("{} ", owner_key(unit)));
+        about.push(router.unit_consumer(unit));
+        about.push(owner_key(unit));
         about.push(format!("{:?}", unit));
     }
+    // A name, not the start of a longer one (`weir_in_1_1` in `weir_in_1_10`).
+    let names = |line: &str, word: &str| {
+        line.match_indices(word).any(|(at, _)| {
+            !line[at + word.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
     hosts
         .iter()
         .flat_map(|host| {
             let log = host.log();
             let lines: Vec<String> = log
                 .lines()
-                .filter(|line| about.iter().any(|word| line.contains(word.as_str())))
+                .filter(|line| about.iter().any(|word| names(line, word)))
                 .map(|line| format!("{}: {line}", host.id))
                 .collect();
             lines
