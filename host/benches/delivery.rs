@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::Subject;
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream;
 use bytes::Bytes;
 use futures::stream::StreamExt;
 use weir::config::{Config, Overrides};
@@ -47,12 +47,6 @@ const TARGET_ALLOCS_PER_ROW: f64 = 2.0;
 const BENCH: &str = "delivery";
 const DEFAULT_ROWS: usize = 200_000;
 const DEFAULT_ROUNDS: usize = 3;
-/// Rows per pull request of the raw consumer: the best of 100, 256, 1000,
-/// 2500 and 5000 tried here (256 was ~15% slower, above 1000 no better).
-/// weir pulls its `batch_rows` (256 by default) with the same API.
-const RAW_PULL_BATCH: usize = 1000;
-/// Unacked rows the raw consumer may hold: the value weir's topology sets.
-const RAW_MAX_ACK_PENDING: i64 = 20_000;
 /// How often weir's status is read while it delivers. The end is taken
 /// halfway between the last read below the count and the first at it, so
 /// it is within half of this; each read costs two JetStream API requests
@@ -221,33 +215,14 @@ async fn measure_limit(
 ) -> Measured {
     // Subjects of the same shape and length as weir's, under another prefix.
     let router = Router::new("raw", 1, 1);
-    let stream = js
-        .create_stream(stream::Config {
-            name: "raw".into(),
-            subjects: vec!["raw.>".into()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .expect("create the raw stream");
-    let consumer: consumer::PullConsumer = stream
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("raw".into()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            max_ack_pending: RAW_MAX_ACK_PENDING,
-            ..Default::default()
-        })
-        .await
-        .expect("create the raw consumer");
+    let consumer = support::raw_consumer(js, 1).await;
     let subjects = subjects(&router, tables, |_| 0);
     let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
     tokio::time::sleep(SETTLE).await;
 
     let mut messages = consumer
         .stream()
-        .max_messages_per_batch(RAW_PULL_BATCH)
+        .max_messages_per_batch(support::RAW_PULL_BATCH)
         .messages()
         .await
         .expect("pull from the raw consumer");

@@ -16,7 +16,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
@@ -30,9 +30,6 @@ use support::{TENANT, Table, env_count, median, print_figure, publish_pipelined}
 const BENCH: &str = "replication";
 const DEFAULT_ROWS: usize = 100_000;
 const DEFAULT_ROUNDS: usize = 2;
-/// Rows per pull request of the raw consumer (as in the delivery bench).
-const RAW_PULL_BATCH: usize = 1000;
-const RAW_MAX_ACK_PENDING: i64 = 20_000;
 /// A scenario that takes longer than this is broken, not slow.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a fresh cluster may take to elect its meta leader.
@@ -163,54 +160,17 @@ async fn run(rows: usize, rounds: usize) {
     report(&setups, &measured);
 }
 
-/// Waits until the cluster answers a stream creation (its meta leader is
-/// elected), then returns the stream.
-async fn create_stream(js: &jetstream::Context, config: stream::Config) -> stream::Stream {
-    let deadline = Instant::now() + CLUSTER_READY;
-    loop {
-        match js.create_stream(config.clone()).await {
-            Ok(stream) => return stream,
-            Err(err) if Instant::now() < deadline => {
-                eprintln!("waiting for the cluster: {err}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(err) => panic!("cannot create stream {}: {err}", config.name),
-        }
-    }
-}
-
 /// A plain work-queue stream with `replicas` copies, one durable pull
 /// consumer, a loop acking every row.
 async fn measure_raw(nats: &Nats, payloads: &[Bytes]) -> Measured {
     let js = jetstream::new(nats.client.clone());
-    let stream = create_stream(
-        &js,
-        stream::Config {
-            name: "raw".into(),
-            subjects: vec!["raw.>".into()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::New,
-            num_replicas: nats.replicas,
-            ..Default::default()
-        },
-    )
-    .await;
-    let consumer: consumer::PullConsumer = stream
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("raw".into()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            max_ack_pending: RAW_MAX_ACK_PENDING,
-            ..Default::default()
-        })
-        .await
-        .expect("create the raw consumer");
+    let consumer = support::raw_consumer(&js, nats.replicas).await;
     let subjects = vec![async_nats::Subject::from("raw.acme.events")];
     let publish_rows_per_sec = publish_pipelined(&js, &subjects, payloads).await;
     tokio::time::sleep(SETTLE).await;
     let mut messages = consumer
         .stream()
-        .max_messages_per_batch(RAW_PULL_BATCH)
+        .max_messages_per_batch(support::RAW_PULL_BATCH)
         .messages()
         .await
         .expect("pull from the raw consumer");
