@@ -354,7 +354,7 @@ async fn a_host_frozen_past_its_ttl_is_fenced_and_its_units_are_taken_over() {
     // just under the TTL, past its lease, a host takes its own units over:
     // cluster.rs runs that at its steady load. Here, under this test's
     // heavier load, it left a few hundred rows of one table to the ack
-    // wait in 2 of 7 runs: not understood yet, see the issue.)
+    // wait in 5 of 13 runs: not understood yet, see the issue.)
     let hosts = [&a, &b, &c];
     let mut freezes = Vec::new();
     for (name, after, woken_past_ttl) in [
