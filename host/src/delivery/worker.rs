@@ -781,15 +781,20 @@ impl Settler {
         if !lease.held() {
             return Err(Fenced);
         }
+        // One read of each row's ack subject: its deliveries, and its order.
+        let mut late = 0;
         let deliveries: Vec<i64> = batch
             .iter()
-            .map(|m| ack::info(m).map_or(1, |info| info.delivered))
+            .map(|m| {
+                let info = ack::info(m);
+                if let Some(info) = &info
+                    && self.order.received(info.stream_sequence, info.delivered)
+                {
+                    late += 1;
+                }
+                info.map_or(1, |info| info.delivered)
+            })
             .collect();
-        let late = batch
-            .iter()
-            .filter_map(ack::info)
-            .filter(|info| self.order.received(info.stream_sequence, info.delivered))
-            .count();
         if late > 0 {
             self.metrics
                 .rows_out_of_order
