@@ -3,6 +3,12 @@
 //! writes `DIR/report.md` with one SVG bar chart per benchmark and unit
 //! (`DIR/<bench>-<unit>.svg`), the targets, and each benchmark's tables.
 //!
+//! Each figure is printed next to its value in the baseline
+//! (`host/benches/baseline.json`, the last accepted figures; another with
+//! `WEIR_BENCH_BASELINE`) and its change, so a regression shows in one
+//! look. This run's figures are written to `DIR/figures.json` in the same
+//! form: copying it over the baseline accepts them.
+//!
 //! `cargo bench -p weir --bench report -- DIR` (the script runs it last);
 //! without a directory it says so and does nothing.
 
@@ -41,15 +47,24 @@ const BENCHES: &[(&str, &str)] = &[
         "coordination_cost",
         "KV operations and watch messages per host at steady state for a fleet of real coordination members",
     ),
+    (
+        "latency",
+        "202 to sink (weir's HTTP sink posting to the bench) at 10 % and 50 % of the measured maximum, against PubAck to a raw pull consumer at the same offered rates; default topology",
+    ),
+    (
+        "replication",
+        "raw JetStream and weir's delivery path on an R1 stream (one server) and an R3 stream (three nodes on this machine)",
+    ),
 ];
 
-/// The targets of issue #9, printed next to the figures.
+/// The targets (issues #9 and #22), printed next to the figures.
 const TARGETS: &[&str] = &[
     "delivery path ≥ 0.7 × the raw consumer limit, same run",
     "WASM transform ≤ 1.3 × native per row at batch ≥ 100; the boundary alone ≤ 25 ns per row at batch ≥ 100",
     "≥ 1.7 × faster per row than Extism's best batched mode, ≥ 4 × faster than Extism called per row",
     "≤ 2 allocations per row on the delivery path outside the plugin",
     "front door ≥ 100,000 rows/s with 1000-row requests; p99 ≤ 50 ms at half that load",
+    "202 to sink p99 ≤ 20 ms at 10 % load and ≤ 100 ms at 50 % load, within 2 × the raw path's p99",
 ];
 
 /// Which way a figure must go to meet its target.
@@ -104,6 +119,10 @@ const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
     ),
     ("front_door", "weir_rows_per_sec", Goal::AtLeast(100_000.0)),
     ("front_door", "latency_p99_ms", Goal::AtMost(50.0)),
+    ("latency", "p99_ms_at_10pct", Goal::AtMost(20.0)),
+    ("latency", "p99_ms_at_50pct", Goal::AtMost(100.0)),
+    ("latency", "ratio_p99_to_raw_at_10pct", Goal::AtMost(2.0)),
+    ("latency", "ratio_p99_to_raw_at_50pct", Goal::AtMost(2.0)),
 ];
 
 /// Units a figure's name may carry, most specific first; figures are
@@ -183,7 +202,76 @@ fn unit_of(figure: &str) -> &'static str {
         .unwrap_or("other")
 }
 
+/// Figures by bench and name, as `baseline.json` and `figures.json` hold them.
+type Figures = BTreeMap<String, BTreeMap<String, f64>>;
+
+/// The baseline file: `WEIR_BENCH_BASELINE`, or the one kept in the repository.
+fn baseline_path() -> PathBuf {
+    std::env::var_os("WEIR_BENCH_BASELINE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/baseline.json"))
+}
+
+/// The accepted figures, if there is a baseline yet.
+fn read_baseline(path: &Path) -> Result<Option<Figures>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(format!("{}: {err}", path.display())),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|err| format!("{}:{}:{}: {err}", path.display(), err.line(), err.column()))
+}
+
+/// A figure against its baseline value: the change in percent, and whether
+/// it went the wrong way by more than run-to-run noise.
+fn change(name: &str, value: f64, base: f64) -> (String, bool) {
+    if base == 0.0 {
+        return ("—".to_string(), false);
+    }
+    let percent = (value - base) / base.abs() * 100.0;
+    let lower_is_better = lower_is_better(name);
+    let worse = if lower_is_better {
+        percent > NOISE_PERCENT
+    } else {
+        percent < -NOISE_PERCENT
+    };
+    let mark = if worse { " ⚠" } else { "" };
+    (format!("{percent:+.1} %{mark}"), worse)
+}
+
+/// Whether a figure is a cost (time, latency, allocations, memory, server
+/// work, consumers, a ratio of a cost to its reference), which regresses
+/// upwards; rates and speed-up ratios regress downwards.
+fn lower_is_better(name: &str) -> bool {
+    let costs = [
+        "_ns",
+        "_us",
+        "_ms",
+        "_load_s",
+        "alloc",
+        "kib",
+        "_mb",
+        "kv_ops",
+        "messages",
+        "requests",
+        "consumers",
+        "to_native",
+        "to_raw_at",
+    ];
+    let rates = ["per_sec", "to_limit", "_to_weir", "weir_to_raw", "r3_to_r1"];
+    costs.iter().any(|cost| name.contains(cost)) && !rates.iter().any(|rate| name.contains(rate))
+}
+
+/// Changes smaller than this are within this machine's run-to-run spread.
+const NOISE_PERCENT: f64 = 10.0;
+
 fn write_report(dir: &Path) -> Result<PathBuf, String> {
+    let baseline_file = baseline_path();
+    let baseline = read_baseline(&baseline_file)?;
+    let mut figures = Figures::new();
+    let mut regressions = Vec::new();
     let mut report = String::new();
     let _ = writeln!(report, "# weir benchmark report\n");
     let _ = writeln!(report, "{}\n", machine());
@@ -234,15 +322,69 @@ fn write_report(dir: &Path) -> Result<PathBuf, String> {
             .map_err(|err| format!("write {file}: {err}"))?;
             let _ = writeln!(report, "![{bench}: {unit}]({file})\n");
         }
-        let _ = writeln!(report, "| figure | value |\n| --- | ---: |");
+        let _ = writeln!(
+            report,
+            "| figure | value | baseline | change |\n| --- | ---: | ---: | ---: |"
+        );
         for (name, value) in &capture.figures {
-            let _ = writeln!(report, "| `{name}` | {} |", format_value(*value));
+            figures
+                .entry(bench.to_string())
+                .or_default()
+                .insert(name.clone(), *value);
+            let base = baseline
+                .as_ref()
+                .and_then(|b| b.get(*bench))
+                .and_then(|b| b.get(name));
+            let (base_text, change_text) = match base {
+                Some(base) => {
+                    let (text, worse) = change(name, *value, *base);
+                    if worse {
+                        regressions.push(format!("{bench} {name}: {text}"));
+                    }
+                    (format_value(*base), text)
+                }
+                None => ("—".to_string(), "new".to_string()),
+            };
+            let _ = writeln!(
+                report,
+                "| `{name}` | {} | {base_text} | {change_text} |",
+                format_value(*value)
+            );
+            println!(
+                "{bench:>18} {name:<52} {:>12} {base_text:>12} {change_text:>10}",
+                format_value(*value)
+            );
         }
         let _ = writeln!(report, "\n```text\n{}```", capture.text.trim_start());
     }
     if !missing.is_empty() {
         let _ = writeln!(report, "\nNot run: {}.", missing.join(", "));
     }
+    let baseline_note = match (&baseline, regressions.is_empty()) {
+        (None, _) => format!(
+            "No baseline yet ({}): accept these figures by copying `figures.json` there.",
+            baseline_file.display()
+        ),
+        (Some(_), true) => format!(
+            "No figure is worse than the baseline ({}) by more than {NOISE_PERCENT} %.",
+            baseline_file.display()
+        ),
+        (Some(_), false) => format!(
+            "Worse than the baseline ({}) by more than {NOISE_PERCENT} %: {}.",
+            baseline_file.display(),
+            regressions.join("; ")
+        ),
+    };
+    println!("{baseline_note}");
+    // The summary goes first, under the machine line.
+    if let Some(at) = report.find("## Targets") {
+        report.insert_str(at, &format!("{baseline_note}\n\n"));
+    }
+    let figures_path = dir.join("figures.json");
+    let figures_text =
+        serde_json::to_string_pretty(&figures).map_err(|err| format!("figures.json: {err}"))?;
+    std::fs::write(&figures_path, figures_text + "\n")
+        .map_err(|err| format!("write {}: {err}", figures_path.display()))?;
     let path = dir.join("report.md");
     std::fs::write(&path, report).map_err(|err| format!("write {}: {err}", path.display()))?;
     Ok(path)

@@ -5,13 +5,18 @@
 # 10 minutes on 2 cores once built; WEIR_BENCH_* variables change the sizes
 # (see each bench's header). A benchmark that fails stops the run with a
 # non-zero exit: no report is written from half the figures.
+#
+# Each figure is shown against host/benches/baseline.json (the last accepted
+# figures) with its change; a change the wrong way past 10 % is flagged.
+# To accept a run's figures as the new baseline, after reading the report:
+#   cp DIR/figures.json host/benches/baseline.json   (and commit it)
 set -euo pipefail
 dir=${1:?usage: bash host/benches/report.sh DIR}
 cd "$(dirname "$0")/../.."
 WEIR_SETUP_BENCH=1 . .ci/setup
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md
+rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md "$dir"/figures.json
 
 # The fleet of 64 members only (256 members take minutes to settle).
 export WEIR_BENCH_MEMBERS=${WEIR_BENCH_MEMBERS:-64}
@@ -30,7 +35,7 @@ cargo clippy -p weir-peer-bench --all-targets --locked -- -D warnings
 echo "== building the benchmarks (release)"
 cargo bench "${packages[@]}" --locked --no-run
 started=$(date +%s)
-for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost; do
+for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost latency replication; do
   echo "== $bench"
   bench_started=$(date +%s)
   cargo bench "${packages[@]}" --locked --bench "$bench" 2>"$dir/$bench.log" | tee "$dir/$bench.txt"

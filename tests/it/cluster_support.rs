@@ -616,11 +616,13 @@ impl Fleet {
         .await;
         match balanced {
             Ok(owned) => owned,
-            Err(_) => panic!(
-                "timed out waiting for {what}; last status {:?}\n{}",
-                last.lock().unwrap(),
-                self.logs()
-            ),
+            Err(_) => {
+                println!("{}", self.logs());
+                panic!(
+                    "timed out waiting for {what}; last status {:?}",
+                    last.lock().unwrap()
+                )
+            }
         }
     }
 

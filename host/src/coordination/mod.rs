@@ -676,10 +676,7 @@ impl Coordinator {
         let handle = tokio::spawn(async move {
             let written = match work {
                 UnitWork::Claim(claim) => run_unit(&ctx, unit, claim, stop, lease).await,
-                UnitWork::DropClaim(revision) => {
-                    drop_claim(&ctx, unit, revision).await;
-                    None
-                }
+                UnitWork::DropClaim(revision) => drop_claim(&ctx, unit, revision).await,
             };
             let _ = done.send((unit, id, written));
         });
@@ -722,14 +719,20 @@ fn orphaned_claim(view: &FleetView, unit: Unit) -> Option<u64> {
     (record.state == OwnerState::Owned && record.member == view.me).then_some(*revision)
 }
 
-/// Deletes an orphaned claim (compare-and-set on its revision).
-async fn drop_claim(ctx: &UnitContext, unit: Unit, revision: u64) {
+/// Deletes an orphaned claim (compare-and-set on its revision). The
+/// deletion counts at once, not when the watch brings it: a claim made
+/// meanwhile would go to the revision just deleted and fail.
+async fn drop_claim(ctx: &UnitContext, unit: Unit, revision: u64) -> Option<Written> {
     let key = owner_key(unit);
     match ctx.membership.kv.delete_at(&key, revision).await {
-        Ok(_) => tracing::info!(%key, "dropped a claim no worker stood behind"),
+        Ok(revision) => {
+            tracing::info!(%key, "dropped a claim no worker stood behind");
+            Some(Written::Deleted(revision))
+        }
         Err(err) => {
             tracing::debug!(%key, error = %err, "cannot drop the claim yet");
             tokio::time::sleep(RETRY_PAUSE).await;
+            None
         }
     }
 }
@@ -805,7 +808,9 @@ async fn run_unit(
         loop {
             match takeover::inspect(&membership.client, &stream, &consumer).await {
                 Ok(state) => match takeover::decide(&state, STEP_DOWN_MARGIN) {
-                    Takeover::Wait => {}
+                    Takeover::Wait => {
+                        tracing::debug!(%consumer, ?state, "the unit was pulled within the quiet margin; looking again")
+                    }
                     action => match takeover::apply(
                         &membership.client,
                         &stream,
@@ -821,6 +826,7 @@ async fn run_unit(
                             // just reset (they would wait out the ack wait there).
                             let after =
                                 takeover::inspect(&membership.client, &stream, &consumer).await;
+                            tracing::debug!(%consumer, ?state, ?after, "the unit's state before and after its takeover");
                             if after.as_ref().is_ok_and(|after| after.pinned) {
                                 tracing::warn!(
                                     %consumer,

@@ -5,9 +5,10 @@
 //! lost. A [`Puller`] keeps at most one pull request outstanding on one
 //! inbox, so at any moment it knows exactly which rows the server may still
 //! send it. That is what makes a planned handover exact: [`Puller::release`]
-//! unpins the unit (the server ends the outstanding request at once) and
-//! returns the rows that were already on their way, for the caller to
-//! finish before the next owner starts.
+//! unpins the unit (the server sends the outstanding request nothing more)
+//! and returns the rows that were already on their way, up to the
+//! consumer's last delivery, for the caller to finish before the next owner
+//! starts.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -22,7 +23,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::coordination::Lease;
-use crate::nats::jetstream::{PIN_GROUP, unpin};
+use crate::nats::jetstream::{PIN_GROUP, last_delivery, unpin};
 
 /// How long the server keeps one pull request waiting for rows.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -40,6 +41,8 @@ const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// How long a release whose unpin failed waits for rows still on their way.
 const RELEASE_WAIT: Duration = Duration::from_millis(500);
+/// How long a release waits for the rows the server sent before its unpin.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -124,6 +127,11 @@ pub struct Puller {
     /// No request is sent once it no longer holds: a request from a host
     /// past its lease could take the pin from the unit's next owner.
     lease: Lease,
+    /// The consumer's last delivery when this puller opened: later ones
+    /// are this puller's (it holds the unit).
+    delivered_at_open: u64,
+    /// The ack subject of the last row received.
+    last_reply: Option<async_nats::Subject>,
 }
 
 impl Puller {
@@ -145,6 +153,15 @@ impl Puller {
                     consumer: consumer.clone(),
                     reason: err.to_string(),
                 })?;
+        let delivered_at_open = match last_delivery(&client, &stream, &consumer).await {
+            Ok(last) => last,
+            Err(err) => {
+                // Only a release's wait for rows on their way reads it: it
+                // may then wait its bound for rows someone else got.
+                tracing::debug!(%consumer, error = %err, "cannot read the unit's last delivery");
+                0
+            }
+        };
         Ok(Puller {
             client,
             stream,
@@ -158,6 +175,8 @@ impl Puller {
             received: VecDeque::new(),
             kept_alive: Instant::now(),
             lease,
+            delivered_at_open,
+            last_reply: None,
         })
     }
 
@@ -237,6 +256,7 @@ impl Puller {
                     }
                     self.drain_into(&mut rows).await;
                 }
+                self.await_in_flight(&mut rows).await;
             }
             Err(err) => {
                 tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
@@ -252,6 +272,51 @@ impl Puller {
         tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
         let _ = self.subscriber.unsubscribe().await;
         rows
+    }
+
+    /// Takes the rows the server sent this puller before the unpin that
+    /// are still on their way: the server's answer to the unpin and its
+    /// deliveries travel separate queues, so the answer can overtake them.
+    /// Its deliveries come in order, so once the consumer's last delivery
+    /// (read after the unpin, when nothing more is sent here) has arrived,
+    /// every one has. Missed, they would come back to the next owner after
+    /// the ack wait, behind newer rows.
+    async fn await_in_flight(&mut self, rows: &mut Vec<Message>) {
+        let last = match last_delivery(&self.client, &self.stream, &self.consumer).await {
+            Ok(last) => last,
+            Err(err) => {
+                tracing::warn!(consumer = %self.consumer, error = %err, "cannot read the unit's last delivery; rows still on their way come back after the ack wait");
+                return;
+            }
+        };
+        if last <= self.delivered_at_open.max(self.highest_delivery()) {
+            return;
+        }
+        let deadline = Instant::now() + IN_FLIGHT_WAIT;
+        while self.highest_delivery() < last {
+            match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
+                Ok(Some(message)) => rows.extend(self.receive(message).await),
+                Ok(None) => return,
+                Err(_) => {
+                    tracing::warn!(
+                        consumer = %self.consumer,
+                        last,
+                        received = self.highest_delivery(),
+                        "rows sent before the release did not arrive in time; they come back after the ack wait"
+                    );
+                    return;
+                }
+            }
+        }
+        tracing::debug!(consumer = %self.consumer, last, "rows on their way at the release arrived");
+    }
+
+    /// The consumer sequence of the last row received (0: none yet).
+    fn highest_delivery(&self) -> u64 {
+        self.last_reply
+            .as_deref()
+            .and_then(crate::nats::ack::parse)
+            .map_or(0, |info| info.consumer_sequence)
     }
 
     /// Flushes, then takes every row already in the subscription.
@@ -324,6 +389,7 @@ impl Puller {
             .await
         {
             Ok(()) => {
+                tracing::debug!(consumer = %self.consumer, pin = ?self.pin, batch, "pull request sent");
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
                     lost_after: Instant::now() + expires + LOST_REQUEST_GRACE,
@@ -341,6 +407,9 @@ impl Puller {
     async fn receive(&mut self, message: Message) -> Option<Message> {
         match message.status {
             None | Some(StatusCode::OK) => {
+                // Read only at a release: deliveries come in order, so the
+                // last one's sequence is the highest.
+                self.last_reply.clone_from(&message.reply);
                 if let Some(pin) = message
                     .headers
                     .as_ref()

@@ -783,19 +783,30 @@ impl Settler {
         }
         // One read of each row's ack subject: its deliveries, and its order.
         let mut late = 0;
+        let mut first_late = None;
         let deliveries: Vec<i64> = batch
             .iter()
             .map(|m| {
                 let info = ack::info(m);
-                if let Some(info) = &info
-                    && self.order.received(info.stream_sequence, info.delivered)
-                {
-                    late += 1;
+                if let Some(info) = &info {
+                    let highest = self.order.highest;
+                    if self.order.received(info.stream_sequence, info.delivered) {
+                        late += 1;
+                        first_late.get_or_insert((info.stream_sequence, info.delivered, highest));
+                    }
                 }
                 info.map_or(1, |info| info.delivered)
             })
             .collect();
-        if late > 0 {
+        if let Some((sequence, delivered, highest)) = first_late {
+            tracing::debug!(
+                consumer = %self.unit_labels.unit,
+                rows = late,
+                sequence,
+                delivered,
+                highest,
+                "rows came back behind newer ones"
+            );
             self.metrics
                 .rows_out_of_order
                 .get_or_create(&self.unit_labels)

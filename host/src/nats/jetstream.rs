@@ -1,5 +1,5 @@
 //! JetStream API requests async-nats does not offer (unpinning a priority
-//! group), reading any API reply's error, and the names the server adds to
+//! group, a consumer's last delivery), reading any API reply's error, and the names the server adds to
 //! every unit: its priority group and the header it stamps on deliveries.
 
 use async_nats::Client;
@@ -24,6 +24,31 @@ pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), 
         .await
         .map_err(|err| err.to_string())?;
     api_error(&reply.payload).map_or(Ok(()), Err)
+}
+
+/// The consumer sequence of a consumer's last delivery (0: none yet), as
+/// the ack subject of each delivered row carries it.
+pub async fn last_delivery(client: &Client, stream: &str, consumer: &str) -> Result<u64, String> {
+    #[derive(serde::Deserialize)]
+    struct Info {
+        delivered: Option<Delivered>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Delivered {
+        #[serde(default)]
+        consumer_seq: u64,
+    }
+    let subject = format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}");
+    let reply = client
+        .request(subject, "".into())
+        .await
+        .map_err(|err| err.to_string())?;
+    if let Some(error) = api_error(&reply.payload) {
+        return Err(error);
+    }
+    let info: Info = serde_json::from_slice(&reply.payload)
+        .map_err(|err| format!("unreadable consumer info: {err}"))?;
+    Ok(info.delivered.map_or(0, |d| d.consumer_seq))
 }
 
 /// The error of a JetStream API reply, if it is one.
