@@ -244,6 +244,17 @@ impl Harness {
             assert_eq!(result.duplicated, 0, "{name}: a clean stop repeats no row");
         }
         if expect.in_order {
+            if result.order_violations > 0 {
+                let tables: Vec<&str> = result
+                    .late
+                    .iter()
+                    .filter_map(|late| late.split(' ').next())
+                    .collect();
+                println!(
+                    "what the hosts said of those tables' units:\n{}",
+                    self.fleet.unit_logs(&tables)
+                );
+            }
             assert_eq!(
                 result.order_violations, 0,
                 "{name}: a host fault reorders no table: {:?}",

@@ -658,6 +658,36 @@ impl Fleet {
     }
 
     /// The partition `tenant/table` lives in.
+    /// Every host's log lines naming the units of `tables` (`tenant/table`
+    /// keys) or its membership, for a failure.
+    pub fn unit_logs(&self, tables: &[&str]) -> String {
+        let mut words = vec!["stepping down".to_string(), "member".to_string()];
+        for key in tables {
+            let Some((tenant, table)) = key.split_once('/') else {
+                continue;
+            };
+            let unit = self.router.route(tenant, table);
+            words.push(self.router.unit_consumer(unit));
+            words.push(format!("owners.{}.{}", unit.partition, unit.shard));
+        }
+        // A name, not the start of a longer one (`weir_in_1_1` in `weir_in_1_10`).
+        let names = |line: &str, word: &str| {
+            line.match_indices(word)
+                .any(|(at, _)| !line[at + word.len()..].starts_with(|c: char| c.is_ascii_digit()))
+        };
+        self.hosts
+            .iter()
+            .flat_map(|host| {
+                host.log()
+                    .lines()
+                    .filter(|line| words.iter().any(|word| names(line, word)))
+                    .map(|line| format!("{}: {line}", host.id))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn partition_of(&self, key: &str) -> u32 {
         let (tenant, table) = key.split_once('/').unwrap();
         self.router.route(tenant, table).partition

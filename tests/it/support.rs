@@ -407,7 +407,8 @@ impl Host {
             .env(
                 "WEIR_LOG",
                 std::env::var("WEIR_TEST_HOST_LOG").unwrap_or_else(|_| {
-                    "info,weir::coordination=debug,wasmtime=warn,cranelift=warn".to_string()
+                    "info,weir::coordination=debug,weir::delivery::pull=debug,wasmtime=warn,cranelift=warn"
+                        .to_string()
                 }),
             )
             .stdout(Stdio::null())

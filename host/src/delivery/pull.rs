@@ -389,7 +389,7 @@ impl Puller {
             .await
         {
             Ok(()) => {
-                tracing::debug!(consumer = %self.consumer, pin = ?self.pin, batch, "pull request sent");
+                tracing::trace!(consumer = %self.consumer, pin = ?self.pin, batch, "pull request sent");
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
                     lost_after: Instant::now() + expires + LOST_REQUEST_GRACE,
