@@ -35,7 +35,7 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::topology::route::Router;
 
-use support::{API_KEY, TENANT, Table, env_count, print_figure, publish_pipelined};
+use support::{TENANT, Table, env_count, post, print_figure, publish_pipelined, wait_claimed};
 
 const BENCH: &str = "front_door";
 const ROWS_PER_REQUEST: usize = 1000;
@@ -322,20 +322,6 @@ fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
     lower.0
 }
 
-/// Waits until the host has claimed all `units`, so both runs start with
-/// every unit being pulled; fails the bench if it never does.
-async fn wait_claimed(host: &RunningHost, units: usize) {
-    let deadline = Instant::now() + DRAIN_TIMEOUT;
-    while host.status().fleet().owners.len() < units {
-        assert!(
-            Instant::now() < deadline,
-            "the host claimed {} of {units} units in {DRAIN_TIMEOUT:?}",
-            host.status().fleet().owners.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Waits until the host has delivered `rows` rows in all, so the next run
 /// does not compete with a backlog; fails the bench if it never does.
 async fn wait_delivered(host: &RunningHost, rows: u64) {
@@ -347,21 +333,5 @@ async fn wait_delivered(host: &RunningHost, rows: u64) {
             host.status().rows().delivered
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Posts one body; anything but 202 fails the bench.
-async fn post(http: &reqwest::Client, url: &str, body: Bytes) {
-    let response = http
-        .post(url)
-        .bearer_auth(API_KEY)
-        .body(body)
-        .send()
-        .await
-        .expect("the front door answers");
-    let status = response.status();
-    if status != 202 {
-        let text = response.text().await.unwrap_or_default();
-        panic!("the front door answered {status}: {text}");
     }
 }

@@ -34,7 +34,7 @@ use futures::stream::FuturesUnordered;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 
-use support::{API_KEY, TENANT, Table, env_count, print_figure};
+use support::{Table, env_count, post, print_figure};
 
 const BENCH: &str = "latency";
 const ROWS_PER_REQUEST: usize = 100;
@@ -172,66 +172,6 @@ async fn start_endpoint(stamps: Arc<Stamps>) -> std::net::SocketAddr {
     addr
 }
 
-/// The host: the default topology, a pass-through transform, the HTTP sink.
-fn host_config(
-    nats_url: &str,
-    data_dir: &std::path::Path,
-    endpoint: std::net::SocketAddr,
-) -> String {
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = {data_dir:?}
-
-[nats]
-url = "{nats_url}"
-
-[stream]
-create = true
-partitions = 1
-shards = 4
-
-[[tenants]]
-name = "{TENANT}"
-api_keys = ["{API_KEY}"]
-
-[plugins.pass]
-wasm = {pass:?}
-world = "transform"
-
-[plugins.sink]
-wasm = {sink:?}
-world = "sink"
-settings = {{ url = "http://{endpoint}/rows" }}
-grants.http = ["{endpoint}"]
-
-[[pipelines]]
-tables = ["{TABLE}"]
-transforms = ["pass"]
-sink = "sink"
-"#,
-        data_dir = data_dir.display().to_string(),
-        pass = weir_test_artifacts::PASSTHROUGH,
-        sink = weir_test_artifacts::HTTP_SINK,
-    )
-}
-
-/// Posts one body; anything but 202 fails the bench.
-async fn post(http: &reqwest::Client, url: &str, body: Bytes) {
-    let response = http
-        .post(url)
-        .bearer_auth(API_KEY)
-        .body(body)
-        .send()
-        .await
-        .expect("the front door answers");
-    let status = response.status();
-    if status != 202 {
-        let text = response.text().await.unwrap_or_default();
-        panic!("the front door answered {status}: {text}");
-    }
-}
-
 /// Offers requests of rows from `first` at `rows_per_sec` for `window`,
 /// each sent on its tick whatever the previous ones' pace; `send` stamps
 /// its rows once they are accepted. Returns the ids offered.
@@ -289,7 +229,18 @@ async fn run(rows: usize, window: Duration) {
     let endpoint = start_endpoint(stamps.clone()).await;
 
     let config_path = dir.path().join("weir.toml");
-    let text = host_config(server.url(), &dir.path().join("data"), endpoint);
+    // The default topology (4 shards), into weir's HTTP sink.
+    let sink = format!(
+        "wasm = {:?}\nworld = \"sink\"\nsettings = {{ url = \"http://{endpoint}/rows\" }}\ngrants.http = [\"{endpoint}\"]\n",
+        weir_test_artifacts::HTTP_SINK
+    );
+    let text = support::pass_through_config_into(
+        server.url(),
+        &dir.path().join("data"),
+        4,
+        &[TABLE.into()],
+        &sink,
+    );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
     let units = 4;

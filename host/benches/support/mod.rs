@@ -263,6 +263,22 @@ pub fn pass_through_config(
     shards: u32,
     tables: &[String],
 ) -> String {
+    let null = format!(
+        "wasm = {:?}\nworld = \"sink\"\n",
+        weir_test_artifacts::NULL_SINK
+    );
+    pass_through_config_into(nats_url, data_dir, shards, tables, &null)
+}
+
+/// The same into the sink plugin `sink` (the body of its `[plugins.sink]`
+/// table).
+pub fn pass_through_config_into(
+    nats_url: &str,
+    data_dir: &std::path::Path,
+    shards: u32,
+    tables: &[String],
+    sink: &str,
+) -> String {
     let tables = serde_json::to_string(tables).expect("table names serialize");
     format!(
         r#"
@@ -286,19 +302,50 @@ api_keys = ["{API_KEY}"]
 wasm = {pass:?}
 world = "transform"
 
-[plugins.null]
-wasm = {null:?}
-world = "sink"
-
+[plugins.sink]
+{sink}
 [[pipelines]]
 tables = {tables}
 transforms = ["pass"]
-sink = "null"
+sink = "sink"
 "#,
         data_dir = data_dir.display().to_string(),
         pass = weir_test_artifacts::PASSTHROUGH,
-        null = weir_test_artifacts::NULL_SINK,
     )
+}
+
+/// Longest wait for a bench's host to claim its units.
+pub const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Waits until the host has claimed all `units`, so a run starts with
+/// every unit being pulled; fails the bench if it never does.
+pub async fn wait_claimed(host: &weir::host::RunningHost, units: usize) {
+    let deadline = Instant::now() + CLAIM_TIMEOUT;
+    while host.status().fleet().owners.len() < units {
+        assert!(
+            Instant::now() < deadline,
+            "the host claimed {} of {units} units in {CLAIM_TIMEOUT:?}",
+            host.status().fleet().owners.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Posts one body to the front door as the bench's tenant; anything but
+/// 202 fails the bench.
+pub async fn post(http: &reqwest::Client, url: &str, body: bytes::Bytes) {
+    let response = http
+        .post(url)
+        .bearer_auth(API_KEY)
+        .body(body)
+        .send()
+        .await
+        .expect("the front door answers");
+    let status = response.status();
+    if status != 202 {
+        let text = response.text().await.unwrap_or_default();
+        panic!("the front door answered {status}: {text}");
+    }
 }
 
 /// A global allocator that counts allocations (and reallocations) and

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::Client;
 use serde::Deserialize;
 
-use crate::nats::jetstream::{PIN_GROUP, api_error, unpin};
+use crate::nats::jetstream::{PIN_GROUP, api_error, consumer_info, unpin};
 
 /// What the server says about a unit consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,16 +78,9 @@ pub async fn inspect(
     stream: &str,
     consumer: &str,
 ) -> Result<ConsumerState, String> {
-    let subject = format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}");
-    let reply = client
-        .request(subject, "".into())
-        .await
-        .map_err(|err| err.to_string())?;
-    if let Some(error) = api_error(&reply.payload) {
-        return Err(error);
-    }
+    let payload = consumer_info(client, stream, consumer).await?;
     let info: InfoReply =
-        serde_json::from_slice(&reply.payload).map_err(|err| format!("unreadable info: {err}"))?;
+        serde_json::from_slice(&payload).map_err(|err| format!("unreadable info: {err}"))?;
     let parse = |text: &str| {
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
     };

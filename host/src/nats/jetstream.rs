@@ -38,17 +38,28 @@ pub async fn last_delivery(client: &Client, stream: &str, consumer: &str) -> Res
         #[serde(default)]
         consumer_seq: u64,
     }
+    let payload = consumer_info(client, stream, consumer).await?;
+    let info: Info = serde_json::from_slice(&payload)
+        .map_err(|err| format!("unreadable consumer info: {err}"))?;
+    Ok(info.delivered.map_or(0, |d| d.consumer_seq))
+}
+
+/// A consumer's info reply, an API error as the error: callers read only
+/// the fields they need from it.
+pub async fn consumer_info(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+) -> Result<bytes::Bytes, String> {
     let subject = format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}");
     let reply = client
         .request(subject, "".into())
         .await
         .map_err(|err| err.to_string())?;
-    if let Some(error) = api_error(&reply.payload) {
-        return Err(error);
+    match api_error(&reply.payload) {
+        Some(error) => Err(error),
+        None => Ok(reply.payload),
     }
-    let info: Info = serde_json::from_slice(&reply.payload)
-        .map_err(|err| format!("unreadable consumer info: {err}"))?;
-    Ok(info.delivered.map_or(0, |d| d.consumer_seq))
 }
 
 /// The error of a JetStream API reply, if it is one.
