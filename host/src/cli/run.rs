@@ -37,13 +37,16 @@ impl RunArgs {
             ..self.nats.overrides()
         };
         let config = Config::load(&self.config, &overrides)?;
+        // Listening before the host starts: a signal while it starts (its
+        // front door may already answer) stops it cleanly once it is up,
+        // instead of killing the process.
+        let mut signals = Signals::listen()?;
         let host = RunningHost::start(config).await?;
-        wait_for_signal().await?;
+        signals.next().await;
         tracing::info!("shutting down: finishing the rows in hand (a second signal stops at once)");
         tokio::select! {
             () = host.shutdown() => Ok(()),
-            signal = wait_for_signal() => {
-                signal?;
+            () = signals.next() => {
                 tracing::warn!("stopping at once: rows not acked yet will be redelivered");
                 std::process::exit(130);
             }
@@ -51,13 +54,26 @@ impl RunArgs {
     }
 }
 
-/// Ctrl-C or SIGTERM.
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result.context("cannot listen for Ctrl-C")?,
-        _ = terminate.recv() => {}
+/// Ctrl-C (SIGINT) and SIGTERM, listened for from creation on.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
     }
-    Ok(())
+
+    /// The next Ctrl-C or SIGTERM.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
