@@ -3,8 +3,10 @@
 //! The same rows are published, pipelined, into (a) a plain work-queue stream
 //! with one durable pull consumer, drained by a hand-written async-nats
 //! consumer that acks each row — the limit — and (b) weir's own topology,
-//! drained by a `RunningHost` started in-process, with 1 shard (one consumer,
-//! comparable with the limit) and with 4. Rows are published before anyone
+//! drained by a `RunningHost` started in-process: one unit (one consumer,
+//! comparable with the limit), the default topology (4 partitions × 1
+//! shard), and 4 shards of one partition, whose four filtered consumers
+//! share one stream. Rows are published before anyone
 //! consumes and the clock runs from the first delivery to the last, so the
 //! figures are delivery only: no HTTP, no publish overlapping the consume.
 //! Besides rows/s, each scenario reports the CPU time per row spent in this
@@ -14,7 +16,9 @@
 //! rounds so that noise hits them alike; medians are reported.
 //!
 //! `cargo bench -p weir --bench delivery`; `WEIR_BENCH_ROWS` (default
-//! 200000) and `WEIR_BENCH_ROUNDS` (default 3) make it shorter or longer.
+//! 200000) and `WEIR_BENCH_ROUNDS` (default 3) make it shorter or longer;
+//! `WEIR_BENCH_ONLY=raw` or `=4x1` (partitions × shards) runs that scenario
+//! alone, to profile the server (`perf record -g -p PID`, the pid printed).
 
 #[allow(dead_code)] // each bench uses part of the helpers
 mod support;
@@ -30,10 +34,11 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::nats::embedded::EmbeddedNats;
 use weir::topology::manifest::Manifest;
-use weir::topology::route::Router;
+use weir::topology::route::{Router, Unit};
 
 use support::{
-    CountingAllocator, TENANT, Table, env_count, median, print_figure, publish_pipelined,
+    CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median, print_figure,
+    publish_pipelined,
 };
 
 /// Counts every allocation of this process: the delivery path's
@@ -57,8 +62,11 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between phases so the server's background work (removing acked
 /// rows, deleting streams) does not land in the next measurement.
 const SETTLE: Duration = Duration::from_millis(300);
-/// Shards of weir's second run: rows spread over four units and workers.
-const MANY_SHARDS: u32 = 4;
+/// (partitions, shards) of weir's runs: one unit, comparable with the
+/// limit; the default topology; and as many units as shards of one stream
+/// (the default before it was measured here: ARCHITECTURE.md, "Topology").
+const ONE_UNIT: (u32, u32) = (1, 1);
+const ONE_STREAM_MANY_SHARDS: (u32, u32) = (1, 4);
 /// Units of the scale runs (after the 1-unit runs of every round).
 const SCALE_UNITS: [u32; 2] = [8, 32];
 /// Clock ticks per second of the CPU times in `/proc/<pid>/stat` (USER_HZ,
@@ -158,40 +166,46 @@ async fn run(rows: usize, rounds: usize) {
         .expect("connect to the bench's nats-server");
     let js = jetstream::new(client.clone());
 
-    // Tables chosen so that with 4 shards each unit gets a quarter of the rows.
-    let tables = tables_covering_shards(MANY_SHARDS);
     let payloads: Vec<Bytes> = (0..rows as u64)
         .map(|id| Bytes::from(support::row(id)))
         .collect();
     eprintln!(
-        "delivery bench: {rows} rows of {} bytes, {rounds} rounds, tables {tables:?}",
+        "delivery bench: {rows} rows of {} bytes, {rounds} rounds",
         support::ROW_BYTES
     );
+    if let Ok(only) = std::env::var("WEIR_BENCH_ONLY") {
+        return run_only(&only, rounds, &client, &js, &server, dir.path(), &payloads).await;
+    }
 
     let mut limit = Vec::new();
     let mut weir_one = Vec::new();
+    let mut weir_default = Vec::new();
     let mut weir_many = Vec::new();
     for round in 1..=rounds {
-        let raw = measure_limit(&client, &js, server.pid(), &tables, &payloads).await;
+        let raw = measure_limit(&client, &js, server.pid(), &payloads).await;
         eprintln!(
             "round {round}: limit {:.0} rows/s",
             raw.deliver_rows_per_sec
         );
         limit.push(raw);
-        for (shards, results) in [(1, &mut weir_one), (MANY_SHARDS, &mut weir_many)] {
-            let measured = measure_weir(&js, &server, dir.path(), shards, &tables, &payloads).await;
+        for (layout, results) in [
+            (ONE_UNIT, &mut weir_one),
+            (DEFAULT_LAYOUT, &mut weir_default),
+            (ONE_STREAM_MANY_SHARDS, &mut weir_many),
+        ] {
+            let measured = measure_weir(&js, &server, dir.path(), layout, &payloads).await;
             eprintln!(
-                "round {round}: weir, {shards} shard(s) {:.0} rows/s",
-                measured.deliver_rows_per_sec
+                "round {round}: weir, {} × {} {:.0} rows/s",
+                layout.0, layout.1, measured.deliver_rows_per_sec
             );
             results.push(measured);
         }
     }
-    // Scale: more units on one host, once each after the rounds.
+    // Scale: more units on one host (a partition each, as the default
+    // grows), once each after the rounds.
     let mut scale = Vec::new();
     for units in SCALE_UNITS {
-        let tables = tables_covering_shards(units);
-        let measured = measure_weir(&js, &server, dir.path(), units, &tables, &payloads).await;
+        let measured = measure_weir(&js, &server, dir.path(), (units, 1), &payloads).await;
         eprintln!(
             "scale: weir, {units} units {:.0} rows/s",
             measured.deliver_rows_per_sec
@@ -199,9 +213,43 @@ async fn run(rows: usize, rounds: usize) {
         scale.push((units, measured));
     }
     drop(client);
-    report(rows, &limit, &weir_one, &weir_many);
+    report(rows, &limit, &weir_one, &weir_default, &weir_many);
     report_scale(&weir_one, &scale);
     drop(server);
+}
+
+/// `WEIR_BENCH_ONLY=raw` or `=PxS` (partitions × shards): that scenario
+/// alone, `rounds` times, after printing the server's pid, so that its
+/// profile can be taken (`perf record -g -p PID`).
+async fn run_only(
+    only: &str,
+    rounds: usize,
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    server: &EmbeddedNats,
+    dir: &Path,
+    payloads: &[Bytes],
+) {
+    let layout = only
+        .split_once('x')
+        .and_then(|(p, s)| Some((p.parse().ok()?, s.parse().ok()?)));
+    if only != "raw" && layout.is_none() {
+        panic!("WEIR_BENCH_ONLY is `raw` or PARTITIONSxSHARDS, not {only:?}");
+    }
+    eprintln!("nats-server pid {}; starting in 3 s", server.pid());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for round in 1..=rounds {
+        let measured = match layout {
+            Some(layout) => measure_weir(js, server, dir, layout, payloads).await,
+            None => measure_limit(client, js, server.pid(), payloads).await,
+        };
+        eprintln!(
+            "round {round}, {only}: {:.0} rows/s, server {:.1} µs/row, client {:.1} µs/row",
+            measured.deliver_rows_per_sec,
+            measured.server_cpu_us_per_row,
+            measured.client_cpu_us_per_row
+        );
+    }
 }
 
 /// The limit: a plain stream like a weir partition (file storage, work
@@ -210,13 +258,17 @@ async fn measure_limit(
     client: &async_nats::Client,
     js: &jetstream::Context,
     server_pid: u32,
-    tables: &[String],
     payloads: &[Bytes],
 ) -> Measured {
     // Subjects of the same shape and length as weir's, under another prefix.
     let router = Router::new("raw", 1, 1);
+    let tables = tables_covering(&Router::new("weir", DEFAULT_LAYOUT.0, DEFAULT_LAYOUT.1));
+    let tables = &tables;
     let consumer = support::raw_consumer(js, 1).await;
-    let subjects = subjects(&router, tables, |_| 0);
+    let subjects = subjects(&router, tables, |_| Unit {
+        partition: 0,
+        shard: 0,
+    });
     let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
     tokio::time::sleep(SETTLE).await;
 
@@ -276,25 +328,26 @@ async fn measure_weir(
     js: &jetstream::Context,
     server: &EmbeddedNats,
     dir: &Path,
-    shards: u32,
-    tables: &[String],
+    (partitions, shards): (u32, u32),
     payloads: &[Bytes],
 ) -> Measured {
-    let config_path = dir.join(format!("weir-{shards}.toml"));
+    let router = Router::new("weir", partitions, shards);
+    // A table per unit, so that each unit gets its share of the rows.
+    let tables = &tables_covering(&router);
+    let config_path = dir.join(format!("weir-{partitions}x{shards}.toml"));
     let text = support::pass_through_config(
         server.url(),
-        &dir.join(format!("data-{shards}")),
-        shards,
+        &dir.join(format!("data-{partitions}x{shards}")),
+        (partitions, shards),
         tables,
     );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let router = Router::new(&config.stream.prefix, 1, shards);
     Manifest::new(&router, &config.stream, &config.delivery, None)
         .create(js)
         .await
         .expect("create weir's topology");
-    let subjects = subjects(&router, tables, |table| router.route(TENANT, table).shard);
+    let subjects = subjects(&router, tables, |table| router.route(TENANT, table));
     let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
     tokio::time::sleep(SETTLE).await;
 
@@ -374,12 +427,17 @@ fn rss_kib() -> u64 {
 
 /// The first table names `events_0`, `events_1`, … of which one routes to
 /// each shard of a one-partition topology with `shards` shards.
-fn tables_covering_shards(shards: u32) -> Vec<String> {
-    let router = Router::new("weir", 1, shards);
-    let mut by_shard: Vec<Option<String>> = vec![None; shards as usize];
+/// One table per unit of `router`'s topology, each routed to its own unit.
+fn tables_covering(router: &Router) -> Vec<String> {
+    let units = router.units();
+    let mut by_shard: Vec<Option<String>> = vec![None; units.len()];
     for index in 0.. {
         let table = format!("events_{index}");
-        let shard = router.route(TENANT, &table).shard as usize;
+        let unit = router.route(TENANT, &table);
+        let shard = units
+            .iter()
+            .position(|u| *u == unit)
+            .expect("a routed unit exists");
         by_shard[shard].get_or_insert(table);
         if by_shard.iter().all(Option::is_some) {
             break;
@@ -389,14 +447,11 @@ fn tables_covering_shards(shards: u32) -> Vec<String> {
 }
 
 /// Each table's row subject, its shard picked by `shard_of`.
-fn subjects(router: &Router, tables: &[String], shard_of: impl Fn(&str) -> u32) -> Vec<Subject> {
+fn subjects(router: &Router, tables: &[String], unit_of: impl Fn(&str) -> Unit) -> Vec<Subject> {
     tables
         .iter()
         .map(|table| {
-            let unit = weir::topology::route::Unit {
-                partition: 0,
-                shard: shard_of(table),
-            };
+            let unit = unit_of(table);
             Subject::from(router.subject(unit, TENANT, table))
         })
         .collect()
@@ -420,7 +475,13 @@ async fn wait_empty(js: &jetstream::Context, name: &str) {
     }
 }
 
-fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[Measured]) {
+fn report(
+    rows: usize,
+    limit: &[Measured],
+    weir_one: &[Measured],
+    weir_default: &[Measured],
+    weir_many: &[Measured],
+) {
     let median_of = |runs: &[Measured], figure: fn(&Measured) -> f64| {
         median(&runs.iter().map(figure).collect::<Vec<_>>())
     };
@@ -441,11 +502,18 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
 
     print_figure(BENCH, "limit_rows_per_sec", delivered(limit));
     print_figure(BENCH, "weir_rows_per_sec", delivered(weir_one));
+    print_figure(BENCH, "weir_default_rows_per_sec", delivered(weir_default));
     print_figure(BENCH, "weir_4_shards_rows_per_sec", delivered(weir_many));
     print_figure(BENCH, "ratio_weir_to_limit", ratio(weir_one));
+    print_figure(BENCH, "ratio_weir_default_to_limit", ratio(weir_default));
     print_figure(BENCH, "ratio_weir_4_shards_to_limit", ratio(weir_many));
     print_figure(BENCH, "limit_publish_rows_per_sec", published(limit));
     print_figure(BENCH, "weir_publish_rows_per_sec", published(weir_one));
+    print_figure(
+        BENCH,
+        "weir_default_publish_rows_per_sec",
+        published(weir_default),
+    );
     print_figure(
         BENCH,
         "weir_4_shards_publish_rows_per_sec",
@@ -456,6 +524,7 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
     for (scenario, runs) in [
         ("limit", limit),
         ("weir", weir_one),
+        ("weir_default", weir_default),
         ("weir_4_shards", weir_many),
     ] {
         let client = format!("{scenario}_client_cpu_us_per_row");
@@ -489,8 +558,9 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
     ]);
     for (name, runs) in [
         ("raw pull consumer (limit)", limit),
-        ("weir, 1 shard", weir_one),
-        ("weir, 4 shards", weir_many),
+        ("weir, 1 unit", weir_one),
+        ("weir, default: 4 partitions × 1 shard", weir_default),
+        ("weir, 1 partition × 4 shards", weir_many),
     ] {
         let rounds: Vec<String> = runs
             .iter()
@@ -510,7 +580,7 @@ fn report(rows: usize, limit: &[Measured], weir_one: &[Measured], weir_many: &[M
     }
     table.print();
     println!(
-        "target: weir ≥ 0.7 × the limit; ≤ {TARGET_ALLOCS_PER_ROW} allocations per row outside the plugin (host side, this process)"
+        "target: weir ≥ 0.9 × the limit with 1 unit, ≥ 0.85 × with the default topology; ≤ {TARGET_ALLOCS_PER_ROW} allocations per row outside the plugin (host side, this process)"
     );
 }
 

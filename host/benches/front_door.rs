@@ -85,8 +85,12 @@ async fn run(rows: usize, latency_window: Duration) {
         .expect("delete the raw stream");
 
     let config_path = dir.path().join("weir.toml");
-    let text =
-        support::pass_through_config(server.url(), &dir.path().join("data"), 4, &[TABLE.into()]);
+    let text = support::pass_through_config(
+        server.url(),
+        &dir.path().join("data"),
+        support::DEFAULT_LAYOUT,
+        &[TABLE.into()],
+    );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
     let router = Router::new(

@@ -14,7 +14,7 @@
 //!    published pipelined and stamped at its last PubAck; a pull consumer
 //!    stamps each row as it receives it (and acks it).
 //!
-//! The host runs the default topology (one partition of 4 shards), a
+//! The host runs the default topology (4 partitions of one shard), a
 //! pass-through transform and the HTTP sink (`plugins/http-sink`). Every
 //! row must arrive, or the bench fails. `cargo bench -p weir --bench
 //! latency`; `WEIR_BENCH_ROWS` (default 100000) sizes the maximum's run.
@@ -229,7 +229,7 @@ async fn run(rows: usize, window: Duration) {
     let endpoint = start_endpoint(stamps.clone()).await;
 
     let config_path = dir.path().join("weir.toml");
-    // The default topology (4 shards), into weir's HTTP sink.
+    // The default topology, into weir's HTTP sink.
     let sink = format!(
         "wasm = {:?}\nworld = \"sink\"\nsettings = {{ url = \"http://{endpoint}/rows\" }}\ngrants.http = [\"{endpoint}\"]\n",
         weir_test_artifacts::HTTP_SINK
@@ -237,13 +237,13 @@ async fn run(rows: usize, window: Duration) {
     let text = support::pass_through_config_into(
         server.url(),
         &dir.path().join("data"),
-        4,
+        support::DEFAULT_LAYOUT,
         &[TABLE.into()],
         &sink,
     );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let units = 4;
+    let units = (support::DEFAULT_LAYOUT.0 * support::DEFAULT_LAYOUT.1) as usize;
     let host = RunningHost::start(config).await.expect("weir host starts");
     let deadline = Instant::now() + ARRIVAL_TIMEOUT;
     while host.status().fleet().owners.len() < units {

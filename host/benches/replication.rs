@@ -212,7 +212,7 @@ async fn measure_weir(nats: &Nats, dir: &Path, payloads: &[Bytes]) -> Measured {
     let text = support::pass_through_config(
         &nats.seeds,
         &dir.join(format!("weir-r{replicas}")),
-        1,
+        (1, 1),
         &tables,
     )
     .replace(

@@ -94,7 +94,12 @@ impl Goal {
 
 /// Each target as (bench, figure, goal): the figures the targets are read from.
 const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
-    ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.7)),
+    ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.9)),
+    (
+        "delivery",
+        "ratio_weir_default_to_limit",
+        Goal::AtLeast(0.85),
+    ),
     ("delivery", "weir_allocs_per_row", Goal::AtMost(2.0)),
     (
         "boundary",

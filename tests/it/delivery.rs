@@ -164,15 +164,11 @@ async fn rows_of_each_table_arrive_in_publish_order_across_interleaved_tables() 
     }
     // The tables really were spread over more than one unit.
     let client = nats.client().await;
-    let js = async_nats::jetstream::new(client);
-    let stream = js.get_stream("weir_in_0").await.unwrap();
-    let mut consumers = stream.consumers();
-    let mut busy = 0;
-    while let Some(info) = futures::StreamExt::next(&mut consumers).await {
-        if info.unwrap().delivered.stream_sequence > 0 {
-            busy += 1;
-        }
-    }
+    let busy = crate::support::unit_consumers(&client)
+        .await
+        .iter()
+        .filter(|info| info.delivered.stream_sequence > 0)
+        .count();
     assert!(busy > 1, "tables spread over {busy} units");
     host.shutdown().await;
 }

@@ -452,11 +452,8 @@ async fn replay_without_a_filter_asks_and_off_a_terminal_refuses_unless_told_yes
         .await;
     // No host pulls the replayed rows: they stay in the partition stream.
     letters.stop_host().await;
-    let js = jetstream::new(letters.nats.client().await);
-    let stored = || async {
-        let mut stream = js.get_stream("weir_in_0").await.unwrap();
-        stream.info().await.unwrap().state.messages
-    };
+    let client = letters.nats.client().await;
+    let stored = || crate::support::stored_rows(&client);
     let queued = stored().await;
 
     let refused = letters.weir(&["replay"]);

@@ -184,7 +184,7 @@ async fn a_100k_row_run_with_4_percent_dead_letters_logs_few_flat_json_lines() {
         .sum();
     assert_eq!(summed, (ROWS / DEAD_EVERY) as u64, "{summaries:?}");
     for line in &summaries {
-        assert!(line["unit"].as_str().unwrap().starts_with("weir_in_0_"));
+        assert!(line["unit"].as_str().unwrap().starts_with("weir_in_"));
         assert!(line["reasons"].as_str().unwrap().contains("validate"));
     }
 }
@@ -234,7 +234,7 @@ async fn a_dead_lettered_row_is_logged_at_debug_with_where_it_was() {
         assert_eq!(line["table"], "orders");
         assert_eq!(line["plugin"], "validate");
         assert_eq!(line["cause"], "verdict");
-        assert!(line["unit"].as_str().unwrap().starts_with("weir_in_0_"));
+        assert!(line["unit"].as_str().unwrap().starts_with("weir_in_"));
         assert!(line["sequence"].as_u64().unwrap() >= 1);
         // Logged within the batch's span, whose fields come up to the top.
         assert_eq!(line["span"], "batch");

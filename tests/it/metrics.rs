@@ -271,14 +271,14 @@ async fn metrics_served_match_the_documented_table_and_count_a_run() {
             &[("plugin", "validate"), ("world", "transform")]
         ) >= 1.0
     );
-    // The tests' topology: one partition of four shards, all owned here.
+    // The tests' topology, the default: four partitions of one shard, all owned here.
     assert_eq!(count("weir_units_owned", &[]), 4.0);
     assert_eq!(count("weir_units_unowned", &[]), 0.0);
     let pending = &scraped.samples["weir_unit_pending_rows"];
     assert!(
         pending
             .iter()
-            .all(|(_, labels, value)| labels["unit"].starts_with("weir_in_0_") && *value == 0.0),
+            .all(|(_, labels, value)| labels["unit"].starts_with("weir_in_") && *value == 0.0),
         "every unit that delivered says 0 rows left: {pending:?}"
     );
     let build = &scraped.samples["weir_build_info"];

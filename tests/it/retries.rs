@@ -207,11 +207,7 @@ async fn slow_batches_are_not_redelivered(delivery: &str, slow_ms: u64, rows: us
         "delivered once, not again after the ack wait"
     );
     let client = nats.client().await;
-    let js = jetstream::new(client);
-    let stream = js.get_stream("weir_in_0").await.unwrap();
-    let mut consumers = stream.consumers();
-    while let Some(info) = futures::StreamExt::next(&mut consumers).await {
-        let info = info.unwrap();
+    for info in crate::support::unit_consumers(&client).await {
         assert_eq!(info.num_redelivered, 0, "{} redelivered rows", info.name);
     }
     let report = host.host.status().report().await;

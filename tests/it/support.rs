@@ -275,20 +275,53 @@ pub async fn read_stream(
     found
 }
 
-/// (undelivered, unacked, stored) rows summed over every unit of partition
-/// stream `weir_in_0` (the tests' topology has one partition).
-pub async fn backlog(client: &async_nats::Client) -> (u64, usize, u64) {
+/// Every partition stream (`weir_in_*`) of the server.
+pub async fn partition_streams(client: &async_nats::Client) -> Vec<jetstream::stream::Stream> {
     let js = jetstream::new(client.clone());
-    let mut stream = js.get_stream("weir_in_0").await.expect("partition stream");
-    let mut consumers = stream.consumers();
+    let mut names: Vec<String> = js
+        .stream_names()
+        .map(|name| name.expect("stream name"))
+        .collect()
+        .await;
+    names.retain(|name| name.starts_with("weir_in_"));
+    names.sort();
+    let mut streams = Vec::new();
+    for name in names {
+        streams.push(js.get_stream(&name).await.expect("partition stream"));
+    }
+    streams
+}
+
+/// Every unit consumer's info, over every partition stream.
+pub async fn unit_consumers(client: &async_nats::Client) -> Vec<jetstream::consumer::Info> {
+    let mut found = Vec::new();
+    for stream in partition_streams(client).await {
+        let mut consumers = stream.consumers();
+        while let Some(info) = consumers.next().await {
+            found.push(info.expect("consumer info"));
+        }
+    }
+    found
+}
+
+/// (undelivered, unacked, stored) rows summed over every unit of every
+/// partition stream.
+pub async fn backlog(client: &async_nats::Client) -> (u64, usize, u64) {
     let (mut pending, mut ack_pending) = (0, 0);
-    while let Some(info) = consumers.next().await {
-        let info = info.expect("consumer info");
+    for info in unit_consumers(client).await {
         pending += info.num_pending;
         ack_pending += info.num_ack_pending;
     }
-    let messages = stream.info().await.expect("stream info").state.messages;
-    (pending, ack_pending, messages)
+    (pending, ack_pending, stored_rows(client).await)
+}
+
+/// Rows stored in every partition stream.
+pub async fn stored_rows(client: &async_nats::Client) -> u64 {
+    let mut stored = 0;
+    for mut stream in partition_streams(client).await {
+        stored += stream.info().await.expect("stream info").state.messages;
+    }
+    stored
 }
 
 /// The `Weir-Reason` of the first `count` dead letters, once there are that many.

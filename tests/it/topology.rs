@@ -100,8 +100,8 @@ async fn apply_manifests(client: &async_nats::Client, config_text: &str) {
     }
     assert_eq!(
         kinds,
-        (4, 4),
-        "partition, dead letters, coordination bucket and plugin store; a consumer per unit"
+        (7, 4),
+        "4 partitions, dead letters, coordination bucket and plugin store; a consumer per unit"
     );
 }
 
@@ -130,7 +130,7 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
         "{message}"
     );
     assert!(
-        message.contains("consumer weir_in_0/weir_in_0_3: existence expected present"),
+        message.contains("consumer weir_in_3/weir_in_3_0: existence expected present"),
         "{message}"
     );
 
@@ -138,7 +138,11 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
     apply_manifests(&client, &config).await;
     // Not even a recommended difference between the files and the config.
     let loaded = Config::parse(Path::new("weir.toml"), &config, &Default::default()).unwrap();
-    let router = Router::new(&loaded.stream.prefix, 1, loaded.stream.shards);
+    let router = Router::new(
+        &loaded.stream.prefix,
+        loaded.stream.partitions,
+        loaded.stream.shards,
+    );
     let manifest = Manifest::new(&router, &loaded.stream, &loaded.delivery, None);
     let differences = manifest.verify(&jetstream::new(client.clone())).await;
     assert!(differences.is_empty(), "{differences:#?}");
@@ -163,6 +167,65 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
         message.contains("stream weir_in_0: retention expected WorkQueue, found Limits (required)"),
         "{message}"
     );
+}
+
+/// A server holding weir's old default topology (1 partition × 4 shards),
+/// with rows in it: weir on the new default (4 × 1) refuses to start,
+/// names the other topology's units and the setting that keeps it, and
+/// changes nothing; with that setting it delivers the rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topology_of_the_old_default_is_refused_by_name_and_its_rows_kept() {
+    let nats = Nats::start();
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    let new_default = base_config(nats.url(), "");
+    let old_default = new_default.replace("[stream]\n", "[stream]\npartitions = 1\nshards = 4\n");
+    let old = Config::parse(Path::new("weir.toml"), &old_default, &Default::default()).unwrap();
+    let router = Router::new(&old.stream.prefix, 1, 4);
+    Manifest::new(&router, &old.stream, &old.delivery, None)
+        .create(&js)
+        .await
+        .unwrap();
+    let unit = router.route("acme", "orders");
+    for id in 0..10 {
+        js.publish(
+            router.subject(unit, "acme", "orders"),
+            format!("{{\"id\":{id}}}").into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+
+    let err = start_error(&new_default).await;
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            StartError::Topology(TopologyError::OtherTopology(ref found)) if found.len() == 3
+        ),
+        "shards 1 to 3 of partition 0 are not units of 4 × 1: {err}"
+    );
+    for expected in [
+        "consumer weir_in_0/weir_in_0_3: existence expected absent",
+        "set `[stream] partitions = 1` and `shards = 4`",
+    ] {
+        assert!(message.contains(expected), "no `{expected}` in: {message}");
+    }
+    assert!(
+        js.get_stream("weir_in_1").await.is_err(),
+        "a refused start creates nothing"
+    );
+
+    let host = TestHost::start(&old_default).await;
+    eventually(
+        Duration::from_secs(20),
+        "the 10 stored rows delivered",
+        || async { (host.sink_lines("orders").len() == 10).then_some(()) },
+    )
+    .await;
+    host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -253,6 +253,11 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::Embedded
 
 /// The tenant of every bench row, and its API key.
 pub const TENANT: &str = "acme";
+/// weir's default topology, (partitions, shards) as `[stream]` has them.
+pub const DEFAULT_LAYOUT: (u32, u32) = (
+    weir::config::DEFAULT_PARTITIONS,
+    weir::config::DEFAULT_SHARDS,
+);
 pub const API_KEY: &str = "bench-key-0001";
 
 /// A host on a bench's server: one partition of `shards` units, every
@@ -260,14 +265,14 @@ pub const API_KEY: &str = "bench-key-0001";
 pub fn pass_through_config(
     nats_url: &str,
     data_dir: &std::path::Path,
-    shards: u32,
+    layout: (u32, u32),
     tables: &[String],
 ) -> String {
     let null = format!(
         "wasm = {:?}\nworld = \"sink\"\n",
         weir_test_artifacts::NULL_SINK
     );
-    pass_through_config_into(nats_url, data_dir, shards, tables, &null)
+    pass_through_config_into(nats_url, data_dir, layout, tables, &null)
 }
 
 /// The same into the sink plugin `sink` (the body of its `[plugins.sink]`
@@ -275,7 +280,7 @@ pub fn pass_through_config(
 pub fn pass_through_config_into(
     nats_url: &str,
     data_dir: &std::path::Path,
-    shards: u32,
+    (partitions, shards): (u32, u32),
     tables: &[String],
     sink: &str,
 ) -> String {
@@ -291,7 +296,7 @@ url = "{nats_url}"
 
 [stream]
 create = true
-partitions = 1
+partitions = {partitions}
 shards = {shards}
 
 [[tenants]]

@@ -28,8 +28,12 @@ pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
 pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
 /// Longest tenant or table name, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
-/// Default shards per partition: enough units to spread a few hosts' work.
-pub const DEFAULT_SHARDS: u32 = 4;
+/// Default partitions: four units (one shard each), enough to spread a few
+/// hosts' work. Separate streams deliver at the raw limit, where four
+/// shards of one stream reach ~0.6 of it (ARCHITECTURE.md, "Topology").
+pub const DEFAULT_PARTITIONS: u32 = 4;
+/// Default shards per partition.
+pub const DEFAULT_SHARDS: u32 = 1;
 /// A crashed host's units are taken over within about this long.
 const DEFAULT_MEMBER_TTL_SECS: u64 = 5;
 const MIN_MEMBER_TTL_SECS: u64 = 3;
@@ -325,8 +329,12 @@ pub struct DeliveryConfig {
     /// sends the next batches' rows while one runs, in fewer requests.
     pub pull_rows: usize,
     pub batch_bytes: usize,
-    /// How long a batch waits to fill after its first row.
+    /// How long a batch may go on filling after its first row.
     pub batch_wait: Duration,
+    /// A batch also closes once no row arrived for this long (zero: as
+    /// soon as none is waiting), so a lone request's rows need not wait
+    /// out `batch_wait`. Defaults to `batch_wait`: no early close.
+    pub batch_idle: Duration,
     /// Time JetStream waits for an ack before redelivering a row.
     pub ack_wait: Duration,
     /// After this many deliveries a row that still asks for a retry is dead-lettered.
@@ -522,6 +530,7 @@ struct RawDelivery {
     batch_bytes: Option<Spanned<Size>>,
     batch_wait: Option<Spanned<HumanDuration>>,
     batch_wait_ms: Option<Spanned<u64>>,
+    batch_idle: Option<Spanned<HumanDuration>>,
     ack_wait: Option<Spanned<HumanDuration>>,
     ack_wait_secs: Option<Spanned<u64>>,
     max_deliveries: Option<Spanned<u32>>,
@@ -971,7 +980,7 @@ impl<'a> Checker<'a> {
         let partitions = self.check_count(
             "partitions",
             raw.stream.partitions.as_ref(),
-            1,
+            DEFAULT_PARTITIONS,
             MAX_PARTITIONS,
         );
         let shards = self.check_count(
@@ -1026,6 +1035,13 @@ impl<'a> Checker<'a> {
             failure_delay,
             Duration::from_secs(60).max(failure_delay),
         );
+        let batch_wait = self.duration(
+            "batch_wait",
+            &d.batch_wait,
+            (Legacy::Millis, &d.batch_wait_ms),
+            Duration::ZERO,
+            Duration::from_millis(5),
+        );
         let delivery = DeliveryConfig {
             batch_rows,
             pull_rows: self.at_least(
@@ -1042,12 +1058,13 @@ impl<'a> Checker<'a> {
                 1 << 20,
             ))
             .unwrap_or(usize::MAX),
-            batch_wait: self.duration(
-                "batch_wait",
-                &d.batch_wait,
-                (Legacy::Millis, &d.batch_wait_ms),
+            batch_wait,
+            batch_idle: self.duration(
+                "batch_idle",
+                &d.batch_idle,
+                (Legacy::Millis, &None),
                 Duration::ZERO,
-                Duration::from_millis(5),
+                batch_wait,
             ),
             ack_wait: self.duration(
                 "ack_wait",
@@ -1435,7 +1452,7 @@ mod tests {
         }
         let text = |top: &str| {
             format!(
-                "{top}\n[stream]\nshards = 120\n\
+                "{top}\n[stream]\npartitions = 1\nshards = 120\n\
                  [plugins.v]\nwasm = \"v.wasm\"\nworld = \"transform\"\n\
                  [plugins.s]\nwasm = \"s.wasm\"\nworld = \"sink\"\n\
                  [[pipelines]]\ntables = [\"a\"]\ntransforms = [\"v\", \"v\"]\nsink = \"s\"\n"
@@ -1513,6 +1530,13 @@ mod tests {
         assert_eq!(config.delivery.failure_delay, Duration::from_millis(250));
         assert_eq!(config.delivery.drain_timeout, Duration::from_secs(10));
         assert_eq!(config.coordination.member_ttl, Duration::from_secs(7));
+        // No early close unless asked: the idle gap is the whole wait.
+        assert_eq!(config.delivery.batch_idle, config.delivery.batch_wait);
+        let eager = parse("[delivery]\nbatch_wait = \"20ms\"\nbatch_idle = \"1ms\"\n").unwrap();
+        assert_eq!(eager.delivery.batch_wait, Duration::from_millis(20));
+        assert_eq!(eager.delivery.batch_idle, Duration::from_millis(1));
+        // The default topology: four partitions of one shard.
+        assert_eq!((config.stream.partitions, config.stream.shards), (4, 1));
 
         let found = problems(concat!(
             "[stream]\nreplicas = 2\n",

@@ -987,7 +987,8 @@ impl Settler {
     }
 }
 
-/// Adds rows to a batch until it is full or `batch_wait` has passed.
+/// Adds rows to a batch until it is full, `batch_wait` has passed, or no
+/// row came for `batch_idle` (zero: none is waiting).
 async fn fill_batch(
     settings: &DeliveryConfig,
     first: Message,
@@ -1000,7 +1001,10 @@ async fn fill_batch(
     let deadline = Instant::now() + settings.batch_wait;
     // Past the lease, no further pull request (see `UnitWorker::run`).
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
-        match puller.next_until(Some(deadline)).await {
+        // A batch at low load goes when its rows stop coming, not after the
+        // whole wait: that wait was most of a row's way to its sink.
+        let idle_until = Instant::now() + settings.batch_idle;
+        match puller.next_until(Some(deadline.min(idle_until))).await {
             Some(message) => {
                 bytes += message.payload.len();
                 batch.push(message);

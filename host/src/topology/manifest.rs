@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
 use async_nats::jetstream::{self, consumer, object_store, stream};
+use futures::StreamExt;
 use futures::future::join_all;
 use serde::Serialize;
 
@@ -47,6 +48,15 @@ pub enum TopologyError {
         .0.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n")
     )]
     Mismatch(Vec<Mismatch>),
+    #[error(
+        "the NATS server holds units of another topology, whose rows this config would never \
+         deliver. weir's default topology was 1 partition × 4 shards before it became 4 \
+         partitions × 1 shard: to keep a topology made with the old default, set `[stream] \
+         partitions = 1` and `shards = 4`; to change it, drain it first (docs/deployment.md, \
+         \"Changing the topology\"):\n{}",
+        .0.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n")
+    )]
+    OtherTopology(Vec<Mismatch>),
 }
 
 /// Every stream, consumer, KV bucket and object store of a topology.
@@ -73,6 +83,10 @@ pub struct ManifestFile {
 pub struct ConsumerManifest {
     pub stream: String,
     pub config: consumer::pull::Config,
+    /// A filter that selects the same rows as `config`'s: the one weir set
+    /// on a partition's only shard before it left such consumers unfiltered.
+    #[serde(skip)]
+    pub same_rows_filter: Option<String>,
 }
 
 impl Manifest {
@@ -139,12 +153,20 @@ impl Manifest {
             });
             for unit in units.iter().filter(|u| u.partition == partition) {
                 let durable = router.unit_consumer(*unit);
+                let sole_shard = router.shards() == 1;
                 manifest.consumers.push(ConsumerManifest {
                     stream: name.clone(),
+                    same_rows_filter: sole_shard.then(|| router.unit_filter(*unit)),
                     config: consumer::pull::Config {
                         durable_name: Some(durable.clone()),
                         name: Some(durable),
-                        filter_subject: router.unit_filter(*unit),
+                        // A partition's only shard takes all its rows: with
+                        // no filter the server skips matching each row.
+                        filter_subject: if sole_shard {
+                            String::new()
+                        } else {
+                            router.unit_filter(*unit)
+                        },
                         ack_policy: consumer::AckPolicy::Explicit,
                         ack_wait: delivery.ack_wait,
                         max_ack_pending: MAX_ACK_PENDING,
@@ -326,6 +348,12 @@ impl Manifest {
 
     /// Creates every stream and consumer, or updates it to this manifest.
     pub async fn create(&self, js: &jetstream::Context) -> Result<(), TopologyError> {
+        // Checked before anything changes: updating this topology's
+        // consumers next to another's would fail halfway.
+        let others = self.other_topologys_units(js).await;
+        if !others.is_empty() {
+            return Err(TopologyError::OtherTopology(others));
+        }
         for config in &self.streams {
             create_or_update_stream(js, config.clone()).await?;
         }
@@ -401,7 +429,7 @@ impl Manifest {
                 Err(err) => Err(err.to_string()),
             };
             match info {
-                Ok(info) => compare_consumer(&object, &wanted.config, &info.config, &mut found),
+                Ok(info) => compare_consumer(&object, wanted, &info.config, &mut found),
                 Err(err) => found.push(Mismatch::missing("consumer", &object, err)),
             }
             found
@@ -454,9 +482,60 @@ impl Manifest {
         });
         let mut found: Vec<Mismatch> = join_all(streams).await.into_iter().flatten().collect();
         found.extend(join_all(consumers).await.into_iter().flatten());
+        found.extend(self.other_topologys_units(js).await);
         found.extend(join_all(buckets).await.into_iter().flatten());
         found.extend(join_all(stores).await.into_iter().flatten());
         found
+    }
+}
+
+impl Manifest {
+    /// Unit consumers on this topology's partition streams that are not its
+    /// units: left by a topology with more shards (weir's old default was
+    /// 1 partition × 4 shards). Their rows would never be delivered, and a
+    /// work queue refuses this topology's consumers next to them.
+    async fn other_topologys_units(&self, js: &jetstream::Context) -> Vec<Mismatch> {
+        let mut streams: Vec<&str> = self.consumers.iter().map(|c| c.stream.as_str()).collect();
+        streams.dedup();
+        let lists = streams.into_iter().map(|stream| async move {
+            let Ok(handle) = js.get_stream(stream).await else {
+                return Vec::new(); // not there yet: nothing of another topology
+            };
+            // Listed with their info (`CONSUMER.LIST`, which a host's
+            // permissions allow for its backlog), not `CONSUMER.NAMES`.
+            let mut listed = handle.consumers();
+            let mut names = Vec::new();
+            while let Some(info) = listed.next().await {
+                match info {
+                    Ok(info) => names.push(info.name),
+                    Err(err) => {
+                        tracing::warn!(%stream, error = %err, "cannot list the stream's consumers: units of another topology, if any, go unseen");
+                        break;
+                    }
+                }
+            }
+            let unit_prefix = format!("{stream}_");
+            names
+                .into_iter()
+                .filter(|name| {
+                    name.strip_prefix(&unit_prefix)
+                        .is_some_and(|shard| shard.parse::<u32>().is_ok())
+                })
+                .filter(|name| {
+                    !self.consumers.iter().any(|wanted| {
+                        wanted.stream == stream && wanted.config.name.as_deref() == Some(name)
+                    })
+                })
+                .map(|name| Mismatch {
+                    severity: Severity::Required,
+                    object: format!("consumer {stream}/{name}"),
+                    field: "existence".into(),
+                    expected: "absent (not a unit of this topology)".into(),
+                    found: "present".into(),
+                })
+                .collect::<Vec<_>>()
+        });
+        join_all(lists).await.into_iter().flatten().collect()
     }
 }
 
@@ -684,11 +763,12 @@ fn compare_stream(wanted: &stream::Config, actual: &stream::Config, found: &mut 
 
 fn compare_consumer(
     object: &str,
-    wanted: &consumer::pull::Config,
+    manifest: &ConsumerManifest,
     actual: &consumer::Config,
     found: &mut Vec<Mismatch>,
 ) {
     use Severity::{Recommended, Required};
+    let wanted = &manifest.config;
     let object = format!("consumer {object}");
     let object = object.as_str();
     let actual_filters: Vec<&str> = if actual.filter_subjects.is_empty() {
@@ -696,9 +776,14 @@ fn compare_consumer(
     } else {
         actual.filter_subjects.iter().map(String::as_str).collect()
     };
+    // The same rows, only slower to match: weir runs, and says so.
+    let same_rows = manifest
+        .same_rows_filter
+        .as_deref()
+        .is_some_and(|filter| actual_filters == [filter]);
     check(
         found,
-        Required,
+        if same_rows { Recommended } else { Required },
         object,
         "filter_subject",
         vec![wanted.filter_subject.as_str()],
@@ -872,5 +957,36 @@ mod tests {
                 "stream weir_in_0: max_bytes expected 1000, found 5 (recommended)",
             ]
         );
+    }
+
+    #[test]
+    fn a_partitions_only_shard_is_unfiltered_and_its_old_filter_only_recommended_away() {
+        let config = Config::parse(Path::new("w.toml"), "", &Overrides::default()).unwrap();
+        let router = Router::new("weir", 4, 1);
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        let unit = &manifest.consumers[3];
+        assert_eq!(unit.config.filter_subject, "", "no filter to match per row");
+        let filtered = |filter: &str| {
+            let wanted = &unit.config;
+            let actual = consumer::Config {
+                filter_subject: filter.to_string(),
+                ack_policy: wanted.ack_policy,
+                max_deliver: wanted.max_deliver,
+                priority_policy: wanted.priority_policy.clone(),
+                priority_groups: wanted.priority_groups.clone(),
+                ack_wait: wanted.ack_wait,
+                max_ack_pending: wanted.max_ack_pending,
+                ..Default::default()
+            };
+            let mut found = Vec::new();
+            compare_consumer("weir_in_3/weir_in_3_0", unit, &actual, &mut found);
+            found
+        };
+        assert!(filtered("").is_empty());
+        let old = filtered("weir.in.3.0.>");
+        assert_eq!(old.len(), 1, "{old:?}");
+        assert_eq!(old[0].severity, Severity::Recommended, "the same rows");
+        let other = filtered("weir.in.3.1.>");
+        assert_eq!(other[0].severity, Severity::Required, "other rows");
     }
 }

@@ -73,6 +73,10 @@ impl Router {
         self.partitions
     }
 
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
     /// The unit that stores a table's rows (the default route).
     pub fn route(&self, tenant: &str, table: &str) -> Unit {
         let mut key = Vec::with_capacity(tenant.len() + table.len() + 1);
