@@ -999,12 +999,19 @@ async fn fill_batch(
     let mut batch = Vec::with_capacity(settings.batch_rows);
     batch.push(first);
     let deadline = Instant::now() + settings.batch_wait;
+    // Only an idle gap shorter than the wait can close a batch first; at
+    // the default (the whole wait) no clock is read per row.
+    let closes_when_idle = settings.batch_idle < settings.batch_wait;
     // Past the lease, no further pull request (see `UnitWorker::run`).
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
         // A batch at low load goes when its rows stop coming, not after the
         // whole wait: that wait was most of a row's way to its sink.
-        let idle_until = Instant::now() + settings.batch_idle;
-        match puller.next_until(Some(deadline.min(idle_until))).await {
+        let until = if closes_when_idle {
+            deadline.min(Instant::now() + settings.batch_idle)
+        } else {
+            deadline
+        };
+        match puller.next_until(Some(until)).await {
             Some(message) => {
                 bytes += message.payload.len();
                 batch.push(message);
