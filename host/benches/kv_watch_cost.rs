@@ -92,7 +92,7 @@ fn measure(runtime: &tokio::runtime::Runtime, mode: Mode, hosts: usize) -> anyho
         extra_config: String::new(),
         password: None,
     })
-    .context("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")?;
+    .context("nats-server >= 2.14 on PATH (bash .ci/setup installs it)")?;
     let figure = runtime.block_on(run(&server, mode, hosts));
     drop(server);
     figure

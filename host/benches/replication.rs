@@ -90,7 +90,7 @@ async fn start(replicas: usize, dir: &Path) -> Nats {
             start
                 .await
                 .expect("start task")
-                .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)"),
+                .expect("nats-server >= 2.14 on PATH (bash .ci/setup installs it)"),
         );
     }
     let seeds: Vec<String> = ports

@@ -224,7 +224,7 @@ impl RunningHost {
         };
         let front_door = FrontDoor::new(
             gate,
-            Publisher::new(client.clone(), router.clone()),
+            Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
             metrics.clone(),
             ledger,
             request_keys,

@@ -463,14 +463,15 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
 #[tokio::test(flavor = "multi_thread")]
 async fn r3_a_full_partition_refuses_rows_and_loses_none() {
     let _serial = SERIAL.lock().await;
-    // 256 KiB per partition: one flood request of 12 × 30 KB rows outgrows
-    // it whatever delivery does, so its partition is full while it is sent.
+    // 256 KiB per partition: one flood request of 8 × 30 KB rows nearly
+    // fills it, so the next is refused until delivery has made room (a
+    // request larger than the partition is a 413: it could never fit).
     let mut h = Harness::start("R3", 3, 3, "256KiB", false).await;
     let mut load = h.begin().await;
     let bulk = table_key(BULK.0, BULK.1);
     let full_partition = h.fleet.partition_of(&bulk);
     let flooded = Instant::now();
-    load.flood(h.fleet.front_doors.clone(), 12, 30_000);
+    load.flood(h.fleet.front_doors.clone(), 8, 30_000);
     let log = load.log.clone();
     let first = eventually(Duration::from_secs(30), "the partition is full", || {
         let refusal = log

@@ -137,7 +137,7 @@ impl NatsNodes {
             })
             .collect();
         for (node, start) in nats.nodes.iter_mut().zip(starts) {
-            node.server = Some(start.await.unwrap().expect("nats-server >= 2.11 starts"));
+            node.server = Some(start.await.unwrap().expect("nats-server >= 2.14 starts"));
         }
         nats.wait_healthy().await;
         nats

@@ -494,3 +494,157 @@ async fn many_large_requests_at_once_are_all_answered() {
         assert_eq!(answer.unwrap(), 202);
     }
 }
+
+/// A full partition refuses row k: no row after it is stored, so the
+/// producer's retry cannot store row k behind its own later rows. Rows with
+/// fresh ids go as a fast batch (the rows before k are stored), rows that
+/// may be stored already as atomic batches (all or nothing), and a batch
+/// that outgrows even an empty partition is a 413 with nothing stored. The
+/// publisher is driven directly against the partition stream weir creates,
+/// with no consumer, so the stream's fill is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
+    use async_nats::jetstream;
+    use bytes::Bytes;
+    use weir::config::Config;
+    use weir::ingest::policy::Placement;
+    use weir::ingest::publish::{Ids, PublishError, Publisher};
+    use weir::topology::manifest::Manifest;
+    use weir::topology::route::{Router, Unit};
+
+    let nats = Nats::start();
+    let config = base_config(nats.url(), "").replace(
+        "[stream]\ncreate = true",
+        "[stream]\ncreate = true\npartitions = 1\nmax_bytes = \"16KiB\"",
+    );
+    let config = Config::parse(
+        std::path::Path::new("weir.toml"),
+        &config,
+        &Default::default(),
+    )
+    .unwrap();
+    let router = Router::new(&config.stream.prefix, 1, 1);
+    let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    let partition = router.partition_stream(0);
+    js.create_stream(
+        manifest
+            .streams
+            .iter()
+            .find(|s| s.name == partition)
+            .unwrap()
+            .clone(),
+    )
+    .await
+    .unwrap();
+    let publisher = Publisher::new(client.clone(), router.clone(), config.stream.max_bytes);
+    let placement = Placement::Table(Unit {
+        partition: 0,
+        shard: 0,
+    });
+    let rows = |names: &[(&str, usize)]| -> Vec<(Bytes, Option<String>)> {
+        names
+            .iter()
+            .map(|(name, size)| {
+                let payload = format!("{name}:{}", "x".repeat(*size));
+                (Bytes::from(payload), Some(format!("id-{name}")))
+            })
+            .collect()
+    };
+    // What the partition holds, in stream order (a work-queue stream takes
+    // no second consumer: rows are read one sequence at a time).
+    let stored = || async {
+        let mut stream = js.get_stream(&partition).await.unwrap();
+        let state = stream.info().await.unwrap().state.clone();
+        let mut names = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            if let Ok(message) = stream.get_raw_message(sequence).await {
+                let text = String::from_utf8_lossy(&message.payload).to_string();
+                names.push(text.split(':').next().unwrap_or_default().to_string());
+            }
+        }
+        names
+    };
+    let publish = |rows, ids| publisher.publish("acme", "orders", &placement, rows, ids);
+
+    // 10 KB of the partition's 16 KiB.
+    let fill: Vec<(String, usize)> = (0..10).map(|i| (format!("f{i}"), 1000)).collect();
+    let fill: Vec<(&str, usize)> = fill.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    let published = publish(rows(&fill), Ids::Fresh).await.unwrap();
+    assert_eq!((published.stored, published.duplicates), (10, 0));
+
+    // b1 does not fit; b2, small, would.
+    let request = [("b0", 1000), ("b1", 5000), ("b2", 10)];
+    let refused = publish(rows(&request), Ids::Fresh).await;
+    assert!(
+        matches!(refused, Err(PublishError::StreamFull(_))),
+        "{refused:?}"
+    );
+    let mut expected: Vec<String> = fill.iter().map(|(n, _)| n.to_string()).collect();
+    expected.push("b0".into());
+    assert_eq!(
+        stored().await,
+        expected,
+        "a fast batch stores the rows before the refused one, and none after"
+    );
+
+    // The retry: b0 is stored already, b1 still does not fit.
+    let refused = publish(rows(&request), Ids::MaybeStored).await;
+    assert!(
+        matches!(refused, Err(PublishError::StreamFull(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        stored().await,
+        expected,
+        "a retry stored a row behind a refused one"
+    );
+
+    // Delivery makes room; the retry stores the rest, in order.
+    let stream = js.get_stream(&partition).await.unwrap();
+    for sequence in 1..=10 {
+        stream.delete_message(sequence).await.unwrap();
+    }
+    let published = publish(rows(&request), Ids::MaybeStored).await.unwrap();
+    assert_eq!((published.stored, published.duplicates), (3, 1));
+    assert_eq!(stored().await, ["b0", "b1", "b2"]);
+
+    // An atomic batch is stored whole or not at all: s0 would fit alone.
+    let refused = publish(rows(&[("s0", 5000), ("s1", 8000)]), Ids::MaybeStored).await;
+    assert!(
+        matches!(refused, Err(PublishError::StreamFull(_))),
+        "{refused:?}"
+    );
+    assert_eq!(stored().await, ["b0", "b1", "b2"]);
+
+    // Larger than the partition can ever hold: refused before a row is sent.
+    let huge: Vec<(String, usize)> = (0..20).map(|i| (format!("h{i}"), 1000)).collect();
+    let huge: Vec<(&str, usize)> = huge.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    for ids in [Ids::Fresh, Ids::MaybeStored] {
+        let refused = publish(rows(&huge), ids).await;
+        assert!(
+            matches!(
+                refused,
+                Err(PublishError::LargerThanPartition {
+                    first: 0,
+                    last: 19,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(stored().await, ["b0", "b1", "b2"]);
+
+    // No stream for the partition (it is electing a leader, or gone): a
+    // retryable 503, whichever way the rows go.
+    js.delete_stream(&partition).await.unwrap();
+    for ids in [Ids::Fresh, Ids::MaybeStored] {
+        let refused = publish(rows(&[("n0", 10), ("n1", 10)]), ids).await;
+        assert!(
+            matches!(refused, Err(PublishError::Unavailable(_))),
+            "{refused:?}"
+        );
+    }
+}

@@ -46,7 +46,7 @@ impl Nats {
             extra_config: extra_config.to_string(),
             password: None,
         })
-        .expect("nats-server >= 2.11 must be installed (bash .ci/setup does it)");
+        .expect("nats-server >= 2.14 must be installed (bash .ci/setup does it)");
         Nats { server, _dir: dir }
     }
 

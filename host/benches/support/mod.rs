@@ -248,7 +248,7 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::Embedded
     tokio::task::spawn_blocking(move || weir::nats::embedded::EmbeddedNats::start(&options))
         .await
         .expect("start task")
-        .expect("nats-server >= 2.11 on PATH (bash .ci/setup installs it)")
+        .expect("nats-server >= 2.14 on PATH (bash .ci/setup installs it)")
 }
 
 /// The tenant of every bench row, and its API key.

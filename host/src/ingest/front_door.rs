@@ -21,10 +21,10 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::Config;
-use crate::ingest::idempotency::{ClaimError, RequestKeys};
+use crate::ingest::idempotency::{Claim, ClaimError, RequestKeys};
 use crate::ingest::ndjson;
 use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
-use crate::ingest::publish::{PublishError, Published, Publisher};
+use crate::ingest::publish::{Ids, PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
 use crate::telemetry::{CodeLabels, Metrics};
@@ -391,8 +391,11 @@ async fn accept(
         });
     }
     let request_key = idempotency_key(headers)?;
+    // Rows with their own keys may be stored already whatever the request.
+    let mut fresh = rows.iter().all(|row| row.key.is_none());
     if let Some(key) = request_key {
-        door.request_keys
+        let claim = door
+            .request_keys
             .claim(tenant, table, key, &body)
             .await
             .map_err(|err| match err {
@@ -401,6 +404,7 @@ async fn accept(
                     Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
                 }
             })?;
+        fresh &= claim == Claim::First;
     }
     let ids = MessageIds::new(tenant, table, request_key);
     let mut numbers = Vec::with_capacity(rows.len());
@@ -437,7 +441,13 @@ async fn accept(
     }
     let mut published = door
         .publisher
-        .publish(tenant, table, &placement, to_publish)
+        .publish(
+            tenant,
+            table,
+            &placement,
+            to_publish,
+            if fresh { Ids::Fresh } else { Ids::MaybeStored },
+        )
         .await
         .map_err(|err| match err {
             PublishError::Unavailable(_) | PublishError::StreamFull(_) => {
@@ -447,6 +457,26 @@ async fn accept(
                 line: numbers.get(index).copied(),
                 ..Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, err.to_string())
             },
+            PublishError::LargerThanPartition {
+                first,
+                last,
+                partition,
+                bytes,
+                max_bytes,
+            } => {
+                let line = |index: usize| numbers.get(index).copied().unwrap_or(index + 1);
+                Refusal {
+                    line: Some(line(first)),
+                    ..Refusal::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "lines {}..={} go to partition {partition} as one atomic batch of about {bytes} bytes, more than it holds (max_bytes {max_bytes}); nothing was stored: send smaller requests",
+                            line(first),
+                            line(last)
+                        ),
+                    )
+                }
+            }
             PublishError::Other(_) => {
                 Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
             }

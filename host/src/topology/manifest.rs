@@ -147,6 +147,10 @@ impl Manifest {
                 // unlimited is asked for: weir says how many it needs.
                 max_consumers: i32::try_from(units.len()).unwrap_or(i32::MAX).max(1) * 2,
                 duplicate_window: streams.duplicate_window,
+                // The front door stores a request's rows as fast batches,
+                // or atomic ones where some may be stored already.
+                allow_atomic_publish: true,
+                allow_batch_publish: true,
                 description: Some(format!("weir rows of partition {partition}")),
                 num_replicas: replicas,
                 ..Default::default()
@@ -218,6 +222,9 @@ impl Manifest {
                     "maxConsumers": if stream.max_consumers == 0 { -1 } else { stream.max_consumers },
                     "duplicateWindow": duration(stream.duplicate_window),
                     "replicas": stream.num_replicas.max(1),
+                    // nack's Stream has no `allow_batched` (fast batch) yet:
+                    // docs/deployment.md says how to set it.
+                    "allowAtomicPublish": stream.allow_atomic_publish,
                 }
             }));
         }
@@ -720,6 +727,28 @@ fn compare_stream(wanted: &stream::Config, actual: &stream::Config, found: &mut 
         wanted.discard,
         actual.discard,
     );
+    // Without them every multi-row request is refused (an older
+    // nats-server does not have them and reports false).
+    if wanted.allow_atomic_publish {
+        check(
+            found,
+            Required,
+            object,
+            "allow_atomic (atomic batch publish, nats-server 2.12+)",
+            true,
+            actual.allow_atomic_publish,
+        );
+    }
+    if wanted.allow_batch_publish {
+        check(
+            found,
+            Required,
+            object,
+            "allow_batched (fast batch publish, nats-server 2.14+)",
+            true,
+            actual.allow_batch_publish,
+        );
+    }
     check(
         found,
         Recommended,
