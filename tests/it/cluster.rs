@@ -383,13 +383,8 @@ async fn host_faults(h: &mut Harness) {
     host_partitioned(h, Duration::from_secs(8)).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn r3_a_host_killed_stopped_frozen_partitioned_added_and_removed_under_load() {
-    let _serial = SERIAL.lock().await;
-    let mut h = Harness::start("R3", 3, 3, "64MiB", true).await;
-    host_faults(&mut h).await;
-
-    // A fourth host joins by handover, then the first leaves by SIGTERM.
+/// A fourth host joins by handover, then the first leaves by SIGTERM.
+async fn host_added_and_removed(h: &mut Harness) {
     let load = h.begin().await;
     let joined = Instant::now();
     h.fleet.spawn();
@@ -403,6 +398,14 @@ async fn r3_a_host_killed_stopped_frozen_partitioned_added_and_removed_under_loa
     let recovery = format!("join settled {}, leave {}", secs(join), secs(leave));
     h.finish(load, "add a host, remove one", &recovery, CLEAN)
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn r3_a_host_killed_stopped_frozen_partitioned_added_and_removed_under_load() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start("R3", 3, 3, "64MiB", true).await;
+    host_faults(&mut h).await;
+    host_added_and_removed(&mut h).await;
     h.stop().await;
 }
 
@@ -463,10 +466,19 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
 #[tokio::test(flavor = "multi_thread")]
 async fn r3_a_full_partition_refuses_rows_and_loses_none() {
     let _serial = SERIAL.lock().await;
+    full_partition(Harness::start("R3", 3, 3, "256KiB", false).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn r1_a_full_partition_refuses_rows_and_loses_none() {
+    let _serial = SERIAL.lock().await;
+    full_partition(Harness::start("R1", 1, 1, "256KiB", false).await).await;
+}
+
+async fn full_partition(mut h: Harness) {
     // 256 KiB per partition: one flood request of 8 × 30 KB rows nearly
     // fills it, so the next is refused until delivery has made room (a
     // request larger than the partition is a 413: it could never fit).
-    let mut h = Harness::start("R3", 3, 3, "256KiB", false).await;
     let mut load = h.begin().await;
     let bulk = table_key(BULK.0, BULK.1);
     let full_partition = h.fleet.partition_of(&bulk);
@@ -544,6 +556,7 @@ async fn r1_the_same_faults_on_one_server() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start("R1", 1, 1, "64MiB", true).await;
     host_faults(&mut h).await;
+    host_added_and_removed(&mut h).await;
 
     // The only server dies and comes back: what R3 is for.
     let load = h.begin().await;
