@@ -11,7 +11,7 @@
 //! so each row's "already stored" is known.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use async_nats::jetstream::{
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
-use tokio::sync::{OnceCell, Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::ingest::policy::Placement;
 use crate::ingest::usage::Accept;
@@ -121,7 +121,7 @@ struct Batches {
     /// Open atomic batches per partition stream, by partition.
     open: Vec<Semaphore>,
     /// Where the server's fast-batch replies arrive, set up on first use.
-    fast_replies: OnceCell<Arc<FastReplies>>,
+    fast_replies: tokio::sync::Mutex<Option<Arc<FastReplies>>>,
 }
 
 impl Publisher {
@@ -137,7 +137,7 @@ impl Publisher {
             open: (0..router.partitions())
                 .map(|_| Semaphore::new(BATCHES_PER_STREAM))
                 .collect(),
-            fast_replies: OnceCell::new(),
+            fast_replies: tokio::sync::Mutex::new(None),
         });
         Publisher {
             client,
@@ -430,11 +430,7 @@ impl Publisher {
     /// and ends the batch there, so what it stored is a prefix. Returns the
     /// stream sequence of the last row.
     async fn publish_fast(&self, unit_rows: &UnitRows) -> Result<u64, PublishError> {
-        let replies = self
-            .batches
-            .fast_replies
-            .get_or_try_init(|| FastReplies::subscribe(&self.client))
-            .await?;
+        let replies = self.fast_replies().await?;
         let id = format!(
             "{}x{}",
             self.batches.id_prefix,
@@ -494,11 +490,28 @@ impl Publisher {
     }
 }
 
+impl Publisher {
+    /// The reply subscription, made on first use and again if it ended.
+    async fn fast_replies(&self) -> Result<Arc<FastReplies>, PublishError> {
+        let mut current = self.batches.fast_replies.lock().await;
+        if let Some(replies) = current.as_ref()
+            && replies.routing.load(Ordering::Relaxed)
+        {
+            return Ok(replies.clone());
+        }
+        let replies = FastReplies::subscribe(&self.client).await?;
+        *current = Some(replies.clone());
+        Ok(replies)
+    }
+}
+
 /// Replies to this host's fast batches: one subscription for all of them,
 /// handed to each batch by the id in the reply subject.
 struct FastReplies {
     prefix: String,
     waiting: Mutex<HashMap<String, mpsc::UnboundedSender<async_nats::Message>>>,
+    /// False once the subscription ended (the client closed it).
+    routing: AtomicBool,
 }
 
 impl FastReplies {
@@ -511,6 +524,7 @@ impl FastReplies {
         let replies = Arc::new(FastReplies {
             prefix,
             waiting: Mutex::new(HashMap::new()),
+            routing: AtomicBool::new(true),
         });
         let routed = replies.clone();
         tokio::spawn(async move {
@@ -529,6 +543,13 @@ impl FastReplies {
                     let _ = batch.send(message);
                 }
             }
+            routed.routing.store(false, Ordering::Relaxed);
+            // Batches still waiting hear that their replies will not come.
+            routed
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         });
         Ok(replies)
     }
