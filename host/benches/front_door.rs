@@ -17,6 +17,10 @@
 //!    every offered row delivered; the throughput run's backlog is
 //!    delivered before the first scrape).
 //!
+//! 3. Keyed requests: `KEYED_REQUESTS` requests with new `Idempotency-Key`s
+//!    (rows/s), then the same again with every row stored already, as a
+//!    retry after a lost answer is (rows/s; each duplicate counted).
+//!
 //! The host delivers while it ingests (pass-through transform, null sink),
 //! as in production. Every request must be answered 202 and the host must
 //! count every row accepted, or the bench fails: a fast wrong answer is not
@@ -40,6 +44,8 @@ use support::{TENANT, Table, env_count, post, print_figure, publish_pipelined, w
 const BENCH: &str = "front_door";
 const ROWS_PER_REQUEST: usize = 1000;
 const CLIENTS: usize = 4;
+/// Requests of the keyed runs (new keys, then the same again).
+const KEYED_REQUESTS: usize = 40;
 const TABLE: &str = "events";
 /// Longest wait for the host to claim its units, or to drain the raw rows
 /// before the front door runs.
@@ -205,6 +211,19 @@ async fn run(rows: usize, latency_window: Duration) {
     );
     let ack_p50 = bucket_quantile(&before, &after, 0.50) * 1000.0;
     let ack_p99 = bucket_quantile(&before, &after, 0.99) * 1000.0;
+
+    // Requests with an Idempotency-Key: new keys (a fast batch, as above),
+    // then the same requests again, every row stored already (a retry after
+    // a lost answer: an atomic batch refused as holding duplicates, then one
+    // row at a time so each duplicate is counted).
+    let keyed = &bodies[..bodies.len().min(KEYED_REQUESTS)];
+    let keyed_rows = keyed.len() * ROWS_PER_REQUEST;
+    let new_keys_rows_per_sec =
+        keyed_rows as f64 / post_keyed_all(&http, &url, keyed, 0).await.as_secs_f64();
+    let retried_rows_per_sec = keyed_rows as f64
+        / post_keyed_all(&http, &url, keyed, ROWS_PER_REQUEST)
+            .await
+            .as_secs_f64();
     host.shutdown().await;
     drop(server);
 
@@ -230,6 +249,12 @@ async fn run(rows: usize, latency_window: Duration) {
     print_figure(BENCH, "latency_p99_ms", p99);
     print_figure(BENCH, "accept_to_ack_p50_ms", ack_p50);
     print_figure(BENCH, "accept_to_ack_p99_ms", ack_p99);
+    print_figure(BENCH, "weir_new_keys_rows_per_sec", new_keys_rows_per_sec);
+    print_figure(
+        BENCH,
+        "weir_retry_of_stored_rows_per_sec",
+        retried_rows_per_sec,
+    );
     let mut table = Table::new(&["figure", "measured", "target"]);
     table.push(vec![
         "raw pipelined publish, no consumer".into(),
@@ -263,7 +288,63 @@ async fn run(rows: usize, latency_window: Duration) {
         format!("p50 {ack_p50:.1} ms, p99 {ack_p99:.1} ms"),
         "(stored → delivered and acked)".into(),
     ]);
+    table.push(vec![
+        format!("{} requests with new Idempotency-Keys", keyed.len()),
+        format!("{new_keys_rows_per_sec:.0} rows/s"),
+        "(a fast batch per request)".into(),
+    ]);
+    table.push(vec![
+        "the same requests again (all stored)".into(),
+        format!("{retried_rows_per_sec:.0} rows/s"),
+        "(one row at a time: exact duplicates)".into(),
+    ]);
     table.print();
+}
+
+/// Posts `bodies` with keys `bench-<index>` from `CLIENTS` clients; every
+/// answer must be a 202 with `duplicates` rows already stored. How long it took.
+async fn post_keyed_all(
+    http: &reqwest::Client,
+    url: &str,
+    bodies: &[Bytes],
+    duplicates: usize,
+) -> Duration {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bodies = Arc::new(bodies.to_vec());
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (http, url, bodies, next) =
+                (http.clone(), url.to_string(), bodies.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(body) = bodies.get(index) else {
+                        return;
+                    };
+                    let response = http
+                        .post(&url)
+                        .bearer_auth(support::API_KEY)
+                        .header("Idempotency-Key", format!("bench-{index}"))
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .expect("the front door answers");
+                    assert_eq!(response.status(), 202, "a keyed request is accepted");
+                    let answer: serde_json::Value = response.json().await.expect("a JSON answer");
+                    assert_eq!(
+                        answer["duplicates"].as_u64(),
+                        Some(duplicates as u64),
+                        "{answer}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.expect("a client finished");
+    }
+    started.elapsed()
 }
 
 /// The cumulative buckets `(le, count)` of `weir_accept_to_ack_seconds`,
