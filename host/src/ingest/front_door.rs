@@ -405,6 +405,14 @@ async fn accept(
                 }
             })?;
         fresh &= claim == Claim::First;
+        // A retry after a lost answer: every row is stored already.
+        if claim == Claim::Stored {
+            return Ok(Published {
+                stored: rows.len(),
+                duplicates: rows.len(),
+                accepts: Vec::new(),
+            });
+        }
     }
     let ids = MessageIds::new(tenant, table, request_key);
     let mut numbers = Vec::with_capacity(rows.len());
@@ -485,6 +493,12 @@ async fn accept(
         .rows_accepted
         .inc_by((published.stored - published.duplicates) as u64);
     door.ledger.accepted(std::mem::take(&mut published.accepts));
+    if let Some(key) = request_key {
+        // Off the answer's path: without the record a retry publishes again.
+        let keys = door.request_keys.clone();
+        let (tenant, table, key) = (tenant.to_string(), table.to_string(), key.to_string());
+        tokio::spawn(async move { keys.stored(&tenant, &table, &key, &body).await });
+    }
     Ok(published)
 }
 

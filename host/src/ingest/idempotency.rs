@@ -2,7 +2,9 @@
 //! its body's digest fleet-wide (a coordination-bucket key that expires
 //! with the stream's duplicate window); a retry with the same body goes
 //! through (JetStream drops what it already stored), a different body
-//! under the same key is refused rather than silently dropped.
+//! under the same key is refused rather than silently dropped. Once every
+//! row of the body is stored the record says so, and a retry then (the
+//! answer was lost) is answered from it without a publish.
 
 use std::time::Duration;
 
@@ -13,6 +15,8 @@ use crate::nats::kv::{KvError, KvWrite, NatsKv};
 
 /// Prefix of the keys in the coordination bucket.
 const PREFIX: &str = "idem.";
+/// Before the digest in a record whose rows are all stored.
+const STORED: &str = "stored:";
 
 /// Why a request's key could not be claimed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +37,8 @@ pub enum Claim {
     /// The key is bound to this body already (a retry), or its record
     /// expired meanwhile: some of its rows may be stored.
     Again,
+    /// Every row of this body under this key is stored: nothing to publish.
+    Stored,
 }
 
 /// The fleet's record of request keys.
@@ -57,7 +63,7 @@ impl RequestKeys {
         key: &str,
         body: &[u8],
     ) -> Result<Claim, ClaimError> {
-        let name = format!("{PREFIX}{}", hex(&scope_digest(tenant, table, key)));
+        let name = record_name(tenant, table, key);
         let digest = Bytes::from(hex(&Sha256::digest(body)));
         match self
             .kv
@@ -70,18 +76,49 @@ impl RequestKeys {
         {
             Ok(_) => Ok(Claim::First),
             Err(KvError::AlreadyExists { .. }) => match self.kv.entry(&name).await? {
-                Some(entry) if !entry.value.is_empty() && entry.value != digest => {
-                    Err(ClaimError::Reused {
-                        key: key.to_string(),
-                        window: self.window,
-                    })
+                Some(entry) if entry.value.is_empty() => Ok(Claim::Again),
+                Some(entry) => {
+                    let (stored, recorded) = match entry.value.strip_prefix(STORED.as_bytes()) {
+                        Some(digest) => (true, digest),
+                        None => (false, &entry.value[..]),
+                    };
+                    if recorded != digest {
+                        Err(ClaimError::Reused {
+                            key: key.to_string(),
+                            window: self.window,
+                        })
+                    } else if stored {
+                        Ok(Claim::Stored)
+                    } else {
+                        Ok(Claim::Again)
+                    }
                 }
-                // The same body (a retry), or the record expired meanwhile.
-                _ => Ok(Claim::Again),
+                // The record expired meanwhile.
+                None => Ok(Claim::Again),
             },
             Err(err) => Err(err.into()),
         }
     }
+}
+
+impl RequestKeys {
+    /// Records that every row of `body` under `key` is stored. Best effort:
+    /// without the record a retry publishes again, and stores nothing twice.
+    pub async fn stored(&self, tenant: &str, table: &str, key: &str, body: &[u8]) {
+        let name = record_name(tenant, table, key);
+        let value = Bytes::from(format!("{STORED}{}", hex(&Sha256::digest(body))));
+        if let Err(err) = self
+            .kv
+            .put_with_ttl(&name, value, self.window.max(Duration::from_secs(1)))
+            .await
+        {
+            tracing::debug!(error = %err, "cannot record a request's rows as stored");
+        }
+    }
+}
+
+fn record_name(tenant: &str, table: &str, key: &str) -> String {
+    format!("{PREFIX}{}", hex(&scope_digest(tenant, table, key)))
 }
 
 /// Tenant, table and key, unambiguously: each is length-prefixed.
