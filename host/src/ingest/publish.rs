@@ -488,9 +488,7 @@ impl Publisher {
             .unwrap_or_else(|| format!("the stream stored {stored} of {total} rows"));
         Err(classify_reason(&reason))
     }
-}
 
-impl Publisher {
     /// The reply subscription, made on first use and again if it ended.
     async fn fast_replies(&self) -> Result<Arc<FastReplies>, PublishError> {
         let mut current = self.batches.fast_replies.lock().await;
