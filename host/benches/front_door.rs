@@ -134,27 +134,15 @@ async fn run(rows: usize, latency_window: Duration) {
     let http = reqwest::Client::new();
 
     // Throughput: clients take the next body until none is left.
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let (http, url, bodies, next) =
-                (http.clone(), url.clone(), bodies.clone(), next.clone());
-            tokio::spawn(async move {
-                loop {
-                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(body) = bodies.get(index) else {
-                        return;
-                    };
-                    post(&http, &url, body.clone()).await;
-                }
-            })
-        })
-        .collect();
-    for client in clients {
-        client.await.expect("a client finished");
-    }
-    let weir_rows_per_sec = rows as f64 / started.elapsed().as_secs_f64();
+    let took = run_clients(bodies.clone(), {
+        let (http, url) = (http.clone(), url.clone());
+        move |_, body| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { post(&http, &url, body).await }
+        }
+    })
+    .await;
+    let weir_rows_per_sec = rows as f64 / took.as_secs_f64();
     let accepted = host.status().rows().accepted;
     assert_eq!(accepted, rows as u64, "the host accepted every row sent");
     // The throughput run's rows delivered first: their acks would count in
@@ -300,42 +288,57 @@ async fn run(rows: usize, latency_window: Duration) {
     table.print();
 }
 
-/// Posts `bodies` with keys `bench-<index>` from `CLIENTS` clients; every
-/// answer must be a 202 with `duplicates` rows already stored. How long it took.
+/// Posts `bodies` with keys `bench-<index>`; every answer must be a 202
+/// with `duplicates` rows already stored. How long it took.
 async fn post_keyed_all(
     http: &reqwest::Client,
     url: &str,
     bodies: &[Bytes],
     duplicates: usize,
 ) -> Duration {
+    let (http, url) = (http.clone(), url.to_string());
+    run_clients(Arc::new(bodies.to_vec()), move |index, body| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let response = http
+                .post(&url)
+                .bearer_auth(support::API_KEY)
+                .header("Idempotency-Key", format!("bench-{index}"))
+                .body(body)
+                .send()
+                .await
+                .expect("the front door answers");
+            assert_eq!(response.status(), 202, "a keyed request is accepted");
+            let answer: serde_json::Value = response.json().await.expect("a JSON answer");
+            assert_eq!(
+                answer["duplicates"].as_u64(),
+                Some(duplicates as u64),
+                "{answer}"
+            );
+        }
+    })
+    .await
+}
+
+/// `CLIENTS` clients, each taking the next of `bodies` (with its index)
+/// until none is left; how long they took.
+async fn run_clients<F, Fut>(bodies: Arc<Vec<Bytes>>, send: F) -> Duration
+where
+    F: Fn(usize, Bytes) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let bodies = Arc::new(bodies.to_vec());
     let started = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
-            let (http, url, bodies, next) =
-                (http.clone(), url.to_string(), bodies.clone(), next.clone());
+            let (bodies, next, send) = (bodies.clone(), next.clone(), send.clone());
             tokio::spawn(async move {
                 loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(body) = bodies.get(index) else {
                         return;
                     };
-                    let response = http
-                        .post(&url)
-                        .bearer_auth(support::API_KEY)
-                        .header("Idempotency-Key", format!("bench-{index}"))
-                        .body(body.clone())
-                        .send()
-                        .await
-                        .expect("the front door answers");
-                    assert_eq!(response.status(), 202, "a keyed request is accepted");
-                    let answer: serde_json::Value = response.json().await.expect("a JSON answer");
-                    assert_eq!(
-                        answer["duplicates"].as_u64(),
-                        Some(duplicates as u64),
-                        "{answer}"
-                    );
+                    send(index, body.clone()).await;
                 }
             })
         })
