@@ -1,0 +1,334 @@
+//! One scope's state: the entries of (plugin, tenant, table) and the stream
+//! sequences of the rows whose effects they hold.
+//!
+//! A scope is one KV value, so a batch's writes to it land at once or not
+//! at all. The applied sequences let a row redelivered after its state was
+//! written (the host died before its ack) be acked without being counted
+//! again; sequences at or below the unit consumer's ack floor are never
+//! redelivered, so they are dropped.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// First byte of an encoded scope: the format's version.
+const FORMAT: u8 = 1;
+
+/// Why a scope's value cannot be read, or a write is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    #[error("the stored state is not in a format this host reads: {0}")]
+    Corrupt(&'static str),
+    #[error("the state holds at most {max_keys} keys")]
+    TooManyKeys { max_keys: usize },
+    #[error("the state holds at most {max_bytes} bytes of keys and values")]
+    TooManyBytes { max_bytes: usize },
+}
+
+/// What a plugin's grant allows one scope to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_keys: usize,
+    /// Keys and values together.
+    pub max_bytes: usize,
+}
+
+/// A scope as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    applied: BTreeSet<u64>,
+}
+
+impl Scope {
+    /// Whether the row at `sequence` already counted in this state.
+    pub fn applied(&self, sequence: u64) -> bool {
+        self.applied.contains(&sequence)
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.entries.get(key).map(Vec::as_slice)
+    }
+
+    /// Bytes of keys and values, what `max_bytes` limits.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    pub fn keys(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// `FORMAT`, then the entries and the applied sequences, each list
+    /// counted: lengths and counts as little-endian u32, sequences as u64.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 8 + self.bytes() + 8 * self.entries.len());
+        out.push(FORMAT);
+        put_u32(&mut out, self.entries.len());
+        for (key, value) in &self.entries {
+            put_u32(&mut out, key.len());
+            out.extend_from_slice(key);
+            put_u32(&mut out, value.len());
+            out.extend_from_slice(value);
+        }
+        put_u32(&mut out, self.applied.len());
+        for sequence in &self.applied {
+            out.extend_from_slice(&sequence.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads what [`Scope::encode`] wrote; anything else is an error, never
+    /// a panic (the value comes from NATS).
+    pub fn decode(bytes: &[u8]) -> Result<Scope, StateError> {
+        let mut reader = Reader { bytes };
+        if reader.take(1)? != [FORMAT] {
+            return Err(StateError::Corrupt("unknown format version"));
+        }
+        let mut scope = Scope::default();
+        for _ in 0..reader.u32()? {
+            let key = reader.chunk()?.to_vec();
+            let value = reader.chunk()?.to_vec();
+            scope.entries.insert(key, value);
+        }
+        for _ in 0..reader.u32()? {
+            let mut sequence = [0; 8];
+            sequence.copy_from_slice(reader.take(8)?);
+            scope.applied.insert(u64::from_le_bytes(sequence));
+        }
+        if !reader.bytes.is_empty() {
+            return Err(StateError::Corrupt("bytes after the end"));
+        }
+        Ok(scope)
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, value: usize) {
+    out.extend_from_slice(&u32::try_from(value).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], StateError> {
+        if self.bytes.len() < count {
+            return Err(StateError::Corrupt("cut short"));
+        }
+        let (taken, rest) = self.bytes.split_at(count);
+        self.bytes = rest;
+        Ok(taken)
+    }
+
+    fn u32(&mut self) -> Result<usize, StateError> {
+        let mut number = [0; 4];
+        number.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(number) as usize)
+    }
+
+    fn chunk(&mut self) -> Result<&'a [u8], StateError> {
+        let length = self.u32()?;
+        self.take(length)
+    }
+}
+
+/// A batch's view of a scope: reads see the batch's own writes, writes are
+/// kept until the batch's rows are all done, limits are checked on write.
+#[derive(Debug)]
+pub struct Overlay<'a> {
+    base: &'a Scope,
+    limits: Limits,
+    /// `None`: deleted in this batch.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    keys: usize,
+    bytes: usize,
+}
+
+impl<'a> Overlay<'a> {
+    pub fn new(base: &'a Scope, limits: Limits) -> Overlay<'a> {
+        Overlay {
+            base,
+            limits,
+            writes: BTreeMap::new(),
+            keys: base.keys(),
+            bytes: base.bytes(),
+        }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        match self.writes.get(key) {
+            Some(written) => written.as_deref(),
+            None => self.base.get(key),
+        }
+    }
+
+    /// Sets `key`, unless the scope would pass its limits (then nothing changes).
+    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        let old = self.get(key).map(|v| key.len() + v.len());
+        let keys = self.keys + usize::from(old.is_none());
+        let bytes = self.bytes - old.unwrap_or(0) + key.len() + value.len();
+        if keys > self.limits.max_keys {
+            return Err(StateError::TooManyKeys {
+                max_keys: self.limits.max_keys,
+            });
+        }
+        if bytes > self.limits.max_bytes {
+            return Err(StateError::TooManyBytes {
+                max_bytes: self.limits.max_bytes,
+            });
+        }
+        self.keys = keys;
+        self.bytes = bytes;
+        self.writes.insert(key.to_vec(), Some(value.to_vec()));
+        Ok(())
+    }
+
+    pub fn delete(&mut self, key: &[u8]) {
+        if let Some(old) = self.get(key).map(|v| key.len() + v.len()) {
+            self.keys -= 1;
+            self.bytes -= old;
+            self.writes.insert(key.to_vec(), None);
+        }
+    }
+
+    /// Entries whose key starts with `prefix`, in key order.
+    pub fn list(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut merged: BTreeMap<&[u8], &[u8]> = self
+            .base
+            .entries
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(key, value)| (key.as_slice(), value.as_slice()))
+            .collect();
+        for (key, written) in self
+            .writes
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+        {
+            match written {
+                Some(value) => merged.insert(key, value),
+                None => merged.remove(key.as_slice()),
+            };
+        }
+        merged
+            .into_iter()
+            .map(|(key, value)| (key.to_vec(), value.to_vec()))
+            .collect()
+    }
+
+    /// Whether the batch wrote anything.
+    pub fn changed(&self) -> bool {
+        !self.writes.is_empty()
+    }
+
+    /// The scope to store once the batch's rows of this scope are all done:
+    /// the writes applied, `sequences` (those rows) added to the applied
+    /// set, and every sequence at or below `ack_floor` dropped from it.
+    pub fn commit(self, sequences: impl IntoIterator<Item = u64>, ack_floor: u64) -> Scope {
+        let mut scope = self.base.clone();
+        for (key, written) in self.writes {
+            match written {
+                Some(value) => scope.entries.insert(key, value),
+                None => scope.entries.remove(&key),
+            };
+        }
+        scope.applied.extend(sequences);
+        scope.applied = scope.applied.split_off(&(ack_floor + 1));
+        scope
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_keys: 3,
+        max_bytes: 20,
+    };
+
+    #[test]
+    fn a_batch_sees_its_own_writes_and_the_store_sees_them_only_at_commit() {
+        let base = Scope::default();
+        let mut overlay = Overlay::new(&base, LIMITS);
+        overlay.set(b"count", b"1").unwrap();
+        overlay.set(b"count", b"2").unwrap();
+        overlay.set(b"sum", b"10").unwrap();
+        assert_eq!(overlay.get(b"count"), Some(&b"2"[..]));
+        assert_eq!(base.get(b"count"), None);
+        let scope = overlay.commit([7, 9], 0);
+        assert_eq!(scope.get(b"count"), Some(&b"2"[..]));
+        assert!(scope.applied(7) && scope.applied(9) && !scope.applied(8));
+    }
+
+    #[test]
+    fn deletes_and_lists_merge_the_batch_over_the_stored_state() {
+        let mut base = Scope::default();
+        base.entries.insert(b"w1.a".to_vec(), b"1".to_vec());
+        base.entries.insert(b"w1.b".to_vec(), b"2".to_vec());
+        base.entries.insert(b"w2.a".to_vec(), b"3".to_vec());
+        let mut overlay = Overlay::new(&base, LIMITS);
+        overlay.delete(b"w1.a");
+        overlay.set(b"w1.c", b"4").unwrap();
+        assert_eq!(
+            overlay.list(b"w1."),
+            vec![
+                (b"w1.b".to_vec(), b"2".to_vec()),
+                (b"w1.c".to_vec(), b"4".to_vec())
+            ]
+        );
+        let scope = overlay.commit([], 0);
+        assert_eq!((scope.keys(), scope.get(b"w1.a")), (3, None));
+    }
+
+    #[test]
+    fn limits_refuse_a_write_and_leave_the_state_as_it_was() {
+        let base = Scope::default();
+        let mut overlay = Overlay::new(&base, LIMITS);
+        for key in [b"a", b"b", b"c"] {
+            overlay.set(key, b"x").unwrap();
+        }
+        assert_eq!(
+            overlay.set(b"d", b"x"),
+            Err(StateError::TooManyKeys { max_keys: 3 })
+        );
+        // Rewriting a key adds no key; its old bytes are given back.
+        overlay.set(b"a", b"0123456789").unwrap();
+        assert_eq!(
+            overlay.set(b"b", b"0123456789"),
+            Err(StateError::TooManyBytes { max_bytes: 20 })
+        );
+        overlay.delete(b"c");
+        overlay.set(b"b", b"0123456").unwrap();
+        assert_eq!(
+            (overlay.get(b"b"), overlay.get(b"d")),
+            (Some(&b"0123456"[..]), None)
+        );
+    }
+
+    #[test]
+    fn the_ack_floor_prunes_applied_sequences() {
+        let scope = Overlay::new(&Scope::default(), LIMITS).commit([3, 5, 8], 0);
+        let scope = Overlay::new(&scope, LIMITS).commit([9], 5);
+        assert!(!scope.applied(3) && !scope.applied(5));
+        assert!(scope.applied(8) && scope.applied(9));
+    }
+
+    #[test]
+    fn a_scope_round_trips_and_garbage_is_an_error_not_a_panic() {
+        let empty = Scope::default();
+        let mut overlay = Overlay::new(&empty, LIMITS);
+        overlay.set(b"k", b"v").unwrap();
+        let scope = overlay.commit([1, 2], 0);
+        assert_eq!(Scope::decode(&scope.encode()), Ok(scope.clone()));
+        let encoded = scope.encode();
+        for cut in 0..encoded.len() {
+            assert!(Scope::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = encoded.clone();
+        longer.push(0);
+        assert!(Scope::decode(&longer).is_err());
+        assert!(Scope::decode(&[2, 0, 0, 0, 0]).is_err());
+        // A count far past the bytes there are ends at the bytes.
+        assert!(Scope::decode(&[1, 255, 255, 255, 255]).is_err());
+    }
+}
