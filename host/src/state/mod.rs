@@ -6,3 +6,4 @@
 //! step build on it.
 
 pub mod scope;
+pub mod store;

@@ -1,0 +1,177 @@
+//! Scopes in the state bucket: `<tenant>.<plugin>.<table>` (each token
+//! encoded to KV's alphabet, tenant first so a tenant's state is one
+//! prefix), read once by a unit's owner and written by compare-and-set, so
+//! a host that lost the unit cannot overwrite its new owner's state.
+
+use bytes::Bytes;
+
+use crate::nats::kv::{KvError, KvWrite};
+use crate::state::scope::{Scope, StateError};
+
+/// Why a scope could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else wrote the scope since it was read: the unit has
+    /// another owner. Nothing of the batch may be acked.
+    #[error("the state of `{key}` was written by another host")]
+    Fenced { key: String },
+    #[error("the state of `{key}` is unreadable: {source}")]
+    Corrupt { key: String, source: StateError },
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}
+
+/// A scope as read, with the revision a write must still find.
+#[derive(Debug, Clone, Default)]
+pub struct Stored {
+    pub scope: Scope,
+    /// `None`: the bucket never held the key.
+    pub revision: Option<u64>,
+}
+
+/// The bucket key of one plugin's state of one tenant's table.
+pub fn scope_key(tenant: &str, plugin: &str, table: &str) -> String {
+    format!(
+        "{}.{}.{}",
+        kv_token(tenant),
+        kv_token(plugin),
+        kv_token(table)
+    )
+}
+
+/// The prefix of every key of `tenant`, for `weir state purge`.
+pub fn tenant_prefix(tenant: &str) -> String {
+    format!("{}.", kv_token(tenant))
+}
+
+/// Any name as one KV key token, reversibly: letters, digits, `_` and `-`
+/// stay, every other byte becomes `=XX` (`=` is in KV's alphabet, `~` of
+/// subject tokens is not).
+fn kv_token(name: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let mut token = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if plain(byte) {
+            token.push(byte as char);
+        } else {
+            token.push_str(&format!("={byte:02X}"));
+        }
+    }
+    if token.is_empty() {
+        // An empty name still needs a token; `=` alone is no escape.
+        token.push('=');
+    }
+    token
+}
+
+/// Reads and writes scopes in a KV bucket.
+#[derive(Clone)]
+pub struct StateStore<K> {
+    kv: K,
+}
+
+impl<K: KvWrite + Sync> StateStore<K> {
+    pub fn new(kv: K) -> StateStore<K> {
+        StateStore { kv }
+    }
+
+    pub async fn load(&self, key: &str) -> Result<Stored, StoreError> {
+        match self.kv.entry(key).await? {
+            Some(entry) if entry.operation.is_put() => Ok(Stored {
+                scope: Scope::decode(&entry.value).map_err(|source| StoreError::Corrupt {
+                    key: key.to_string(),
+                    source,
+                })?,
+                revision: Some(entry.revision),
+            }),
+            // Purged: empty, but a write must still find the purge marker.
+            Some(marker) => Ok(Stored {
+                scope: Scope::default(),
+                revision: Some(marker.revision),
+            }),
+            None => Ok(Stored::default()),
+        }
+    }
+
+    /// Writes `next` over what `read` was, if nobody wrote in between;
+    /// returns what a later write must find.
+    pub async fn commit(
+        &self,
+        key: &str,
+        read: &Stored,
+        next: Scope,
+    ) -> Result<Stored, StoreError> {
+        let value = Bytes::from(next.encode());
+        let written = match read.revision {
+            Some(revision) => self.kv.update(key, value, revision).await,
+            None => self.kv.create(key, value).await,
+        };
+        match written {
+            Ok(revision) => Ok(Stored {
+                scope: next,
+                revision: Some(revision),
+            }),
+            Err(KvError::WrongRevision { .. } | KvError::AlreadyExists { .. }) => {
+                Err(StoreError::Fenced {
+                    key: key.to_string(),
+                })
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nats::kv::MemoryKv;
+    use crate::state::scope::{Limits, Overlay};
+
+    const LIMITS: Limits = Limits {
+        max_keys: 10,
+        max_bytes: 1000,
+    };
+
+    #[test]
+    fn keys_put_the_tenant_first_and_encode_what_kv_does_not_take() {
+        assert_eq!(scope_key("acme", "window", "orders"), "acme.window.orders");
+        assert_eq!(scope_key("a.b", "w", "t~1"), "a=2Eb.w.t=7E1");
+        assert_eq!(scope_key("", "w", "t"), "=.w.t");
+        assert!(scope_key("acme", "w", "t").starts_with(&tenant_prefix("acme")));
+        assert!(!scope_key("acme2", "w", "t").starts_with(&tenant_prefix("acme")));
+    }
+
+    #[tokio::test]
+    async fn a_write_lands_once_and_a_host_that_read_before_it_is_fenced() {
+        let store = StateStore::new(MemoryKv::new());
+        let key = scope_key("acme", "window", "orders");
+        let first = store.load(&key).await.unwrap();
+        assert_eq!(first.revision, None);
+
+        let mut overlay = Overlay::new(&first.scope, LIMITS);
+        overlay.set(b"count", b"1").unwrap();
+        let owner = store
+            .commit(&key, &first, overlay.commit([1], 0))
+            .await
+            .unwrap();
+
+        // A host that read the scope before that write lost the unit.
+        let mut stale = Overlay::new(&first.scope, LIMITS);
+        stale.set(b"count", b"99").unwrap();
+        let refused = store.commit(&key, &first, stale.commit([1], 0)).await;
+        assert!(
+            matches!(refused, Err(StoreError::Fenced { .. })),
+            "{refused:?}"
+        );
+
+        let mut next = Overlay::new(&owner.scope, LIMITS);
+        next.set(b"count", b"2").unwrap();
+        store
+            .commit(&key, &owner, next.commit([2], 1))
+            .await
+            .unwrap();
+        let read = store.load(&key).await.unwrap();
+        assert_eq!(read.scope.get(b"count"), Some(&b"2"[..]));
+        assert!(read.scope.applied(2) && !read.scope.applied(1));
+    }
+}
