@@ -18,6 +18,7 @@ pub mod sink {
         with: {
             "weir:plugin/types": super::transform::weir::plugin::types,
             "weir:plugin/host": super::transform::weir::plugin::host,
+            "weir:plugin/state": super::transform::weir::plugin::state,
         },
     });
 }

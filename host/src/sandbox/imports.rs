@@ -8,6 +8,7 @@ use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 use crate::telemetry::PluginCounterLabels;
 
 use super::bindings::transform::weir::plugin::host::{self as host_api, Level};
+use super::bindings::transform::weir::plugin::state as state_api;
 use super::*;
 
 impl WasiView for PluginState {
@@ -95,3 +96,38 @@ fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 impl bindings::transform::weir::plugin::types::Host for PluginState {}
+
+impl PluginState {
+    fn state_of(&mut self, row: u32) -> Result<&mut crate::state::scope::Overlay, String> {
+        match &mut self.state {
+            Some(state) => state.scope_of(row),
+            None => Err(format!(
+                "plugin `{}` has no state outside a batch, or no `grants.state` in its TOML",
+                self.plugin.name()
+            )),
+        }
+    }
+}
+
+/// The `state` interface: every call names a row of the running batch,
+/// whose scope it reads or writes (see `crate::state`).
+impl state_api::Host for PluginState {
+    fn get(&mut self, row: u32, key: Vec<u8>) -> Result<Option<Vec<u8>>, String> {
+        Ok(self.state_of(row)?.get(&key).map(<[u8]>::to_vec))
+    }
+
+    fn set(&mut self, row: u32, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
+        self.state_of(row)?
+            .set(&key, &value)
+            .map_err(|err| err.to_string())
+    }
+
+    fn delete(&mut self, row: u32, key: Vec<u8>) -> Result<(), String> {
+        self.state_of(row)?.delete(&key);
+        Ok(())
+    }
+
+    fn list(&mut self, row: u32, prefix: Vec<u8>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+        Ok(self.state_of(row)?.list(&prefix))
+    }
+}

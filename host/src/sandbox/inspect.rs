@@ -118,6 +118,13 @@ fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
             without: "it loads, and every request it makes is refused (HttpRequestDenied)",
         });
     }
+    if let Some(import) = first("weir:plugin/state") {
+        needs.push(GrantNeed {
+            grant: "grants.state",
+            import,
+            without: "it loads, and every state call returns an error",
+        });
+    }
     if let Some(import) = first("wasi:filesystem/") {
         needs.push(GrantNeed {
             grant: "grants.dirs",

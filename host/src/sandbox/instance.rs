@@ -173,6 +173,7 @@ impl Plugin {
             plugin: self.clone(),
             call_ends: std::time::Instant::now(),
             paused_before: Duration::ZERO,
+            state: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
@@ -536,6 +537,9 @@ pub struct PluginState {
     /// the whole process since `paused_before` (of [`super::Pauses`]).
     pub(super) call_ends: std::time::Instant,
     pub(super) paused_before: Duration,
+    /// The state a call of a plugin granted `state` may use; `None` outside
+    /// such a call, and always for a plugin without the grant.
+    pub(super) state: Option<crate::state::batch::BatchState>,
 }
 
 /// A plugin's stderr, of which only the tail is kept: enough to quote a

@@ -185,6 +185,10 @@ impl Sandbox {
             host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| {
                 state
             })?;
+            bindings::transform::weir::plugin::state::add_to_linker::<
+                PluginState,
+                HasSelf<PluginState>,
+            >(&mut linker, |state| state)?;
             Ok(linker)
         };
         let linker = base_linker().map_err(SandboxError::Engine)?;

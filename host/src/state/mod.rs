@@ -5,5 +5,6 @@
 //! the limits. The KV store, the WIT interface and the worker's commit
 //! step build on it.
 
+pub mod batch;
 pub mod scope;
 pub mod store;

@@ -134,8 +134,8 @@ impl<'a> Reader<'a> {
 /// A batch's view of a scope: reads see the batch's own writes, writes are
 /// kept until the batch's rows are all done, limits are checked on write.
 #[derive(Debug)]
-pub struct Overlay<'a> {
-    base: &'a Scope,
+pub struct Overlay {
+    base: std::sync::Arc<Scope>,
     limits: Limits,
     /// `None`: deleted in this batch.
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -143,14 +143,15 @@ pub struct Overlay<'a> {
     bytes: usize,
 }
 
-impl<'a> Overlay<'a> {
-    pub fn new(base: &'a Scope, limits: Limits) -> Overlay<'a> {
+impl Overlay {
+    pub fn new(base: std::sync::Arc<Scope>, limits: Limits) -> Overlay {
+        let (keys, bytes) = (base.keys(), base.bytes());
         Overlay {
             base,
             limits,
             writes: BTreeMap::new(),
-            keys: base.keys(),
-            bytes: base.bytes(),
+            keys,
+            bytes,
         }
     }
 
@@ -224,7 +225,7 @@ impl<'a> Overlay<'a> {
     /// the writes applied, `sequences` (those rows) added to the applied
     /// set, and every sequence at or below `ack_floor` dropped from it.
     pub fn commit(self, sequences: impl IntoIterator<Item = u64>, ack_floor: u64) -> Scope {
-        let mut scope = self.base.clone();
+        let mut scope = Scope::clone(&self.base);
         for (key, written) in self.writes {
             match written {
                 Some(value) => scope.entries.insert(key, value),
@@ -239,6 +240,8 @@ impl<'a> Overlay<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     const LIMITS: Limits = Limits {
@@ -249,7 +252,7 @@ mod tests {
     #[test]
     fn a_batch_sees_its_own_writes_and_the_store_sees_them_only_at_commit() {
         let base = Scope::default();
-        let mut overlay = Overlay::new(&base, LIMITS);
+        let mut overlay = Overlay::new(Arc::new(base.clone()), LIMITS);
         overlay.set(b"count", b"1").unwrap();
         overlay.set(b"count", b"2").unwrap();
         overlay.set(b"sum", b"10").unwrap();
@@ -266,7 +269,7 @@ mod tests {
         base.entries.insert(b"w1.a".to_vec(), b"1".to_vec());
         base.entries.insert(b"w1.b".to_vec(), b"2".to_vec());
         base.entries.insert(b"w2.a".to_vec(), b"3".to_vec());
-        let mut overlay = Overlay::new(&base, LIMITS);
+        let mut overlay = Overlay::new(Arc::new(base.clone()), LIMITS);
         overlay.delete(b"w1.a");
         overlay.set(b"w1.c", b"4").unwrap();
         assert_eq!(
@@ -283,7 +286,7 @@ mod tests {
     #[test]
     fn limits_refuse_a_write_and_leave_the_state_as_it_was() {
         let base = Scope::default();
-        let mut overlay = Overlay::new(&base, LIMITS);
+        let mut overlay = Overlay::new(Arc::new(base.clone()), LIMITS);
         for key in [b"a", b"b", b"c"] {
             overlay.set(key, b"x").unwrap();
         }
@@ -307,8 +310,8 @@ mod tests {
 
     #[test]
     fn the_ack_floor_prunes_applied_sequences() {
-        let scope = Overlay::new(&Scope::default(), LIMITS).commit([3, 5, 8], 0);
-        let scope = Overlay::new(&scope, LIMITS).commit([9], 5);
+        let scope = Overlay::new(Arc::new(Scope::default()), LIMITS).commit([3, 5, 8], 0);
+        let scope = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], 5);
         assert!(!scope.applied(3) && !scope.applied(5));
         assert!(scope.applied(8) && scope.applied(9));
     }
@@ -316,7 +319,7 @@ mod tests {
     #[test]
     fn a_scope_round_trips_and_garbage_is_an_error_not_a_panic() {
         let empty = Scope::default();
-        let mut overlay = Overlay::new(&empty, LIMITS);
+        let mut overlay = Overlay::new(Arc::new(empty.clone()), LIMITS);
         overlay.set(b"k", b"v").unwrap();
         let scope = overlay.commit([1, 2], 0);
         assert_eq!(Scope::decode(&scope.encode()), Ok(scope.clone()));

@@ -123,6 +123,8 @@ impl<K: KvWrite + Sync> StateStore<K> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::nats::kv::MemoryKv;
     use crate::state::scope::{Limits, Overlay};
@@ -148,7 +150,7 @@ mod tests {
         let first = store.load(&key).await.unwrap();
         assert_eq!(first.revision, None);
 
-        let mut overlay = Overlay::new(&first.scope, LIMITS);
+        let mut overlay = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
         overlay.set(b"count", b"1").unwrap();
         let owner = store
             .commit(&key, &first, overlay.commit([1], 0))
@@ -156,7 +158,7 @@ mod tests {
             .unwrap();
 
         // A host that read the scope before that write lost the unit.
-        let mut stale = Overlay::new(&first.scope, LIMITS);
+        let mut stale = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
         stale.set(b"count", b"99").unwrap();
         let refused = store.commit(&key, &first, stale.commit([1], 0)).await;
         assert!(
@@ -164,7 +166,7 @@ mod tests {
             "{refused:?}"
         );
 
-        let mut next = Overlay::new(&owner.scope, LIMITS);
+        let mut next = Overlay::new(Arc::new(owner.scope.clone()), LIMITS);
         next.set(b"count", b"2").unwrap();
         store
             .commit(&key, &owner, next.commit([2], 1))
