@@ -23,6 +23,12 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
 /// Default CPU deadline of one plugin call.
 pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
+/// `grants.state` limits per scope: keys, and bytes of keys and values. A
+/// scope is one KV value, so its bytes stay well under a NATS message.
+pub const DEFAULT_STATE_KEYS: u64 = 10_000;
+pub const MAX_STATE_KEYS: u64 = 100_000;
+pub const DEFAULT_STATE_BYTES: u64 = 256 * 1024;
+pub const MAX_STATE_BYTES: u64 = 768 * 1024;
 /// A warm instance whose linear memory grew this much since `init` is
 /// replaced: linear memory never shrinks, so a leak would otherwise stay.
 pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
@@ -433,6 +439,9 @@ pub struct Grants {
     /// `host:port` authorities the plugin may reach over outbound HTTP
     /// (`wasi:http`), lowercased; empty: every request is refused.
     pub http: Vec<String>,
+    /// Durable state per (plugin, tenant, table), within these limits;
+    /// `None`: every `state` call is refused.
+    pub state: Option<crate::state::scope::Limits>,
 }
 
 /// A host directory preopened for a plugin under a guest path.
@@ -588,6 +597,14 @@ struct RawGrants {
     env: BTreeMap<String, String>,
     #[serde(default)]
     http: Vec<Spanned<String>>,
+    state: Option<RawStateGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStateGrant {
+    max_keys: Option<Spanned<u64>>,
+    max_bytes: Option<Spanned<Size>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1200,6 +1217,31 @@ impl<'a> Checker<'a> {
                     ),
                 }
             }
+            // One scope is one KV value: it must fit a NATS message.
+            let state = plugin.grants.state.as_ref().map(|grant| {
+                let max_keys = match &grant.max_keys {
+                    Some(keys) if !(1..=MAX_STATE_KEYS).contains(keys.get_ref()) => {
+                        self.report(
+                            keys.span().start,
+                            format!("grants.state.max_keys must be between 1 and {MAX_STATE_KEYS}"),
+                        );
+                        DEFAULT_STATE_KEYS
+                    }
+                    Some(keys) => *keys.get_ref(),
+                    None => DEFAULT_STATE_KEYS,
+                };
+                let max_bytes = self.size(
+                    "grants.state.max_bytes",
+                    &grant.max_bytes,
+                    1,
+                    MAX_STATE_BYTES,
+                    DEFAULT_STATE_BYTES,
+                );
+                crate::state::scope::Limits {
+                    max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
+                    max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+                }
+            });
             let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
                 .unwrap_or(serde_json::Value::Object(Default::default()));
             let name_text = name.into_inner();
@@ -1219,6 +1261,7 @@ impl<'a> Checker<'a> {
                         dirs,
                         env: plugin.grants.env,
                         http,
+                        state,
                     },
                 },
             );
@@ -1629,6 +1672,30 @@ mod tests {
         );
         assert!(
             policy[1].starts_with("/etc/weir/weir.toml:6:10: policies uses unknown plugin `nope`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn state_grants_have_limits_in_range() {
+        let found = problems(concat!(
+            "[plugins.w]\nwasm = \"w.wasm\"\nworld = \"transform\"\n",
+            "grants.state = { max_keys = 0, max_bytes = \"2MiB\" }\n",
+        ));
+        let state: Vec<&String> = found
+            .iter()
+            .filter(|p| p.contains("grants.state"))
+            .collect();
+        assert_eq!(state.len(), 2, "{found:?}");
+        assert!(
+            state[0].starts_with("/etc/weir/weir.toml:4:29:")
+                && state[0].contains("max_keys must be between 1 and 100000"),
+            "{found:?}"
+        );
+        assert!(
+            state[1].starts_with(
+                "/etc/weir/weir.toml:4:44: grants.state.max_bytes must be between 1 byte and 768 KiB"
+            ),
             "{found:?}"
         );
     }
