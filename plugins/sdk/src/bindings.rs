@@ -27,6 +27,7 @@ pub mod sink {
         with: {
             "weir:plugin/types@0.2.0": crate::bindings::transform::weir::plugin::types,
             "weir:plugin/host@0.2.0": crate::bindings::transform::weir::plugin::host,
+            "weir:plugin/state@0.2.0": crate::bindings::transform::weir::plugin::state,
         },
     });
 }

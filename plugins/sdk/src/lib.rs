@@ -59,6 +59,7 @@ pub mod log;
 pub mod router;
 pub mod rows;
 pub mod sink;
+pub mod state;
 pub mod transform;
 
 #[doc(hidden)]
