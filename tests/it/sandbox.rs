@@ -289,7 +289,7 @@ async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100
         sink: None,
         ..pipeline
     };
-    let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone())).unwrap();
+    let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), None).unwrap();
     let mut row = Batch::default();
     row.push(
         "acme",

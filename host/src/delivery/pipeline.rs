@@ -5,6 +5,7 @@
 //! was turned into: one descendant asking for a retry retries the original,
 //! one dead-lettered descendant dead-letters it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,11 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
+use crate::nats::kv::NatsKv;
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
+use crate::state::batch::BatchState;
+use crate::state::scope::{Limits, Overlay};
+use crate::state::store::{StateStore, StoreError, Stored, scope_key};
 
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
@@ -153,13 +158,161 @@ fn call_span(plugin: &Plugin) -> tracing::Span {
 pub struct PipelineRunner {
     transforms: Vec<Step>,
     sink: Option<Step>,
+    stateful: Option<Stateful>,
+}
+
+/// The pipeline's plugin granted `state` (at most one), and its scopes.
+struct Stateful {
+    /// Its index in `transforms`, or `transforms.len()` for the sink.
+    step: usize,
+    plugin: String,
+    limits: Limits,
+    store: StateStore<NatsKv>,
+    /// Scopes as this runner last read or wrote them, by key: it runs
+    /// under one owner of the unit, whose writes are the only ones.
+    cache: HashMap<String, Stored>,
+}
+
+/// What a stateful run keeps between the plugin's call and the commit.
+struct ScopeRun {
+    key: String,
+    overlay: Overlay,
+}
+
+/// How soon rows come back when their state could not be read or written.
+const STATE_RETRY: Duration = Duration::from_secs(1);
+
+impl Stateful {
+    /// Reads every scope of `keys` this runner does not hold yet.
+    async fn load(&mut self, keys: &[String]) -> Result<(), StoreError> {
+        for key in keys {
+            if !self.cache.contains_key(key) {
+                let stored = self.store.load(key).await?;
+                self.cache.insert(key.clone(), stored);
+            }
+        }
+        Ok(())
+    }
+
+    fn applied(&self, key: &str, sequence: u64) -> bool {
+        self.cache
+            .get(key)
+            .is_some_and(|stored| stored.scope.applied(sequence))
+    }
+
+    /// One overlay per scope of the rows the call gets (`origins`: each
+    /// one's input row), and each row's overlay.
+    fn batch_state(&self, keys: &[String], origins: &[usize]) -> BatchState {
+        let mut scopes: Vec<&str> = Vec::new();
+        let mut row_scopes = Vec::with_capacity(origins.len());
+        for &origin in origins {
+            let key = keys.get(origin).map_or("", String::as_str);
+            let index = match scopes.iter().position(|k| *k == key) {
+                Some(index) => index,
+                None => {
+                    scopes.push(key);
+                    scopes.len() - 1
+                }
+            };
+            row_scopes.push(index);
+        }
+        let overlays = scopes
+            .iter()
+            .map(|key| {
+                let base = self
+                    .cache
+                    .get(*key)
+                    .map(|stored| Arc::new(stored.scope.clone()))
+                    .unwrap_or_default();
+                Overlay::new(base, self.limits)
+            })
+            .collect();
+        BatchState::new(overlays, row_scopes)
+    }
+
+    /// The call's overlays, named by their scope keys again.
+    fn runs(keys: &[String], origins: &[usize], state: Option<BatchState>) -> Vec<ScopeRun> {
+        let Some(state) = state else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = Vec::new();
+        for &origin in origins {
+            if let Some(key) = keys.get(origin)
+                && !names.contains(key)
+            {
+                names.push(key.clone());
+            }
+        }
+        names
+            .into_iter()
+            .zip(state.into_overlays())
+            .map(|(key, overlay)| ScopeRun { key, overlay })
+            .collect()
+    }
+
+    /// Stores each scope the call wrote whose rows are all done, before
+    /// they are acked; a scope with a row to retry keeps its old state and
+    /// all its rows come back. Another host's write means the unit is gone.
+    async fn commit(
+        &mut self,
+        runs: Vec<ScopeRun>,
+        keys: &[String],
+        sequences: &[u64],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), RunError> {
+        for run in runs {
+            if !run.overlay.changed() {
+                continue;
+            }
+            let rows: Vec<usize> = (0..keys.len())
+                .filter(|&row| keys[row] == run.key)
+                .collect();
+            let retried = rows
+                .iter()
+                .any(|&row| matches!(verdicts[row], Verdict::Retry { .. }));
+            let failure = if retried {
+                Some(format!(
+                    "a row of its state scope was retried: plugin `{}`'s writes wait for all of them",
+                    self.plugin
+                ))
+            } else {
+                let read = self.cache.get(&run.key).cloned().unwrap_or_default();
+                let next = run
+                    .overlay
+                    .commit(rows.iter().map(|&row| sequences[row]), 0);
+                match self.store.commit(&run.key, &read, next).await {
+                    Ok(stored) => {
+                        self.cache.insert(run.key.clone(), stored);
+                        None
+                    }
+                    Err(StoreError::Fenced { .. }) => return Err(RunError::Fenced),
+                    Err(err) => {
+                        self.cache.remove(&run.key);
+                        Some(format!("the state of plugin `{}`: {err}", self.plugin))
+                    }
+                }
+            };
+            if let Some(reason) = failure {
+                for &row in &rows {
+                    verdicts[row].merge(Verdict::Retry {
+                        delay: STATE_RETRY,
+                        plugin: None,
+                        reason: reason.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl PipelineRunner {
-    /// `lookup` gives the loaded version of each named plugin.
+    /// `lookup` gives the loaded version of each named plugin; `state` is
+    /// the state bucket, for a plugin granted `state`.
     pub fn new(
         config: &PipelineConfig,
         lookup: impl Fn(&str) -> Option<Arc<Plugin>>,
+        state: Option<&StateStore<NatsKv>>,
     ) -> Option<PipelineRunner> {
         let step = |name: &String| {
             lookup(name).map(|plugin| Step {
@@ -167,12 +320,30 @@ impl PipelineRunner {
                 instance: None,
             })
         };
+        let transforms: Vec<Step> = config.transforms.iter().map(step).collect::<Option<_>>()?;
+        let sink = match &config.sink {
+            Some(name) => Some(step(name)?),
+            None => None,
+        };
+        let stateful =
+            transforms
+                .iter()
+                .chain(sink.iter())
+                .enumerate()
+                .find_map(|(index, step)| {
+                    let limits = step.plugin.config.grants.state?;
+                    Some(Stateful {
+                        step: index,
+                        plugin: step.plugin.name().to_string(),
+                        limits,
+                        store: state?.clone(),
+                        cache: HashMap::new(),
+                    })
+                });
         Some(PipelineRunner {
-            transforms: config.transforms.iter().map(step).collect::<Option<_>>()?,
-            sink: match &config.sink {
-                Some(name) => Some(step(name)?),
-                None => None,
-            },
+            transforms,
+            sink,
+            stateful,
         })
     }
 
@@ -183,14 +354,56 @@ impl PipelineRunner {
         let mut verdicts = vec![Verdict::Done; rows.len()];
         let mut origins: Vec<usize> = (0..rows.len()).collect();
         let mut rows = rows;
+        let rows_sequences: Vec<u64> = (0..rows.len())
+            .map(|row| rows.position(row).sequence)
+            .collect();
+        // Each input row's scope key, with the stateful plugin.
+        let mut keys: Vec<String> = Vec::new();
+        let mut scope_runs: Vec<ScopeRun> = Vec::new();
+        if let Some(stateful) = &mut self.stateful {
+            keys = (0..rows.len())
+                .map(|row| scope_key(rows.tenant(row), &stateful.plugin, rows.table(row)))
+                .collect();
+            if let Err(err) = stateful.load(&keys).await {
+                let reason = format!("the state of plugin `{}`: {err}", stateful.plugin);
+                for verdict in &mut verdicts {
+                    verdict.merge(Verdict::Retry {
+                        delay: STATE_RETRY,
+                        plugin: None,
+                        reason: reason.clone(),
+                    });
+                }
+                return Ok(verdicts);
+            }
+            // Rows whose effects the state already holds came back after
+            // their ack was lost: acked, not counted again.
+            let fresh: Vec<usize> = (0..rows.len())
+                .filter(|&row| !stateful.applied(&keys[row], rows.position(row).sequence))
+                .collect();
+            if fresh.len() < rows.len() {
+                let mut kept = Batch::with_capacity(fresh.len(), rows.data_len());
+                for &row in &fresh {
+                    kept.push_from(&rows, row);
+                }
+                rows = kept;
+                origins = fresh;
+            }
+        }
 
-        for step in &mut self.transforms {
+        for (index, step) in self.transforms.iter_mut().enumerate() {
             if rows.is_empty() {
                 break;
             }
             let span = call_span(&step.plugin);
             let instance = step.instance().await?;
+            let stateful = self.stateful.as_ref().filter(|s| s.step == index);
+            if let Some(stateful) = stateful {
+                instance.give_state(stateful.batch_state(&keys, &origins));
+            }
             let result = instance.transform(rows.packed()).instrument(span).await;
+            if stateful.is_some() {
+                scope_runs = Stateful::runs(&keys, &origins, instance.take_state());
+            }
             let transformed = result.map_err(|error| step.failed(error))?;
             let mut answer = match Answer::new(&transformed, rows.len()) {
                 Ok(answer) => answer,
@@ -236,15 +449,28 @@ impl PipelineRunner {
             if !lease.held() {
                 return Err(RunError::Fenced);
             }
+            let sink_index = self.transforms.len();
+            let stateful = self.stateful.as_ref().filter(|s| s.step == sink_index);
+            if let Some(stateful) = stateful {
+                instance.give_state(stateful.batch_state(&keys, &origins));
+            }
             let result = instance.deliver(rows.packed()).instrument(span).await;
+            if stateful.is_some() {
+                scope_runs = Stateful::runs(&keys, &origins, instance.take_state());
+            }
             let delivered = result.map_err(|error| step.failed(error))?;
             let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {
                 Ok(outcomes) => outcomes,
                 Err(err) => return Err(step.malformed(err).into()),
             };
-            for (origin, outcome) in origins.into_iter().zip(outcomes) {
+            for (origin, outcome) in origins.iter().copied().zip(outcomes) {
                 verdicts[origin].merge(Verdict::of(outcome, &step.plugin, "sink"));
             }
+        }
+        if let Some(stateful) = &mut self.stateful {
+            stateful
+                .commit(scope_runs, &keys, &rows_sequences, &mut verdicts)
+                .await?;
         }
         Ok(verdicts)
     }

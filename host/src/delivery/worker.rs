@@ -64,7 +64,10 @@ fn runners(generation: &Generation) -> Vec<Option<PipelineRunner>> {
         .config()
         .pipelines
         .iter()
-        .map(|pipeline| PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned()))
+        // #23 (in progress): the state bucket is not handed down yet.
+        .map(|pipeline| {
+            PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned(), None)
+        })
         .collect()
 }
 
@@ -605,7 +608,7 @@ impl Isolation<'_> {
             return Ok(settled);
         };
         let Some(mut runner) =
-            PipelineRunner::new(config, |name| self.generation.plugin(name).cloned())
+            PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None)
         else {
             return Ok(settled);
         };

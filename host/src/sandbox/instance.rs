@@ -292,6 +292,16 @@ impl PluginInstance {
             || grown >= self.plugin.config.recycle_after_growth_bytes
     }
 
+    /// Hands the next call the state it may read and write.
+    pub fn give_state(&mut self, state: crate::state::batch::BatchState) {
+        self.store.data_mut().state = Some(state);
+    }
+
+    /// Takes back what [`PluginInstance::give_state`] gave, with the call's writes.
+    pub fn take_state(&mut self) -> Option<crate::state::batch::BatchState> {
+        self.store.data_mut().state.take()
+    }
+
     /// Linear memory the instance has now, in bytes.
     pub fn memory_bytes(&self) -> usize {
         self.store.data().limits.memory_bytes
