@@ -30,6 +30,7 @@ fn main() {
             ("HTTP_SINK", "weir_http_sink.wasm"),
             ("TENANT_BUDGET", "weir_tenant_budget.wasm"),
             ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),
+            ("WINDOW", "weir_window.wasm"),
         ],
     };
     guests::build_all(&repo, &[plugins], "plugins.rs");

@@ -30,4 +30,5 @@ mod stops;
 mod sandbox;
 mod status;
 mod send;
+mod state;
 mod topology;
