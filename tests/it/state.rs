@@ -1,8 +1,6 @@
 //! Plugin state (#23, in progress): the window plugin's counts through a
 //! real pipeline runner and a real NATS KV bucket, without a host yet.
 
-use std::path::Path;
-
 use weir::config::{Config, Overrides};
 use weir::coordination::Lease;
 use weir::delivery::batch::{Batch, Position};
