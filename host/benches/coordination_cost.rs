@@ -163,6 +163,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         router: router.clone(),
         generations,
         metrics: Metrics::default(),
+        state: None,
     }));
 
     // Members join 16 at a time, as a fleet rolling out would.

@@ -44,6 +44,7 @@ use crate::reload::generation::Generation;
 use crate::reload::releases::ReleaseFollower;
 use crate::reload::{FleetReleases, Reloader};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
+use crate::state::store::StateStore;
 use crate::telemetry::{Metrics, SeverityLabels};
 use crate::topology::manifest::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
 use crate::topology::route::{Router, Unit};
@@ -166,6 +167,17 @@ impl RunningHost {
         let kv = NatsKv::open(&client, &router.coordination_bucket())
             .await
             .map_err(CoordinationError::from)?;
+        // Plugin state, if a plugin may keep any: its bucket is in the
+        // manifest, so verification already said whether it is there.
+        let state = if config.plugins.values().any(|p| p.grants.state.is_some()) {
+            Some(StateStore::new(
+                NatsKv::open(&client, &router.state_bucket())
+                    .await
+                    .map_err(CoordinationError::from)?,
+            ))
+        } else {
+            None
+        };
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
@@ -181,6 +193,7 @@ impl RunningHost {
                 router: router.clone(),
                 generations: generations.clone(),
                 metrics: metrics.clone(),
+                state,
             })),
             metrics: metrics.clone(),
             plugins: running_versions(generations.subscribe()),

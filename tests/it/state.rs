@@ -119,3 +119,100 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     assert_eq!(tally("acme", "a").await.as_deref(), Some("1,4"));
     assert_eq!(tally("acme", "b").await, None);
 }
+
+/// The window plugin in a `weir run` process, SIGKILLed mid-window and
+/// restarted: the window's summary still counts every row exactly once.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "WIP #23: does not finish yet (no summary reaches the sink); not investigated"]
+async fn window_counts_are_exact_across_a_sigkill_mid_window() {
+    use crate::support::{ACME_KEY, Host, eventually};
+    use std::time::Duration;
+
+    let nats = Nats::start();
+    let mut host = Host::spawn_with("h1", base_config(nats.url(), WINDOW));
+    let http = reqwest::Client::new();
+    let post = |url: String, key: String, body: String| {
+        let http = http.clone();
+        async move {
+            // Until stored: the host may be restarting.
+            loop {
+                let sent = http
+                    .post(format!("{url}/v1/ingest/events"))
+                    .bearer_auth(ACME_KEY)
+                    .header(
+                        "Idempotency-Key",
+                        format!("k{}", body.len() ^ body.as_bytes()[20] as usize),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await;
+                if sent.is_ok_and(|r| r.status() == 202) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let (mut expected_a, mut expected_b) = ((0u64, 0u64), (0u64, 0u64));
+    for request in 0..10u64 {
+        let mut body = String::new();
+        for i in 0..20u64 {
+            let (key, value) = if i % 3 == 0 { ("b", 2) } else { ("a", 1) };
+            let tally = if key == "a" {
+                &mut expected_a
+            } else {
+                &mut expected_b
+            };
+            tally.0 += 1;
+            tally.1 += value;
+            let ts = request * 50 + i;
+            body.push_str(&format!(
+                "{{\"key\":\"{key}\",\"value\":{value},\"ts\":{ts},\"n\":{request}{i}}}\n"
+            ));
+        }
+        post(host.url.clone(), format!("r{request}"), body).await;
+        if request == 4 {
+            // Some rows delivered and counted, some not yet.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            host.crash_and_restart();
+        }
+    }
+    // A row of the next window closes window 0.
+    post(
+        host.url.clone(),
+        "close".to_string(),
+        "{\"key\":\"a\",\"value\":0,\"ts\":1500,\"n\":-1}\n".to_string(),
+    )
+    .await;
+    let output = host.output("windows");
+    let summaries = eventually(Duration::from_secs(60), "window 0's summaries", || {
+        let output = output.clone();
+        async move {
+            let text = std::fs::read_to_string(&output).unwrap_or_default();
+            let rows: Vec<serde_json::Value> = text
+                .lines()
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            let keys: std::collections::BTreeSet<String> = rows
+                .iter()
+                .filter_map(|r| r["key"].as_str().map(String::from))
+                .collect();
+            (keys.len() >= 2).then_some(rows)
+        }
+    })
+    .await;
+    for summary in &summaries {
+        let expected = if summary["key"] == "a" {
+            expected_a
+        } else {
+            expected_b
+        };
+        assert_eq!(summary["window"], 0, "{summary}");
+        assert_eq!(
+            (summary["count"].as_u64(), summary["sum"].as_f64()),
+            (Some(expected.0), Some(expected.1 as f64)),
+            "{summary}; log:\n{}",
+            host.log()
+        );
+    }
+}

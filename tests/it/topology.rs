@@ -100,8 +100,8 @@ async fn apply_manifests(client: &async_nats::Client, config_text: &str) {
     }
     assert_eq!(
         kinds,
-        (7, 4),
-        "4 partitions, dead letters, coordination bucket and plugin store; a consumer per unit"
+        (8, 4),
+        "4 partitions, dead letters, coordination and state buckets and plugin store; a consumer per unit"
     );
 }
 
@@ -314,13 +314,15 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     let items = nack["items"].as_array().unwrap();
     assert_eq!(
         items.len(),
-        3 + 6 + 1 + 1,
-        "3 streams, 6 consumers, the coordination bucket and the plugin store"
+        3 + 6 + 2 + 1,
+        "3 streams, 6 consumers, the coordination and state buckets and the plugin store"
     );
     assert_eq!(items[9]["kind"], "KeyValue");
     assert_eq!(items[9]["spec"]["bucket"], "weir_coord");
-    assert_eq!(items[10]["kind"], "ObjectStore");
-    assert_eq!(items[10]["spec"]["bucket"], "weir_plugins");
+    assert_eq!(items[10]["kind"], "KeyValue");
+    assert_eq!(items[10]["spec"]["bucket"], "weir_state");
+    assert_eq!(items[11]["kind"], "ObjectStore");
+    assert_eq!(items[11]["spec"]["bucket"], "weir_plugins");
     // Without the pin, weir refuses the consumer nack would create.
     for consumer in &items[3..9] {
         assert_eq!(

@@ -32,8 +32,10 @@ use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
+use crate::nats::kv::NatsKv;
 use crate::reload::generation::Generation;
 use crate::sandbox::FailureKind;
+use crate::state::store::StateStore;
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::{Router, Unit};
 
@@ -59,14 +61,16 @@ pub enum DeliveryError {
 struct Fenced;
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
-fn runners(generation: &Generation) -> Vec<Option<PipelineRunner>> {
+fn runners(
+    generation: &Generation,
+    state: Option<&StateStore<NatsKv>>,
+) -> Vec<Option<PipelineRunner>> {
     generation
         .config()
         .pipelines
         .iter()
-        // #23 (in progress): the state bucket is not handed down yet.
         .map(|pipeline| {
-            PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned(), None)
+            PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned(), state)
         })
         .collect()
 }
@@ -84,6 +88,7 @@ pub struct UnitWorker {
     runners: Vec<Option<PipelineRunner>>,
     settler: Settler,
     metrics: Metrics,
+    state: Option<StateStore<NatsKv>>,
 }
 
 /// Settles rows: the part of a worker that holds no plugin instance, so it
@@ -213,10 +218,11 @@ impl UnitWorker {
         unit: Unit,
         mut generations: watch::Receiver<Arc<Generation>>,
         metrics: Metrics,
+        state: Option<StateStore<NatsKv>>,
     ) -> UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config().delivery.clone();
-        let runners = runners(&pipelines);
+        let runners = runners(&pipelines, state.as_ref());
         let settler = Settler {
             client: js.client(),
             router: router.clone(),
@@ -240,6 +246,7 @@ impl UnitWorker {
             runners,
             settler,
             metrics,
+            state,
         }
     }
 
@@ -397,6 +404,8 @@ pub struct Workers {
     pub router: Router,
     pub generations: watch::Sender<Arc<Generation>>,
     pub metrics: Metrics,
+    /// The plugin state bucket, for pipelines with a plugin granted `state`.
+    pub state: Option<StateStore<NatsKv>>,
 }
 
 impl Workers {
@@ -408,6 +417,7 @@ impl Workers {
             unit,
             self.generations.subscribe(),
             self.metrics.clone(),
+            self.state.clone(),
         )
     }
 }
@@ -421,7 +431,7 @@ impl UnitWorker {
             return;
         }
         let next = self.generations.borrow_and_update().clone();
-        self.runners = runners(&next);
+        self.runners = runners(&next, self.state.as_ref());
         self.settings = next.config().delivery.clone();
         self.settler.settings = self.settings.clone();
         self.pipelines = next;

@@ -121,12 +121,19 @@ impl Manifest {
                 ..Default::default()
             }],
             consumers: Vec::new(),
-            buckets: vec![BucketOptions {
-                description: "weir coordination: members and unit owners".into(),
-                limit_markers: Some(COORDINATION_MARKER_TTL),
-                replicas,
-                ..BucketOptions::new(router.coordination_bucket())
-            }],
+            buckets: vec![
+                BucketOptions {
+                    description: "weir coordination: members and unit owners".into(),
+                    limit_markers: Some(COORDINATION_MARKER_TTL),
+                    replicas,
+                    ..BucketOptions::new(router.coordination_bucket())
+                },
+                BucketOptions {
+                    description: "weir plugin state: one value per tenant, plugin and table".into(),
+                    replicas,
+                    ..BucketOptions::new(router.state_bucket())
+                },
+            ],
             object_stores: vec![object_store::Config {
                 bucket: router.plugin_store(),
                 description: Some("weir plugins pushed to the fleet".into()),
@@ -450,14 +457,16 @@ impl Manifest {
                         let object = format!("stream {name}");
                         // Member keys expire by per-key TTL: without it a
                         // crashed host would own its units forever.
-                        check(
-                            &mut found,
-                            Severity::Required,
-                            &object,
-                            "allow_msg_ttl (KV limit markers)",
-                            true,
-                            info.config.allow_message_ttl,
-                        );
+                        if wanted.limit_markers.is_some() {
+                            check(
+                                &mut found,
+                                Severity::Required,
+                                &object,
+                                "allow_msg_ttl (KV limit markers)",
+                                true,
+                                info.config.allow_message_ttl,
+                            );
+                        }
                         check_replicas(&mut found, &object, wanted.replicas, &info.config);
                     }
                     Err(err) => found.push(Mismatch::unreadable("stream", &name, err)),

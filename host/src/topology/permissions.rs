@@ -76,12 +76,17 @@ impl Permissions {
                 format!("$KV.{}.>", bucket.bucket),
                 format!("$JS.API.STREAM.INFO.{stream}"),
                 format!("$JS.API.DIRECT.GET.{stream}.>"),
-                // Multi-filter consumers are created without a name token.
-                format!("$JS.API.CONSUMER.CREATE.{stream}"),
-                format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
-                format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
-                format!("$JS.FC.{stream}.>"),
             ]);
+            // Plugin state is read key by key, never watched.
+            if bucket.bucket == router.coordination_bucket() {
+                publish.extend([
+                    // Multi-filter consumers are created without a name token.
+                    format!("$JS.API.CONSUMER.CREATE.{stream}"),
+                    format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+                    format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+                    format!("$JS.FC.{stream}.>"),
+                ]);
+            }
         }
         // Plugins pushed to the fleet: read from the object store (its info,
         // the object's metadata, and its chunks through an ordered consumer).
@@ -128,6 +133,7 @@ mod tests {
         assert!(publish.contains(&"$JS.ACK.weir_in_0.weir_in_0_0.>".to_string()));
         assert!(publish.contains(&"$JS.API.CONSUMER.RESET.weir_in_0.weir_in_0_1".to_string()));
         assert!(publish.contains(&"$KV.weir_coord.>".to_string()));
+        assert!(publish.contains(&"$KV.weir_state.>".to_string()));
         for subject in publish {
             for destructive in [
                 "STREAM.CREATE",

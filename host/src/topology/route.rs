@@ -184,6 +184,11 @@ impl Router {
         format!("{}_coord", self.prefix)
     }
 
+    /// The KV bucket of plugin state: one value per (tenant, plugin, table).
+    pub fn state_bucket(&self) -> String {
+        format!("{}_state", self.prefix)
+    }
+
     /// Where hosts share the rows they accepted, for fleet-wide usage.
     pub fn usage_subject(&self) -> String {
         format!("{}.usage.accepts", self.prefix)
