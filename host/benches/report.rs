@@ -55,6 +55,10 @@ const BENCHES: &[(&str, &str)] = &[
         "replication",
         "raw JetStream and weir's delivery path on an R1 stream (one server) and an R3 stream (three nodes on this machine)",
     ),
+    (
+        "state",
+        "the window plugin's tallies in durable state (grants.state, written with each batch's acks) against the same plugin keeping them in instance memory; one unit",
+    ),
 ];
 
 /// The targets (issues #9 and #22), printed next to the figures.

@@ -126,16 +126,17 @@ async fn mq_apply_readies_an_empty_server_and_says_what_it_changed() {
         "created stream weir_in_0",
         "created stream weir_dlq",
         "created stream KV_weir_coord",
+        "created stream KV_weir_state",
         "created stream OBJ_weir_plugins",
         "created stream weir_in_3",
         "created consumer weir_in_3/weir_in_3_0",
-        "11 created, 0 updated, 0 unchanged",
+        "12 created, 0 updated, 0 unchanged",
     ] {
         assert!(first.contains(object), "no `{object}` in:\n{first}");
     }
     let second = apply();
     assert!(
-        second.contains("0 created, 0 updated, 11 unchanged"),
+        second.contains("0 created, 0 updated, 12 unchanged"),
         "{second}"
     );
     delivers_rows(&config).await;

@@ -58,11 +58,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
         sink: None,
         ..config.pipeline_for("events").unwrap().clone()
     };
-    let client = nats.client().await;
-    let kv = NatsKv::open_or_create(&client, &BucketOptions::new("weir_state"))
-        .await
-        .unwrap();
-    let store = StateStore::new(kv);
+    let store = state_store(&nats).await;
     let runner = || PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), Some(&store)).unwrap();
     let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
     let tally = |tenant: &'static str, key: &'static str| {
@@ -104,6 +100,27 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     assert_eq!(tally("globex", "a").await.as_deref(), Some("1,7"));
     assert_eq!(tally("acme", "a").await.as_deref(), Some("2,3"));
 
+    // Another plugin (the same code, named apart) on the same rows has a
+    // scope of its own: the window's tallies are not its to see.
+    let mut other_config = config.plugins["window"].clone();
+    other_config.name = "other".into();
+    let other = sandbox.load(&other_config).await.unwrap();
+    let other_pipeline = weir::config::Pipeline {
+        transforms: vec!["other".into()],
+        ..pipeline.clone()
+    };
+    PipelineRunner::new(&other_pipeline, |_| Some(other.clone()), Some(&store))
+        .unwrap()
+        .run(rows("acme", &[(1, "a", 1, 0)]), &lease)
+        .await
+        .unwrap();
+    let other_tally = store
+        .load(&scope_key("acme", "other", "events"))
+        .await
+        .unwrap();
+    assert_eq!(other_tally.scope.get(b"k.a"), Some(&b"1,1"[..]));
+    assert_eq!(tally("acme", "a").await.as_deref(), Some("2,3"));
+
     // The second owner wrote acme's scope after the first read it: the
     // first is fenced, and its write is not stored.
     second
@@ -121,6 +138,145 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
         .unwrap();
     assert_eq!(tally("acme", "a").await.as_deref(), Some("1,4"));
     assert_eq!(tally("acme", "b").await, None);
+}
+
+/// The state bucket, as hosts of the tests' configs open it.
+async fn state_store(nats: &Nats) -> StateStore<NatsKv> {
+    let client = nats.client().await;
+    let kv = NatsKv::open_or_create(&client, &BucketOptions::new("weir_state"))
+        .await
+        .unwrap();
+    StateStore::new(kv)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let limited = WINDOW.replace("max_keys = 100", "max_keys = 3");
+    std::fs::write(&path, base_config(nats.url(), &limited)).unwrap();
+    let config = Config::load(&path, &Overrides::default()).unwrap();
+    let sandbox = Sandbox::new(weir::telemetry::Metrics::default()).unwrap();
+    let plugin = sandbox.load(&config.plugins["window"]).await.unwrap();
+    let pipeline = weir::config::Pipeline {
+        sink: None,
+        ..config.pipeline_for("events").unwrap().clone()
+    };
+    let store = state_store(&nats).await;
+    let mut runner =
+        PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), Some(&store)).unwrap();
+    let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
+
+    // The open window's start, then a tally per key: the third key is one
+    // too many, the rows of keys already there still count.
+    let batch = rows(
+        "acme",
+        &[
+            (1, "a", 1, 0),
+            (2, "b", 1, 1),
+            (3, "c", 1, 2),
+            (4, "a", 1, 3),
+        ],
+    );
+    let verdicts = runner.run(batch, &lease).await.unwrap();
+    assert!(matches!(verdicts[0], Verdict::Done), "{verdicts:?}");
+    assert!(matches!(verdicts[1], Verdict::Done), "{verdicts:?}");
+    match &verdicts[2] {
+        Verdict::DeadLetter { reason, .. } => assert_eq!(
+            reason,
+            "state: the state is full: grants.state.max_keys is 3 keys"
+        ),
+        other => panic!("the third key is refused, not {other:?}"),
+    }
+    assert!(matches!(verdicts[3], Verdict::Done), "{verdicts:?}");
+    let stored = store
+        .load(&scope_key("acme", "window", "events"))
+        .await
+        .unwrap();
+    assert_eq!(stored.scope.keys(), 3);
+    assert_eq!(stored.scope.get(b"k.a"), Some(&b"2,2"[..]));
+    assert_eq!(stored.scope.get(b"k.c"), None);
+}
+
+/// Posts `body` to table `events` until it is stored: the host may be
+/// restarting or handing over. A 4xx fails the test.
+async fn post(http: &reqwest::Client, url: &str, api_key: &str, idempotency: &str, body: &str) {
+    loop {
+        let sent = http
+            .post(format!("{url}/v1/ingest/events"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", idempotency)
+            .body(body.to_string())
+            .send()
+            .await;
+        match sent.map(|r| r.status().as_u16()) {
+            Ok(202) => return,
+            Ok(status @ 400..500) => panic!("the request was refused: {status}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+const GLOBEX_KEY: &str = "globex-key-456";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_state_purge_removes_one_tenants_state_and_a_running_host_starts_it_afresh() {
+    let nats = Nats::start();
+    let tenants = format!("\n[[tenants]]\nname = \"globex\"\napi_keys = [\"{GLOBEX_KEY}\"]\n");
+    let host = Host::spawn_with("h1", base_config(nats.url(), &format!("{WINDOW}{tenants}")));
+    let http = reqwest::Client::new();
+    let store = state_store(&nats).await;
+    let row = |value: u64| format!("{{\"key\":\"a\",\"value\":{value},\"ts\":0}}\n");
+    post(&http, &host.url, ACME_KEY, "acme-1", &row(1)).await;
+    post(&http, &host.url, GLOBEX_KEY, "globex-1", &row(5)).await;
+    let tally = |tenant: &'static str| {
+        let store = store.clone();
+        async move {
+            let stored = store.load(&scope_key(tenant, "window", "events")).await;
+            stored
+                .ok()?
+                .scope
+                .get(b"k.a")
+                .map(|v| String::from_utf8_lossy(v).to_string())
+        }
+    };
+    for tenant in ["acme", "globex"] {
+        eventually(
+            Duration::from_secs(30),
+            "both tenants' rows counted",
+            || tally(tenant),
+        )
+        .await;
+    }
+
+    let purge = std::process::Command::new(crate::support::WEIR)
+        .args(["state", "purge", "--tenant", "acme", "--config"])
+        .arg(host.dir.path().join("weir.toml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&purge.stdout);
+    assert!(
+        purge.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&purge.stderr)
+    );
+    assert!(
+        said.starts_with(
+            "tenant acme: purged 1 state scope from bucket weir_state\n  acme.window.events"
+        ),
+        "{said}"
+    );
+    assert_eq!(tally("acme").await, None);
+    assert_eq!(tally("globex").await.as_deref(), Some("1,5"));
+
+    // The host had acme's scope in hand: its next row counts from nothing.
+    post(&http, &host.url, ACME_KEY, "acme-2", &row(2)).await;
+    let counted = eventually(Duration::from_secs(30), "acme's next row counted", || {
+        tally("acme")
+    })
+    .await;
+    assert_eq!(counted, "1,2", "log:\n{}", host.log());
 }
 
 /// How the host counting the window stops mid-window.
@@ -154,33 +310,7 @@ async fn window_counts_are_exact_across(stop: Stop) {
     };
     let mut hosts = vec![Host::spawn_with("h1", config("h1"))];
     let http = reqwest::Client::new();
-    let post = |url: String, key: String, body: String| {
-        let http = http.clone();
-        async move {
-            // Until stored: the host may be restarting or handing over.
-            loop {
-                let sent = http
-                    .post(format!("{url}/v1/ingest/events"))
-                    .bearer_auth(ACME_KEY)
-                    .header("Idempotency-Key", key.as_str())
-                    .body(body.clone())
-                    .send()
-                    .await;
-                match sent.map(|r| r.status().as_u16()) {
-                    Ok(202) => return,
-                    Ok(status @ 400..500) => panic!("the request was refused: {status}"),
-                    _ => {}
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    let client = nats.client().await;
-    let store = StateStore::new(
-        NatsKv::open_or_create(&client, &BucketOptions::new("weir_state"))
-            .await
-            .unwrap(),
-    );
+    let store = state_store(&nats).await;
     let mut expected: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for request in 0..10u64 {
         let mut body = String::new();
@@ -194,8 +324,8 @@ async fn window_counts_are_exact_across(stop: Stop) {
                 "{{\"key\":\"{key}\",\"value\":{value},\"ts\":{ts},\"n\":\"{request}.{i}\"}}\n"
             ));
         }
-        let live = hosts.last().unwrap().url.clone();
-        post(live, format!("r{request}"), body).await;
+        let live = &hosts.last().unwrap().url;
+        post(&http, live, ACME_KEY, &format!("r{request}"), &body).await;
         if request == 4 {
             // Once some of the window's rows are counted, some maybe not yet.
             eventually(Duration::from_secs(30), "rows counted", || async {
@@ -214,9 +344,9 @@ async fn window_counts_are_exact_across(stop: Stop) {
         }
     }
     // A row of the next window closes window 0.
-    let live = hosts.last().unwrap().url.clone();
+    let live = &hosts.last().unwrap().url;
     let close = "{\"key\":\"a\",\"value\":0,\"ts\":1500,\"n\":\"close\"}\n";
-    post(live, "close".to_string(), close.to_string()).await;
+    post(&http, live, ACME_KEY, "close", close).await;
     let outputs: Vec<_> = hosts.iter().map(|host| host.output("windows")).collect();
     let keys = expected.len();
     let summaries = eventually(Duration::from_secs(60), "window 0's summaries", || {
@@ -251,4 +381,20 @@ async fn window_counts_are_exact_across(stop: Stop) {
         .collect();
     assert_eq!(summaries.len(), 2, "one summary per key: {summaries:?}");
     assert_eq!(counted, expected, "logs:\n{}", logs());
+
+    // The scope forgets the rows the consumer's ack floor has passed: it
+    // keeps the sequences of rows that could still come back, not 200.
+    let mut more = 0;
+    eventually(Duration::from_secs(30), "applied sequences pruned", || {
+        more += 1;
+        let (http, live, store) = (&http, &live, &store);
+        async move {
+            let row = format!("{{\"key\":\"a\",\"value\":0,\"ts\":1600,\"n\":\"more{more}\"}}\n");
+            post(http, live, ACME_KEY, &format!("more{more}"), &row).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let stored = store.load(&scope_key("acme", "window", "events")).await;
+            stored.ok().filter(|s| s.scope.applied_count() < 10)
+        }
+    })
+    .await;
 }

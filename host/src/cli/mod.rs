@@ -9,6 +9,7 @@ mod plugin;
 mod plugin_new;
 mod run;
 mod send;
+mod state;
 mod status;
 mod target;
 mod tenant;
@@ -69,6 +70,11 @@ pub enum Command {
         #[command(subcommand)]
         what: tenant::TenantCommand,
     },
+    /// The durable state plugins keep (`grants.state`).
+    State {
+        #[command(subcommand)]
+        what: state::StateCommand,
+    },
     /// Roll a plugin out to every host of the fleet, or back.
     Plugin {
         #[command(subcommand)]
@@ -99,6 +105,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => args.run().await,
         Command::Dlq { what } => what.run().await,
         Command::Tenant { what } => what.run().await,
+        Command::State { what } => what.run().await,
         Command::Plugin { what } => what.run().await,
         Command::Mq { what } => what.run().await,
         Command::Send(args) => args.run().await,

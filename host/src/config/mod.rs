@@ -430,6 +430,15 @@ impl World {
     }
 }
 
+/// What `grants.state` allows one scope (a plugin's state of one tenant's
+/// table) to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    pub max_keys: usize,
+    /// Keys and values together.
+    pub max_bytes: usize,
+}
+
 /// What a plugin may reach. Nothing by default.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Grants {
@@ -441,7 +450,7 @@ pub struct Grants {
     pub http: Vec<String>,
     /// Durable state per (plugin, tenant, table), within these limits;
     /// `None`: every `state` call is refused.
-    pub state: Option<crate::state::scope::Limits>,
+    pub state: Option<StateLimits>,
 }
 
 /// A host directory preopened for a plugin under a guest path.
@@ -1237,7 +1246,7 @@ impl<'a> Checker<'a> {
                     MAX_STATE_BYTES,
                     DEFAULT_STATE_BYTES,
                 );
-                crate::state::scope::Limits {
+                StateLimits {
                     max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
                     max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
                 }
@@ -1291,8 +1300,27 @@ impl<'a> Checker<'a> {
                 .iter()
                 .map(|t| (t, World::Transform))
                 .chain(pipeline.sink.iter().map(|s| (s, World::Sink)));
+            let mut stateful: Option<&String> = None;
             for (used, world) in uses {
                 self.check_plugin_world(&plugins, used, world, "pipeline");
+                let keeps_state = plugins
+                    .get(used.get_ref())
+                    .is_some_and(|p| p.grants.state.is_some());
+                match stateful {
+                    // One scope per row and pipeline: two plugins' writes
+                    // could not be committed together with the row's ack.
+                    Some(first) if keeps_state => self.report(
+                        used.span().start,
+                        format!(
+                            "pipeline #{} has two plugins granted state, `{first}` and `{}`: \
+                             at most one step of a pipeline keeps state",
+                            index + 1,
+                            used.get_ref()
+                        ),
+                    ),
+                    None if keeps_state => stateful = Some(used.get_ref()),
+                    _ => {}
+                }
             }
             pipelines.push(Pipeline {
                 tables: pipeline
@@ -1672,6 +1700,22 @@ mod tests {
         );
         assert!(
             policy[1].starts_with("/etc/weir/weir.toml:6:10: policies uses unknown plugin `nope`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_pipeline_has_at_most_one_plugin_granted_state() {
+        let found = problems(concat!(
+            "[plugins.w]\nwasm = \"w.wasm\"\nworld = \"transform\"\ngrants.state = {}\n",
+            "[plugins.x]\nwasm = \"w.wasm\"\nworld = \"transform\"\ngrants.state = {}\n",
+            "[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"w\", \"x\"]\n",
+        ));
+        assert!(
+            found.iter().any(|p| p.starts_with(
+                "/etc/weir/weir.toml:11:20: pipeline #1 has two \
+                 plugins granted state, `w` and `x`"
+            )),
             "{found:?}"
         );
     }

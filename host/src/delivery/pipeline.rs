@@ -171,6 +171,9 @@ struct Stateful {
     /// Scopes as this runner last read or wrote them, by key: it runs
     /// under one owner of the unit, whose writes are the only ones.
     cache: HashMap<String, Stored>,
+    /// The unit consumer's ack floor as last read: applied sequences at or
+    /// below it are dropped from a scope as it is written.
+    ack_floor: u64,
 }
 
 /// What a stateful run keeps between the plugin's call and the commit.
@@ -279,13 +282,18 @@ impl Stateful {
                 let read = self.cache.get(&run.key).cloned().unwrap_or_default();
                 let next = run
                     .overlay
-                    .commit(rows.iter().map(|&row| sequences[row]), 0);
+                    .commit(rows.iter().map(|&row| sequences[row]), self.ack_floor);
                 match self.store.commit(&run.key, &read, next).await {
                     Ok(stored) => {
                         self.cache.insert(run.key.clone(), stored);
                         None
                     }
                     Err(StoreError::Fenced { .. }) => return Err(RunError::Fenced),
+                    // `weir state purge`: the rows run again on empty state.
+                    Err(err @ StoreError::Purged { .. }) => {
+                        self.cache.remove(&run.key);
+                        Some(format!("plugin `{}`: {err}", self.plugin))
+                    }
                     Err(err) => {
                         self.cache.remove(&run.key);
                         Some(format!("the state of plugin `{}`: {err}", self.plugin))
@@ -338,6 +346,7 @@ impl PipelineRunner {
                         limits,
                         store: state?.clone(),
                         cache: HashMap::new(),
+                        ack_floor: 0,
                     })
                 });
         Some(PipelineRunner {
@@ -345,6 +354,28 @@ impl PipelineRunner {
             sink,
             stateful,
         })
+    }
+
+    /// Whether a plugin of this pipeline keeps durable state.
+    pub fn is_stateful(&self) -> bool {
+        self.stateful.is_some()
+    }
+
+    /// The unit consumer's ack floor: what a stateful step may forget.
+    pub fn set_ack_floor(&mut self, floor: u64) {
+        if let Some(stateful) = &mut self.stateful {
+            stateful.ack_floor = stateful.ack_floor.max(floor);
+        }
+    }
+
+    /// Rows whose acks the server applied: they never come back, so the
+    /// scopes this runner holds need not remember them.
+    pub fn forget_applied(&mut self, sequences: &[u64]) {
+        if let Some(stateful) = &mut self.stateful {
+            for stored in stateful.cache.values_mut() {
+                stored.scope.forget(sequences);
+            }
+        }
     }
 
     /// Runs `rows` through every step; returns one verdict per input row.

@@ -89,7 +89,31 @@ pub struct UnitWorker {
     settler: Settler,
     metrics: Metrics,
     state: Option<StateStore<NatsKv>>,
+    applied: AppliedPruning,
 }
+
+/// For stateful pipelines: which rows can never come back, so their
+/// sequences leave the scopes (which keep them to skip a row applied but
+/// not acked). Mostly by asking the server to confirm the acks sent (the
+/// last one again, as a request: answered once every ack before it was
+/// applied), one request in flight at a time; and now and then from the
+/// consumer's ack floor, which also covers acks confirmed by nobody (a
+/// crash between an ack and its confirmation).
+#[derive(Default)]
+struct AppliedPruning {
+    /// The confirmation in flight, and the sequences of the rows it covers.
+    confirming: Option<(tokio::task::JoinHandle<bool>, Vec<u64>)>,
+    /// Rows answered since the confirmation in flight was asked for.
+    answered: Vec<u64>,
+    /// When the ack floor was last read, and what it was.
+    floor: Option<(Instant, u64)>,
+}
+
+/// How often a worker with a stateful pipeline reads its consumer's ack
+/// floor (the confirmations do most of the pruning).
+const ACK_FLOOR_PERIOD: Duration = Duration::from_secs(30);
+/// How long a confirmation of acks may take before it counts as failed.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settles rows: the part of a worker that holds no plugin instance, so it
 /// can be borrowed across awaits while the worker is sent between threads.
@@ -247,6 +271,7 @@ impl UnitWorker {
             settler,
             metrics,
             state,
+            applied: AppliedPruning::default(),
         }
     }
 
@@ -374,6 +399,14 @@ impl UnitWorker {
     ) -> Result<(), Fenced> {
         self.adopt_new_generation();
         self.metrics.batches.inc();
+        let stateful = self
+            .runners
+            .iter()
+            .flatten()
+            .any(PipelineRunner::is_stateful);
+        if stateful {
+            self.prune_applied().await;
+        }
         if let Some(puller) = puller.as_deref_mut()
             && lease.held()
         {
@@ -392,6 +425,12 @@ impl UnitWorker {
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
         let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
+        if stateful {
+            let sequences = batch
+                .iter()
+                .filter_map(|m| ack::info(m).map(|i| i.stream_sequence));
+            self.applied.answered.extend(sequences);
+        }
         self.settler.settle(batch, verdicts, lease).await
     }
 }
@@ -432,10 +471,73 @@ impl UnitWorker {
         }
         let next = self.generations.borrow_and_update().clone();
         self.runners = runners(&next, self.state.as_ref());
+        if let Some((_, floor)) = self.applied.floor {
+            self.runners
+                .iter_mut()
+                .flatten()
+                .for_each(|r| r.set_ack_floor(floor));
+        }
         self.settings = next.config().delivery.clone();
         self.settler.settings = self.settings.clone();
         self.pipelines = next;
         tracing::debug!(unit = ?self.unit, "running a new generation of pipelines");
+    }
+}
+
+impl UnitWorker {
+    /// Before a stateful pipeline's batch: drops from the scopes the
+    /// sequences of rows whose acks the server confirmed, asks it to
+    /// confirm those answered since, and every [`ACK_FLOOR_PERIOD`] reads
+    /// the consumer's ack floor.
+    async fn prune_applied(&mut self) {
+        let applied = &mut self.applied;
+        if let Some((reply, _)) = &applied.confirming
+            && reply.is_finished()
+            && let Some((reply, sequences)) = applied.confirming.take()
+            && reply.await.unwrap_or(false)
+        {
+            for runner in self.runners.iter_mut().flatten() {
+                runner.forget_applied(&sequences);
+            }
+        }
+        if applied.confirming.is_none()
+            && !applied.answered.is_empty()
+            && let Some(last_ack) = self.settler.last_acked.clone()
+        {
+            let client = self.settler.client.clone();
+            let confirmed = async move {
+                let request = client.request(last_ack, bytes::Bytes::from_static(b"+ACK"));
+                matches!(
+                    tokio::time::timeout(CONFIRM_TIMEOUT, request).await,
+                    Ok(Ok(_))
+                )
+            };
+            let sequences = std::mem::take(&mut applied.answered);
+            applied.confirming = Some((tokio::spawn(confirmed), sequences));
+        }
+
+        let due = applied
+            .floor
+            .is_none_or(|(read, _)| read.elapsed() >= ACK_FLOOR_PERIOD);
+        if !due {
+            return;
+        }
+        let stream = self.router.partition_stream(self.unit.partition);
+        let consumer = self.router.unit_consumer(self.unit);
+        match crate::nats::jetstream::ack_floor(&self.js.client(), &stream, &consumer).await {
+            Ok(floor) => {
+                applied.floor = Some((Instant::now(), floor));
+                self.runners
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|r| r.set_ack_floor(floor));
+            }
+            Err(err) => {
+                // Tried again at the next period, not at every batch.
+                applied.floor = Some((Instant::now(), applied.floor.map_or(0, |(_, f)| f)));
+                tracing::debug!(consumer, error = %err, "cannot read the unit's ack floor");
+            }
+        }
     }
 }
 
@@ -520,7 +622,11 @@ async fn run_pipelines(
                     );
                     isolating = true;
                 }
-                if failure.error.kind == FailureKind::Deadline {
+                if failure.error.kind == FailureKind::Deadline && runner.is_stateful() {
+                    // One row at a time on this runner: its state stays
+                    // the one copy, written in row order.
+                    parts.extend(part.iter().rev().map(|&index| vec![index]));
+                } else if failure.error.kind == FailureKind::Deadline {
                     let alone = Isolation {
                         generation: pipelines,
                         pipeline,

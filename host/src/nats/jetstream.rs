@@ -4,6 +4,19 @@
 
 use async_nats::Client;
 
+/// How long each attempt to create a stream or bucket waits for the server,
+/// when hosts of a fleet started together race to create the same
+/// replicated streams: a clustered server answers only some of several
+/// concurrent creates of one stream, and the others time out while it is
+/// being made (two of three hosts started at once on an empty 3-node
+/// cluster failed to boot; `tests/it/cluster.rs`). Looking again finds it,
+/// so the first wait is short; the later ones give a slow server time.
+pub const CREATE_TIMEOUTS: [std::time::Duration; 3] = [
+    std::time::Duration::from_secs(3),
+    std::time::Duration::from_secs(10),
+    std::time::Duration::from_secs(10),
+];
+
 /// The priority group every unit consumer has.
 pub const PIN_GROUP: &str = "weir";
 
@@ -42,6 +55,24 @@ pub async fn last_delivery(client: &Client, stream: &str, consumer: &str) -> Res
     let info: Info = serde_json::from_slice(&payload)
         .map_err(|err| format!("unreadable consumer info: {err}"))?;
     Ok(info.delivered.map_or(0, |d| d.consumer_seq))
+}
+
+/// The stream sequence at and below which a consumer has every row acked
+/// (0: none yet): rows there are never delivered again.
+pub async fn ack_floor(client: &Client, stream: &str, consumer: &str) -> Result<u64, String> {
+    #[derive(serde::Deserialize)]
+    struct Info {
+        ack_floor: Option<Floor>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Floor {
+        #[serde(default)]
+        stream_seq: u64,
+    }
+    let payload = consumer_info(client, stream, consumer).await?;
+    let info: Info = serde_json::from_slice(&payload)
+        .map_err(|err| format!("unreadable consumer info: {err}"))?;
+    Ok(info.ack_floor.map_or(0, |f| f.stream_seq))
 }
 
 /// A consumer's info reply, an API error as the error: callers read only

@@ -17,19 +17,14 @@ const FORMAT: u8 = 1;
 pub enum StateError {
     #[error("the stored state is not in a format this host reads: {0}")]
     Corrupt(&'static str),
-    #[error("the state holds at most {max_keys} keys")]
+    #[error("the state is full: grants.state.max_keys is {max_keys} keys")]
     TooManyKeys { max_keys: usize },
-    #[error("the state holds at most {max_bytes} bytes of keys and values")]
+    #[error("the state is full: grants.state.max_bytes is {max_bytes} bytes of keys and values")]
     TooManyBytes { max_bytes: usize },
 }
 
-/// What a plugin's grant allows one scope to hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub max_keys: usize,
-    /// Keys and values together.
-    pub max_bytes: usize,
-}
+/// What a plugin's grant allows one scope to hold (`grants.state`).
+pub use crate::config::StateLimits as Limits;
 
 /// A scope as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -42,6 +37,22 @@ impl Scope {
     /// Whether the row at `sequence` already counted in this state.
     pub fn applied(&self, sequence: u64) -> bool {
         self.applied.contains(&sequence)
+    }
+
+    /// How many applied sequences the scope keeps (those above the unit
+    /// consumer's ack floor when it was last written).
+    pub fn applied_count(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// Drops `sequences` from the applied set: rows that cannot come back.
+    pub fn forget(&mut self, sequences: &[u64]) {
+        if self.applied.is_empty() {
+            return;
+        }
+        for sequence in sequences {
+            self.applied.remove(sequence);
+        }
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
@@ -314,6 +325,10 @@ mod tests {
         let scope = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], 5);
         assert!(!scope.applied(3) && !scope.applied(5));
         assert!(scope.applied(8) && scope.applied(9));
+        let mut scope = scope;
+        scope.forget(&[8, 100]);
+        assert!(!scope.applied(8) && scope.applied(9));
+        assert_eq!(scope.applied_count(), 1);
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub enum StoreError {
     /// another owner. Nothing of the batch may be acked.
     #[error("the state of `{key}` was written by another host")]
     Fenced { key: String },
+    /// The scope was removed (`weir state purge`) since it was read.
+    #[error("the state of `{key}` was purged; its rows run again on empty state")]
+    Purged { key: String },
     #[error("the state of `{key}` is unreadable: {source}")]
     Corrupt { key: String, source: StateError },
     #[error(transparent)]
@@ -112,12 +115,36 @@ impl<K: KvWrite + Sync> StateStore<K> {
                 revision: Some(revision),
             }),
             Err(KvError::WrongRevision { .. } | KvError::AlreadyExists { .. }) => {
-                Err(StoreError::Fenced {
-                    key: key.to_string(),
-                })
+                let key = key.to_string();
+                // A write since is another owner's; a removal is a purge.
+                match self.kv.entry(&key).await? {
+                    Some(entry) if entry.operation.is_put() => Err(StoreError::Fenced { key }),
+                    _ => Err(StoreError::Purged { key }),
+                }
             }
             Err(err) => Err(err.into()),
         }
+    }
+}
+
+impl StateStore<crate::nats::kv::NatsKv> {
+    /// Deletes every scope of `tenant` (`weir state purge`); the keys that
+    /// held state. A host running one of them finds it purged at its next
+    /// write and runs those rows again on empty state.
+    pub async fn purge_tenant(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+        let mut purged = Vec::new();
+        for key in self.kv.keys_under(&tenant_prefix(tenant)).await? {
+            if self
+                .kv
+                .entry(&key)
+                .await?
+                .is_some_and(|e| e.operation.is_put())
+            {
+                self.kv.delete(&key).await?;
+                purged.push(key);
+            }
+        }
+        Ok(purged)
     }
 }
 
@@ -175,5 +202,24 @@ mod tests {
         let read = store.load(&key).await.unwrap();
         assert_eq!(read.scope.get(b"count"), Some(&b"2"[..]));
         assert!(read.scope.applied(2) && !read.scope.applied(1));
+
+        // Removed since it was read: purged, not fenced; the next write
+        // starts from the removal.
+        store.kv.delete(&key).await.unwrap();
+        let mut after = Overlay::new(Arc::new(read.scope.clone()), LIMITS);
+        after.set(b"count", b"3").unwrap();
+        let refused = store.commit(&key, &read, after.commit([3], 2)).await;
+        assert!(
+            matches!(refused, Err(StoreError::Purged { .. })),
+            "{refused:?}"
+        );
+        let empty = store.load(&key).await.unwrap();
+        assert_eq!(empty.scope.keys(), 0);
+        let mut again = Overlay::new(Arc::new(empty.scope.clone()), LIMITS);
+        again.set(b"count", b"1").unwrap();
+        store
+            .commit(&key, &empty, again.commit([3], 2))
+            .await
+            .unwrap();
     }
 }

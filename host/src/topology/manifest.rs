@@ -892,27 +892,22 @@ fn normalize_unlimited(value: i64) -> i64 {
     if value <= 0 { -1 } else { value }
 }
 
-/// How often a stream is created (or updated) when the server does not
-/// answer in time. Hosts of a fleet started together all create the same
-/// streams, and a clustered server answers only some of several concurrent
-/// creates of one replicated stream: the others time out while the stream
-/// is being made (two of three hosts started at once on an empty 3-node
-/// cluster failed to boot; `tests/it/cluster.rs`). Looking again finds it.
-const STREAM_ATTEMPTS: u32 = 3;
-
+/// Creates or updates a stream, looking again when the server does not
+/// answer in time (`CREATE_TIMEOUTS`: hosts started together race).
 async fn create_or_update_stream(
     js: &jetstream::Context,
     config: stream::Config,
 ) -> Result<stream::Stream, TopologyError> {
-    let mut attempt = 1;
-    loop {
-        match create_or_update_stream_once(js, config.clone()).await {
+    let mut attempts = crate::nats::jetstream::CREATE_TIMEOUTS.iter().peekable();
+    while let Some(&timeout) = attempts.next() {
+        let mut js = js.clone();
+        js.set_timeout(timeout);
+        match create_or_update_stream_once(&js, config.clone()).await {
             Ok(stream) => return Ok(stream),
             Err(err)
-                if err.kind() == CreateStreamErrorKind::TimedOut && attempt < STREAM_ATTEMPTS =>
+                if err.kind() == CreateStreamErrorKind::TimedOut && attempts.peek().is_some() =>
             {
-                tracing::warn!(stream = %config.name, attempt, "creating a stream timed out; looking again");
-                attempt += 1;
+                tracing::warn!(stream = %config.name, ?timeout, "creating a stream timed out; looking again");
             }
             Err(err) => {
                 return Err(TopologyError::Stream {
@@ -922,6 +917,10 @@ async fn create_or_update_stream(
             }
         }
     }
+    Err(TopologyError::Stream {
+        stream: config.name.clone(),
+        reason: "no attempt to create it was made".into(),
+    })
 }
 
 async fn create_or_update_stream_once(

@@ -82,13 +82,6 @@ struct WriteSpec {
     what: &'static str,
 }
 
-/// How often a bucket is created when the server does not answer in time.
-/// Hosts of a fleet started together create the same bucket at once, and a
-/// clustered server answers only some of several concurrent creates of one
-/// replicated stream: the others time out while it is being made (three
-/// hosts started at once on an empty 3-node cluster; `tests/it/cluster.rs`).
-const CREATE_ATTEMPTS: u32 = 3;
-
 /// Whether creating a bucket failed because a request timed out (async-nats
 /// reports a timed-out stream create inside as a JetStream error).
 fn timed_out(err: &jetstream::context::CreateKeyValueError) -> bool {
@@ -138,7 +131,6 @@ impl NatsKv {
         client: &async_nats::Client,
         options: &BucketOptions,
     ) -> Result<NatsKv, KvError> {
-        let js = jetstream::new(client.clone());
         let config = kv::Config {
             bucket: options.bucket.clone(),
             description: options.description.clone(),
@@ -148,13 +140,15 @@ impl NatsKv {
             num_replicas: options.replicas,
             ..Default::default()
         };
-        let mut attempt = 1;
-        loop {
+        // Hosts started together race to create it (`CREATE_TIMEOUTS`).
+        let mut attempts = crate::nats::jetstream::CREATE_TIMEOUTS.iter().peekable();
+        while let Some(&timeout) = attempts.next() {
+            let mut js = jetstream::new(client.clone());
+            js.set_timeout(timeout);
             match js.create_or_update_key_value(config.clone()).await {
                 Ok(_) => break,
-                Err(err) if attempt < CREATE_ATTEMPTS && timed_out(&err) => {
-                    tracing::warn!(bucket = %options.bucket, attempt, "creating a bucket timed out; looking again");
-                    attempt += 1;
+                Err(err) if attempts.peek().is_some() && timed_out(&err) => {
+                    tracing::warn!(bucket = %options.bucket, ?timeout, "creating a bucket timed out; looking again");
                 }
                 Err(err) => {
                     return Err(KvError::Bucket {
@@ -174,6 +168,29 @@ impl NatsKv {
     /// The bucket's stream, `KV_<bucket>`.
     pub fn stream_name(&self) -> &str {
         &self.stream.cached_info().config.name
+    }
+
+    /// Every key under `prefix` the bucket holds a message of (a value or
+    /// a delete marker), from the stream's subjects: no consumer needed.
+    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>, KvError> {
+        use futures::TryStreamExt;
+        let base = format!("$KV.{}.", self.bucket);
+        let listing = |err: jetstream::stream::InfoError| {
+            self.unavailable(format!("cannot list the keys under `{prefix}`: {err}"))
+        };
+        let mut subjects = self
+            .stream
+            .info_with_subjects(format!("{base}{prefix}>"))
+            .await
+            .map_err(listing)?;
+        let mut keys = Vec::new();
+        while let Some((subject, _)) = subjects.try_next().await.map_err(listing)? {
+            if let Some(key) = subject.strip_prefix(&base) {
+                keys.push(key.to_string());
+            }
+        }
+        keys.sort();
+        Ok(keys)
     }
 
     fn subject(&self, key: &str) -> String {
