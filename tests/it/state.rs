@@ -398,3 +398,56 @@ async fn window_counts_are_exact_across(stop: Stop) {
     })
     .await;
 }
+
+/// `weir plugin test` with the config's `grants.state`: the file's rows
+/// share one scope, empty at first, so the window closes as in a host.
+#[test]
+fn plugin_test_gives_a_stateful_plugin_state_for_the_files_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("weir.toml");
+    std::fs::write(&config, base_config("nats://127.0.0.1:1", WINDOW)).unwrap();
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(
+        &rows,
+        "{\"key\":\"a\",\"value\":1,\"ts\":0}\n{\"key\":\"a\",\"value\":2,\"ts\":5}\n\
+         {\"key\":\"b\",\"value\":4,\"ts\":9}\n{\"key\":\"a\",\"value\":1,\"ts\":1200}\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(crate::support::WEIR)
+        .args(["plugin", "test", weir_test_artifacts::WINDOW, "--rows"])
+        .arg(&rows)
+        .arg("--config")
+        .arg(&config)
+        .args(["--plugin", "window", "--json"])
+        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let outcomes: Vec<&str> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["outcome"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(outcomes, ["drop", "drop", "drop", "emit"], "{report}");
+    let summaries: Vec<&serde_json::Value> = report["rows"][3]["emitted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| &row["payload"])
+        .collect();
+    assert_eq!(
+        summaries,
+        [
+            &serde_json::json!({"window": 0, "key": "a", "count": 2, "sum": 3.0}),
+            &serde_json::json!({"window": 0, "key": "b", "count": 1, "sum": 4.0}),
+        ],
+        "{report}"
+    );
+}

@@ -79,6 +79,17 @@ fn parse_world(text: &str) -> Result<World, String> {
     }
 }
 
+/// A plugin granted state (in `--config`) gets it for the call, empty at
+/// first, within its limits: the file's rows share one tenant and table,
+/// so one scope, which sees each row's writes in turn.
+fn give_empty_state(plugin: &Plugin, instance: &mut weir::sandbox::PluginInstance, rows: usize) {
+    use weir::state::{batch::BatchState, scope::Overlay};
+    if let Some(limits) = plugin.config.grants.state {
+        let scope = Overlay::new(Arc::default(), limits);
+        instance.give_state(BatchState::new(vec![scope], vec![0; rows]));
+    }
+}
+
 /// The sandbox `weir run` would build: its compiled cache from the config,
 /// else the user's (`~/.cache/weir/compiled`), if there is a home.
 pub fn sandbox(config: Option<&Config>) -> anyhow::Result<Sandbox> {
@@ -306,6 +317,7 @@ impl TestArgs {
     ) -> Result<Vec<(Value, String)>, CallError> {
         let rows = self.batch(lines);
         let mut instance = plugin.instantiate().await?;
+        give_empty_state(plugin, &mut instance, rows.len());
         let transformed = instance.transform(rows.packed()).await?;
         let malformed = |instance: &weir::sandbox::PluginInstance, err| {
             instance.contract(&format!("returned a malformed answer: {err}"))
@@ -344,6 +356,7 @@ impl TestArgs {
     ) -> Result<Vec<(Value, String)>, CallError> {
         let rows = self.batch(lines);
         let mut instance = plugin.instantiate().await?;
+        give_empty_state(plugin, &mut instance, rows.len());
         let delivered = instance.deliver(rows.packed()).await?;
         let outcomes = weir::delivery::batch::delivered(&delivered, rows.len())
             .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
