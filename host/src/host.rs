@@ -167,17 +167,14 @@ impl RunningHost {
         let kv = NatsKv::open(&client, &router.coordination_bucket())
             .await
             .map_err(CoordinationError::from)?;
-        // Plugin state, if a plugin may keep any: its bucket is in the
-        // manifest, so verification already said whether it is there.
-        let state = if config.plugins.values().any(|p| p.grants.state.is_some()) {
-            Some(StateStore::new(
-                NatsKv::open(&client, &router.state_bucket())
-                    .await
-                    .map_err(CoordinationError::from)?,
-            ))
-        } else {
-            None
-        };
+        // Plugin state: its bucket is in the manifest, so verification
+        // already said whether it is there. Opened whether or not a plugin
+        // keeps state now: a reload may grant it.
+        let state = Some(StateStore::new(
+            NatsKv::open(&client, &router.state_bucket())
+                .await
+                .map_err(CoordinationError::from)?,
+        ));
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];

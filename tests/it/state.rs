@@ -7,7 +7,8 @@ use weir::delivery::batch::{Batch, Position};
 use weir::delivery::pipeline::{PipelineRunner, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
-use weir::state::store::{StateStore, scope_key};
+use weir::state::store::{StateStore, UnitState, scope_key};
+use weir::topology::route::{Router, Unit};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -59,13 +60,18 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
         ..config.pipeline_for("events").unwrap().clone()
     };
     let store = state_store(&nats).await;
-    let runner = || PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), Some(&store)).unwrap();
+    let state = Some(UnitState {
+        store: store.clone(),
+        unit: UNIT,
+    });
+    let runner =
+        || PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state.clone()).unwrap();
     let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
     let tally = |tenant: &'static str, key: &'static str| {
         let store = store.clone();
         async move {
             let stored = store
-                .load(&scope_key(tenant, "window", "events"))
+                .load(&scope_key(tenant, "window", "events", UNIT))
                 .await
                 .unwrap();
             stored
@@ -109,35 +115,86 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
         transforms: vec!["other".into()],
         ..pipeline.clone()
     };
-    PipelineRunner::new(&other_pipeline, |_| Some(other.clone()), Some(&store))
+    PipelineRunner::new(&other_pipeline, |_| Some(other.clone()), state.clone())
         .unwrap()
         .run(rows("acme", &[(1, "a", 1, 0)]), &lease)
         .await
         .unwrap();
     let other_tally = store
-        .load(&scope_key("acme", "other", "events"))
+        .load(&scope_key("acme", "other", "events", UNIT))
         .await
         .unwrap();
     assert_eq!(other_tally.scope.get(b"k.a"), Some(&b"1,1"[..]));
     assert_eq!(tally("acme", "a").await.as_deref(), Some("2,3"));
 
-    // The second owner wrote acme's scope after the first read it: the
-    // first is fenced, and its write is not stored.
+    // The second runner wrote acme's scope after the first read it. The
+    // first, its lease gone, writes nothing: fenced.
     second
         .run(rows("acme", &[(5, "a", 10, 40)]), &lease)
         .await
         .unwrap();
-    let fenced = first.run(rows("acme", &[(6, "a", 100, 50)]), &lease).await;
+    let expired = Lease::until(tokio::time::Instant::now());
+    let fenced = first
+        .run(rows("acme", &[(6, "a", 100, 50)]), &expired)
+        .await;
     assert!(matches!(fenced, Err(RunError::Fenced)), "{fenced:?}");
     assert_eq!(tally("acme", "a").await.as_deref(), Some("3,13"));
-
-    // A row of the next window closes this one: its tallies start again.
-    second
-        .run(rows("acme", &[(7, "a", 4, 1500)]), &lease)
+    // With its lease (it is the owner now, the other one woke up late) its
+    // write is refused, the rows come back, and run again on what is
+    // stored: row 5 counted once, row 6 added.
+    let refused = first
+        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), &lease)
         .await
         .unwrap();
-    assert_eq!(tally("acme", "a").await.as_deref(), Some("1,4"));
+    assert!(
+        refused.iter().all(|v| matches!(v, Verdict::Retry { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(tally("acme", "a").await.as_deref(), Some("3,13"));
+    first
+        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), &lease)
+        .await
+        .unwrap();
+    assert_eq!(tally("acme", "a").await.as_deref(), Some("4,113"));
+
+    // A row the window dead-letters (late) comes back after its letter was
+    // not stored: dead-lettered again without a call.
+    let late = rows("acme", &[(7, "a", 1, 999_000), (8, "a", 1, 10)]);
+    let verdicts = first.run(late.clone(), &lease).await.unwrap();
+    assert!(
+        matches!(verdicts[1], Verdict::DeadLetter { ref reason, .. } if reason.starts_with("late")),
+        "{verdicts:?}"
+    );
+    let again = runner().run(late, &lease).await.unwrap();
+    assert!(matches!(again[0], Verdict::Done), "{again:?}");
+    match &again[1] {
+        Verdict::DeadLetter { reason, .. } => assert!(
+            reason.starts_with("dead-lettered before by this pipeline"),
+            "{reason}"
+        ),
+        other => panic!("the late row is dead-lettered again, not {other:?}"),
+    }
+
+    // Row 7 was of a later window: it closed this one, the tallies
+    // started again with it.
+    assert_eq!(tally("acme", "a").await.as_deref(), Some("1,1"));
     assert_eq!(tally("acme", "b").await, None);
+}
+
+/// The unit the runner tests' rows come from.
+const UNIT: Unit = Unit {
+    partition: 0,
+    shard: 0,
+};
+
+/// The unit a tenant's `events` live in under the tests' default topology.
+fn events_unit(tenant: &str) -> Unit {
+    Router::new(
+        "weir",
+        weir::config::DEFAULT_PARTITIONS,
+        weir::config::DEFAULT_SHARDS,
+    )
+    .route(tenant, "events")
 }
 
 /// The state bucket, as hosts of the tests' configs open it.
@@ -164,8 +221,11 @@ async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
         ..config.pipeline_for("events").unwrap().clone()
     };
     let store = state_store(&nats).await;
-    let mut runner =
-        PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), Some(&store)).unwrap();
+    let state = Some(UnitState {
+        store: store.clone(),
+        unit: UNIT,
+    });
+    let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state).unwrap();
     let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
 
     // The open window's start, then a tally per key: the third key is one
@@ -191,7 +251,7 @@ async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
     }
     assert!(matches!(verdicts[3], Verdict::Done), "{verdicts:?}");
     let stored = store
-        .load(&scope_key("acme", "window", "events"))
+        .load(&scope_key("acme", "window", "events", UNIT))
         .await
         .unwrap();
     assert_eq!(stored.scope.keys(), 3);
@@ -233,7 +293,9 @@ async fn weir_state_purge_removes_one_tenants_state_and_a_running_host_starts_it
     let tally = |tenant: &'static str| {
         let store = store.clone();
         async move {
-            let stored = store.load(&scope_key(tenant, "window", "events")).await;
+            let stored = store
+                .load(&scope_key(tenant, "window", "events", events_unit(tenant)))
+                .await;
             stored
                 .ok()?
                 .scope
@@ -329,7 +391,9 @@ async fn window_counts_are_exact_across(stop: Stop) {
         if request == 4 {
             // Once some of the window's rows are counted, some maybe not yet.
             eventually(Duration::from_secs(30), "rows counted", || async {
-                let stored = store.load(&scope_key("acme", "window", "events")).await;
+                let stored = store
+                    .load(&scope_key("acme", "window", "events", events_unit("acme")))
+                    .await;
                 stored.ok().filter(|s| s.scope.get(b"k.a").is_some())
             })
             .await;
@@ -392,8 +456,10 @@ async fn window_counts_are_exact_across(stop: Stop) {
             let row = format!("{{\"key\":\"a\",\"value\":0,\"ts\":1600,\"n\":\"more{more}\"}}\n");
             post(http, live, ACME_KEY, &format!("more{more}"), &row).await;
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let stored = store.load(&scope_key("acme", "window", "events")).await;
-            stored.ok().filter(|s| s.scope.applied_count() < 10)
+            let stored = store
+                .load(&scope_key("acme", "window", "events", events_unit("acme")))
+                .await;
+            stored.ok().filter(|s| s.scope.settled_count() < 10)
         }
     })
     .await;

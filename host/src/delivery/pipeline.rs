@@ -14,11 +14,11 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
-use crate::nats::kv::NatsKv;
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::batch::BatchState;
-use crate::state::scope::{Limits, Overlay};
-use crate::state::store::{StateStore, StoreError, Stored, scope_key};
+use crate::state::scope::{Limits, Overlay, Settled};
+use crate::state::store::{StoreError, Stored, UnitState, scope_key};
+use crate::topology::route::Unit;
 
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
@@ -167,7 +167,9 @@ struct Stateful {
     step: usize,
     plugin: String,
     limits: Limits,
-    store: StateStore<NatsKv>,
+    store: crate::state::store::StateStore<crate::nats::kv::NatsKv>,
+    /// The unit whose rows this runner runs: part of every scope's key.
+    unit: Unit,
     /// Scopes as this runner last read or wrote them, by key: it runs
     /// under one owner of the unit, whose writes are the only ones.
     cache: HashMap<String, Stored>,
@@ -197,10 +199,10 @@ impl Stateful {
         Ok(())
     }
 
-    fn applied(&self, key: &str, sequence: u64) -> bool {
+    fn settled(&self, key: &str, sequence: u64) -> Option<Settled> {
         self.cache
             .get(key)
-            .is_some_and(|stored| stored.scope.applied(sequence))
+            .and_then(|stored| stored.scope.settled(sequence))
     }
 
     /// One overlay per scope of the rows the call gets (`origins`: each
@@ -253,15 +255,19 @@ impl Stateful {
             .collect()
     }
 
-    /// Stores each scope the call wrote whose rows are all done, before
-    /// they are acked; a scope with a row to retry keeps its old state and
-    /// all its rows come back. Another host's write means the unit is gone.
+    /// Stores each scope the call wrote whose rows are all settled, before
+    /// they are answered; a scope with a row to retry keeps its old state
+    /// and all its rows come back. Nothing is written once `lease` no
+    /// longer holds. A write someone else made since this runner read the
+    /// scope (a host that owned the unit before, woken past its lease)
+    /// sends the rows back to run again on what is stored now.
     async fn commit(
         &mut self,
         runs: Vec<ScopeRun>,
         keys: &[String],
         sequences: &[u64],
         verdicts: &mut [Verdict],
+        lease: &Lease,
     ) -> Result<(), RunError> {
         for run in runs {
             if !run.overlay.changed() {
@@ -279,16 +285,27 @@ impl Stateful {
                     self.plugin
                 ))
             } else {
+                if !lease.held() {
+                    return Err(RunError::Fenced);
+                }
                 let read = self.cache.get(&run.key).cloned().unwrap_or_default();
-                let next = run
-                    .overlay
-                    .commit(rows.iter().map(|&row| sequences[row]), self.ack_floor);
+                let (dead, applied): (Vec<usize>, Vec<usize>) = rows
+                    .iter()
+                    .partition(|&&row| matches!(verdicts[row], Verdict::DeadLetter { .. }));
+                let next = run.overlay.commit(
+                    applied.into_iter().map(|row| sequences[row]),
+                    dead.into_iter().map(|row| sequences[row]),
+                    self.ack_floor,
+                );
                 match self.store.commit(&run.key, &read, next).await {
                     Ok(stored) => {
                         self.cache.insert(run.key.clone(), stored);
                         None
                     }
-                    Err(StoreError::Fenced { .. }) => return Err(RunError::Fenced),
+                    Err(err @ StoreError::Fenced { .. }) => {
+                        self.cache.remove(&run.key);
+                        Some(format!("plugin `{}`: {err}; read again", self.plugin))
+                    }
                     // `weir state purge`: the rows run again on empty state.
                     Err(err @ StoreError::Purged { .. }) => {
                         self.cache.remove(&run.key);
@@ -320,7 +337,7 @@ impl PipelineRunner {
     pub fn new(
         config: &PipelineConfig,
         lookup: impl Fn(&str) -> Option<Arc<Plugin>>,
-        state: Option<&StateStore<NatsKv>>,
+        state: Option<UnitState>,
     ) -> Option<PipelineRunner> {
         let step = |name: &String| {
             lookup(name).map(|plugin| Step {
@@ -340,11 +357,13 @@ impl PipelineRunner {
                 .enumerate()
                 .find_map(|(index, step)| {
                     let limits = step.plugin.config.grants.state?;
+                    let state = state.clone()?;
                     Some(Stateful {
                         step: index,
                         plugin: step.plugin.name().to_string(),
                         limits,
-                        store: state?.clone(),
+                        store: state.store,
+                        unit: state.unit,
                         cache: HashMap::new(),
                         ack_floor: 0,
                     })
@@ -393,7 +412,10 @@ impl PipelineRunner {
         let mut scope_runs: Vec<ScopeRun> = Vec::new();
         if let Some(stateful) = &mut self.stateful {
             keys = (0..rows.len())
-                .map(|row| scope_key(rows.tenant(row), &stateful.plugin, rows.table(row)))
+                .map(|row| {
+                    let (tenant, table) = (rows.tenant(row), rows.table(row));
+                    scope_key(tenant, &stateful.plugin, table, stateful.unit)
+                })
                 .collect();
             if let Err(err) = stateful.load(&keys).await {
                 let reason = format!("the state of plugin `{}`: {err}", stateful.plugin);
@@ -406,11 +428,25 @@ impl PipelineRunner {
                 }
                 return Ok(verdicts);
             }
-            // Rows whose effects the state already holds came back after
-            // their ack was lost: acked, not counted again.
-            let fresh: Vec<usize> = (0..rows.len())
-                .filter(|&row| !stateful.applied(&keys[row], rows.position(row).sequence))
-                .collect();
+            // Rows the state already settled came back after their answer
+            // was lost: settled the same way again, without a call.
+            let mut fresh: Vec<usize> = Vec::with_capacity(rows.len());
+            for row in 0..rows.len() {
+                match stateful.settled(&keys[row], rows.position(row).sequence) {
+                    None => fresh.push(row),
+                    Some(Settled::Applied) => {}
+                    Some(Settled::DeadLettered) => {
+                        verdicts[row] = Verdict::DeadLetter {
+                            plugin: None,
+                            reason: format!(
+                                "dead-lettered before by this pipeline (plugin `{}` keeps its state); \
+                                 its dead letter was not stored then",
+                                stateful.plugin
+                            ),
+                        }
+                    }
+                }
+            }
             if fresh.len() < rows.len() {
                 let mut kept = Batch::with_capacity(fresh.len(), rows.data_len());
                 for &row in &fresh {
@@ -500,7 +536,7 @@ impl PipelineRunner {
         }
         if let Some(stateful) = &mut self.stateful {
             stateful
-                .commit(scope_runs, &keys, &rows_sequences, &mut verdicts)
+                .commit(scope_runs, &keys, &rows_sequences, &mut verdicts, lease)
                 .await?;
         }
         Ok(verdicts)

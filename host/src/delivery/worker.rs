@@ -35,7 +35,7 @@ use crate::nats::jetstream::is_delivery_header;
 use crate::nats::kv::NatsKv;
 use crate::reload::generation::Generation;
 use crate::sandbox::FailureKind;
-use crate::state::store::StateStore;
+use crate::state::store::{StateStore, UnitState};
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::{Router, Unit};
 
@@ -61,16 +61,14 @@ pub enum DeliveryError {
 struct Fenced;
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
-fn runners(
-    generation: &Generation,
-    state: Option<&StateStore<NatsKv>>,
-) -> Vec<Option<PipelineRunner>> {
+fn runners(generation: &Generation, state: Option<&UnitState>) -> Vec<Option<PipelineRunner>> {
     generation
         .config()
         .pipelines
         .iter()
         .map(|pipeline| {
-            PipelineRunner::new(pipeline, |name| generation.plugin(name).cloned(), state)
+            let plugin = |name: &str| generation.plugin(name).cloned();
+            PipelineRunner::new(pipeline, plugin, state.cloned())
         })
         .collect()
 }
@@ -88,7 +86,7 @@ pub struct UnitWorker {
     runners: Vec<Option<PipelineRunner>>,
     settler: Settler,
     metrics: Metrics,
-    state: Option<StateStore<NatsKv>>,
+    state: Option<UnitState>,
     applied: AppliedPruning,
 }
 
@@ -103,7 +101,7 @@ pub struct UnitWorker {
 struct AppliedPruning {
     /// The confirmation in flight, and the sequences of the rows it covers.
     confirming: Option<(tokio::task::JoinHandle<bool>, Vec<u64>)>,
-    /// Rows answered since the confirmation in flight was asked for.
+    /// Rows acked since the confirmation in flight was asked for.
     answered: Vec<u64>,
     /// When the ack floor was last read, and what it was.
     floor: Option<(Instant, u64)>,
@@ -127,6 +125,10 @@ struct Settler {
     /// The ack subject of the last row acked: repeated with a reply asked
     /// for, it confirms every answer sent before it was applied.
     last_acked: Option<async_nats::Subject>,
+    /// The stream sequences of the rows acked, kept while `record_acked`
+    /// (a stateful pipeline's rows, whose scopes may then forget them).
+    acked: Vec<u64>,
+    record_acked: bool,
     /// The unit's pending-rows gauge.
     unit_labels: UnitLabels,
     summary: Summary,
@@ -246,6 +248,7 @@ impl UnitWorker {
     ) -> UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config().delivery.clone();
+        let state = state.map(|store| UnitState { store, unit });
         let runners = runners(&pipelines, state.as_ref());
         let settler = Settler {
             client: js.client(),
@@ -254,6 +257,8 @@ impl UnitWorker {
             dead_letters: DeadLetters::new(js.clone(), router.clone()),
             metrics: metrics.clone(),
             last_acked: None,
+            acked: Vec::new(),
+            record_acked: false,
             unit_labels: UnitLabels {
                 unit: router.unit_consumer(unit),
             },
@@ -425,13 +430,10 @@ impl UnitWorker {
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
         let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
-        if stateful {
-            let sequences = batch
-                .iter()
-                .filter_map(|m| ack::info(m).map(|i| i.stream_sequence));
-            self.applied.answered.extend(sequences);
-        }
-        self.settler.settle(batch, verdicts, lease).await
+        self.settler.record_acked = stateful;
+        let settled = self.settler.settle(batch, verdicts, lease).await;
+        self.applied.answered.append(&mut self.settler.acked);
+        settled
     }
 }
 
@@ -1031,6 +1033,9 @@ impl Settler {
                 Ok(()) if acked => {
                     last_acked = Some(message);
                     if let Some(info) = ack::info(message) {
+                        if self.record_acked {
+                            self.acked.push(info.stream_sequence);
+                        }
                         // A server clock ahead of this host's counts as 0.
                         let waited = SystemTime::now()
                             .duration_since(info.created)

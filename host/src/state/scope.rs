@@ -2,10 +2,11 @@
 //! sequences of the rows whose effects they hold.
 //!
 //! A scope is one KV value, so a batch's writes to it land at once or not
-//! at all. The applied sequences let a row redelivered after its state was
-//! written (the host died before its ack) be acked without being counted
-//! again; sequences at or below the unit consumer's ack floor are never
-//! redelivered, so they are dropped.
+//! at all. The settled sequences let a row redelivered after its state was
+//! written (the host died before its ack, or its dead letter was not
+//! stored) be settled as it was, without a call: acked if it was applied,
+//! dead-lettered if it was dead-lettered. Rows that cannot come back (their
+//! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,39 +20,72 @@ pub enum StateError {
     Corrupt(&'static str),
     #[error("the state is full: grants.state.max_keys is {max_keys} keys")]
     TooManyKeys { max_keys: usize },
-    #[error("the state is full: grants.state.max_bytes is {max_bytes} bytes of keys and values")]
+    #[error(
+        "the state is full: grants.state.max_bytes is {max_bytes} bytes (keys and values, and 8 per key)"
+    )]
     TooManyBytes { max_bytes: usize },
 }
 
 /// What a plugin's grant allows one scope to hold (`grants.state`).
 pub use crate::config::StateLimits as Limits;
 
+/// What each key costs in `max_bytes` beyond its key and value: the two
+/// lengths it is stored with, so `max_bytes` bounds the stored value.
+pub const ENTRY_FRAMING: usize = 8;
+
+fn entry_bytes(key: &[u8], value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_FRAMING
+}
+
+/// How a row of a scope was settled when its state was last written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Its effects are in the state: ack it.
+    Applied,
+    /// It was dead-lettered (the state holds whatever the call wrote for
+    /// it): dead-letter it again, its letter may not have been stored.
+    DeadLettered,
+}
+
 /// A scope as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {
     entries: BTreeMap<Vec<u8>, Vec<u8>>,
     applied: BTreeSet<u64>,
+    dead_lettered: BTreeSet<u64>,
 }
 
 impl Scope {
+    /// How the row at `sequence` was settled, if this state holds it.
+    pub fn settled(&self, sequence: u64) -> Option<Settled> {
+        if self.applied.contains(&sequence) {
+            Some(Settled::Applied)
+        } else if self.dead_lettered.contains(&sequence) {
+            Some(Settled::DeadLettered)
+        } else {
+            None
+        }
+    }
+
     /// Whether the row at `sequence` already counted in this state.
     pub fn applied(&self, sequence: u64) -> bool {
-        self.applied.contains(&sequence)
+        self.settled(sequence) == Some(Settled::Applied)
     }
 
-    /// How many applied sequences the scope keeps (those above the unit
-    /// consumer's ack floor when it was last written).
-    pub fn applied_count(&self) -> usize {
-        self.applied.len()
+    /// How many settled sequences the scope keeps: rows that may still
+    /// come back.
+    pub fn settled_count(&self) -> usize {
+        self.applied.len() + self.dead_lettered.len()
     }
 
-    /// Drops `sequences` from the applied set: rows that cannot come back.
+    /// Drops `sequences`: rows that cannot come back.
     pub fn forget(&mut self, sequences: &[u64]) {
-        if self.applied.is_empty() {
+        if self.settled_count() == 0 {
             return;
         }
         for sequence in sequences {
             self.applied.remove(sequence);
+            self.dead_lettered.remove(sequence);
         }
     }
 
@@ -59,19 +93,20 @@ impl Scope {
         self.entries.get(key).map(Vec::as_slice)
     }
 
-    /// Bytes of keys and values, what `max_bytes` limits.
+    /// Bytes of keys and values with their framing, what `max_bytes` limits.
     pub fn bytes(&self) -> usize {
-        self.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+        self.entries.iter().map(|(k, v)| entry_bytes(k, v)).sum()
     }
 
     pub fn keys(&self) -> usize {
         self.entries.len()
     }
 
-    /// `FORMAT`, then the entries and the applied sequences, each list
-    /// counted: lengths and counts as little-endian u32, sequences as u64.
+    /// `FORMAT`, then the entries, the applied and the dead-lettered
+    /// sequences, each list counted: lengths and counts as little-endian
+    /// u32, sequences as u64.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + 8 + self.bytes() + 8 * self.entries.len());
+        let mut out = Vec::with_capacity(1 + 12 + self.bytes() + 8 * self.settled_count());
         out.push(FORMAT);
         put_u32(&mut out, self.entries.len());
         for (key, value) in &self.entries {
@@ -80,9 +115,11 @@ impl Scope {
             put_u32(&mut out, value.len());
             out.extend_from_slice(value);
         }
-        put_u32(&mut out, self.applied.len());
-        for sequence in &self.applied {
-            out.extend_from_slice(&sequence.to_le_bytes());
+        for set in [&self.applied, &self.dead_lettered] {
+            put_u32(&mut out, set.len());
+            for sequence in set {
+                out.extend_from_slice(&sequence.to_le_bytes());
+            }
         }
         out
     }
@@ -100,10 +137,12 @@ impl Scope {
             let value = reader.chunk()?.to_vec();
             scope.entries.insert(key, value);
         }
-        for _ in 0..reader.u32()? {
-            let mut sequence = [0; 8];
-            sequence.copy_from_slice(reader.take(8)?);
-            scope.applied.insert(u64::from_le_bytes(sequence));
+        for set in [&mut scope.applied, &mut scope.dead_lettered] {
+            for _ in 0..reader.u32()? {
+                let mut sequence = [0; 8];
+                sequence.copy_from_slice(reader.take(8)?);
+                set.insert(u64::from_le_bytes(sequence));
+            }
         }
         if !reader.bytes.is_empty() {
             return Err(StateError::Corrupt("bytes after the end"));
@@ -175,9 +214,9 @@ impl Overlay {
 
     /// Sets `key`, unless the scope would pass its limits (then nothing changes).
     pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let old = self.get(key).map(|v| key.len() + v.len());
+        let old = self.get(key).map(|v| entry_bytes(key, v));
         let keys = self.keys + usize::from(old.is_none());
-        let bytes = self.bytes - old.unwrap_or(0) + key.len() + value.len();
+        let bytes = self.bytes - old.unwrap_or(0) + entry_bytes(key, value);
         if keys > self.limits.max_keys {
             return Err(StateError::TooManyKeys {
                 max_keys: self.limits.max_keys,
@@ -195,7 +234,7 @@ impl Overlay {
     }
 
     pub fn delete(&mut self, key: &[u8]) {
-        if let Some(old) = self.get(key).map(|v| key.len() + v.len()) {
+        if let Some(old) = self.get(key).map(|v| entry_bytes(key, v)) {
             self.keys -= 1;
             self.bytes -= old;
             self.writes.insert(key.to_vec(), None);
@@ -232,10 +271,16 @@ impl Overlay {
         !self.writes.is_empty()
     }
 
-    /// The scope to store once the batch's rows of this scope are all done:
-    /// the writes applied, `sequences` (those rows) added to the applied
-    /// set, and every sequence at or below `ack_floor` dropped from it.
-    pub fn commit(self, sequences: impl IntoIterator<Item = u64>, ack_floor: u64) -> Scope {
+    /// The scope to store once the batch's rows of this scope are all
+    /// settled: the writes applied, the rows' sequences added as `applied`
+    /// or `dead_lettered`, and every sequence at or below `ack_floor`
+    /// dropped.
+    pub fn commit(
+        self,
+        applied: impl IntoIterator<Item = u64>,
+        dead_lettered: impl IntoIterator<Item = u64>,
+        ack_floor: u64,
+    ) -> Scope {
         let mut scope = Scope::clone(&self.base);
         for (key, written) in self.writes {
             match written {
@@ -243,8 +288,11 @@ impl Overlay {
                 None => scope.entries.remove(&key),
             };
         }
-        scope.applied.extend(sequences);
-        scope.applied = scope.applied.split_off(&(ack_floor + 1));
+        scope.applied.extend(applied);
+        scope.dead_lettered.extend(dead_lettered);
+        for set in [&mut scope.applied, &mut scope.dead_lettered] {
+            *set = set.split_off(&(ack_floor + 1));
+        }
         scope
     }
 }
@@ -257,7 +305,7 @@ mod tests {
 
     const LIMITS: Limits = Limits {
         max_keys: 3,
-        max_bytes: 20,
+        max_bytes: 45,
     };
 
     #[test]
@@ -269,7 +317,7 @@ mod tests {
         overlay.set(b"sum", b"10").unwrap();
         assert_eq!(overlay.get(b"count"), Some(&b"2"[..]));
         assert_eq!(base.get(b"count"), None);
-        let scope = overlay.commit([7, 9], 0);
+        let scope = overlay.commit([7, 9], [], 0);
         assert_eq!(scope.get(b"count"), Some(&b"2"[..]));
         assert!(scope.applied(7) && scope.applied(9) && !scope.applied(8));
     }
@@ -290,7 +338,7 @@ mod tests {
                 (b"w1.c".to_vec(), b"4".to_vec())
             ]
         );
-        let scope = overlay.commit([], 0);
+        let scope = overlay.commit([], [], 0);
         assert_eq!((scope.keys(), scope.get(b"w1.a")), (3, None));
     }
 
@@ -309,7 +357,7 @@ mod tests {
         overlay.set(b"a", b"0123456789").unwrap();
         assert_eq!(
             overlay.set(b"b", b"0123456789"),
-            Err(StateError::TooManyBytes { max_bytes: 20 })
+            Err(StateError::TooManyBytes { max_bytes: 45 })
         );
         overlay.delete(b"c");
         overlay.set(b"b", b"0123456").unwrap();
@@ -321,14 +369,15 @@ mod tests {
 
     #[test]
     fn the_ack_floor_prunes_applied_sequences() {
-        let scope = Overlay::new(Arc::new(Scope::default()), LIMITS).commit([3, 5, 8], 0);
-        let scope = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], 5);
-        assert!(!scope.applied(3) && !scope.applied(5));
+        let scope = Overlay::new(Arc::new(Scope::default()), LIMITS).commit([3, 5, 8], [4, 7], 0);
+        let scope = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], [], 5);
+        assert!(!scope.applied(3) && !scope.applied(5) && scope.settled(4).is_none());
         assert!(scope.applied(8) && scope.applied(9));
+        assert_eq!(scope.settled(7), Some(Settled::DeadLettered));
         let mut scope = scope;
-        scope.forget(&[8, 100]);
-        assert!(!scope.applied(8) && scope.applied(9));
-        assert_eq!(scope.applied_count(), 1);
+        scope.forget(&[7, 8, 100]);
+        assert!(!scope.applied(8) && scope.applied(9) && scope.settled(7).is_none());
+        assert_eq!(scope.settled_count(), 1);
     }
 
     #[test]
@@ -336,7 +385,7 @@ mod tests {
         let empty = Scope::default();
         let mut overlay = Overlay::new(Arc::new(empty.clone()), LIMITS);
         overlay.set(b"k", b"v").unwrap();
-        let scope = overlay.commit([1, 2], 0);
+        let scope = overlay.commit([1, 2], [3], 0);
         assert_eq!(Scope::decode(&scope.encode()), Ok(scope.clone()));
         let encoded = scope.encode();
         for cut in 0..encoded.len() {

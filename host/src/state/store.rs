@@ -1,12 +1,17 @@
-//! Scopes in the state bucket: `<tenant>.<plugin>.<table>` (each token
-//! encoded to KV's alphabet, tenant first so a tenant's state is one
-//! prefix), read once by a unit's owner and written by compare-and-set, so
-//! a host that lost the unit cannot overwrite its new owner's state.
+//! Scopes in the state bucket: `<tenant>.<plugin>.<table>.<partition>.<shard>`
+//! (each name encoded to KV's alphabet, tenant first so a tenant's state is
+//! one prefix), read once by a unit's owner and written by compare-and-set,
+//! so a host that lost the unit cannot overwrite its new owner's state.
+//!
+//! The unit is in the key because a scope must have one writer and one
+//! sequence space: a table lives in one unit under the default route, but
+//! a router may spread it over several by key (each key's rows stay in one).
 
 use bytes::Bytes;
 
-use crate::nats::kv::{KvError, KvWrite};
+use crate::nats::kv::{KvError, KvWrite, NatsKv};
 use crate::state::scope::{Scope, StateError};
+use crate::topology::route::Unit;
 
 /// Why a scope could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -32,14 +37,23 @@ pub struct Stored {
     pub revision: Option<u64>,
 }
 
-/// The bucket key of one plugin's state of one tenant's table.
-pub fn scope_key(tenant: &str, plugin: &str, table: &str) -> String {
+/// The bucket key of one plugin's state of one tenant's table in `unit`.
+pub fn scope_key(tenant: &str, plugin: &str, table: &str, unit: Unit) -> String {
     format!(
-        "{}.{}.{}",
+        "{}.{}.{}.{}.{}",
         kv_token(tenant),
         kv_token(plugin),
-        kv_token(table)
+        kv_token(table),
+        unit.partition,
+        unit.shard
     )
+}
+
+/// The state bucket as one unit's worker uses it.
+#[derive(Clone)]
+pub struct UnitState {
+    pub store: StateStore<NatsKv>,
+    pub unit: Unit,
 }
 
 /// The prefix of every key of `tenant`, for `weir state purge`.
@@ -127,7 +141,7 @@ impl<K: KvWrite + Sync> StateStore<K> {
     }
 }
 
-impl StateStore<crate::nats::kv::NatsKv> {
+impl StateStore<NatsKv> {
     /// Deletes every scope of `tenant` (`weir state purge`); the keys that
     /// held state. A host running one of them finds it purged at its next
     /// write and runs those rows again on empty state.
@@ -163,31 +177,46 @@ mod tests {
 
     #[test]
     fn keys_put_the_tenant_first_and_encode_what_kv_does_not_take() {
-        assert_eq!(scope_key("acme", "window", "orders"), "acme.window.orders");
-        assert_eq!(scope_key("a.b", "w", "t~1"), "a=2Eb.w.t=7E1");
-        assert_eq!(scope_key("", "w", "t"), "=.w.t");
-        assert!(scope_key("acme", "w", "t").starts_with(&tenant_prefix("acme")));
-        assert!(!scope_key("acme2", "w", "t").starts_with(&tenant_prefix("acme")));
+        let unit = Unit {
+            partition: 2,
+            shard: 0,
+        };
+        assert_eq!(
+            scope_key("acme", "window", "orders", unit),
+            "acme.window.orders.2.0"
+        );
+        assert_eq!(scope_key("a.b", "w", "t~1", unit), "a=2Eb.w.t=7E1.2.0");
+        assert_eq!(scope_key("", "w", "t", unit), "=.w.t.2.0");
+        assert!(scope_key("acme", "w", "t", unit).starts_with(&tenant_prefix("acme")));
+        assert!(!scope_key("acme2", "w", "t", unit).starts_with(&tenant_prefix("acme")));
     }
 
     #[tokio::test]
     async fn a_write_lands_once_and_a_host_that_read_before_it_is_fenced() {
         let store = StateStore::new(MemoryKv::new());
-        let key = scope_key("acme", "window", "orders");
+        let key = scope_key(
+            "acme",
+            "window",
+            "orders",
+            Unit {
+                partition: 0,
+                shard: 0,
+            },
+        );
         let first = store.load(&key).await.unwrap();
         assert_eq!(first.revision, None);
 
         let mut overlay = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
         overlay.set(b"count", b"1").unwrap();
         let owner = store
-            .commit(&key, &first, overlay.commit([1], 0))
+            .commit(&key, &first, overlay.commit([1], [], 0))
             .await
             .unwrap();
 
         // A host that read the scope before that write lost the unit.
         let mut stale = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
         stale.set(b"count", b"99").unwrap();
-        let refused = store.commit(&key, &first, stale.commit([1], 0)).await;
+        let refused = store.commit(&key, &first, stale.commit([1], [], 0)).await;
         assert!(
             matches!(refused, Err(StoreError::Fenced { .. })),
             "{refused:?}"
@@ -196,7 +225,7 @@ mod tests {
         let mut next = Overlay::new(Arc::new(owner.scope.clone()), LIMITS);
         next.set(b"count", b"2").unwrap();
         store
-            .commit(&key, &owner, next.commit([2], 1))
+            .commit(&key, &owner, next.commit([2], [], 1))
             .await
             .unwrap();
         let read = store.load(&key).await.unwrap();
@@ -208,7 +237,7 @@ mod tests {
         store.kv.delete(&key).await.unwrap();
         let mut after = Overlay::new(Arc::new(read.scope.clone()), LIMITS);
         after.set(b"count", b"3").unwrap();
-        let refused = store.commit(&key, &read, after.commit([3], 2)).await;
+        let refused = store.commit(&key, &read, after.commit([3], [], 2)).await;
         assert!(
             matches!(refused, Err(StoreError::Purged { .. })),
             "{refused:?}"
@@ -218,7 +247,7 @@ mod tests {
         let mut again = Overlay::new(Arc::new(empty.scope.clone()), LIMITS);
         again.set(b"count", b"1").unwrap();
         store
-            .commit(&key, &empty, again.commit([3], 2))
+            .commit(&key, &empty, again.commit([3], [], 2))
             .await
             .unwrap();
     }

@@ -206,6 +206,9 @@ impl Window {
                 ));
             }
             Some(open) if start > open => {
+                // The new start first: if the state refuses it, nothing of
+                // the closing window is gone yet.
+                tallies.set(OPEN, start.to_string().as_bytes())?;
                 for (tally_key, tally) in tallies.list(TALLY)? {
                     let name = String::from_utf8_lossy(&tally_key[TALLY.len()..]).to_string();
                     let (count, sum) = parse_tally(&tally);
@@ -215,7 +218,6 @@ impl Window {
                     );
                     tallies.delete(&tally_key)?;
                 }
-                tallies.set(OPEN, start.to_string().as_bytes())?;
             }
             Some(_) => {}
             None => tallies.set(OPEN, start.to_string().as_bytes())?,
