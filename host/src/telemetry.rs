@@ -13,6 +13,15 @@ pub struct PluginLabels {
     pub plugin: String,
 }
 
+/// A stateful plugin's scope writes, by how they ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateWriteLabels {
+    pub plugin: String,
+    /// `stored`, `conflict` (written by another host since it was read),
+    /// `purged` or `failed` (KV unavailable).
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginCallLabels {
     pub plugin: String,
@@ -154,6 +163,11 @@ pub struct Metrics {
     /// already received, not handed back for a retry by it: rows lost in
     /// flight (a NATS node's death) and back after the ack wait.
     pub rows_out_of_order: Family<UnitLabels, Counter>,
+    /// Scope writes of plugins granted state, by result.
+    pub state_writes: Family<StateWriteLabels, Counter>,
+    /// Rows a scope had settled already, settled again without a call
+    /// (redelivered after their answer was lost).
+    pub state_rows_settled_again: Family<PluginLabels, Counter>,
     /// Always 1, labelled with the version and commit.
     pub build_info: Family<BuildLabels, Gauge>,
 }
@@ -197,6 +211,8 @@ impl Default for Metrics {
             units_unowned: Gauge::default(),
             unit_pending_rows: Family::default(),
             rows_out_of_order: Family::default(),
+            state_writes: Family::default(),
+            state_rows_settled_again: Family::default(),
             build_info,
         }
     }
@@ -322,6 +338,16 @@ impl Metrics {
             "reloads",
             "Hot reloads of the config and plugins, by result (applied, refused)",
             self.reloads.clone(),
+        );
+        weir.register(
+            "state_writes",
+            "Scope writes of plugins granted state, by result (stored, conflict, purged, failed)",
+            self.state_writes.clone(),
+        );
+        weir.register(
+            "state_rows_settled_again",
+            "Rows redelivered that their plugin's state had settled already, settled again without a call",
+            self.state_rows_settled_again.clone(),
         );
         weir.register(
             "unit_takeovers",

@@ -63,6 +63,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     let state = Some(UnitState {
         store: store.clone(),
         unit: UNIT,
+        metrics: weir::telemetry::Metrics::default(),
     });
     let runner =
         || PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state.clone()).unwrap();
@@ -224,6 +225,7 @@ async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
     let state = Some(UnitState {
         store: store.clone(),
         unit: UNIT,
+        metrics: weir::telemetry::Metrics::default(),
     });
     let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state).unwrap();
     let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
@@ -515,5 +517,71 @@ fn plugin_test_gives_a_stateful_plugin_state_for_the_files_rows() {
             &serde_json::json!({"window": 0, "key": "b", "count": 1, "sum": 4.0}),
         ],
         "{report}"
+    );
+}
+
+/// A reload that grants a plugin state gives it state from its next batch:
+/// the bucket is open from boot, whatever the plugins then.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_grants_state_gives_the_plugin_its_state() {
+    let nats = Nats::start();
+    let ungranted = WINDOW.replace("grants.state = { max_keys = 100 }\n", "");
+    let config = format!(
+        "admin_api_keys = [\"admin-secret\"]\n{}",
+        base_config(nats.url(), &ungranted)
+    );
+    let host = crate::support::TestHost::start(&config).await;
+    let store = state_store(&nats).await;
+    let scope = scope_key("acme", "window", "events", events_unit("acme"));
+    let row = "{\"key\":\"a\",\"value\":1,\"ts\":0}\n";
+    assert_eq!(host.ingest("events", row).await.status(), 202);
+    // Without the grant the plugin's state calls fail, and it says so.
+    let reasons = crate::support::dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].starts_with("state: plugin `window` has no state"),
+        "{reasons:?}"
+    );
+
+    let path = host.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let granted = text.replace(
+        "settings = { width_ms = 1000 }\n",
+        "settings = { width_ms = 1000 }\ngrants.state = { max_keys = 100 }\n",
+    );
+    assert_ne!(text, granted);
+    std::fs::write(&path, granted).unwrap();
+    let reload = host
+        .http
+        .post(host.url("/v1/admin/reload"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status(), 200);
+
+    assert_eq!(host.ingest("events", row).await.status(), 202);
+    let tally = eventually(
+        Duration::from_secs(30),
+        "the row counted in state",
+        || async {
+            let stored = store.load(&scope).await.ok()?;
+            stored.scope.get(b"k.a").map(<[u8]>::to_vec)
+        },
+    )
+    .await;
+    // Only the row after the reload counted.
+    assert_eq!(tally, b"1,1");
+    let metrics = host
+        .http
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weir_state_writes_total{plugin=\"window\",result=\"stored\"} 1"),
+        "{metrics}"
     );
 }

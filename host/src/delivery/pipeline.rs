@@ -18,6 +18,7 @@ use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::batch::BatchState;
 use crate::state::scope::{Limits, Overlay, Settled};
 use crate::state::store::{StoreError, Stored, UnitState, scope_key};
+use crate::telemetry::{PluginLabels, StateWriteLabels};
 use crate::topology::route::Unit;
 
 /// What becomes of one input row.
@@ -170,6 +171,7 @@ struct Stateful {
     store: crate::state::store::StateStore<crate::nats::kv::NatsKv>,
     /// The unit whose rows this runner runs: part of every scope's key.
     unit: Unit,
+    metrics: crate::telemetry::Metrics,
     /// Scopes as this runner last read or wrote them, by key: it runs
     /// under one owner of the unit, whose writes are the only ones.
     cache: HashMap<String, Stored>,
@@ -297,7 +299,19 @@ impl Stateful {
                     dead.into_iter().map(|row| sequences[row]),
                     self.ack_floor,
                 );
-                match self.store.commit(&run.key, &read, next).await {
+                let written = self.store.commit(&run.key, &read, next).await;
+                let result = match &written {
+                    Ok(_) => "stored",
+                    Err(StoreError::Fenced { .. }) => "conflict",
+                    Err(StoreError::Purged { .. }) => "purged",
+                    Err(_) => "failed",
+                };
+                let labels = StateWriteLabels {
+                    plugin: self.plugin.clone(),
+                    result,
+                };
+                self.metrics.state_writes.get_or_create(&labels).inc();
+                match written {
                     Ok(stored) => {
                         self.cache.insert(run.key.clone(), stored);
                         None
@@ -364,6 +378,7 @@ impl PipelineRunner {
                         limits,
                         store: state.store,
                         unit: state.unit,
+                        metrics: state.metrics,
                         cache: HashMap::new(),
                         ack_floor: 0,
                     })
@@ -431,8 +446,19 @@ impl PipelineRunner {
             // Rows the state already settled came back after their answer
             // was lost: settled the same way again, without a call.
             let mut fresh: Vec<usize> = Vec::with_capacity(rows.len());
+            let labels = PluginLabels {
+                plugin: stateful.plugin.clone(),
+            };
+            let settled_again = stateful
+                .metrics
+                .state_rows_settled_again
+                .get_or_create(&labels);
             for row in 0..rows.len() {
-                match stateful.settled(&keys[row], rows.position(row).sequence) {
+                let settled = stateful.settled(&keys[row], rows.position(row).sequence);
+                if settled.is_some() {
+                    settled_again.inc();
+                }
+                match settled {
                     None => fresh.push(row),
                     Some(Settled::Applied) => {}
                     Some(Settled::DeadLettered) => {

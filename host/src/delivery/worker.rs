@@ -248,7 +248,11 @@ impl UnitWorker {
     ) -> UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config().delivery.clone();
-        let state = state.map(|store| UnitState { store, unit });
+        let state = state.map(|store| UnitState {
+            store,
+            unit,
+            metrics: metrics.clone(),
+        });
         let runners = runners(&pipelines, state.as_ref());
         let settler = Settler {
             client: js.client(),

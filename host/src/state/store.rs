@@ -54,6 +54,7 @@ pub fn scope_key(tenant: &str, plugin: &str, table: &str, unit: Unit) -> String 
 pub struct UnitState {
     pub store: StateStore<NatsKv>,
     pub unit: Unit,
+    pub metrics: crate::telemetry::Metrics,
 }
 
 /// The prefix of every key of `tenant`, for `weir state purge`.
