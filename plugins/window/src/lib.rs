@@ -171,8 +171,8 @@ impl Transform for Window {
 impl Window {
     /// Counts one row; the summaries of the window it closed, if any.
     fn count(&mut self, index: usize, row: &Row<'_>) -> Result<Vec<String>, String> {
-        let fields: serde_json::Value = serde_json::from_slice(row.payload)
-            .map_err(|err| format!("not JSON: {err}"))?;
+        let fields: serde_json::Value =
+            serde_json::from_slice(row.payload).map_err(|err| format!("not JSON: {err}"))?;
         let s = &self.settings;
         let key = match &fields[&s.key_field] {
             serde_json::Value::String(key) => key.clone(),
