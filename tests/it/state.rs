@@ -585,3 +585,47 @@ async fn a_reload_that_grants_state_gives_the_plugin_its_state() {
         "{metrics}"
     );
 }
+
+/// A batch of a stateful pipeline that runs into a deadline is isolated
+/// one row at a time on the unit's own runner: the rows that are fine are
+/// counted once each, the one that spins is dead-lettered, uncounted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_in_a_stateful_pipeline_isolates_rows_and_counts_the_others_once() {
+    let nats = Nats::start();
+    let extra = WINDOW
+        .replace(
+            "transforms = [\"window\"]",
+            "transforms = [\"chaos\", \"window\"]",
+        )
+        .replace(
+            "[[pipelines]]",
+            "[plugins.chaos]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\n\
+             settings = { mode = \"spin\", trigger = \"spin\" }\ndeadline_ms = 200\n\n[[pipelines]]",
+        );
+    let host = crate::support::TestHost::start(&base_config(nats.url(), &extra)).await;
+    let mut body = String::new();
+    for i in 0..6 {
+        let note = if i == 3 { ",\"note\":\"spin\"" } else { "" };
+        body.push_str(&format!("{{\"key\":\"a\",\"value\":1,\"ts\":{i}{note}}}\n"));
+    }
+    assert_eq!(host.ingest("events", body).await.status(), 202);
+    let reasons = crate::support::dead_letter_reasons(&nats, 1).await;
+    assert!(
+        reasons[0].contains("plugin `chaos` ran past its deadline"),
+        "{reasons:?}"
+    );
+    let close = "{\"key\":\"a\",\"value\":0,\"ts\":1500}\n";
+    assert_eq!(host.ingest("events", close).await.status(), 202);
+    let summaries = eventually(Duration::from_secs(30), "window 0's summary", || async {
+        let lines = host.sink_lines("windows");
+        (!lines.is_empty()).then_some(lines)
+    })
+    .await;
+    let summary: serde_json::Value = serde_json::from_str(&summaries[0]).unwrap();
+    assert_eq!(
+        (summary["count"].as_u64(), summary["sum"].as_f64()),
+        (Some(5), Some(5.0)),
+        "{summaries:?}"
+    );
+    host.shutdown().await;
+}
