@@ -283,6 +283,80 @@ async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
     host.shutdown().await;
 }
 
+/// A Python transform that counts rows per user in durable state.
+const COUNTING_APP: &str = r#"import weir_plugin as weir
+
+
+class Plugin(weir.Transform):
+    def row(self, row):
+        user = row.json()["user"]
+        seen = int(weir.state.get(row, user) or b"0") + 1
+        weir.state.set(row, user, str(seen))
+        return weir.emit({"user": user, "seen": seen})
+
+
+WitWorld = weir.export(Plugin)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its_row() {
+    let wasm = tokio::task::spawn_blocking(|| {
+        let dir = scaffold("counting", "python", "transform");
+        std::fs::write(dir.join("app.py"), COUNTING_APP).expect("write app.py");
+        run_script(&dir, "build.sh");
+        dir.join("counting.wasm")
+    })
+    .await
+    .expect("build");
+    let nats = Nats::start();
+    let config = pipeline("counts", &wasm).replace(
+        "world = \"transform\"\n",
+        "world = \"transform\"\ngrants.state = { max_keys = 2 }\n",
+    );
+    let host = TestHost::start(&base_config(nats.url(), &config)).await;
+    let rows = |users: &[&str]| {
+        users
+            .iter()
+            .map(|user| format!("{{\"user\":\"{user}\"}}\n"))
+            .collect::<String>()
+    };
+    let sunk = |count: usize| {
+        let host = &host;
+        eventually(
+            Duration::from_secs(30),
+            "the counted rows",
+            move || async move {
+                let lines = host.sink_lines("counts");
+                (lines.len() >= count).then_some(lines)
+            },
+        )
+    };
+    assert_eq!(
+        host.ingest("counts", rows(&["a", "a", "b"])).await.status(),
+        202
+    );
+    sunk(3).await;
+    // The next batch reads what the last one stored; a third user is one
+    // key too many.
+    assert_eq!(host.ingest("counts", rows(&["a", "c"])).await.status(), 202);
+    let lines = sunk(4).await;
+    assert_eq!(
+        lines,
+        [
+            "{\"user\":\"a\",\"seen\":1}",
+            "{\"user\":\"a\",\"seen\":2}",
+            "{\"user\":\"b\",\"seen\":1}",
+            "{\"user\":\"a\",\"seen\":3}",
+        ]
+    );
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(
+        reasons,
+        ["StateError: the state is full: grants.state.max_keys is 2 keys (app.py line 8)"]
+    );
+    host.shutdown().await;
+}
+
 /// A JS transform whose `init` throws an Error when told to, and whose
 /// `row` throws on rows without a `user`.
 const THROWING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";

@@ -19,7 +19,7 @@ __all__ = [
     "Row", "Out", "Transform", "Sink", "Budget", "Router", "export",
     "ok", "emit", "drop", "retry", "dead_letter",
     "admit", "throttle", "reject", "default_route", "to", "by_key",
-    "log", "count",
+    "log", "count", "state", "StateError",
 ]
 
 WIT_PACKAGE = "weir:plugin@0.2.0"
@@ -36,9 +36,9 @@ _SAME_TABLE = 0xFFFFFFFF
 class Row:
     """One input row. `payload` is its bytes as sent; `json()` parses them once."""
 
-    __slots__ = ("tenant", "table", "payload", "headers", "sequence", "attempts", "_json")
+    __slots__ = ("tenant", "table", "payload", "headers", "sequence", "attempts", "index", "_json")
 
-    def __init__(self, tenant, table, payload, headers=(), sequence=1, attempts=1):
+    def __init__(self, tenant, table, payload, headers=(), sequence=1, attempts=1, index=0):
         self.tenant = tenant
         self.table = table
         self.payload = payload
@@ -46,6 +46,8 @@ class Row:
         self.headers = list(headers)
         self.sequence = sequence
         self.attempts = attempts
+        # Its place in the batch: what `state` calls name it by.
+        self.index = index
         self._json = None
 
     def json(self):
@@ -375,6 +377,92 @@ def count(name, delta=1):
         host.add_counter(name, int(delta))
 
 
+class StateError(Exception):
+    """A `state` call the host refused: a write past a `grants.state` limit,
+    or a plugin without the grant. Raised from `row`, it dead-letters the
+    row with the host's reason."""
+
+
+def _bytes(value):
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+class _State:
+    """Durable state (`grants.state` in the TOML): this plugin's keys for a
+    row's tenant and table, kept across batches, crashes and handovers.
+    Every call names the row it is about; keys and values are bytes (a str
+    is written as UTF-8). A batch's writes are stored with its acks (see
+    plugins/README.md, "Durable state"). Outside wasm (a plugin's own
+    tests) it is a dict per tenant and table, in `state.memory`."""
+
+    def __init__(self):
+        self.memory = {}
+
+    def _scope(self, row):
+        return self.memory.setdefault((row.tenant, row.table), {})
+
+    def get(self, row, key):
+        """The value of `key` (bytes), or None."""
+        api = _state_api()
+        if api is None:
+            return self._scope(row).get(_bytes(key))
+        return _state_call(api.get, row.index, _bytes(key))
+
+    def set(self, row, key, value):
+        """Sets `key`; raises StateError past the grant's limits."""
+        api = _state_api()
+        if api is None:
+            self._scope(row)[_bytes(key)] = _bytes(value)
+        else:
+            _state_call(api.set, row.index, _bytes(key), _bytes(value))
+
+    def delete(self, row, key):
+        api = _state_api()
+        if api is None:
+            self._scope(row).pop(_bytes(key), None)
+        else:
+            _state_call(api.delete, row.index, _bytes(key))
+
+    def list(self, row, prefix=b""):
+        """Every (key, value) whose key starts with `prefix`, in key order."""
+        api = _state_api()
+        prefix = _bytes(prefix)
+        if api is None:
+            scope = self._scope(row)
+            return [(k, scope[k]) for k in sorted(scope) if k.startswith(prefix)]
+        return [(bytes(k), bytes(v)) for k, v in _state_call(api.list, row.index, prefix)]
+
+
+state = _State()
+
+
+def _state_call(function, *args):
+    from componentize_py_types import Err
+
+    try:
+        return function(*args)
+    except Err as err:
+        raise StateError(str(err.value)) from None
+
+
+_STATE = []
+
+
+def _state_api():
+    """The generated `state` import, or None outside wasm (never a silent
+    stand-in inside it)."""
+    if not _STATE:
+        if sys.platform != "wasi":
+            _STATE.append(None)
+        else:
+            try:
+                from wit_world.imports import state as api
+            except ImportError:
+                raise StateError("this plugin's world has no state (only transforms and sinks do)") from None
+            _STATE.append(api)
+    return _STATE[0]
+
+
 _HOST = []
 
 
@@ -415,6 +503,7 @@ def unpack(batch):
             headers,
             sequences[i],
             attempts[i],
+            i,
         ))
     return rows
 
@@ -496,6 +585,14 @@ def export(plugin_class):
             "budget": _BudgetWorld, "router": _RouterWorld}.get(world)
     if glue is None:
         raise TypeError("%r is not a Transform, Sink, Budget or Router" % (plugin_class,))
+    if world in ("transform", "sink"):
+        # componentize-py keeps only the modules imported while it builds
+        # (it snapshots the interpreter after importing the app): the
+        # `state` bindings are imported now, for plugins that use them.
+        try:
+            import wit_world.imports.state  # noqa: F401
+        except ImportError:
+            pass
     _PLUGIN.clear()
     _PLUGIN.append(plugin_class)
     return glue

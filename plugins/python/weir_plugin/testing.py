@@ -12,7 +12,7 @@ def run(plugin_class, lines, settings=None, table="events", tenant="t"):
     the NDJSON `lines`, each line one row of `tenant`/`table`."""
     plugin = plugin_class()
     plugin.init(parse_settings(json.dumps(settings or {})))
-    rows = [Row(tenant, table, line.encode("utf-8"), sequence=i + 1)
+    rows = [Row(tenant, table, line.encode("utf-8"), sequence=i + 1, index=i)
             for i, line in enumerate(l for l in lines if l.strip())]
     return [outcome.describe() for outcome in plugin.batch(rows)]
 
