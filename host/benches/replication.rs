@@ -25,7 +25,7 @@ use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::topology::manifest::Manifest;
 use weir::topology::route::Router;
 
-use support::{TENANT, Table, env_count, median, print_figure, publish_pipelined};
+use support::{TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined};
 
 const BENCH: &str = "replication";
 const DEFAULT_ROWS: usize = 100_000;
@@ -245,25 +245,8 @@ async fn measure_weir(nats: &Nats, dir: &Path, payloads: &[Bytes]) -> Measured {
 
     let host = RunningHost::start(config).await.expect("weir host starts");
     let expected = payloads.len() as u64;
-    let deliver = async {
-        let (first_at, first_count) = loop {
-            let delivered = host.status().rows().delivered;
-            if delivered > 0 {
-                break (Instant::now(), delivered);
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        loop {
-            let delivered = host.status().rows().delivered;
-            if delivered >= expected {
-                return (expected - first_count) as f64 / first_at.elapsed().as_secs_f64();
-            }
-            tokio::time::sleep(STATUS_POLL).await;
-        }
-    };
-    let deliver_rows_per_sec = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-        .await
-        .expect("weir drains its stream in time");
+    let (deliver_rows_per_sec, _) =
+        drain_rate(&host, expected, STATUS_POLL, SCENARIO_TIMEOUT).await;
     host.shutdown().await;
     for stream in [router.partition_stream(0), router.dead_letter_stream()] {
         js.delete_stream(&stream)

@@ -18,7 +18,7 @@
 mod support;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::Subject;
 use async_nats::jetstream;
@@ -31,7 +31,9 @@ use weir::state::store::StateStore;
 use weir::topology::manifest::Manifest;
 use weir::topology::route::Router;
 
-use support::{API_KEY, TENANT, Table, env_count, median, print_figure, publish_pipelined};
+use support::{
+    API_KEY, TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined,
+};
 
 const BENCH: &str = "state";
 const DEFAULT_ROWS: usize = 100_000;
@@ -161,34 +163,12 @@ async fn measure(
 
     let host = RunningHost::start(config).await.expect("weir host starts");
     let expected = payloads.len() as u64;
-    let deliver = async {
-        let (first_at, first_count) = loop {
-            let delivered = host.status().rows().delivered;
-            if delivered > 0 {
-                break (Instant::now(), delivered);
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        let mut below_at = first_at;
-        loop {
-            let rows = host.status().rows();
-            let read_at = Instant::now();
-            if rows.delivered >= expected {
-                assert_eq!(
-                    (rows.dead_lettered, rows.retried),
-                    (0, 0),
-                    "every row is counted once, none late or refused"
-                );
-                let last_at = below_at + (read_at - below_at) / 2;
-                break (expected - first_count) as f64 / (last_at - first_at).as_secs_f64();
-            }
-            below_at = read_at;
-            tokio::time::sleep(STATUS_POLL).await;
-        }
-    };
-    let rate = tokio::time::timeout(SCENARIO_TIMEOUT, deliver)
-        .await
-        .expect("the host delivers every row in time");
+    let (rate, rows) = drain_rate(&host, expected, STATUS_POLL, SCENARIO_TIMEOUT).await;
+    assert_eq!(
+        (rows.dead_lettered, rows.retried),
+        (0, 0),
+        "every row is counted once, none late or refused"
+    );
     host.shutdown().await;
     rate
 }

@@ -407,15 +407,7 @@ async fn the_status_shows_tenants_and_nats_only_to_whom_it_may() {
     let anyone = as_key(None).await;
     assert!(anyone.tenants.is_empty(), "{:?}", anyone.tenants);
     assert_eq!(anyone.nats.url, "");
-    let raw = host
-        .http
-        .get(host.url("/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = host.get_text("/v1/status").await;
     assert!(!raw.contains("s3cret-pw") && !raw.contains("beta"), "{raw}");
     host.shutdown().await;
 }

@@ -152,16 +152,7 @@ fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
 }
 
 async fn scrape(host: &TestHost) -> Scraped {
-    let text = host
-        .http
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .expect("/metrics answers")
-        .text()
-        .await
-        .expect("a text body");
-    parse(&text)
+    parse(&host.get_text("/metrics").await)
 }
 
 fn value(scraped: &Scraped, sample: &str, labels: &[(&str, &str)]) -> Option<f64> {

@@ -46,28 +46,69 @@ fn rows(tenant: &str, rows: &[(u64, &str, u64, u64)]) -> Batch {
     batch
 }
 
+/// The window plugin of `window` (a config's plugin and pipeline) loaded
+/// for a runner on the tests' [`UNIT`], its pipeline without a sink, and
+/// the state bucket.
+struct Rig {
+    config: Config,
+    sandbox: Sandbox,
+    plugin: std::sync::Arc<weir::sandbox::Plugin>,
+    pipeline: weir::config::Pipeline,
+    store: StateStore<NatsKv>,
+    state: Option<UnitState>,
+    lease: Lease,
+}
+
+impl Rig {
+    async fn new(nats: &Nats, window: &str) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, base_config(nats.url(), window)).unwrap();
+        let config = Config::load(&path, &Overrides::default()).unwrap();
+        let sandbox = Sandbox::new(weir::telemetry::Metrics::default()).unwrap();
+        let plugin = sandbox.load(&config.plugins["window"]).await.unwrap();
+        let pipeline = weir::config::Pipeline {
+            sink: None,
+            ..config.pipeline_for("events").unwrap().clone()
+        };
+        let store = state_store(nats).await;
+        let state = Some(UnitState {
+            store: store.clone(),
+            unit: UNIT,
+            metrics: weir::telemetry::Metrics::default(),
+        });
+        let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
+        Rig {
+            config,
+            sandbox,
+            plugin,
+            pipeline,
+            store,
+            state,
+            lease,
+        }
+    }
+
+    fn runner(&self) -> PipelineRunner {
+        let plugin = self.plugin.clone();
+        PipelineRunner::new(&self.pipeline, |_| Some(plugin.clone()), self.state.clone()).unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    std::fs::write(&path, base_config(nats.url(), WINDOW)).unwrap();
-    let config = Config::load(&path, &Overrides::default()).unwrap();
-    let sandbox = Sandbox::new(weir::telemetry::Metrics::default()).unwrap();
-    let plugin = sandbox.load(&config.plugins["window"]).await.unwrap();
-    let pipeline = weir::config::Pipeline {
-        sink: None,
-        ..config.pipeline_for("events").unwrap().clone()
-    };
-    let store = state_store(&nats).await;
-    let state = Some(UnitState {
-        store: store.clone(),
-        unit: UNIT,
-        metrics: weir::telemetry::Metrics::default(),
-    });
-    let runner =
-        || PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state.clone()).unwrap();
-    let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
+    let rig = Rig::new(&nats, WINDOW).await;
+    let Rig {
+        config,
+        sandbox,
+        pipeline,
+        store,
+        state,
+        lease,
+        ..
+    } = &rig;
+    let runner = || rig.runner();
     let tally = |tenant: &'static str, key: &'static str| {
         let store = store.clone();
         async move {
@@ -84,7 +125,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
 
     let mut first = runner();
     let batch = rows("acme", &[(1, "a", 1, 0), (2, "a", 2, 10), (3, "b", 5, 20)]);
-    let verdicts = first.run(batch.clone(), &lease).await.unwrap();
+    let verdicts = first.run(batch.clone(), lease).await.unwrap();
     assert!(
         verdicts.iter().all(|v| matches!(v, Verdict::Done)),
         "{verdicts:?}"
@@ -93,15 +134,15 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
 
     // The same rows again (their acks were lost): acked, not counted twice,
     // by this runner and by a new owner that reads the state afresh.
-    first.run(batch.clone(), &lease).await.unwrap();
+    first.run(batch.clone(), lease).await.unwrap();
     let mut second = runner();
-    second.run(batch, &lease).await.unwrap();
+    second.run(batch, lease).await.unwrap();
     assert_eq!(tally("acme", "a").await.as_deref(), Some("2,3"));
     assert_eq!(tally("acme", "b").await.as_deref(), Some("1,5"));
 
     // Another tenant's rows of the same table see none of it.
     second
-        .run(rows("globex", &[(4, "a", 7, 30)]), &lease)
+        .run(rows("globex", &[(4, "a", 7, 30)]), lease)
         .await
         .unwrap();
     assert_eq!(tally("globex", "a").await.as_deref(), Some("1,7"));
@@ -118,7 +159,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     };
     PipelineRunner::new(&other_pipeline, |_| Some(other.clone()), state.clone())
         .unwrap()
-        .run(rows("acme", &[(1, "a", 1, 0)]), &lease)
+        .run(rows("acme", &[(1, "a", 1, 0)]), lease)
         .await
         .unwrap();
     let other_tally = store
@@ -131,7 +172,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     // The second runner wrote acme's scope after the first read it. The
     // first, its lease gone, writes nothing: fenced.
     second
-        .run(rows("acme", &[(5, "a", 10, 40)]), &lease)
+        .run(rows("acme", &[(5, "a", 10, 40)]), lease)
         .await
         .unwrap();
     let expired = Lease::until(tokio::time::Instant::now());
@@ -144,7 +185,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     // write is refused, the rows come back, and run again on what is
     // stored: row 5 counted once, row 6 added.
     let refused = first
-        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), &lease)
+        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), lease)
         .await
         .unwrap();
     assert!(
@@ -153,7 +194,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     );
     assert_eq!(tally("acme", "a").await.as_deref(), Some("3,13"));
     first
-        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), &lease)
+        .run(rows("acme", &[(5, "a", 10, 40), (6, "a", 100, 50)]), lease)
         .await
         .unwrap();
     assert_eq!(tally("acme", "a").await.as_deref(), Some("4,113"));
@@ -161,12 +202,12 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     // A row the window dead-letters (late) comes back after its letter was
     // not stored: dead-lettered again without a call.
     let late = rows("acme", &[(7, "a", 1, 999_000), (8, "a", 1, 10)]);
-    let verdicts = first.run(late.clone(), &lease).await.unwrap();
+    let verdicts = first.run(late.clone(), lease).await.unwrap();
     assert!(
         matches!(verdicts[1], Verdict::DeadLetter { ref reason, .. } if reason.starts_with("late")),
         "{verdicts:?}"
     );
-    let again = runner().run(late, &lease).await.unwrap();
+    let again = runner().run(late, lease).await.unwrap();
     assert!(matches!(again[0], Verdict::Done), "{again:?}");
     match &again[1] {
         Verdict::DeadLetter { reason, .. } => assert!(
@@ -210,25 +251,9 @@ async fn state_store(nats: &Nats) -> StateStore<NatsKv> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
     let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
-    let limited = WINDOW.replace("max_keys = 100", "max_keys = 3");
-    std::fs::write(&path, base_config(nats.url(), &limited)).unwrap();
-    let config = Config::load(&path, &Overrides::default()).unwrap();
-    let sandbox = Sandbox::new(weir::telemetry::Metrics::default()).unwrap();
-    let plugin = sandbox.load(&config.plugins["window"]).await.unwrap();
-    let pipeline = weir::config::Pipeline {
-        sink: None,
-        ..config.pipeline_for("events").unwrap().clone()
-    };
-    let store = state_store(&nats).await;
-    let state = Some(UnitState {
-        store: store.clone(),
-        unit: UNIT,
-        metrics: weir::telemetry::Metrics::default(),
-    });
-    let mut runner = PipelineRunner::new(&pipeline, |_| Some(plugin.clone()), state).unwrap();
-    let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(600));
+    let rig = Rig::new(&nats, &WINDOW.replace("max_keys = 100", "max_keys = 3")).await;
+    let (store, lease) = (&rig.store, &rig.lease);
+    let mut runner = rig.runner();
 
     // The open window's start, then a tally per key: the third key is one
     // too many, the rows of keys already there still count.
@@ -241,7 +266,7 @@ async fn a_write_past_the_grants_limits_is_refused_with_the_documented_error() {
             (4, "a", 1, 3),
         ],
     );
-    let verdicts = runner.run(batch, &lease).await.unwrap();
+    let verdicts = runner.run(batch, lease).await.unwrap();
     assert!(matches!(verdicts[0], Verdict::Done), "{verdicts:?}");
     assert!(matches!(verdicts[1], Verdict::Done), "{verdicts:?}");
     match &verdicts[2] {
@@ -571,15 +596,7 @@ async fn a_reload_that_grants_state_gives_the_plugin_its_state() {
     .await;
     // Only the row after the reload counted.
     assert_eq!(tally, b"1,1");
-    let metrics = host
-        .http
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = host.get_text("/metrics").await;
     assert!(
         metrics.contains("weir_state_writes_total{plugin=\"window\",result=\"stored\"} 1"),
         "{metrics}"

@@ -160,6 +160,13 @@ impl TestHost {
         format!("http://{}{path}", self.host.http_addr())
     }
 
+    /// The body of `GET path`, unauthenticated.
+    pub async fn get_text(&self, path: &str) -> String {
+        let response = self.http.get(self.url(path)).send().await;
+        let response = response.unwrap_or_else(|err| panic!("GET {path}: {err}"));
+        response.text().await.expect("a text body")
+    }
+
     /// POSTs an NDJSON body to `/v1/ingest/{table}` as tenant `acme`.
     pub async fn ingest(&self, table: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.http

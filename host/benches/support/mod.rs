@@ -417,3 +417,41 @@ pub fn time_plugin(
         started.elapsed()
     })
 }
+
+/// How `host` drains `expected` rows: rows per second from the first
+/// delivery seen to the last (taken halfway between the last status read
+/// below `expected` and the first at it; reads every `poll`), and its row
+/// counts then. Fails the bench past `timeout`.
+pub async fn drain_rate(
+    host: &weir::host::RunningHost,
+    expected: u64,
+    poll: std::time::Duration,
+    timeout: std::time::Duration,
+) -> (f64, weir::ops::status::RowCounts) {
+    let drain = async {
+        // The host's workers start pulling before `start` returns; the rate
+        // counts only rows delivered after the first delivery was seen.
+        let (first_at, first_count) = loop {
+            let delivered = host.status().rows().delivered;
+            if delivered > 0 {
+                break (Instant::now(), delivered);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        };
+        let mut below_at = first_at;
+        loop {
+            let rows = host.status().rows();
+            let read_at = Instant::now();
+            if rows.delivered >= expected {
+                let last_at = below_at + (read_at - below_at) / 2;
+                let rate = (expected - first_count) as f64 / (last_at - first_at).as_secs_f64();
+                return (rate, rows);
+            }
+            below_at = read_at;
+            tokio::time::sleep(poll).await;
+        }
+    };
+    tokio::time::timeout(timeout, drain)
+        .await
+        .expect("the host drains its stream in time")
+}

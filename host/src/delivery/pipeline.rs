@@ -208,16 +208,17 @@ impl Stateful {
     }
 
     /// One overlay per scope of the rows the call gets (`origins`: each
-    /// one's input row), and each row's overlay.
-    fn batch_state(&self, keys: &[String], origins: &[usize]) -> BatchState {
-        let mut scopes: Vec<&str> = Vec::new();
+    /// one's input row) and each row's overlay; with the scopes' keys, in
+    /// the overlays' order, for [`Stateful::runs`].
+    fn batch_state(&self, keys: &[String], origins: &[usize]) -> (BatchState, Vec<String>) {
+        let mut scopes: Vec<String> = Vec::new();
         let mut row_scopes = Vec::with_capacity(origins.len());
         for &origin in origins {
             let key = keys.get(origin).map_or("", String::as_str);
-            let index = match scopes.iter().position(|k| *k == key) {
+            let index = match scopes.iter().position(|k| k == key) {
                 Some(index) => index,
                 None => {
-                    scopes.push(key);
+                    scopes.push(key.to_string());
                     scopes.len() - 1
                 }
             };
@@ -228,29 +229,21 @@ impl Stateful {
             .map(|key| {
                 let base = self
                     .cache
-                    .get(*key)
+                    .get(key)
                     .map(|stored| Arc::new(stored.scope.clone()))
                     .unwrap_or_default();
                 Overlay::new(base, self.limits)
             })
             .collect();
-        BatchState::new(overlays, row_scopes)
+        (BatchState::new(overlays, row_scopes), scopes)
     }
 
-    /// The call's overlays, named by their scope keys again.
-    fn runs(keys: &[String], origins: &[usize], state: Option<BatchState>) -> Vec<ScopeRun> {
+    /// The call's overlays, named by the keys [`Stateful::batch_state`] gave.
+    fn runs(scopes: Vec<String>, state: Option<BatchState>) -> Vec<ScopeRun> {
         let Some(state) = state else {
             return Vec::new();
         };
-        let mut names: Vec<String> = Vec::new();
-        for &origin in origins {
-            if let Some(key) = keys.get(origin)
-                && !names.contains(key)
-            {
-                names.push(key.clone());
-            }
-        }
-        names
+        scopes
             .into_iter()
             .zip(state.into_overlays())
             .map(|(key, overlay)| ScopeRun { key, overlay })
@@ -419,13 +412,14 @@ impl PipelineRunner {
         let mut verdicts = vec![Verdict::Done; rows.len()];
         let mut origins: Vec<usize> = (0..rows.len()).collect();
         let mut rows = rows;
-        let rows_sequences: Vec<u64> = (0..rows.len())
-            .map(|row| rows.position(row).sequence)
-            .collect();
-        // Each input row's scope key, with the stateful plugin.
+        // With the stateful plugin: each input row's sequence and scope key.
+        let mut rows_sequences: Vec<u64> = Vec::new();
         let mut keys: Vec<String> = Vec::new();
         let mut scope_runs: Vec<ScopeRun> = Vec::new();
         if let Some(stateful) = &mut self.stateful {
+            rows_sequences = (0..rows.len())
+                .map(|row| rows.position(row).sequence)
+                .collect();
             keys = (0..rows.len())
                 .map(|row| {
                     let (tenant, table) = (rows.tenant(row), rows.table(row));
@@ -454,7 +448,7 @@ impl PipelineRunner {
                 .state_rows_settled_again
                 .get_or_create(&labels);
             for row in 0..rows.len() {
-                let settled = stateful.settled(&keys[row], rows.position(row).sequence);
+                let settled = stateful.settled(&keys[row], rows_sequences[row]);
                 if settled.is_some() {
                     settled_again.inc();
                 }
@@ -490,12 +484,14 @@ impl PipelineRunner {
             let span = call_span(&step.plugin);
             let instance = step.instance().await?;
             let stateful = self.stateful.as_ref().filter(|s| s.step == index);
-            if let Some(stateful) = stateful {
-                instance.give_state(stateful.batch_state(&keys, &origins));
-            }
+            let scopes = stateful.map(|stateful| {
+                let (state, scopes) = stateful.batch_state(&keys, &origins);
+                instance.give_state(state);
+                scopes
+            });
             let result = instance.transform(rows.packed()).instrument(span).await;
-            if stateful.is_some() {
-                scope_runs = Stateful::runs(&keys, &origins, instance.take_state());
+            if let Some(scopes) = scopes {
+                scope_runs = Stateful::runs(scopes, instance.take_state());
             }
             let transformed = result.map_err(|error| step.failed(error))?;
             let mut answer = match Answer::new(&transformed, rows.len()) {
@@ -544,12 +540,14 @@ impl PipelineRunner {
             }
             let sink_index = self.transforms.len();
             let stateful = self.stateful.as_ref().filter(|s| s.step == sink_index);
-            if let Some(stateful) = stateful {
-                instance.give_state(stateful.batch_state(&keys, &origins));
-            }
+            let scopes = stateful.map(|stateful| {
+                let (state, scopes) = stateful.batch_state(&keys, &origins);
+                instance.give_state(state);
+                scopes
+            });
             let result = instance.deliver(rows.packed()).instrument(span).await;
-            if stateful.is_some() {
-                scope_runs = Stateful::runs(&keys, &origins, instance.take_state());
+            if let Some(scopes) = scopes {
+                scope_runs = Stateful::runs(scopes, instance.take_state());
             }
             let delivered = result.map_err(|error| step.failed(error))?;
             let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {

@@ -512,10 +512,9 @@ impl UnitWorker {
         {
             let client = self.settler.client.clone();
             let confirmed = async move {
-                let request = client.request(last_ack, bytes::Bytes::from_static(b"+ACK"));
                 matches!(
-                    tokio::time::timeout(CONFIRM_TIMEOUT, request).await,
-                    Ok(Ok(_))
+                    confirm_acks(&client, last_ack, CONFIRM_TIMEOUT).await,
+                    Ok(Ok(()))
                 )
             };
             let sequences = std::mem::take(&mut applied.answered);
@@ -545,6 +544,18 @@ impl UnitWorker {
             }
         }
     }
+}
+
+/// Repeats the ack sent last on `client` (`last_ack`, its subject) as a
+/// request: the server answers once it applied every answer sent before
+/// it. The outer error: no answer `within`.
+async fn confirm_acks(
+    client: &Client,
+    last_ack: async_nats::Subject,
+    within: Duration,
+) -> Result<Result<(), async_nats::RequestError>, tokio::time::error::Elapsed> {
+    let request = client.request(last_ack, bytes::Bytes::from_static(b"+ACK"));
+    Ok(tokio::time::timeout(within, request).await?.map(|_| ()))
 }
 
 /// Rows of a batch that failed on a deadline run alone this many at a
@@ -868,14 +879,8 @@ impl Settler {
             return;
         };
         let started = Instant::now();
-        let confirmed = tokio::time::timeout(
-            within,
-            self.client
-                .request(subject, bytes::Bytes::from_static(b"+ACK")),
-        )
-        .await;
-        match confirmed {
-            Ok(Ok(_)) => tracing::debug!(
+        match confirm_acks(&self.client, subject, within).await {
+            Ok(Ok(())) => tracing::debug!(
                 consumer,
                 waited = ?started.elapsed(),
                 "the server applied every answer to this unit's rows"
