@@ -32,6 +32,7 @@ pub mod host;
 pub mod nats;
 pub mod ops;
 pub mod telemetry;
+pub mod world;
 
 #[cfg(test)]
 mod fuzz;

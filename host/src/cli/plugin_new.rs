@@ -7,26 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-
-/// The world a new plugin implements.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum World {
-    Transform,
-    Sink,
-    Budget,
-    Router,
-}
-
-impl World {
-    fn as_str(self) -> &'static str {
-        match self {
-            World::Transform => "transform",
-            World::Sink => "sink",
-            World::Budget => "budget",
-            World::Router => "router",
-        }
-    }
-}
+use weir::world::{Role, World};
 
 /// The language of a new plugin.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,8 +40,6 @@ pub struct NewArgs {
 const WIT: &str = include_str!("../../../wit/types.wit");
 const README: &str = include_str!("../../templates/README.md");
 const ROWS: &str = include_str!("../../templates/fixtures/rows.ndjson");
-const TRANSFORM_EXPECTED: &str = include_str!("../../templates/fixtures/transform.expected.ndjson");
-const SINK_EXPECTED: &str = include_str!("../../templates/fixtures/sink.expected.ndjson");
 
 /// A file of a project: its path in the project, its text, and whether it
 /// is a script to mark executable.
@@ -83,7 +62,7 @@ impl NewArgs {
             dir.display()
         );
         println!("  build: cd {} && ./build.sh", dir.display());
-        if matches!(self.world, World::Transform | World::Sink) {
+        if self.world.role() == Role::Step {
             println!("  test:  ./test.sh");
         }
         Ok(())
@@ -109,18 +88,14 @@ impl NewArgs {
                  at the path in `Cargo.toml`.",
             ),
         };
-        match world {
-            World::Transform => {
+        match world.spec().scaffold.expected {
+            Some(expected) => {
                 files.push(("rows.ndjson", ROWS.to_string(), false));
-                files.push(("expected.ndjson", TRANSFORM_EXPECTED.to_string(), false));
-            }
-            World::Sink => {
-                files.push(("rows.ndjson", ROWS.to_string(), false));
-                files.push(("expected.ndjson", SINK_EXPECTED.to_string(), false));
+                files.push(("expected.ndjson", expected.to_string(), false));
             }
             // A policy is asked about requests and tables, not rows: no
             // row fixtures, so no test to run on them.
-            World::Budget | World::Router => files.retain(|(path, _, _)| *path != "test.sh"),
+            None => files.retain(|(path, _, _)| *path != "test.sh"),
         }
         let mut table = String::new();
         for (path, _, _) in &files {
@@ -249,12 +224,7 @@ fn make_executable(_: &Path) -> anyhow::Result<()> {
 }
 
 fn python(world: World) -> Vec<File> {
-    let app = match world {
-        World::Transform => include_str!("../../templates/python/transform.py"),
-        World::Sink => include_str!("../../templates/python/sink.py"),
-        World::Budget => include_str!("../../templates/python/budget.py"),
-        World::Router => include_str!("../../templates/python/router.py"),
-    };
+    let app = world.spec().scaffold.python;
     vec![
         ("app.py", app.to_string(), false),
         (
@@ -283,12 +253,7 @@ fn python(world: World) -> Vec<File> {
 }
 
 fn js(world: World) -> Vec<File> {
-    let plugin = match world {
-        World::Transform => include_str!("../../templates/js/transform.js"),
-        World::Sink => include_str!("../../templates/js/sink.js"),
-        World::Budget => include_str!("../../templates/js/budget.js"),
-        World::Router => include_str!("../../templates/js/router.js"),
-    };
+    let plugin = world.spec().scaffold.js;
     vec![
         ("plugin.js", plugin.to_string(), false),
         (
@@ -332,20 +297,8 @@ fn js(world: World) -> Vec<File> {
 }
 
 fn rust(world: World) -> Vec<File> {
-    let lib = match world {
-        World::Transform => [
-            include_str!("../../templates/rust/transform.rs"),
-            include_str!("../../templates/rust/transform_test.rs"),
-        ]
-        .concat(),
-        World::Sink => [
-            include_str!("../../templates/rust/sink.rs"),
-            include_str!("../../templates/rust/sink_test.rs"),
-        ]
-        .concat(),
-        World::Budget => include_str!("../../templates/rust/budget.rs").to_string(),
-        World::Router => include_str!("../../templates/rust/router.rs").to_string(),
-    };
+    let scaffold = &world.spec().scaffold;
+    let lib = [scaffold.rust, scaffold.rust_test].concat();
     vec![
         ("src/lib.rs", lib, false),
         (
@@ -389,7 +342,7 @@ mod tests {
     #[test]
     fn no_placeholder_is_left_in_any_project() {
         for lang in [Lang::Rust, Lang::Python, Lang::Js] {
-            for world in [World::Transform, World::Sink, World::Budget, World::Router] {
+            for world in World::all() {
                 let args = NewArgs {
                     name: "p".into(),
                     world,

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use bytes::Bytes;
 use serde_json::{Value, json};
-use weir::config::{Config, Overrides, PluginConfig, World};
+use weir::config::{Config, Overrides, PluginConfig};
 use weir::delivery::batch::{Answer, Batch, Outcome, Position};
 use weir::ingest::ndjson::{self, Fields, Line};
 use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
 use weir::sandbox::{CallError, Plugin, Sandbox};
+use weir::world::World;
 
 /// Instances `weir plugin test` needs at once: one, plus room for a retry.
 const TEST_POOL_INSTANCES: u32 = 4;
@@ -32,7 +33,7 @@ pub struct TestArgs {
     settings: Option<String>,
     /// The world to run it as (default: the plugin's in `--config`, else
     /// the one world the component implements).
-    #[arg(long, value_name = "WORLD", value_parser = parse_world)]
+    #[arg(long, value_name = "WORLD", value_enum)]
     world: Option<World>,
     /// A weir config: the plugin runs with its limits, grants and settings
     /// there (needs `--plugin`), its compiled cache and topology.
@@ -66,18 +67,6 @@ pub struct TestArgs {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct PluginFailed(pub String);
-
-fn parse_world(text: &str) -> Result<World, String> {
-    match text {
-        "transform" => Ok(World::Transform),
-        "sink" => Ok(World::Sink),
-        "budget" => Ok(World::Budget),
-        "router" => Ok(World::Router),
-        other => Err(format!(
-            "`{other}` is not a world: transform, sink, budget or router"
-        )),
-    }
-}
 
 /// A plugin granted state (in `--config`) gets it for the call, empty at
 /// first, within its limits: the file's rows share one tenant and table,

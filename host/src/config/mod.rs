@@ -12,6 +12,7 @@ use toml::Spanned;
 
 pub mod units;
 
+use crate::world::World;
 use units::{HumanDuration, Size, show_duration, show_size};
 
 /// Default HTTP listen address of the front door.
@@ -407,27 +408,6 @@ pub struct PluginConfig {
     /// ... or once its linear memory has grown this much since `init`.
     pub recycle_after_growth_bytes: usize,
     pub grants: Grants,
-}
-
-/// The WIT world a plugin implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum World {
-    Transform,
-    Sink,
-    Budget,
-    Router,
-}
-
-impl World {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            World::Transform => "transform",
-            World::Sink => "sink",
-            World::Budget => "budget",
-            World::Router => "router",
-        }
-    }
 }
 
 /// What `grants.state` allows one scope (a plugin's state of one tenant's

@@ -50,9 +50,6 @@ impl Inspection {
     }
 }
 
-/// Every world, in the order `weir plugin check` reports them.
-const WORLDS: [World; 4] = [World::Transform, World::Sink, World::Budget, World::Router];
-
 impl Sandbox {
     /// Compiles (or loads from the cache) the component at `path` and
     /// describes it; nothing of it runs.
@@ -87,9 +84,8 @@ impl Sandbox {
             version,
             compile,
             origin: compiled.origin,
-            worlds: WORLDS
-                .iter()
-                .map(|world| (*world, missing_exports(&self.engine, component, *world)))
+            worlds: World::all()
+                .map(|world| (world, missing_exports(&self.engine, component, world)))
                 .collect(),
             foreign_version: foreign_version(&self.engine, component),
             grants: grant_needs(&imports),

@@ -16,14 +16,11 @@ use wasmtime_wasi_http::WasiHttpCtx;
 use crate::config::PluginConfig;
 use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 
-use super::bindings::budget::{Budget, BudgetPre};
-use super::bindings::router::{Router as RouterPolicy, RouterPre};
-use super::bindings::sink::{Sink, SinkPre};
-use super::bindings::transform::{Transform, TransformPre};
 use super::bindings::{
     Admission, Batch, Decision, Delivered, Route, TableRoute, Topology, Transformed,
 };
 use super::http::HttpGate;
+use super::worlds::{Exports, PluginPre};
 use super::*;
 
 /// Pause before a new instance tries the full pool again.
@@ -67,20 +64,13 @@ pub struct CallError {
     pub message: String,
 }
 
-pub(super) enum PluginPre {
-    Transform(TransformPre<PluginState>),
-    Sink(SinkPre<PluginState>),
-    Budget(BudgetPre<PluginState>),
-    Router(RouterPre<PluginState>),
-}
-
 /// One loaded version of a plugin: compiled, linked, ready to instantiate.
 pub struct Plugin {
     pub config: PluginConfig,
     /// Content digest of the `.wasm`.
     pub version: String,
     pub(super) settings_json: String,
-    pub(super) pre: PluginPre,
+    pub(super) pre: PluginPre<PluginState>,
     pub(super) engine: Engine,
     pub(super) metrics: Metrics,
     pub(super) labels: PluginLabels,
@@ -169,6 +159,7 @@ impl Plugin {
             limits: Limiter {
                 limits,
                 memory_bytes: 0,
+                refused_growth: false,
             },
             plugin: self.clone(),
             call_ends: std::time::Instant::now(),
@@ -201,24 +192,7 @@ impl Plugin {
             memory_after_init: 0,
         };
         instance.arm_deadline();
-        let exports = match &self.pre {
-            PluginPre::Transform(pre) => pre
-                .instantiate_async(&mut instance.store)
-                .await
-                .map(Exports::Transform),
-            PluginPre::Sink(pre) => pre
-                .instantiate_async(&mut instance.store)
-                .await
-                .map(Exports::Sink),
-            PluginPre::Budget(pre) => pre
-                .instantiate_async(&mut instance.store)
-                .await
-                .map(Exports::Budget),
-            PluginPre::Router(pre) => pre
-                .instantiate_async(&mut instance.store)
-                .await
-                .map(Exports::Router),
-        };
+        let exports = self.pre.instantiate(&mut instance.store).await;
         instance.exports = exports.map_err(|err| {
             match err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
                 Some(full) => Instantiate::PoolFull(full.to_string()),
@@ -229,13 +203,10 @@ impl Plugin {
 
         instance.arm_deadline();
         let settings = self.settings_json.as_str();
-        let result = match &instance.exports {
-            Exports::Transform(t) => t.call_init(&mut instance.store, settings).await,
-            Exports::Sink(s) => s.call_init(&mut instance.store, settings).await,
-            Exports::Budget(b) => b.call_init(&mut instance.store, settings).await,
-            Exports::Router(r) => r.call_init(&mut instance.store, settings).await,
-            Exports::None => unreachable!("exports were just set"),
-        };
+        let result = instance
+            .exports
+            .call_init(&mut instance.store, settings)
+            .await;
         match result {
             Ok(Ok(())) => {
                 instance.memory_after_init = instance.memory_bytes();
@@ -253,14 +224,6 @@ impl Plugin {
             Err(err) => Err(Instantiate::Failed(instance.failure(err))),
         }
     }
-}
-
-pub(super) enum Exports {
-    None,
-    Transform(Transform),
-    Sink(Sink),
-    Budget(Budget),
-    Router(RouterPolicy),
 }
 
 /// A live instance of one plugin version. Not shared: one caller at a time.
@@ -452,7 +415,7 @@ impl PluginInstance {
                 FailureKind::Deadline,
                 format!("ran past its deadline of {} ms", limit.deadline.as_millis()),
             ),
-            _ if format!("{err:#}").contains("forcing trap when growing memory") => (
+            _ if self.store.data().limits.refused_growth => (
                 FailureKind::Memory,
                 format!(
                     "tried to grow memory past its cap of {} MiB",
@@ -487,6 +450,9 @@ impl Drop for PluginInstance {
 pub(super) struct Limiter {
     pub(super) limits: StoreLimits,
     pub(super) memory_bytes: usize,
+    /// Set when a growth past the cap was refused (which traps): how a
+    /// failed call is known to be a memory failure, not by its message.
+    pub(super) refused_growth: bool,
 }
 
 impl wasmtime::ResourceLimiter for Limiter {
@@ -496,9 +462,14 @@ impl wasmtime::ResourceLimiter for Limiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let allowed = self.limits.memory_growing(current, desired, maximum)?;
+        let allowed = self
+            .limits
+            .memory_growing(current, desired, maximum)
+            .inspect_err(|_| self.refused_growth = true)?;
         if allowed {
             self.memory_bytes += desired.saturating_sub(current);
+        } else {
+            self.refused_growth = true;
         }
         Ok(allowed)
     }

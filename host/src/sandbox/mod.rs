@@ -17,8 +17,9 @@ use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::config::{PluginConfig, World};
+use crate::config::PluginConfig;
 use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
+use crate::world::World;
 
 pub mod bindings;
 pub mod cache;
@@ -26,15 +27,12 @@ mod http;
 mod imports;
 pub mod inspect;
 mod instance;
+mod worlds;
 
 use cache::{CompileCache, Origin};
-use instance::PluginPre;
 pub use instance::{CallError, FailureKind, Plugin, PluginInstance, PluginState};
+use worlds::PluginPre;
 
-use bindings::budget::BudgetPre;
-use bindings::router::RouterPre;
-use bindings::sink::SinkPre;
-use bindings::transform::TransformPre;
 use bindings::transform::weir::plugin::host::{self as host_api};
 
 /// The log target of the lines around a compilation, so a command that
@@ -345,19 +343,11 @@ impl Sandbox {
                 path: path.clone(),
                 reason: format!("{err:#}"),
             })?;
-        let link_error = |err: wasmtime::Error| LoadError::Link {
+        let pre = PluginPre::new(config.world, instance_pre).map_err(|err| LoadError::Link {
             plugin: plugin.clone(),
             path: path.clone(),
             reason: format!("{err:#}"),
-        };
-        let pre = match config.world {
-            World::Transform => {
-                PluginPre::Transform(TransformPre::new(instance_pre).map_err(link_error)?)
-            }
-            World::Sink => PluginPre::Sink(SinkPre::new(instance_pre).map_err(link_error)?),
-            World::Budget => PluginPre::Budget(BudgetPre::new(instance_pre).map_err(link_error)?),
-            World::Router => PluginPre::Router(RouterPre::new(instance_pre).map_err(link_error)?),
-        };
+        })?;
         for grant in &config.grants.dirs {
             if grant.writable {
                 // A writable grant is weir's to create, so a fresh install just works.
@@ -407,20 +397,11 @@ impl Drop for Sandbox {
     }
 }
 
-/// The functions each world's component must export.
-fn required_exports(world: World) -> &'static [&'static str] {
-    match world {
-        World::Transform => &["init", "transform"],
-        World::Sink => &["init", "deliver"],
-        World::Budget => &["init", "admit"],
-        World::Router => &["init", "route-table", "route-keys"],
-    }
-}
-
 /// The exports of `world` the component lacks (none: it implements it).
 fn missing_exports(engine: &Engine, component: &Component, world: World) -> Vec<&'static str> {
     let ty = component.component_type();
-    required_exports(world)
+    world
+        .exports()
         .iter()
         .copied()
         .filter(|name| {
