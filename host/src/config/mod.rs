@@ -293,3 +293,5 @@ impl Checker<'_> {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod docs_tests;
