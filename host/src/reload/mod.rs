@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::keys::{self, Reload};
 use crate::config::{Config, ConfigError, Overrides};
 use crate::ingest::front_door::Gate;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
@@ -329,51 +330,127 @@ impl Reloader {
     }
 }
 
-/// Settings a running host cannot change: NATS, the topology, its part in
-/// the fleet, its drain timeout, instance pool and compiled cache. A reload that changes
-/// them keeps the running values and names what needs a restart.
+/// Settings a running host cannot change: every key whose reload class is
+/// [`Reload::Restart`] (the listener, the data dir, NATS, the topology, its
+/// part in the fleet, its drain timeout, instance pool and compiled cache).
+/// A reload that changes them keeps the running values and names each key,
+/// or its section when all of the section restarts (`[stream]`).
 fn keep_restart_only(next: &mut Config, running: &Config) -> Vec<String> {
-    let mut kept = Vec::new();
-    if next.nats != running.nats {
-        next.nats = running.nats.clone();
-        kept.push("[nats]".to_string());
-    }
-    if next.stream != running.stream {
-        next.stream = running.stream.clone();
-        kept.push("[stream]".to_string());
-    }
-    if next.coordination != running.coordination {
-        next.coordination = running.coordination.clone();
-        kept.push("[coordination]".to_string());
-    }
-    if next.delivery.drain_timeout != running.delivery.drain_timeout {
-        next.delivery.drain_timeout = running.delivery.drain_timeout;
-        kept.push("[delivery] drain_timeout_secs".to_string());
-    }
-    if next.max_plugin_instances != running.max_plugin_instances {
-        next.max_plugin_instances = running.max_plugin_instances;
-        kept.push("max_plugin_instances".to_string());
-    }
-    // The sandbox, which holds the cache, lives as long as the process.
-    if (&next.compile_cache_dir, next.compile_cache_max_bytes)
-        != (&running.compile_cache_dir, running.compile_cache_max_bytes)
-    {
-        next.compile_cache_dir = running.compile_cache_dir.clone();
-        next.compile_cache_max_bytes = running.compile_cache_max_bytes;
-        kept.push("compile_cache_dir / compile_cache_max_bytes".to_string());
+    let mut kept: Vec<String> = Vec::new();
+    for key in keys::all() {
+        let Reload::Restart(keep) = key.reload else {
+            continue;
+        };
+        if !keep(next, running) {
+            continue;
+        }
+        let name = if keys::restarts_as_a_whole(key.section) {
+            format!("[{}]", key.section)
+        } else {
+            key.display()
+        };
+        if !kept.contains(&name) {
+            kept.push(name);
+        }
     }
     kept
 }
 
-/// What a host was started with cannot change while it runs (its listener,
-/// NATS, data dir): a reload keeps the running values, whatever the command
-/// line or the file say now.
+/// What a host was started with on its command line and in its environment
+/// cannot change while it runs: a reload reads the file again under the
+/// same overrides, so an edit of the file's `listen` or `data_dir` is
+/// compared with the running value (and named) like any restart-only key.
 fn same_overrides(running: &Config) -> Overrides {
-    Overrides {
-        listen: Some(running.listen),
-        nats_url: running.nats.url.clone(),
-        nats_auth: running.nats.auth.clone(),
-        data_dir: Some(running.data_dir.clone()),
-        create_topology: running.stream.create,
+    running.overrides.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn parse(text: &str, overrides: &Overrides) -> Config {
+        Config::parse(Path::new("/etc/weir/weir.toml"), text, overrides).unwrap()
+    }
+
+    #[test]
+    fn an_edited_listen_or_data_dir_says_restart_needed_and_keeps_running() {
+        let running = parse("listen = \"127.0.0.1:8081\"\n", &Overrides::default());
+        let edited = "listen = \"127.0.0.1:9091\"\ndata_dir = \"/var/lib/other\"\n";
+        let mut next = parse(edited, &same_overrides(&running));
+        let kept = keep_restart_only(&mut next, &running);
+        assert_eq!(kept, ["listen", "data_dir"]);
+        assert_eq!(next.listen, running.listen);
+        assert_eq!(next.data_dir, running.data_dir);
+        // Nothing edited: nothing named.
+        let mut same = parse("listen = \"127.0.0.1:8081\"\n", &same_overrides(&running));
+        assert!(keep_restart_only(&mut same, &running).is_empty());
+    }
+
+    #[test]
+    fn the_command_line_still_wins_over_an_edited_file() {
+        let overrides = Overrides {
+            listen: Some("127.0.0.1:7000".parse().unwrap()),
+            ..Overrides::default()
+        };
+        let running = parse("listen = \"127.0.0.1:8081\"\n", &overrides);
+        let edited = "listen = \"127.0.0.1:9091\"\ndata_dir = \"/var/lib/other\"\n";
+        let mut next = parse(edited, &same_overrides(&running));
+        assert_eq!(next.listen, running.listen, "--listen is taken again");
+        assert_eq!(keep_restart_only(&mut next, &running), ["data_dir"]);
+    }
+
+    #[test]
+    fn every_restart_only_key_is_kept_and_named() {
+        let running = parse("", &Overrides::default());
+        let edited = concat!(
+            "listen = \"127.0.0.1:9091\"\ndata_dir = \"/other\"\n",
+            "compile_cache_dir = \"/cache\"\ncompile_cache_max_bytes = \"8MiB\"\n",
+            "max_plugin_instances = 300\n",
+            "[nats]\nurl = \"nats://n:4222\"\nuser = \"u\"\npassword = \"p\"\n",
+            "tls_ca = \"ca.pem\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n",
+            "sync = \"periodic\"\nserver_binary = \"/bin/nats-server\"\n",
+            "[stream]\nprefix = \"other\"\npartitions = 8\nshards = 2\nreplicas = 3\n",
+            "create = true\nmax_bytes = \"2GiB\"\nduplicate_window = \"5m\"\n",
+            "[delivery]\ndrain_timeout = \"5s\"\nack_wait = \"9s\"\n",
+            "[coordination]\nhost_id = \"h\"\nmember_ttl = \"9s\"\n",
+        );
+        let mut next = parse(edited, &same_overrides(&running));
+        let kept = keep_restart_only(&mut next, &running);
+        assert_eq!(
+            kept,
+            [
+                "listen",
+                "data_dir",
+                "compile_cache_dir",
+                "compile_cache_max_bytes",
+                "max_plugin_instances",
+                "[nats]",
+                "[stream]",
+                "[delivery] drain_timeout",
+                "[coordination]",
+            ]
+        );
+        assert_eq!(
+            (&next.listen, &next.data_dir, &next.compile_cache_dir),
+            (
+                &running.listen,
+                &running.data_dir,
+                &running.compile_cache_dir
+            )
+        );
+        assert_eq!(
+            next.compile_cache_max_bytes,
+            running.compile_cache_max_bytes
+        );
+        assert_eq!(next.max_plugin_instances, running.max_plugin_instances);
+        assert_eq!(next.nats, running.nats);
+        assert_eq!(next.stream, running.stream);
+        assert_eq!(next.coordination, running.coordination);
+        assert_eq!(next.delivery.drain_timeout, running.delivery.drain_timeout);
+        // A hot key is applied.
+        assert_eq!(next.delivery.ack_wait, Duration::from_secs(9));
     }
 }

@@ -1,0 +1,139 @@
+//! Every key the TOML file takes, section by section: its default and what
+//! a reload does with it. The sections state their own keys next to their
+//! raw form; `reload` keeps the restart-only ones from this table, and
+//! tests check it against the raw forms and against docs/configuration.md.
+
+use std::time::Duration;
+
+use super::Config;
+
+/// What a reload does with a key.
+#[derive(Debug, Clone, Copy)]
+pub enum Reload {
+    /// Applied: delivery workers take it before their next batch, the front
+    /// door before its next request.
+    Hot,
+    /// Applied, but read only when a unit's worker starts.
+    UnitStart,
+    /// Kept at its running value until the host restarts; the reload names it.
+    Restart(Keep),
+}
+
+/// Puts a restart-only key's running value into the next config; true when
+/// the next config had another value (the reload then names the key).
+pub type Keep = fn(next: &mut Config, running: &Config) -> bool;
+
+impl Reload {
+    /// As docs/configuration.md's Reload column writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reload::Hot => "reload",
+            Reload::UnitStart => "unit start",
+            Reload::Restart(_) => "restart",
+        }
+    }
+}
+
+/// What a key is when the file does not set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fallback {
+    /// The key must be set.
+    Required,
+    /// Unset: the setting is off.
+    Off,
+    /// An empty list or table.
+    Empty,
+    Text(&'static str),
+    Count(u64),
+    Bool(bool),
+    Bytes(u64),
+    Time(Duration),
+    /// The value of another key of the section.
+    SameAs(&'static str),
+    /// Worked out from elsewhere (the environment, the topology), as the
+    /// docs explain.
+    Derived,
+}
+
+/// One key of the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    /// `""` for the top level, else the section as the docs head it
+    /// (`nats`, `tenants`, `plugins.NAME`); `grants.state.max_keys` is a key
+    /// of `plugins.NAME`.
+    pub section: &'static str,
+    pub name: &'static str,
+    /// The older integer form of the same setting (`ack_wait_secs`).
+    pub legacy: Option<&'static str>,
+    pub default: Fallback,
+    pub reload: Reload,
+}
+
+impl Key {
+    /// A key without an older form.
+    pub const fn new(
+        section: &'static str,
+        name: &'static str,
+        default: Fallback,
+        reload: Reload,
+    ) -> Key {
+        Key {
+            section,
+            name,
+            legacy: None,
+            default,
+            reload,
+        }
+    }
+
+    /// The same setting also taken as the older integer key `legacy`.
+    pub const fn or_legacy(self, legacy: &'static str) -> Key {
+        Key {
+            legacy: Some(legacy),
+            ..self
+        }
+    }
+
+    /// How a reload names it: `listen`, `[delivery] drain_timeout`.
+    pub fn display(&self) -> String {
+        match self.section {
+            "" => self.name.to_string(),
+            section => format!("[{section}] {}", self.name),
+        }
+    }
+}
+
+/// Every key, top level first, in the order of docs/configuration.md.
+pub fn all() -> impl Iterator<Item = &'static Key> {
+    [
+        super::top::KEYS,
+        super::nats::KEYS,
+        super::stream::KEYS,
+        super::delivery::KEYS,
+        super::coordination::KEYS,
+        super::tenants::KEYS,
+        super::plugins::KEYS,
+        super::pipelines::KEYS,
+        super::policies::KEYS,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Whether every key of `section` needs a restart: a reload then names the
+/// section (`[stream]`), not each key.
+pub fn restarts_as_a_whole(section: &str) -> bool {
+    !section.is_empty()
+        && all()
+            .filter(|key| key.section == section)
+            .all(|key| matches!(key.reload, Reload::Restart(_)))
+}
+
+/// The [`Keep`] of most keys: `running` into `next`, true when they differed.
+pub fn keep<T: PartialEq + Clone>(next: &mut T, running: &T) -> bool {
+    if next == running {
+        return false;
+    }
+    *next = running.clone();
+    true
+}

@@ -1,0 +1,142 @@
+//! `[[pipelines]]`: which tables go through which plugins, in order.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::World;
+use super::checker::Checker;
+use super::keys::{Fallback, Key, Reload};
+use super::plugins::PluginConfig;
+
+/// `[[pipelines]]`: workers take them before their next batch.
+pub(super) const KEYS: &[Key] = &[
+    Key::new("pipelines", "tables", Fallback::Required, Reload::Hot),
+    Key::new("pipelines", "transforms", Fallback::Empty, Reload::Hot),
+    Key::new("pipelines", "sink", Fallback::Off, Reload::Hot),
+];
+
+/// Which tables go through which plugins, in order.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub tables: Vec<String>,
+    pub transforms: Vec<String>,
+    pub sink: Option<String>,
+}
+
+/// One `[[pipelines]]` table as written in the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPipeline {
+    tables: Vec<Spanned<String>>,
+    #[serde(default)]
+    transforms: Vec<Spanned<String>>,
+    sink: Option<Spanned<String>>,
+}
+
+impl Checker<'_> {
+    pub(super) fn pipelines(
+        &self,
+        raw: Vec<RawPipeline>,
+        plugins: &BTreeMap<String, PluginConfig>,
+    ) -> Vec<Pipeline> {
+        let mut table_owner: HashMap<String, usize> = HashMap::new();
+        let mut pipelines = Vec::new();
+        for (index, pipeline) in raw.into_iter().enumerate() {
+            if pipeline.tables.is_empty() {
+                self.report(0, format!("pipeline #{} takes no tables", index + 1));
+            }
+            for table in &pipeline.tables {
+                self.check_name("table", table);
+                if let Some(other) = table_owner.insert(table.get_ref().clone(), index) {
+                    self.report(
+                        table.span().start,
+                        format!(
+                            "table `{}` is already taken by pipeline #{}",
+                            table.get_ref(),
+                            other + 1
+                        ),
+                    );
+                }
+            }
+            self.check_steps(index, &pipeline, plugins);
+            pipelines.push(Pipeline {
+                tables: pipeline
+                    .tables
+                    .into_iter()
+                    .map(Spanned::into_inner)
+                    .collect(),
+                transforms: pipeline
+                    .transforms
+                    .into_iter()
+                    .map(Spanned::into_inner)
+                    .collect(),
+                sink: pipeline.sink.map(Spanned::into_inner),
+            });
+        }
+        pipelines
+    }
+
+    /// Each step names a plugin of its world, and at most one keeps state.
+    fn check_steps(
+        &self,
+        index: usize,
+        pipeline: &RawPipeline,
+        plugins: &BTreeMap<String, PluginConfig>,
+    ) {
+        let uses = pipeline
+            .transforms
+            .iter()
+            .map(|t| (t, World::Transform))
+            .chain(pipeline.sink.iter().map(|s| (s, World::Sink)));
+        let mut stateful: Option<&String> = None;
+        for (used, world) in uses {
+            self.check_plugin_world(plugins, used, world, "pipeline");
+            let keeps_state = plugins
+                .get(used.get_ref())
+                .is_some_and(|p| p.grants.state.is_some());
+            match stateful {
+                // One scope per row and pipeline: two plugins' writes
+                // could not be committed together with the row's ack.
+                Some(first) if keeps_state => self.report(
+                    used.span().start,
+                    format!(
+                        "pipeline #{} has two plugins granted state, `{first}` and `{}`: \
+                         at most one step of a pipeline keeps state",
+                        index + 1,
+                        used.get_ref()
+                    ),
+                ),
+                None if keeps_state => stateful = Some(used.get_ref()),
+                _ => {}
+            }
+        }
+    }
+
+    /// `used` names a plugin of `world`.
+    pub(super) fn check_plugin_world(
+        &self,
+        plugins: &BTreeMap<String, PluginConfig>,
+        used: &Spanned<String>,
+        world: World,
+        user: &str,
+    ) {
+        match plugins.get(used.get_ref()) {
+            None => self.report(
+                used.span().start,
+                format!("{user} uses unknown plugin `{}`", used.get_ref()),
+            ),
+            Some(plugin) if plugin.world != world => self.report(
+                used.span().start,
+                format!(
+                    "plugin `{}` is a {} but is used here as a {}",
+                    used.get_ref(),
+                    plugin.world.as_str(),
+                    world.as_str()
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! `[plugins.NAME]`: each plugin's component, world, settings, limits and
+//! grants.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::World;
+use super::checker::{Checker, Legacy};
+use super::keys::{Fallback, Key, Reload};
+use super::units::{HumanDuration, Size};
+
+/// Default memory cap of one plugin instance (64 MiB of linear memory).
+pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
+/// The pooling allocator reserves this much address space per memory, so no
+/// plugin may ask for more.
+pub const MAX_PLUGIN_MEMORY_MB: u32 = 4_096;
+/// Default CPU deadline of one plugin call.
+pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 2_000;
+const MIN_PLUGIN_DEADLINE: Duration = Duration::from_millis(1);
+/// A warm instance is replaced after this many batches by default.
+pub const DEFAULT_RECYCLE_AFTER_BATCHES: u64 = 1_000;
+/// A warm instance whose linear memory grew this much since `init` is
+/// replaced: linear memory never shrinks, so a leak would otherwise stay.
+pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
+/// `grants.state` limits per scope: keys, and bytes of keys and values. A
+/// scope is one KV value, so its bytes stay well under a NATS message.
+pub const DEFAULT_STATE_KEYS: u64 = 10_000;
+pub const MAX_STATE_KEYS: u64 = 100_000;
+pub const DEFAULT_STATE_BYTES: u64 = 256 * 1024;
+pub const MAX_STATE_BYTES: u64 = 768 * 1024;
+
+const MIB: u64 = 1 << 20;
+
+/// `[plugins.NAME]`: a reload loads again each plugin whose entry changed.
+pub(super) const KEYS: &[Key] = &[
+    Key::new("plugins.NAME", "wasm", Fallback::Required, Reload::Hot),
+    Key::new("plugins.NAME", "world", Fallback::Required, Reload::Hot),
+    Key::new("plugins.NAME", "settings", Fallback::Empty, Reload::Hot),
+    Key::new(
+        "plugins.NAME",
+        "memory",
+        Fallback::Bytes(DEFAULT_PLUGIN_MEMORY_MB as u64 * MIB),
+        Reload::Hot,
+    )
+    .or_legacy("memory_mb"),
+    Key::new(
+        "plugins.NAME",
+        "deadline",
+        Fallback::Time(Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS)),
+        Reload::Hot,
+    )
+    .or_legacy("deadline_ms"),
+    Key::new(
+        "plugins.NAME",
+        "recycle_after_batches",
+        Fallback::Count(DEFAULT_RECYCLE_AFTER_BATCHES),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "recycle_after_growth",
+        Fallback::Bytes(DEFAULT_RECYCLE_AFTER_GROWTH_MB as u64 * MIB),
+        Reload::Hot,
+    )
+    .or_legacy("recycle_after_growth_mb"),
+    Key::new("plugins.NAME", "grants.dirs", Fallback::Empty, Reload::Hot),
+    Key::new("plugins.NAME", "grants.env", Fallback::Empty, Reload::Hot),
+    Key::new("plugins.NAME", "grants.state", Fallback::Off, Reload::Hot),
+    Key::new(
+        "plugins.NAME",
+        "grants.state.max_keys",
+        Fallback::Count(DEFAULT_STATE_KEYS),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.state.max_bytes",
+        Fallback::Bytes(DEFAULT_STATE_BYTES),
+        Reload::Hot,
+    ),
+    Key::new("plugins.NAME", "grants.http", Fallback::Empty, Reload::Hot),
+];
+
+/// One plugin as named in the TOML. Compared on reload: a changed entry
+/// reloads its plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginConfig {
+    pub name: String,
+    /// Absolute path of the component.
+    pub wasm: PathBuf,
+    pub world: World,
+    /// The settings table, as the JSON object handed to `init`.
+    pub settings: serde_json::Value,
+    pub memory_bytes: usize,
+    pub deadline: Duration,
+    /// After this many batches an instance is replaced by a fresh one, so its
+    /// linear memory cannot grow without bound.
+    pub recycle_after_batches: u64,
+    /// ... or once its linear memory has grown this much since `init`.
+    pub recycle_after_growth_bytes: usize,
+    pub grants: Grants,
+}
+
+/// What `grants.state` allows one scope (a plugin's state of one tenant's
+/// table) to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    pub max_keys: usize,
+    /// Keys and values together.
+    pub max_bytes: usize,
+}
+
+/// What a plugin may reach. Nothing by default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Grants {
+    pub dirs: Vec<DirGrant>,
+    /// Environment variables the plugin sees (it sees none otherwise).
+    pub env: BTreeMap<String, String>,
+    /// `host:port` authorities the plugin may reach over outbound HTTP
+    /// (`wasi:http`), lowercased; empty: every request is refused.
+    pub http: Vec<String>,
+    /// Durable state per (plugin, tenant, table), within these limits;
+    /// `None`: every `state` call is refused.
+    pub state: Option<StateLimits>,
+}
+
+/// A host directory preopened for a plugin under a guest path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirGrant {
+    pub host: PathBuf,
+    pub guest: String,
+    pub writable: bool,
+}
+
+/// One `[plugins.NAME]` table as written in the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlugin {
+    wasm: Spanned<String>,
+    world: World,
+    #[serde(default)]
+    settings: Option<toml::Table>,
+    memory: Option<Spanned<Size>>,
+    memory_mb: Option<Spanned<u32>>,
+    deadline: Option<Spanned<HumanDuration>>,
+    deadline_ms: Option<Spanned<u64>>,
+    recycle_after_batches: Option<u64>,
+    recycle_after_growth: Option<Spanned<Size>>,
+    recycle_after_growth_mb: Option<Spanned<u32>>,
+    #[serde(default)]
+    grants: RawGrants,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGrants {
+    #[serde(default)]
+    dirs: Vec<RawDirGrant>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    http: Vec<Spanned<String>>,
+    state: Option<RawStateGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStateGrant {
+    max_keys: Option<Spanned<u64>>,
+    max_bytes: Option<Spanned<Size>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDirGrant {
+    host: Spanned<String>,
+    guest: Spanned<String>,
+    #[serde(default)]
+    writable: bool,
+}
+
+/// A `grants.http` entry: `host:port` with a DNS name, an IPv4 address or a
+/// bracketed IPv6 address, and a port in 1..=65535. Lowercased, because the
+/// sandbox compares it with the authority of each request.
+pub fn parse_authority(text: &str) -> Result<String, String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or("is not `host:port` (the port is required)")?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or("has no port in 1..=65535")?;
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            })
+    };
+    if !host_ok {
+        return Err(
+            "has no valid host (a DNS name, an IPv4 address or a [bracketed] IPv6 address)".into(),
+        );
+    }
+    Ok(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
+impl Checker<'_> {
+    /// The plugins by name, each `wasm` looked up in `plugins_dir`.
+    pub(super) fn plugins(
+        &self,
+        raw: BTreeMap<Spanned<String>, RawPlugin>,
+        plugins_dir: &Path,
+    ) -> BTreeMap<String, PluginConfig> {
+        raw.into_iter()
+            .map(|(name, plugin)| {
+                let plugin = self.plugin(name, plugin, plugins_dir);
+                (plugin.name.clone(), plugin)
+            })
+            .collect()
+    }
+
+    fn plugin(&self, name: Spanned<String>, plugin: RawPlugin, plugins_dir: &Path) -> PluginConfig {
+        self.check_token("plugin", &name);
+        let wasm = plugins_dir.join(plugin.wasm.get_ref());
+        if !wasm.is_file() {
+            self.report(
+                plugin.wasm.span().start,
+                format!(
+                    "plugin `{}`: wasm file {} does not exist",
+                    name.get_ref(),
+                    wasm.display()
+                ),
+            );
+        }
+        let memory_bytes = self.megabytes(
+            "memory",
+            &plugin.memory,
+            &plugin.memory_mb,
+            u64::from(DEFAULT_PLUGIN_MEMORY_MB) * MIB,
+            u64::from(MAX_PLUGIN_MEMORY_MB) * MIB,
+        );
+        let recycle_after_growth_bytes = self.megabytes(
+            "recycle_after_growth",
+            &plugin.recycle_after_growth,
+            &plugin.recycle_after_growth_mb,
+            u64::from(DEFAULT_RECYCLE_AFTER_GROWTH_MB) * MIB,
+            u64::from(MAX_PLUGIN_MEMORY_MB) * MIB,
+        );
+        let deadline = self.duration(
+            "deadline",
+            &plugin.deadline,
+            (Legacy::Millis, &plugin.deadline_ms),
+            MIN_PLUGIN_DEADLINE,
+            Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
+        );
+        let grants = self.grants(name.get_ref(), plugin.grants);
+        let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
+            .unwrap_or(serde_json::Value::Object(Default::default()));
+        let recycle_after_batches = plugin
+            .recycle_after_batches
+            .unwrap_or(DEFAULT_RECYCLE_AFTER_BATCHES)
+            .max(1);
+        PluginConfig {
+            name: name.into_inner(),
+            wasm,
+            world: plugin.world,
+            settings,
+            memory_bytes: usize::try_from(memory_bytes).unwrap_or(usize::MAX),
+            deadline,
+            recycle_after_batches,
+            recycle_after_growth_bytes: usize::try_from(recycle_after_growth_bytes)
+                .unwrap_or(usize::MAX),
+            grants,
+        }
+    }
+
+    fn grants(&self, plugin: &str, raw: RawGrants) -> Grants {
+        let mut dirs = Vec::new();
+        for dir in raw.dirs {
+            let host = self.resolve(dir.host.get_ref());
+            if !dir.guest.get_ref().starts_with('/') {
+                self.report(dir.guest.span().start, "a guest path must be absolute");
+            }
+            dirs.push(DirGrant {
+                host,
+                guest: dir.guest.into_inner(),
+                writable: dir.writable,
+            });
+        }
+        let mut http = Vec::new();
+        for authority in &raw.http {
+            match parse_authority(authority.get_ref()) {
+                Ok(normalized) => http.push(normalized),
+                Err(reason) => self.report(
+                    authority.span().start,
+                    format!(
+                        "plugin `{plugin}`: grants.http entry `{}` {reason}",
+                        authority.get_ref()
+                    ),
+                ),
+            }
+        }
+        Grants {
+            dirs,
+            env: raw.env,
+            http,
+            state: raw.state.as_ref().map(|grant| self.state_limits(grant)),
+        }
+    }
+
+    /// One scope is one KV value: it must fit a NATS message.
+    fn state_limits(&self, grant: &RawStateGrant) -> StateLimits {
+        let max_keys = match &grant.max_keys {
+            Some(keys) if !(1..=MAX_STATE_KEYS).contains(keys.get_ref()) => {
+                self.report(
+                    keys.span().start,
+                    format!("grants.state.max_keys must be between 1 and {MAX_STATE_KEYS}"),
+                );
+                DEFAULT_STATE_KEYS
+            }
+            Some(keys) => *keys.get_ref(),
+            None => DEFAULT_STATE_KEYS,
+        };
+        let max_bytes = self.size(
+            "grants.state.max_bytes",
+            &grant.max_bytes,
+            1,
+            MAX_STATE_BYTES,
+            DEFAULT_STATE_BYTES,
+        );
+        StateLimits {
+            max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
+            max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+        }
+    }
+}
