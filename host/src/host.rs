@@ -95,6 +95,15 @@ pub struct RunningHost {
     data_dir_lock: std::fs::File,
 }
 
+/// What a start has once NATS is reached and the topology is in place.
+struct Connected {
+    embedded: Option<EmbeddedNats>,
+    nats_url: String,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    router: Router,
+}
+
 impl RunningHost {
     /// Starts every part of a host from a validated config.
     pub async fn start(config: Config) -> Result<RunningHost, StartError> {
@@ -108,96 +117,39 @@ impl RunningHost {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
 
-        // NATS: the embedded default, or the configured server.
-        let embedded = start_embedded(&config).await?;
-        let nats_url = match (&config.nats.url, &embedded) {
-            (Some(url), _) => url.clone(),
-            (None, Some(server)) => server.url().to_string(),
-            (None, None) => unreachable!("an embedded server is started when no url is set"),
-        };
-        let refusals = Refusals::default();
-        let client = connection::connect(&nats_url, &config.nats.auth, &refusals).await?;
-        let js = jetstream::new(client.clone());
-
-        // Topology: created, or verified (and re-verified while running).
-        let router = Router::new(
-            &config.stream.prefix,
-            config.stream.partitions,
-            config.stream.shards,
-        );
-        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
-        if embedded.is_some() || config.stream.create {
-            manifest.create(&js).await?;
-        } else {
-            verify_topology(&manifest, &js, &refusals, &metrics).await?;
-            let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(recheck_topology(manifest, js, metrics, stop)));
-        }
+        // NATS and the topology on it.
+        let Connected {
+            embedded,
+            nats_url,
+            client,
+            js,
+            router,
+        } = Self::connect(&config, &metrics, &shutdown, &mut tasks).await?;
 
         // Sandbox: the first generation of plugins.
-        let sandbox = Arc::new(
-            Sandbox::with_pool(metrics.clone(), instance_pool(&config))?.with_cache(
-                config.compile_cache_dir.clone(),
-                config.compile_cache_max_bytes,
-            ),
-        );
-        let mut plugins = HashMap::new();
-        for plugin in config.plugins.values() {
-            plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
-        }
-        let generation = Generation::new(config.clone(), plugins);
+        let (sandbox, generation) = Self::first_generation(&config, &metrics).await?;
         let first_gate = Gate::new(config.clone(), |name| generation.plugin(name).cloned());
         let (generations, _) = watch::channel(Arc::new(generation));
         let (gates, gate) = watch::channel(Arc::new(first_gate));
 
         // The front door's socket, bound before joining: members advertise it.
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let http_addr = listener.local_addr().map_err(|source| StartError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+        let (listener, http_addr) = Self::bind(config.listen).await?;
 
         // Coordination: join the fleet; delivery runs the units it gives us.
         let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
-        let kv = NatsKv::open(&client, &router.coordination_bucket())
-            .await
-            .map_err(CoordinationError::from)?;
-        // Plugin state: its bucket is in the manifest, so verification
-        // already said whether it is there. Opened whether or not a plugin
-        // keeps state now: a reload may grant it.
-        let state = Some(StateStore::new(
-            NatsKv::open(&client, &router.state_bucket())
-                .await
-                .map_err(CoordinationError::from)?,
-        ));
+        let (kv, state) = Self::open_buckets(&client, &router).await?;
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
-        let coordination = Coordination::join(Membership {
-            kv: kv.clone(),
-            client: client.clone(),
+        let workers = Workers {
+            js: js.clone(),
             router: router.clone(),
-            me: me.clone(),
-            http: http_addr.to_string(),
-            ttl: config.coordination.member_ttl,
-            units: Arc::new(DeliveryUnits(Workers {
-                js: js.clone(),
-                router: router.clone(),
-                generations: generations.clone(),
-                metrics: metrics.clone(),
-                state,
-            })),
+            generations: generations.clone(),
             metrics: metrics.clone(),
-            plugins: running_versions(generations.subscribe()),
-            followers,
-            drain_timeout: config.delivery.drain_timeout,
-        })
-        .await?;
+            state,
+        };
+        let coordination =
+            Self::join_fleet(&config, &client, &kv, &me, http_addr, workers, followers).await?;
         let request_keys = RequestKeys::new(kv.clone(), config.stream.duplicate_window);
         tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
@@ -267,6 +219,116 @@ impl RunningHost {
             _sandbox: sandbox,
             data_dir_lock,
         })
+    }
+
+    /// Joins the fleet as `me`: delivery (`workers`) runs the units it gives
+    /// us, and the followers follow the coordination bucket.
+    async fn join_fleet(
+        config: &Config,
+        client: &async_nats::Client,
+        kv: &NatsKv,
+        me: &str,
+        http_addr: SocketAddr,
+        workers: Workers,
+        followers: Vec<Arc<dyn KeyFollower>>,
+    ) -> Result<Coordination, StartError> {
+        let membership = Membership {
+            kv: kv.clone(),
+            client: client.clone(),
+            router: workers.router.clone(),
+            me: me.to_string(),
+            http: http_addr.to_string(),
+            ttl: config.coordination.member_ttl,
+            metrics: workers.metrics.clone(),
+            plugins: running_versions(workers.generations.subscribe()),
+            units: Arc::new(DeliveryUnits(workers)),
+            followers,
+            drain_timeout: config.delivery.drain_timeout,
+        };
+        Ok(Coordination::join(membership).await?)
+    }
+
+    /// NATS (the embedded default, or the configured server), then the
+    /// topology on it: created, or verified (and re-verified while running).
+    async fn connect(
+        config: &Config,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<Connected, StartError> {
+        let embedded = start_embedded(config).await?;
+        let nats_url = match (&config.nats.url, &embedded) {
+            (Some(url), _) => url.clone(),
+            (None, Some(server)) => server.url().to_string(),
+            (None, None) => unreachable!("an embedded server is started when no url is set"),
+        };
+        let refusals = Refusals::default();
+        let client = connection::connect(&nats_url, &config.nats.auth, &refusals).await?;
+        let js = jetstream::new(client.clone());
+
+        let router = Router::new(
+            &config.stream.prefix,
+            config.stream.partitions,
+            config.stream.shards,
+        );
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        if embedded.is_some() || config.stream.create {
+            manifest.create(&js).await?;
+        } else {
+            verify_topology(&manifest, &js, &refusals, metrics).await?;
+            let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(recheck_topology(manifest, js, metrics, stop)));
+        }
+        Ok(Connected {
+            embedded,
+            nats_url,
+            client,
+            js,
+            router,
+        })
+    }
+
+    /// The sandbox and the first generation of plugins it loads.
+    async fn first_generation(
+        config: &Arc<Config>,
+        metrics: &Metrics,
+    ) -> Result<(Arc<Sandbox>, Generation), StartError> {
+        let sandbox = Arc::new(
+            Sandbox::with_pool(metrics.clone(), instance_pool(config))?.with_cache(
+                config.compile_cache_dir.clone(),
+                config.compile_cache_max_bytes,
+            ),
+        );
+        let mut plugins = HashMap::new();
+        for plugin in config.plugins.values() {
+            plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
+        }
+        Ok((sandbox, Generation::new(config.clone(), plugins)))
+    }
+
+    /// The HTTP listener's socket and the address it got.
+    async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+        let listen = |source| StartError::Listen { addr, source };
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(listen)?;
+        let http_addr = listener.local_addr().map_err(listen)?;
+        Ok((listener, http_addr))
+    }
+
+    /// The coordination bucket, and the plugin state store. The state's
+    /// bucket is in the manifest, so verification already said whether it
+    /// is there; it is opened whether or not a plugin keeps state now: a
+    /// reload may grant it.
+    async fn open_buckets(
+        client: &async_nats::Client,
+        router: &Router,
+    ) -> Result<(NatsKv, Option<StateStore<NatsKv>>), StartError> {
+        let kv = NatsKv::open(client, &router.coordination_bucket())
+            .await
+            .map_err(CoordinationError::from)?;
+        let state = NatsKv::open(client, &router.state_bucket())
+            .await
+            .map_err(CoordinationError::from)?;
+        Ok((kv, Some(StateStore::new(state))))
     }
 
     /// Where the front door listens.

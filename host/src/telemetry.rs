@@ -229,6 +229,17 @@ impl Metrics {
             "Always 1: the version and git commit of this weir",
             self.build_info.clone(),
         );
+        self.register_rows(weir);
+        self.register_ingest(weir);
+        self.register_plugin_calls(weir);
+        self.register_resources(weir);
+        self.register_state(weir);
+        self.register_coordination(weir);
+    }
+
+    /// The row path: rows accepted, delivered, retried and dead-lettered, and
+    /// the batches they went through.
+    fn register_rows(&self, weir: &mut Registry) {
         weir.register(
             "rows_accepted",
             "Rows acknowledged by JetStream at the front door",
@@ -269,6 +280,10 @@ impl Metrics {
             "Time from a row's storage in its stream (server clock) to its ack (host clock)",
             self.accept_to_ack.clone(),
         );
+    }
+
+    /// The front door's requests and their refusals.
+    fn register_ingest(&self, weir: &mut Registry) {
         weir.register(
             "ingest_request_duration_seconds",
             "Ingest request durations, by status code",
@@ -289,6 +304,10 @@ impl Metrics {
             "Ingest requests the tenant's budget rejected (403)",
             self.requests_rejected.clone(),
         );
+    }
+
+    /// Plugin calls, their failures and the counters plugins keep.
+    fn register_plugin_calls(&self, weir: &mut Registry) {
         weir.register(
             "plugin_failures",
             "Plugin calls that trapped, timed out or ran out of memory",
@@ -314,6 +333,11 @@ impl Metrics {
             "Counters kept by plugins (at most 64 names per plugin version)",
             self.plugin_counters.clone(),
         );
+    }
+
+    /// What this host holds: connections, plugin instances, the topology it
+    /// checked and the reloads it applied.
+    fn register_resources(&self, weir: &mut Registry) {
         weir.register(
             "connections_refused",
             "HTTP connections refused because too many were open",
@@ -339,6 +363,10 @@ impl Metrics {
             "Hot reloads of the config and plugins, by result (applied, refused)",
             self.reloads.clone(),
         );
+    }
+
+    /// Plugin state: scope writes and rows settled again.
+    fn register_state(&self, weir: &mut Registry) {
         weir.register(
             "state_writes",
             "Scope writes of plugins granted state, by result (stored, conflict, purged, failed)",
@@ -349,6 +377,11 @@ impl Metrics {
             "Rows redelivered that their plugin's state had settled already, settled again without a call",
             self.state_rows_settled_again.clone(),
         );
+    }
+
+    /// Coordination: units owned, taken over and fenced, and what is left
+    /// in each.
+    fn register_coordination(&self, weir: &mut Registry) {
         weir.register(
             "unit_takeovers",
             "Units taken over from a dead owner whose unacked rows were redelivered",

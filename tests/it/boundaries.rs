@@ -1,8 +1,9 @@
 //! The architecture's boundaries, checked against the sources (as
-//! rust-analyzer's tidy tests do): which subsystems may talk to NATS or
-//! wasmtime, what coordination and the sandbox may not import, and no import
+//! rust-analyzer's tidy tests do): what each subsystem may import (an
+//! allowlist), which subsystems may talk to NATS or wasmtime, and no import
 //! cycle between files or folders of `host/src` and `plugins/sdk/src`.
-//! ARCHITECTURE.md states the same rules; a rule broken here fails the build.
+//! ARCHITECTURE.md states the same allowlist (checked here too); a rule
+//! broken here fails the build.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,48 +24,120 @@ const MAY_USE_NATS: &[&str] = &[
 ];
 /// Subsystems that may use wasmtime: only the sandbox runs plugins.
 const MAY_USE_WASMTIME: &[&str] = &["sandbox"];
-/// What each subsystem must never import (`crate::<name>`).
-const FORBIDDEN: &[(&str, &[&str])] = &[
+/// What each subsystem imports (`crate::<name>`; `weir::<name>` in the
+/// binary, `main.rs` and `cli/`), exactly: an import outside its list, or
+/// an entry no file uses any more, fails. A subsystem not listed may not
+/// exist. ARCHITECTURE.md's "Boundaries" section lists the same.
+const MAY_IMPORT: &[(&str, &[&str])] = &[
+    ("world", &[]),
+    ("config", &["world"]),
+    ("telemetry", &[]),
+    ("nats", &["config", "telemetry"]),
+    ("topology", &["config", "nats"]),
+    ("state", &["config", "nats", "telemetry", "topology"]),
+    // The sandbox runs plugins and nothing else: it never reaches NATS or
+    // the row path around it. A plugin's state calls reach `state`'s
+    // overlay, not its store.
+    ("sandbox", &["config", "world", "telemetry", "state"]),
     // Coordination decides who runs a unit; what running one means is
     // plugged in by the host (`UnitRunner`, `KeyFollower`).
+    ("coordination", &["nats", "telemetry", "topology"]),
     (
-        "coordination",
-        &["sandbox", "delivery", "ingest", "reload", "ops", "host"],
-    ),
-    // The sandbox runs plugins and nothing else: it never reaches NATS or
-    // the row path around it.
-    (
-        "sandbox",
+        "ingest",
         &[
+            "config",
             "nats",
             "topology",
+            "telemetry",
+            "sandbox",
             "coordination",
-            "ingest",
-            "delivery",
-            "reload",
-            "ops",
-            "host",
-            "client",
         ],
     ),
+    (
+        "reload",
+        &[
+            "config",
+            "nats",
+            "topology",
+            "telemetry",
+            "sandbox",
+            "coordination",
+            "ingest",
+        ],
+    ),
+    (
+        "delivery",
+        &[
+            "config",
+            "nats",
+            "topology",
+            "telemetry",
+            "state",
+            "sandbox",
+            "coordination",
+            "reload",
+        ],
+    ),
+    (
+        "ops",
+        &[
+            "topology",
+            "telemetry",
+            "coordination",
+            "ingest",
+            "reload",
+            "delivery",
+        ],
+    ),
+    ("client", &["config", "ops"]),
     // Only the host (and the binary) assembles the subsystems.
     (
-        "nats",
+        "host",
         &[
-            "ingest",
-            "delivery",
+            "config",
+            "nats",
+            "topology",
+            "telemetry",
+            "state",
+            "sandbox",
             "coordination",
+            "ingest",
             "reload",
+            "delivery",
             "ops",
+        ],
+    ),
+    ("main", &["config", "telemetry"]),
+    (
+        "cli",
+        &[
+            "config",
+            "nats",
+            "topology",
+            "telemetry",
+            "state",
+            "sandbox",
+            "ingest",
+            "reload",
+            "delivery",
+            "ops",
+            "client",
             "host",
         ],
     ),
-    ("config", &["host"]),
-    ("telemetry", &["host"]),
-    ("ingest", &["delivery", "ops", "host"]),
-    ("delivery", &["ingest", "ops", "host"]),
-    ("reload", &["delivery", "ops", "host"]),
-    ("ops", &["host"]),
+    // The property tests feed every parser of outside input.
+    (
+        "fuzz",
+        &[
+            "config",
+            "nats",
+            "topology",
+            "sandbox",
+            "coordination",
+            "ingest",
+            "delivery",
+        ],
+    ),
 ];
 
 #[test]
@@ -79,6 +152,37 @@ fn host_subsystems_keep_their_boundaries() {
     );
 }
 
+/// ARCHITECTURE.md lists the same allowlist as `MAY_IMPORT`, so the two
+/// cannot drift.
+#[test]
+fn architecture_md_states_the_same_allowlist() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+    let documented = documented_allowlist(&text);
+    let problems = allowlist_differences(&documented, &allowlist());
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's Boundaries section and MAY_IMPORT in tests/it/boundaries.rs differ:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The allowlist itself is layered: each subsystem imports only from
+/// those listed before it (so it has no cycle either).
+#[test]
+fn the_allowlist_is_layered() {
+    for (at, (from, to)) in MAY_IMPORT.iter().enumerate() {
+        let before: Vec<&str> = MAY_IMPORT[..at].iter().map(|(name, _)| *name).collect();
+        for name in *to {
+            assert!(
+                before.contains(name),
+                "MAY_IMPORT: {from} → {name}, but {name} is not listed before {from}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_guest_sdk_has_no_import_cycle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk/src");
@@ -88,6 +192,71 @@ fn the_guest_sdk_has_no_import_cycle() {
         cycles.is_empty(),
         "plugins/sdk has import cycles: {cycles:?}"
     );
+}
+
+/// `MAY_IMPORT` as sets.
+fn allowlist() -> BTreeMap<String, BTreeSet<String>> {
+    MAY_IMPORT
+        .iter()
+        .map(|(from, to)| {
+            let to = to.iter().map(|name| name.to_string()).collect();
+            (from.to_string(), to)
+        })
+        .collect()
+}
+
+/// The lines ``- `from` → a, b`` (or `→ nothing`) of the section of
+/// ARCHITECTURE.md headed "Boundaries", up to the next heading.
+fn documented_allowlist(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut lines = text
+        .lines()
+        .skip_while(|line| !(line.starts_with('#') && line.contains("Boundaries")));
+    let heading = lines.next();
+    assert!(
+        heading.is_some(),
+        "ARCHITECTURE.md has no Boundaries heading"
+    );
+    let mut documented = BTreeMap::new();
+    for line in lines.take_while(|line| !line.starts_with('#')) {
+        let Some((from, to)) = line
+            .strip_prefix("- `")
+            .and_then(|rest| rest.split_once("` → "))
+        else {
+            continue;
+        };
+        let to: BTreeSet<String> = to
+            .split(',')
+            .map(|name| name.trim().trim_end_matches('.').to_string())
+            .filter(|name| !name.is_empty() && name != "nothing")
+            .collect();
+        let repeated = documented.insert(from.to_string(), to);
+        assert!(repeated.is_none(), "ARCHITECTURE.md lists `{from}` twice");
+    }
+    documented
+}
+
+/// What one allowlist says that the other does not, a line each.
+fn allowlist_differences(
+    documented: &BTreeMap<String, BTreeSet<String>>,
+    tested: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let names: BTreeSet<&String> = documented.keys().chain(tested.keys()).collect();
+    for name in names {
+        match (documented.get(name), tested.get(name)) {
+            (Some(doc), Some(test)) if doc != test => problems.push(format!(
+                "`{name}`: ARCHITECTURE.md says → {doc:?}, the test → {test:?}"
+            )),
+            (Some(_), None) => problems.push(format!(
+                "`{name}` is in ARCHITECTURE.md but not in MAY_IMPORT"
+            )),
+            (None, Some(_)) => problems.push(format!(
+                "`{name}` is in MAY_IMPORT but not in ARCHITECTURE.md"
+            )),
+            _ => {}
+        }
+    }
+    problems
 }
 
 /// The checker itself, on made-up sources: each rule fails when broken.
@@ -110,7 +279,7 @@ fn the_checker_finds_each_kind_of_break() {
     ]);
     assert_eq!(clean.problems(), Vec::<String>::new());
 
-    let forbidden = sources(&[
+    let not_allowed = sources(&[
         (
             "coordination/mod.rs",
             "use crate::delivery::worker::UnitWorker;",
@@ -118,12 +287,75 @@ fn the_checker_finds_each_kind_of_break() {
         ("delivery/worker.rs", "pub struct UnitWorker;"),
     ]);
     assert!(
-        forbidden
+        not_allowed.problems().iter().any(|p| p.contains(
+            "coordination/mod.rs imports delivery::worker::UnitWorker: coordination → delivery is not in MAY_IMPORT"
+        )),
+        "{:?}",
+        not_allowed.problems()
+    );
+
+    // The binary reaches the library as `weir::`.
+    let binary = sources(&[
+        ("main.rs", "use weir::ingest::front_door::FrontDoor;"),
+        ("ingest/front_door.rs", "pub struct FrontDoor;"),
+    ]);
+    assert!(
+        binary
             .problems()
             .iter()
-            .any(|p| p.contains("coordination/mod.rs imports crate::delivery")),
+            .any(|p| p.contains("main → ingest is not in MAY_IMPORT")),
         "{:?}",
-        forbidden.problems()
+        binary.problems()
+    );
+
+    let unlisted = sources(&[("cache/mod.rs", "use crate::config::Config;")]);
+    assert!(
+        unlisted
+            .problems()
+            .iter()
+            .any(|p| p.contains("subsystem `cache` is not in MAY_IMPORT")),
+        "{:?}",
+        unlisted.problems()
+    );
+
+    // An allowance no file uses is stale; one of a subsystem not in the
+    // sources (yet) is kept.
+    let unused = sources(&[
+        ("client.rs", "use crate::config::Config;"),
+        ("config/mod.rs", "pub struct Config;"),
+        ("ops/mod.rs", "pub struct Ops;"),
+    ]);
+    assert_eq!(
+        unused.problems(),
+        [
+            "client → ops is in MAY_IMPORT, but no file of client imports ops: remove it there and in ARCHITECTURE.md"
+        ]
+    );
+
+    // The allowlist in ARCHITECTURE.md, and what differs from the test's.
+    let documented = documented_allowlist(
+        "## Code map\n- `ops` → config\n#### Boundaries (checked)\n\n- Only `sandbox/` uses wasmtime.\n- `world` → nothing\n- `config` → world\n- `sandbox` → config, telemetry, state.\n### `host/benches/`\n- `host` → ops\n",
+    );
+    let expected: BTreeMap<String, BTreeSet<String>> = [
+        ("world", vec![]),
+        ("config", vec!["world"]),
+        ("sandbox", vec!["config", "telemetry", "state"]),
+    ]
+    .into_iter()
+    .map(|(from, to)| (from.into(), to.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(documented, expected);
+    let mut tested = expected.clone();
+    tested.remove("world");
+    tested.insert("sandbox".into(), ["config".into()].into());
+    tested.insert("ops".into(), BTreeSet::new());
+    assert_eq!(
+        allowlist_differences(&documented, &tested),
+        [
+            "`ops` is in MAY_IMPORT but not in ARCHITECTURE.md",
+            "`sandbox`: ARCHITECTURE.md says → {\"config\", \"state\", \"telemetry\"}, the test → {\"config\"}",
+            "`world` is in ARCHITECTURE.md but not in MAY_IMPORT",
+        ]
     );
 
     let nats_in_sandbox = sources(&[("sandbox/mod.rs", "fn f(c: async_nats::Client) {}")]);
@@ -202,7 +434,14 @@ impl Sources {
     }
 
     fn problems(&self) -> Vec<String> {
+        self.problems_with(&allowlist())
+    }
+
+    /// Every break of the rules, with `allowed` as the allowlist.
+    fn problems_with(&self, allowed: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
         let mut problems = Vec::new();
+        let subsystems: BTreeSet<String> = self.files.keys().map(|p| subsystem_of(p)).collect();
+        let mut used: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (path, code) in &self.files {
             let subsystem = subsystem_of(path);
             if mentions(code, "async_nats") && !MAY_USE_NATS.contains(&subsystem.as_str()) {
@@ -217,16 +456,43 @@ impl Sources {
                     path.display()
                 ));
             }
-            let forbidden = FORBIDDEN
-                .iter()
-                .find(|(from, _)| *from == subsystem)
-                .map_or(&[][..], |(_, never)| *never);
+            // The crate root declares the subsystems; it imports none.
+            if subsystem == "lib" {
+                continue;
+            }
+            let Some(may) = allowed.get(&subsystem) else {
+                problems.push(format!(
+                    "{}: subsystem `{subsystem}` is not in MAY_IMPORT: list what it may import (and in ARCHITECTURE.md's Boundaries)",
+                    path.display()
+                ));
+                continue;
+            };
             for target in crate_paths(path, code) {
-                if forbidden.contains(&target[0].as_str()) {
+                let to = &target[0];
+                // Its own modules, or an item of the crate root.
+                if *to == subsystem || !subsystems.contains(to) {
+                    continue;
+                }
+                used.entry(subsystem.clone())
+                    .or_default()
+                    .insert(to.clone());
+                if !may.contains(to) {
                     problems.push(format!(
-                        "{} imports crate::{}, which {subsystem} must never use",
+                        "{} imports {}: {subsystem} → {to} is not in MAY_IMPORT (a new import is a decision: write it in ARCHITECTURE.md's Boundaries and in MAY_IMPORT)",
                         path.display(),
                         target.join("::")
+                    ));
+                }
+            }
+        }
+        // The list says what the code does: an import nobody makes any more
+        // goes (a subsystem not in these sources yet keeps its entries).
+        for (from, may) in allowed {
+            for to in may {
+                let imports = used.get(from).is_some_and(|used| used.contains(to));
+                if subsystems.contains(from) && subsystems.contains(to) && !imports {
+                    problems.push(format!(
+                        "{from} → {to} is in MAY_IMPORT, but no file of {from} imports {to}: remove it there and in ARCHITECTURE.md"
                     ));
                 }
             }
@@ -338,8 +604,9 @@ fn mentions(code: &str, name: &str) -> bool {
         .any(|(at, _)| !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
 }
 
-/// Every `crate::a::b…` and `super::…` path in the code, as absolute module
-/// segments (`super` resolved against the file's own module).
+/// Every `crate::a::b…` and `super::…` path in the code (and `weir::…` in
+/// the binary), as absolute module segments (`super` resolved against the
+/// file's own module).
 fn crate_paths(path: &Path, code: &str) -> Vec<Vec<String>> {
     let mut module: Vec<String> = path
         .with_extension("")
@@ -352,15 +619,22 @@ fn crate_paths(path: &Path, code: &str) -> Vec<Vec<String>> {
     {
         module.pop();
     }
+    // The binary (`main.rs`, `cli/`) reaches the library as `weir::`.
+    let binary = matches!(subsystem_of(path).as_str(), "main" | "cli");
+    let roots: &[&str] = if binary {
+        &["crate::", "super::", "weir::"]
+    } else {
+        &["crate::", "super::"]
+    };
     let mut found = Vec::new();
-    for root in ["crate::", "super::"] {
+    for &root in roots {
         for (at, _) in code.match_indices(root) {
             if code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
             let mut segments: Vec<String> = match root {
-                "crate::" => Vec::new(),
-                _ => module[..module.len().saturating_sub(1)].to_vec(),
+                "super::" => module[..module.len().saturating_sub(1)].to_vec(),
+                _ => Vec::new(),
             };
             let rest = &code[at + root.len()..];
             // `use crate::a::{b, c}`: the group's prefix is the import.

@@ -1,7 +1,7 @@
 //! `weir tenant`: the per-tenant settings budget policies read.
 
 use weir::config::Config;
-use weir::ingest::usage;
+use weir::ingest::tenants;
 
 use super::target::{FleetTarget, router_of};
 
@@ -60,7 +60,7 @@ impl TenantCommand {
                 // written that no budget would read.
                 let config = Config::load(&fleet.config, &Default::default())?;
                 configured(&config, &fleet, &tenant)?;
-                let checked = usage::check_tenant_settings(&config, &settings)?;
+                let checked = tenants::check_tenant_settings(&config, &settings)?;
                 for warning in checked.warnings() {
                     eprintln!("weir: warning: tenant {tenant}: {warning}");
                 }
@@ -68,15 +68,20 @@ impl TenantCommand {
                     return Err(refusal.into());
                 }
                 let (config, client) = fleet.connect().await?;
-                usage::set_tenant_settings(&client, &router_of(&config), &tenant, Some(&settings))
-                    .await?;
+                tenants::set_tenant_settings(
+                    &client,
+                    &router_of(&config),
+                    &tenant,
+                    Some(&settings),
+                )
+                .await?;
                 client.flush().await?;
                 println!("tenant {tenant}: settings are now {settings}");
             }
             TenantCommand::Unset { fleet, tenant } => {
                 let (config, client) = fleet.connect().await?;
                 configured(&config, &fleet, &tenant)?;
-                usage::set_tenant_settings(&client, &router_of(&config), &tenant, None).await?;
+                tenants::set_tenant_settings(&client, &router_of(&config), &tenant, None).await?;
                 client.flush().await?;
                 println!("tenant {tenant}: settings removed");
             }
@@ -84,12 +89,12 @@ impl TenantCommand {
                 let (config, client) = fleet.connect().await?;
                 configured(&config, &fleet, &tenant)?;
                 let settings =
-                    usage::tenant_settings(&client, &router_of(&config), &tenant).await?;
+                    tenants::tenant_settings(&client, &router_of(&config), &tenant).await?;
                 println!("{tenant}: {}", settings.as_deref().unwrap_or(NONE_SET));
             }
             TenantCommand::List { fleet } => {
                 let (config, client) = fleet.connect().await?;
-                let mut stored = usage::all_tenant_settings(&client, &router_of(&config)).await?;
+                let mut stored = tenants::all_tenant_settings(&client, &router_of(&config)).await?;
                 let width = config
                     .tenants
                     .iter()

@@ -360,11 +360,71 @@ async fn accept(
 ) -> Result<Published, Refusal> {
     let tenant = admitted.tenant;
     let (body, _reading) = read_body(gate, admitted, body).await?;
+    let rows = split_rows(door, gate, &body)?;
+    let request_key = idempotency_key(headers)?;
+    // Rows with their own keys may be stored already whatever the request.
+    let mut fresh = rows.iter().all(|row| row.key.is_none());
+    if let Some(key) = request_key {
+        let claim = claim_key(door, tenant, table, key, &body).await?;
+        fresh &= claim == Claim::First;
+        // A retry after a lost answer: every row is stored already.
+        if claim == Claim::Stored {
+            return Ok(Published {
+                stored: rows.len(),
+                duplicates: rows.len(),
+                accepts: Vec::new(),
+            });
+        }
+    }
+    let outgoing = Outgoing::new(&MessageIds::new(tenant, table, request_key), rows)?;
+    let amount = Queued {
+        rows: outgoing.rows.len() as u64,
+        bytes: outgoing.rows.iter().map(|(p, _)| p.len() as u64).sum(),
+    };
+    let _reservation = admit(door, gate, tenant, table, amount).await?;
+    let placement = gate
+        .policies
+        .place(tenant, table, || outgoing.route_keys)
+        .await
+        .map_err(Refusal::policy_failed)?;
+    // A router may spread a request's rows over many units: named only
+    // when they all go to one.
+    if let Placement::Table(unit) = &placement {
+        tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
+    }
+    let numbers = outgoing.numbers;
+    let mut published = door
+        .publisher
+        .publish(
+            tenant,
+            table,
+            &placement,
+            outgoing.rows,
+            if fresh { Ids::Fresh } else { Ids::MaybeStored },
+        )
+        .await
+        .map_err(|err| publish_refusal(err, &numbers))?;
+    door.metrics
+        .rows_accepted
+        .inc_by((published.stored - published.duplicates) as u64);
+    door.ledger.accepted(std::mem::take(&mut published.accepts));
+    if let Some(key) = request_key {
+        // Off the answer's path: without the record a retry publishes again.
+        let keys = door.request_keys.clone();
+        let (tenant, table, key) = (tenant.to_string(), table.to_string(), key.to_string());
+        tokio::spawn(async move { keys.stored(&tenant, &table, &key, &body).await });
+    }
+    Ok(published)
+}
+
+/// The body's rows, each checked before the first is published (all or
+/// nothing): NDJSON objects, at least one, none past `max_payload`.
+fn split_rows(door: &FrontDoor, gate: &Gate, body: &Bytes) -> Result<Vec<ndjson::Line>, Refusal> {
     let fields = ndjson::Fields {
         key: gate.config.idempotency_field.as_deref(),
         route: gate.config.policies.routing_field.as_deref(),
     };
-    let rows = ndjson::split(&body, fields).map_err(|bad| Refusal {
+    let rows = ndjson::split(body, fields).map_err(|bad| Refusal {
         line: Some(bad.line),
         ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
     })?;
@@ -374,8 +434,7 @@ async fn accept(
             "the body holds no rows",
         ));
     }
-    // All or nothing: every row's size is checked before the first is
-    // published (a row past `max_payload` would fail mid-request).
+    // A row past `max_payload` would fail mid-request.
     let max_row = door.publisher.max_row_bytes();
     if let Some(row) = rows.iter().find(|row| row.payload.len() > max_row) {
         return Err(Refusal {
@@ -390,116 +449,93 @@ async fn accept(
             )
         });
     }
-    let request_key = idempotency_key(headers)?;
-    // Rows with their own keys may be stored already whatever the request.
-    let mut fresh = rows.iter().all(|row| row.key.is_none());
-    if let Some(key) = request_key {
-        let claim = door
-            .request_keys
-            .claim(tenant, table, key, &body)
-            .await
-            .map_err(|err| match err {
-                ClaimError::Reused { .. } => Refusal::new(StatusCode::CONFLICT, err.to_string()),
-                ClaimError::Unavailable(_) => {
-                    Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
-                }
-            })?;
-        fresh &= claim == Claim::First;
-        // A retry after a lost answer: every row is stored already.
-        if claim == Claim::Stored {
-            return Ok(Published {
-                stored: rows.len(),
-                duplicates: rows.len(),
-                accepts: Vec::new(),
-            });
-        }
-    }
-    let ids = MessageIds::new(tenant, table, request_key);
-    let mut numbers = Vec::with_capacity(rows.len());
-    let mut to_publish = Vec::with_capacity(rows.len());
-    let mut route_keys = Vec::with_capacity(rows.len());
-    for (index, row) in rows.into_iter().enumerate() {
-        let id = ids
-            .for_row(index, row.key.as_deref())
-            .map_err(|reason| Refusal {
-                line: Some(row.number),
-                ..Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("line {}: {reason}", row.number),
-                )
-            })?;
-        numbers.push(row.number);
-        route_keys.push(row.route_key);
-        to_publish.push((row.payload, id));
-    }
-    let amount = Queued {
-        rows: to_publish.len() as u64,
-        bytes: to_publish.iter().map(|(p, _)| p.len() as u64).sum(),
-    };
-    let _reservation = admit(door, gate, tenant, table, amount).await?;
-    let placement = gate
-        .policies
-        .place(tenant, table, || route_keys)
-        .await
-        .map_err(Refusal::policy_failed)?;
-    // A router may spread a request's rows over many units: named only
-    // when they all go to one.
-    if let Placement::Table(unit) = &placement {
-        tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
-    }
-    let mut published = door
-        .publisher
-        .publish(
-            tenant,
-            table,
-            &placement,
-            to_publish,
-            if fresh { Ids::Fresh } else { Ids::MaybeStored },
-        )
+    Ok(rows)
+}
+
+/// Binds the request's `Idempotency-Key` to its body, fleet-wide.
+async fn claim_key(
+    door: &FrontDoor,
+    tenant: &str,
+    table: &str,
+    key: &str,
+    body: &Bytes,
+) -> Result<Claim, Refusal> {
+    door.request_keys
+        .claim(tenant, table, key, body)
         .await
         .map_err(|err| match err {
-            PublishError::Unavailable(_) | PublishError::StreamFull(_) => {
+            ClaimError::Reused { .. } => Refusal::new(StatusCode::CONFLICT, err.to_string()),
+            ClaimError::Unavailable(_) => {
                 Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }
-            PublishError::TooLarge { index } => Refusal {
-                line: numbers.get(index).copied(),
-                ..Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, err.to_string())
-            },
-            PublishError::LargerThanPartition {
-                first,
-                last,
-                partition,
-                bytes,
-                max_bytes,
-            } => {
-                let line = |index: usize| numbers.get(index).copied().unwrap_or(index + 1);
-                Refusal {
-                    line: Some(line(first)),
+        })
+}
+
+/// A request's rows as they are published: payloads with message ids, line
+/// numbers (to name a refused row) and routing keys, in body order.
+struct Outgoing {
+    numbers: Vec<usize>,
+    rows: Vec<(Bytes, Option<String>)>,
+    route_keys: Vec<Option<String>>,
+}
+
+impl Outgoing {
+    fn new(ids: &MessageIds<'_>, lines: Vec<ndjson::Line>) -> Result<Outgoing, Refusal> {
+        let mut outgoing = Outgoing {
+            numbers: Vec::with_capacity(lines.len()),
+            rows: Vec::with_capacity(lines.len()),
+            route_keys: Vec::with_capacity(lines.len()),
+        };
+        for (index, row) in lines.into_iter().enumerate() {
+            let id = ids
+                .for_row(index, row.key.as_deref())
+                .map_err(|reason| Refusal {
+                    line: Some(row.number),
                     ..Refusal::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!(
-                            "lines {}..={} go to partition {partition} as one atomic batch of about {bytes} bytes, more than it holds (max_bytes {max_bytes}); nothing was stored: send smaller requests",
-                            line(first),
-                            line(last)
-                        ),
+                        StatusCode::BAD_REQUEST,
+                        format!("line {}: {reason}", row.number),
                     )
-                }
-            }
-            PublishError::Other(_) => {
-                Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
-            }
-        })?;
-    door.metrics
-        .rows_accepted
-        .inc_by((published.stored - published.duplicates) as u64);
-    door.ledger.accepted(std::mem::take(&mut published.accepts));
-    if let Some(key) = request_key {
-        // Off the answer's path: without the record a retry publishes again.
-        let keys = door.request_keys.clone();
-        let (tenant, table, key) = (tenant.to_string(), table.to_string(), key.to_string());
-        tokio::spawn(async move { keys.stored(&tenant, &table, &key, &body).await });
+                })?;
+            outgoing.numbers.push(row.number);
+            outgoing.route_keys.push(row.route_key);
+            outgoing.rows.push((row.payload, id));
+        }
+        Ok(outgoing)
     }
-    Ok(published)
+}
+
+/// The answer to a failed publish; `numbers` maps a row's index to its line.
+fn publish_refusal(err: PublishError, numbers: &[usize]) -> Refusal {
+    match err {
+        PublishError::Unavailable(_) | PublishError::StreamFull(_) => {
+            Refusal::retry_later(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+        }
+        PublishError::TooLarge { index } => Refusal {
+            line: numbers.get(index).copied(),
+            ..Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, err.to_string())
+        },
+        PublishError::LargerThanPartition {
+            first,
+            last,
+            partition,
+            bytes,
+            max_bytes,
+        } => {
+            let line = |index: usize| numbers.get(index).copied().unwrap_or(index + 1);
+            Refusal {
+                line: Some(line(first)),
+                ..Refusal::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "lines {}..={} go to partition {partition} as one atomic batch of about {bytes} bytes, more than it holds (max_bytes {max_bytes}); nothing was stored: send smaller requests",
+                        line(first),
+                        line(last)
+                    ),
+                )
+            }
+        }
+        PublishError::Other(_) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    }
 }
 
 /// Reads an admitted request's body: at most `max_body_bytes`, within a
