@@ -12,10 +12,9 @@
 //! its rows back) and the worker stops.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use async_nats::{Client, Message};
@@ -27,38 +26,27 @@ use tracing::Instrument;
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::batch::{Batch, Position};
-use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
 use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
+use crate::delivery::settle::Fenced;
+use crate::delivery::settler::{Settler, confirm_acks};
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::nats::kv::NatsKv;
 use crate::reload::generation::Generation;
 use crate::sandbox::FailureKind;
 use crate::state::store::{StateStore, UnitState};
-use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
+use crate::telemetry::{Metrics, UnitLabels};
 use crate::topology::route::{Router, Unit};
 
 /// Shortest interval between in-progress acks of a running batch.
 const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
-/// Rows dead-lettered or retried are logged one by one at DEBUG, and at
-/// INFO as one summary per unit at most this often: a bad producer must
-/// not turn the log into a copy of the dead-letter stream.
-const SUMMARY_PERIOD: Duration = Duration::from_secs(10);
-/// Distinct reasons a summary names; the rest are counted together.
-const SUMMARY_REASONS: usize = 8;
-/// Characters of a reason a summary keeps.
-const SUMMARY_REASON_CHARS: usize = 120;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
     #[error("unit {consumer}: cannot bind its consumer: {reason}")]
     Bind { consumer: String, reason: String },
 }
-
-/// The lease ran out: the batch in hand was abandoned, unanswered.
-#[derive(Debug, Clone, Copy)]
-struct Fenced;
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
 fn runners(generation: &Generation, state: Option<&UnitState>) -> Vec<Option<PipelineRunner>> {
@@ -113,130 +101,6 @@ const ACK_FLOOR_PERIOD: Duration = Duration::from_secs(30);
 /// How long a confirmation of acks may take before it counts as failed.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Settles rows: the part of a worker that holds no plugin instance, so it
-/// can be borrowed across awaits while the worker is sent between threads.
-struct Settler {
-    /// Answers every row's ack subject: one handle for all rows.
-    client: Client,
-    router: Router,
-    settings: DeliveryConfig,
-    dead_letters: DeadLetters,
-    metrics: Metrics,
-    /// The ack subject of the last row acked: repeated with a reply asked
-    /// for, it confirms every answer sent before it was applied.
-    last_acked: Option<async_nats::Subject>,
-    /// The stream sequences of the rows acked, kept while `record_acked`
-    /// (a stateful pipeline's rows, whose scopes may then forget them).
-    acked: Vec<u64>,
-    record_acked: bool,
-    /// The unit's pending-rows gauge.
-    unit_labels: UnitLabels,
-    summary: Summary,
-    order: OrderWatch,
-}
-
-/// Rows handed back for a retry remembered at most: past it the set is
-/// forgotten, and a retried row may be counted as out of order once.
-const HANDED_BACK_LIMIT: usize = 65_536;
-
-/// Notices rows redelivered behind newer rows of their unit that were not
-/// retries this worker asked for (`weir_rows_out_of_order_total`): what a
-/// pull request lost with a NATS node costs the order of a table.
-#[derive(Default)]
-struct OrderWatch {
-    /// The highest stream sequence received.
-    highest: u64,
-    /// Rows this worker nakked and has not received again.
-    handed_back: std::collections::HashSet<u64>,
-}
-
-impl OrderWatch {
-    /// Whether a row is out of order; takes it into the watch.
-    fn received(&mut self, sequence: u64, delivered: i64) -> bool {
-        let late = delivered > 1 && sequence < self.highest && !self.handed_back.remove(&sequence);
-        self.highest = self.highest.max(sequence);
-        late
-    }
-
-    fn handed_back(&mut self, sequence: u64) {
-        if self.handed_back.len() >= HANDED_BACK_LIMIT {
-            self.handed_back.clear();
-        }
-        self.handed_back.insert(sequence);
-    }
-}
-
-/// Rows dead-lettered and retried since the last INFO summary of a unit.
-struct Summary {
-    since: Instant,
-    retried: u64,
-    /// Dead-lettered rows by plugin and reason (bounded; see
-    /// [`SUMMARY_REASONS`]).
-    dead_lettered: BTreeMap<(String, String), u64>,
-}
-
-impl Summary {
-    fn new() -> Summary {
-        Summary {
-            since: Instant::now(),
-            retried: 0,
-            dead_lettered: BTreeMap::new(),
-        }
-    }
-
-    /// When the summary is to be said, if there is anything to say.
-    fn due(&self) -> Option<Instant> {
-        let quiet = self.dead_lettered.is_empty() && self.retried == 0;
-        (!quiet).then_some(self.since + SUMMARY_PERIOD)
-    }
-
-    fn dead_lettered(&mut self, plugin: &str, reason: &str) {
-        let reason: String = reason.chars().take(SUMMARY_REASON_CHARS).collect();
-        let key = (plugin.to_string(), reason);
-        let key = if self.dead_lettered.len() < SUMMARY_REASONS
-            || self.dead_lettered.contains_key(&key)
-        {
-            key
-        } else {
-            (String::new(), "other reasons".to_string())
-        };
-        *self.dead_lettered.entry(key).or_default() += 1;
-    }
-
-    /// Logs one INFO line if anything happened and `SUMMARY_PERIOD` has
-    /// passed (or at once when `now`), then starts over.
-    fn flush(&mut self, unit: &str, now: bool) {
-        let elapsed = self.since.elapsed();
-        if !now && elapsed < SUMMARY_PERIOD {
-            return;
-        }
-        let summary = std::mem::replace(self, Summary::new());
-        let dead_lettered: u64 = summary.dead_lettered.values().sum();
-        if dead_lettered == 0 && summary.retried == 0 {
-            return;
-        }
-        let reasons = summary
-            .dead_lettered
-            .iter()
-            .map(|((plugin, reason), rows)| match plugin.as_str() {
-                "" => format!("{rows} × {reason}"),
-                plugin => format!("{rows} × {plugin}: {reason}"),
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        tracing::info!(
-            unit,
-            dead_lettered,
-            retried = summary.retried,
-            seconds = elapsed.as_secs(),
-            reasons,
-            "{dead_lettered} rows dead-lettered and {} retried in the last {} s",
-            summary.retried,
-            elapsed.as_secs()
-        );
-    }
-}
-
 impl UnitWorker {
     pub fn new(
         js: jetstream::Context,
@@ -254,21 +118,16 @@ impl UnitWorker {
             metrics: metrics.clone(),
         });
         let runners = runners(&pipelines, state.as_ref());
-        let settler = Settler {
-            client: js.client(),
-            router: router.clone(),
-            settings: settings.clone(),
-            dead_letters: DeadLetters::new(js.clone(), router.clone()),
-            metrics: metrics.clone(),
-            last_acked: None,
-            acked: Vec::new(),
-            record_acked: false,
-            unit_labels: UnitLabels {
-                unit: router.unit_consumer(unit),
-            },
-            summary: Summary::new(),
-            order: OrderWatch::default(),
+        let unit_labels = UnitLabels {
+            unit: router.unit_consumer(unit),
         };
+        let settler = Settler::new(
+            &js,
+            router.clone(),
+            settings.clone(),
+            metrics.clone(),
+            unit_labels,
+        );
         UnitWorker {
             js,
             router,
@@ -544,18 +403,6 @@ impl UnitWorker {
             }
         }
     }
-}
-
-/// Repeats the ack sent last on `client` (`last_ack`, its subject) as a
-/// request: the server answers once it applied every answer sent before
-/// it. The outer error: no answer `within`.
-async fn confirm_acks(
-    client: &Client,
-    last_ack: async_nats::Subject,
-    within: Duration,
-) -> Result<Result<(), async_nats::RequestError>, tokio::time::error::Elapsed> {
-    let request = client.request(last_ack, bytes::Bytes::from_static(b"+ACK"));
-    Ok(tokio::time::timeout(within, request).await?.map(|_| ()))
 }
 
 /// Rows of a batch that failed on a deadline run alone this many at a
@@ -859,267 +706,6 @@ fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch
     rows
 }
 
-impl Settler {
-    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), String> {
-        ack::reply(&self.client, message, kind).await
-    }
-
-    /// Waits until the server has applied every answer this worker sent.
-    ///
-    /// Publishing an ack only hands it to the socket: the server queues acks
-    /// per consumer and applies them in order, and with `sync = "always"` a
-    /// work-queue ack is an fsync'd delete, so the queue can hold thousands
-    /// of acks. A server stopped meanwhile would redeliver all of them. A
-    /// repeated ack of an already acked row, with a reply asked for, is
-    /// answered once every answer before it was applied (and, on a
-    /// replicated consumer, once it has reached the quorum); re-acking it
-    /// changes nothing.
-    async fn confirm_applied(&self, consumer: &str, within: Duration) {
-        let Some(subject) = self.last_acked.clone() else {
-            return;
-        };
-        let started = Instant::now();
-        match confirm_acks(&self.client, subject, within).await {
-            Ok(Ok(())) => tracing::debug!(
-                consumer,
-                waited = ?started.elapsed(),
-                "the server applied every answer to this unit's rows"
-            ),
-            Ok(Err(err)) => tracing::warn!(
-                consumer,
-                error = %err,
-                "cannot confirm this unit's last acks; rows whose ack was not applied will be redelivered"
-            ),
-            Err(_) => tracing::warn!(
-                consumer,
-                ?within,
-                "the server did not apply this unit's last acks within the drain timeout (`[delivery] drain_timeout_secs`); rows whose ack was not applied will be redelivered"
-            ),
-        }
-    }
-
-    /// Acks, naks or dead-letters each row. Dead letters are stored before
-    /// their rows are acked; a row whose letter was not stored is retried.
-    /// Nothing is stored or answered once `lease` no longer holds: the rows
-    /// left are the next owner's.
-    async fn settle(
-        &mut self,
-        batch: Vec<Message>,
-        mut verdicts: Vec<Verdict>,
-        lease: &Lease,
-    ) -> Result<(), Fenced> {
-        if !lease.held() {
-            return Err(Fenced);
-        }
-        // One read of each row's ack subject: its deliveries, and its order.
-        let mut late = 0;
-        let mut first_late = None;
-        let deliveries: Vec<i64> = batch
-            .iter()
-            .map(|m| {
-                let info = ack::info(m);
-                if let Some(info) = &info {
-                    let highest = self.order.highest;
-                    if self.order.received(info.stream_sequence, info.delivered) {
-                        late += 1;
-                        first_late.get_or_insert((info.stream_sequence, info.delivered, highest));
-                    }
-                }
-                info.map_or(1, |info| info.delivered)
-            })
-            .collect();
-        if let Some((sequence, delivered, highest)) = first_late {
-            tracing::debug!(
-                consumer = %self.unit_labels.unit,
-                rows = late,
-                sequence,
-                delivered,
-                highest,
-                "rows came back behind newer ones"
-            );
-            self.metrics
-                .rows_out_of_order
-                .get_or_create(&self.unit_labels)
-                .inc_by(late as u64);
-        }
-        let mut gave_up = vec![false; batch.len()];
-        for ((verdict, delivered), gave_up) in
-            verdicts.iter_mut().zip(&deliveries).zip(&mut gave_up)
-        {
-            if let Verdict::Retry { reason, plugin, .. } = verdict
-                && *delivered >= i64::from(self.settings.max_deliveries)
-            {
-                *verdict = Verdict::DeadLetter {
-                    plugin: plugin.take(),
-                    reason: format!("gave up after {delivered} deliveries: {reason}"),
-                };
-                *gave_up = true;
-            }
-        }
-
-        let mut letters = Vec::new();
-        let mut lettered = Vec::new();
-        for (index, (message, verdict)) in batch.iter().zip(&verdicts).enumerate() {
-            if let Verdict::DeadLetter { plugin, reason } = verdict {
-                let info = ack::info(message);
-                let (tenant, table) = self
-                    .router
-                    .parse(message.subject.as_str())
-                    .unwrap_or((Cow::Borrowed("unknown"), Cow::Borrowed("unknown")));
-                letters.push(DeadLetter {
-                    tenant,
-                    table,
-                    reason,
-                    plugin: plugin.as_ref().map(|p| (p.name(), p.version.as_str())),
-                    deliveries: deliveries[index],
-                    stream: info.as_ref().map_or("", |info| info.stream),
-                    sequence: info.as_ref().map_or(0, |info| info.stream_sequence),
-                    payload: message.payload.clone(),
-                    original_headers: message.headers.as_ref(),
-                });
-                lettered.push(index);
-            }
-        }
-        let stored = self.dead_letters.publish_all(letters).await;
-        let mut letter_failed = vec![false; batch.len()];
-        for (index, result) in lettered.into_iter().zip(stored) {
-            if let Err(err) = result {
-                tracing::warn!(error = %err, "cannot store a dead letter; the row will be retried");
-                letter_failed[index] = true;
-            }
-        }
-
-        let mut last_acked = None;
-        let mut fenced = false;
-        let rows = batch.iter().zip(verdicts).zip(letter_failed).zip(gave_up);
-        for (((message, verdict), failed), gave_up) in rows {
-            // Checked per row: a clock read, against acking after a freeze.
-            if !lease.held() {
-                fenced = true;
-                break;
-            }
-            let acked = matches!(verdict, Verdict::Done)
-                || matches!(verdict, Verdict::DeadLetter { .. } if !failed);
-            if !acked && let Some(info) = ack::info(message) {
-                self.order.handed_back(info.stream_sequence);
-            }
-            let result = match verdict {
-                Verdict::DeadLetter { .. } if failed => {
-                    self.metrics.rows_retried.inc();
-                    self.answer(message, AckKind::Nak(Some(self.settings.failure_delay)))
-                        .await
-                }
-                Verdict::Done => {
-                    self.metrics.rows_delivered.inc();
-                    self.answer(message, AckKind::Ack).await
-                }
-                Verdict::DeadLetter { reason, plugin } => {
-                    let plugin = plugin.as_ref().map(|p| p.name());
-                    self.dead_lettered(message, plugin, &reason, gave_up);
-                    self.answer(message, AckKind::Ack).await
-                }
-                Verdict::Retry {
-                    delay,
-                    plugin,
-                    reason,
-                } => {
-                    self.metrics.rows_retried.inc();
-                    self.summary.retried += 1;
-                    tracing::debug!(
-                        tenant = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(t, _)| t),
-                        table = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(_, t)| t),
-                        unit = %self.unit_labels.unit,
-                        sequence = ack::info(message).map_or(0, |info| info.stream_sequence),
-                        plugin = plugin.as_ref().map_or("", |p| p.name()),
-                        %reason,
-                        ?delay,
-                        "row handed back for a retry"
-                    );
-                    self.answer(message, AckKind::Nak(Some(delay))).await
-                }
-            };
-            match result {
-                Ok(()) if acked => {
-                    last_acked = Some(message);
-                    if let Some(info) = ack::info(message) {
-                        if self.record_acked {
-                            self.acked.push(info.stream_sequence);
-                        }
-                        // A server clock ahead of this host's counts as 0.
-                        let waited = SystemTime::now()
-                            .duration_since(info.created)
-                            .unwrap_or_default();
-                        self.metrics.accept_to_ack.observe(waited.as_secs_f64());
-                    }
-                }
-                Ok(()) => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, subject = %message.subject, "cannot settle a row; JetStream will redeliver it")
-                }
-            }
-        }
-        if let Some(message) = last_acked {
-            self.last_acked = message.reply.clone();
-        }
-        // The server says with every delivery how many rows are left after
-        // it: the unit's backlog, without asking for the consumer's info.
-        if let Some(info) = batch.last().and_then(ack::info) {
-            self.metrics
-                .unit_pending_rows
-                .get_or_create(&self.unit_labels)
-                .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
-        }
-        self.summary.flush(&self.unit_labels.unit, false);
-        if fenced { Err(Fenced) } else { Ok(()) }
-    }
-
-    /// Counts and logs (at DEBUG) a row acked after its dead letter was stored.
-    fn dead_lettered(
-        &mut self,
-        message: &Message,
-        plugin: Option<&str>,
-        reason: &str,
-        gave_up: bool,
-    ) {
-        self.metrics.rows_dead_lettered.inc();
-        let cause = match (gave_up, plugin) {
-            (true, _) => "retries",
-            (false, Some(_)) => "verdict",
-            (false, None) => "undeliverable",
-        };
-        self.metrics
-            .dead_letters
-            .get_or_create(&DeadLetterLabels {
-                plugin: plugin.unwrap_or("none").to_string(),
-                cause,
-            })
-            .inc();
-        self.summary.dead_lettered(plugin.unwrap_or(""), reason);
-        // Parsing the subject again costs only when the line is wanted.
-        if !tracing::enabled!(tracing::Level::DEBUG) {
-            return;
-        }
-        let parsed = self.router.parse(message.subject.as_str()).ok();
-        tracing::debug!(
-            tenant = parsed.as_ref().map_or("", |(tenant, _)| tenant.as_ref()),
-            table = parsed.as_ref().map_or("", |(_, table)| table.as_ref()),
-            unit = %self.unit_labels.unit,
-            sequence = ack::info(message).map_or(0, |info| info.stream_sequence),
-            plugin = plugin.unwrap_or(""),
-            reason,
-            cause,
-            "row dead-lettered"
-        );
-    }
-
-    /// The unit is no longer pulled here: its summary is said now, and its
-    /// backlog is another host's to report.
-    fn stopped(&mut self) {
-        self.summary.flush(&self.unit_labels.unit, true);
-        self.metrics.unit_pending_rows.remove(&self.unit_labels);
-    }
-}
-
 /// Adds rows to a batch until it is full, `batch_wait` has passed, or no
 /// row came for `batch_idle` (zero: none is waiting).
 async fn fill_batch(
@@ -1158,37 +744,6 @@ async fn fill_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_summary_names_a_bounded_number_of_reasons() {
-        let mut summary = Summary::new();
-        assert_eq!(summary.due(), None, "nothing to say, nothing due");
-        for n in 0..SUMMARY_REASONS + 5 {
-            summary.dead_lettered("validate", &format!("reason {n}"));
-            summary.dead_lettered("validate", &format!("reason {n}"));
-        }
-        assert_eq!(summary.dead_lettered.len(), SUMMARY_REASONS + 1);
-        let others = &summary.dead_lettered[&(String::new(), "other reasons".to_string())];
-        assert_eq!(*others, 10);
-        assert!(summary.due().is_some());
-    }
-
-    #[test]
-    fn only_rows_redelivered_behind_newer_ones_unasked_are_out_of_order() {
-        let mut order = OrderWatch::default();
-        assert!(!order.received(10, 1));
-        assert!(!order.received(11, 1));
-        // A retry this worker asked for comes back behind newer rows: expected.
-        order.handed_back(10);
-        assert!(!order.received(12, 1));
-        assert!(!order.received(10, 2));
-        // A row lost in flight comes back after the ack wait: out of order.
-        assert!(order.received(9, 2));
-        // A redelivery at the front (after a takeover's reset) is in order.
-        let mut fresh = OrderWatch::default();
-        assert!(!fresh.received(5, 3));
-        assert!(!fresh.received(6, 2));
-    }
 
     #[test]
     fn few_names_three_values_then_an_ellipsis() {
