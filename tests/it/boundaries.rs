@@ -111,6 +111,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     (
         "cli",
         &[
+            "world",
             "config",
             "nats",
             "topology",

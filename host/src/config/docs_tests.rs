@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::de::{self, DeserializeOwned, Visitor};
 
-use super::keys::{self, Fallback, Key};
+use super::keys::{Fallback, Key};
 use super::{
     RawConfig, coordination, delivery, nats, pipelines, plugins, policies, stream, tenants,
 };
@@ -95,7 +95,7 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
 #[test]
 fn the_key_table_names_every_key_the_raw_forms_accept() {
     let mut tabled: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for key in keys::all() {
+    for key in super::all_keys() {
         let names = tabled.entry(key.section).or_default();
         for name in [Some(key.name), key.legacy].into_iter().flatten() {
             assert!(
@@ -271,7 +271,7 @@ fn documented_pairs(doc: &str) -> BTreeSet<(String, String)> {
 fn check(doc: &str) -> Vec<String> {
     let mut rows = documented(doc);
     let mut problems = Vec::new();
-    for key in keys::all() {
+    for key in super::all_keys() {
         match rows.remove(&(key.section.to_string(), key.name.to_string())) {
             Some(row) => problems.extend(disagreements(key, &row)),
             None => problems.push(format!(
@@ -287,7 +287,7 @@ fn check(doc: &str) -> Vec<String> {
             row.line
         ));
     }
-    let paired: BTreeSet<(String, String)> = keys::all()
+    let paired: BTreeSet<(String, String)> = super::all_keys()
         .filter_map(|key| Some((key.name.to_string(), key.legacy?.to_string())))
         .collect();
     let doc_pairs = documented_pairs(doc);

@@ -103,32 +103,6 @@ impl Key {
     }
 }
 
-/// Every key, top level first, in the order of docs/configuration.md.
-pub fn all() -> impl Iterator<Item = &'static Key> {
-    [
-        super::top::KEYS,
-        super::nats::KEYS,
-        super::stream::KEYS,
-        super::delivery::KEYS,
-        super::coordination::KEYS,
-        super::tenants::KEYS,
-        super::plugins::KEYS,
-        super::pipelines::KEYS,
-        super::policies::KEYS,
-    ]
-    .into_iter()
-    .flatten()
-}
-
-/// Whether every key of `section` needs a restart: a reload then names the
-/// section (`[stream]`), not each key.
-pub fn restarts_as_a_whole(section: &str) -> bool {
-    !section.is_empty()
-        && all()
-            .filter(|key| key.section == section)
-            .all(|key| matches!(key.reload, Reload::Restart(_)))
-}
-
 /// The [`Keep`] of most keys: `running` into `next`, true when they differed.
 pub fn keep<T: PartialEq + Clone>(next: &mut T, running: &T) -> bool {
     if next == running {

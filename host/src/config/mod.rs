@@ -18,6 +18,7 @@ mod checker;
 mod coordination;
 mod delivery;
 pub mod keys;
+use keys::{Key, Reload};
 mod nats;
 mod pipelines;
 mod plugins;
@@ -268,6 +269,32 @@ impl Checker<'_> {
             max_plugin_instances: limits.max_plugin_instances,
         })
     }
+}
+
+/// Every key, top level first, in the order of docs/configuration.md.
+pub fn all_keys() -> impl Iterator<Item = &'static Key> {
+    [
+        top::KEYS,
+        nats::KEYS,
+        stream::KEYS,
+        delivery::KEYS,
+        coordination::KEYS,
+        tenants::KEYS,
+        plugins::KEYS,
+        pipelines::KEYS,
+        policies::KEYS,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Whether every key of `section` needs a restart: a reload then names the
+/// section (`[stream]`), not each key.
+pub fn restarts_as_a_whole(section: &str) -> bool {
+    !section.is_empty()
+        && all_keys()
+            .filter(|key| key.section == section)
+            .all(|key| matches!(key.reload, Reload::Restart(_)))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::keys::{self, Reload};
+use crate::config::keys::Reload;
 use crate::config::{Config, ConfigError, Overrides};
 use crate::ingest::front_door::Gate;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
@@ -337,14 +337,14 @@ impl Reloader {
 /// or its section when all of the section restarts (`[stream]`).
 fn keep_restart_only(next: &mut Config, running: &Config) -> Vec<String> {
     let mut kept: Vec<String> = Vec::new();
-    for key in keys::all() {
+    for key in crate::config::all_keys() {
         let Reload::Restart(keep) = key.reload else {
             continue;
         };
         if !keep(next, running) {
             continue;
         }
-        let name = if keys::restarts_as_a_whole(key.section) {
+        let name = if crate::config::restarts_as_a_whole(key.section) {
             format!("[{}]", key.section)
         } else {
             key.display()
