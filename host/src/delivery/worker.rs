@@ -52,8 +52,11 @@ const SUMMARY_REASON_CHARS: usize = 120;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
-    #[error("unit {consumer}: cannot bind its consumer: {reason}")]
-    Bind { consumer: String, reason: String },
+    #[error("unit {consumer}: cannot bind its consumer: {source}")]
+    Bind {
+        consumer: String,
+        source: crate::delivery::pull::PullError,
+    },
 }
 
 /// The lease ran out: the batch in hand was abandoned, unanswered.
@@ -315,9 +318,9 @@ impl UnitWorker {
             lease.clone(),
         )
         .await
-        .map_err(|err| DeliveryError::Bind {
+        .map_err(|source| DeliveryError::Bind {
             consumer: consumer_name.clone(),
-            reason: err.to_string(),
+            source,
         })?;
         loop {
             // Biased: a worker past its lease sends no further pull request,
@@ -860,7 +863,7 @@ fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch
 }
 
 impl Settler {
-    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), String> {
+    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), crate::nats::NatsError> {
         ack::reply(&self.client, message, kind).await
     }
 
