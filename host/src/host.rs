@@ -24,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, SyncPolicy};
 use crate::coordination::{
     Coordination, CoordinationError, KeyFollower, Lease, Membership, PluginVersions, UnitEnd,
-    UnitRunner, host_id,
+    UnitError, UnitRunner, host_id,
 };
-use crate::delivery::worker::{ISOLATION_LANES, Workers};
+use crate::delivery::worker::{DeliveryError, ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
 use crate::ingest::idempotency::RequestKeys;
 use crate::ingest::listener;
@@ -391,13 +391,15 @@ impl UnitRunner for DeliveryUnits {
         unit: Unit,
         release: CancellationToken,
         lease: Lease,
-    ) -> BoxFuture<'static, Result<UnitEnd, String>> {
+    ) -> BoxFuture<'static, Result<UnitEnd, UnitError>> {
         let worker = self.0.worker(unit);
         async move {
-            worker
-                .run(release, lease)
-                .await
-                .map_err(|err| err.to_string())
+            worker.run(release, lease).await.map_err(|err| match err {
+                DeliveryError::Bind { consumer, source } => UnitError::Bind {
+                    consumer,
+                    source: Box::new(source),
+                },
+            })
         }
         .boxed()
     }

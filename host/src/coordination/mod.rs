@@ -32,6 +32,8 @@
 //! record or from an owner that is no longer a member.
 
 pub mod assignment;
+mod claim;
+mod lease;
 pub mod takeover;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,7 +53,11 @@ use tokio_util::sync::CancellationToken;
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::telemetry::Metrics;
 use crate::topology::route::{Router, Unit};
-use takeover::Takeover;
+use claim::{
+    TaskDone, UnitContext, UnitWork, Written, claim, drop_claim, orphaned_claim, run_unit,
+};
+use lease::renew;
+pub use lease::{Lease, LeaseState};
 
 /// Key prefix of member keys.
 pub const MEMBERS: &str = "members.";
@@ -171,7 +177,20 @@ pub trait UnitRunner: Send + Sync + 'static {
         unit: Unit,
         release: CancellationToken,
         lease: Lease,
-    ) -> BoxFuture<'static, Result<UnitEnd, String>>;
+    ) -> BoxFuture<'static, Result<UnitEnd, UnitError>>;
+}
+
+/// Why a unit runner could not run its unit; coordination logs it and
+/// records the handover (nothing was pulled).
+#[derive(Debug, thiserror::Error)]
+pub enum UnitError {
+    /// The runner could not start pulling: the unit's consumer could not be
+    /// bound (its inbox subscribed, say).
+    #[error("unit {consumer}: cannot bind its consumer: {source}")]
+    Bind {
+        consumer: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// How a unit runner stopped.
@@ -183,78 +202,6 @@ pub enum UnitEnd {
     /// The lease ran out: rows may be left unsettled, so the claim stays
     /// for the next owner to take over (reset to the ack floor).
     Fenced,
-}
-
-/// The host's lease as renewals publish it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseState {
-    /// Counts unbroken runs of renewals: a renewal answered after the
-    /// previous lease ran out starts a new term, since the key may have
-    /// expired (and the units been taken) in between.
-    pub term: u64,
-    /// Renewal time + TTL − [`STEP_DOWN_MARGIN`], on the monotonic clock
-    /// (which runs on while the process is stopped).
-    pub until: Instant,
-}
-
-/// The lease a unit was claimed under, handed to its runner: the unit is
-/// this host's to deliver only while that lease holds. A lease that lapsed
-/// and was renewed since does not hold: another host may own the unit.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    state: watch::Receiver<Option<LeaseState>>,
-    term: Option<u64>,
-}
-
-impl Lease {
-    /// The lease as it is now (the term a runner started now holds under).
-    pub fn current(state: watch::Receiver<Option<LeaseState>>) -> Lease {
-        let term = state.borrow().map(|s| s.term);
-        Lease { state, term }
-    }
-
-    /// A lease held until `until` and never renewed (tests, tools).
-    pub fn until(until: Instant) -> Lease {
-        let (_, state) = watch::channel(Some(LeaseState { term: 1, until }));
-        Lease::current(state)
-    }
-
-    /// Whether the unit is still this host's to deliver: the lease has not
-    /// run out and is still the term it started in.
-    pub fn held(&self) -> bool {
-        self.held_until()
-            .is_some_and(|until| Instant::now() < until)
-    }
-
-    /// The end of the lease if it is still this term.
-    fn held_until(&self) -> Option<Instant> {
-        let state = (*self.state.borrow())?;
-        (Some(state.term) == self.term).then_some(state.until)
-    }
-
-    /// Resolves once the lease no longer holds.
-    pub async fn lost(&mut self) {
-        loop {
-            let state = *self.state.borrow_and_update();
-            let Some(until) = state.filter(|s| Some(s.term) == self.term).map(|s| s.until) else {
-                return;
-            };
-            if Instant::now() >= until {
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => return,
-                changed = self.state.changed() => {
-                    // No more renewals (the host is leaving): the last one
-                    // runs out on its own.
-                    if changed.is_err() {
-                        tokio::time::sleep_until(until).await;
-                        return;
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// A subsystem that follows some key prefixes of the coordination bucket
@@ -383,27 +330,12 @@ impl Coordination {
     }
 }
 
-/// Shared by the coordinator and its unit tasks.
-struct UnitContext {
-    membership: Membership,
-    run: String,
-}
-
 /// A unit this host claims, pulls or is releasing.
 struct UnitTask {
     id: u64,
     release: CancellationToken,
     releasing: bool,
     handle: JoinHandle<()>,
-}
-
-/// How a unit is claimed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Claim {
-    /// The owner record's revision (`None`: there is none yet).
-    revision: Option<u64>,
-    /// The previous owner did not hand over: check for rows it left.
-    takeover: bool,
 }
 
 struct Coordinator {
@@ -692,272 +624,6 @@ impl Coordinator {
     }
 }
 
-/// A finished unit task, with what it wrote last to the owner record.
-type TaskDone = (Unit, u64, Option<Written>);
-
-/// What a unit task wrote last to its owner record, at which revision.
-enum Written {
-    Record(OwnerRecord, u64),
-    Deleted(u64),
-}
-
-/// What a unit task does.
-enum UnitWork {
-    Claim(Claim),
-    /// Remove a claim of ours that no worker stands behind (see
-    /// [`orphaned_claim`]), at this revision.
-    DropClaim(u64),
-}
-
-/// A unit recorded as ours that is assigned elsewhere and has no worker
-/// here: its worker was aborted (a step-down) or its `released` record
-/// could not be written. Left alone, the assigned owner would wait for a
-/// release forever; dropped, it takes the unit over (checking for rows
-/// left in flight).
-fn orphaned_claim(view: &FleetView, unit: Unit) -> Option<u64> {
-    let (record, revision) = view.owners.get(&unit)?;
-    (record.state == OwnerState::Owned && record.member == view.me).then_some(*revision)
-}
-
-/// Deletes an orphaned claim (compare-and-set on its revision). The
-/// deletion counts at once, not when the watch brings it: a claim made
-/// meanwhile would go to the revision just deleted and fail.
-async fn drop_claim(ctx: &UnitContext, unit: Unit, revision: u64) -> Option<Written> {
-    let key = owner_key(unit);
-    match ctx.membership.kv.delete_at(&key, revision).await {
-        Ok(revision) => {
-            tracing::info!(%key, "dropped a claim no worker stood behind");
-            Some(Written::Deleted(revision))
-        }
-        Err(err) => {
-            tracing::debug!(%key, error = %err, "cannot drop the claim yet");
-            tokio::time::sleep(RETRY_PAUSE).await;
-            None
-        }
-    }
-}
-
-/// Whether this host may claim `unit` now, and how.
-fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
-    let Some((record, revision)) = view.owners.get(&unit) else {
-        return Some(Claim {
-            revision: None,
-            takeover: true,
-        });
-    };
-    let revision = Some(*revision);
-    match record.state {
-        OwnerState::Released => Some(Claim {
-            revision,
-            takeover: false,
-        }),
-        // Recorded as ours but not running here: a previous run, or a
-        // worker aborted when this host stepped down.
-        OwnerState::Owned if record.member == view.me => Some(Claim {
-            revision,
-            takeover: true,
-        }),
-        OwnerState::Owned if !view.is_live(&record.member) => Some(Claim {
-            revision,
-            takeover: true,
-        }),
-        // A live member still holds it: wait for its `released`.
-        OwnerState::Owned => None,
-    }
-}
-
-/// A unit's life on this host: claim it, take it over if its owner died,
-/// pull it until released, then record the clean handover. Returns what it
-/// wrote last to the owner record.
-async fn run_unit(
-    ctx: &UnitContext,
-    unit: Unit,
-    claim: Claim,
-    release: CancellationToken,
-    lease: Lease,
-) -> Option<Written> {
-    let membership = &ctx.membership;
-    let key = owner_key(unit);
-    let record = OwnerRecord {
-        member: membership.me.clone(),
-        run: ctx.run.clone(),
-        state: OwnerState::Owned,
-        since_ms: unix_ms(),
-    };
-    let value = to_bytes(&record);
-    let written = match claim.revision {
-        Some(revision) => membership.kv.update(&key, value, revision).await,
-        None => membership.kv.create(&key, value).await,
-    };
-    let revision = match written {
-        Ok(revision) => revision,
-        Err(err) => {
-            // Someone else's claim got there first; the watch will tell.
-            tracing::debug!(%key, error = %err, "claim lost");
-            tokio::time::sleep(RETRY_PAUSE).await;
-            return None;
-        }
-    };
-    let stream = membership.router.partition_stream(unit.partition);
-    let consumer = membership.router.unit_consumer(unit);
-    // Whether the rows a previous owner may have left in flight are dealt
-    // with: only then can this claim end in a `released` record.
-    let mut taken_over = !claim.takeover;
-    if claim.takeover {
-        let started = Instant::now();
-        loop {
-            match takeover::inspect(&membership.client, &stream, &consumer).await {
-                Ok(state) => match takeover::decide(&state, STEP_DOWN_MARGIN) {
-                    Takeover::Wait => {
-                        tracing::debug!(%consumer, ?state, "the unit was pulled within the quiet margin; looking again")
-                    }
-                    action => match takeover::apply(
-                        &membership.client,
-                        &stream,
-                        &consumer,
-                        &state,
-                        action,
-                    )
-                    .await
-                    {
-                        Ok(()) => {
-                            // Nobody of ours pulls yet: a pin now is a request the
-                            // old owner left open, which took the pin and the rows
-                            // just reset (they would wait out the ack wait there).
-                            let after =
-                                takeover::inspect(&membership.client, &stream, &consumer).await;
-                            tracing::debug!(%consumer, ?state, ?after, "the unit's state before and after its takeover");
-                            if after.as_ref().is_ok_and(|after| after.pinned) {
-                                tracing::warn!(
-                                    %consumer,
-                                    "a pull request left by the old owner took the unit after the reset; taking it over again"
-                                );
-                            } else {
-                                if action == Takeover::Reset {
-                                    membership.metrics.unit_takeovers.inc();
-                                    tracing::info!(
-                                        %consumer,
-                                        rows = state.ack_pending,
-                                        waited_ms = started.elapsed().as_millis() as u64,
-                                        "took over a unit; rows left in flight are redelivered"
-                                    );
-                                }
-                                taken_over = true;
-                                break;
-                            }
-                        }
-                        Err(err) => {
-                            tracing::warn!(%consumer, error = %err, "cannot take the unit over yet")
-                        }
-                    },
-                },
-                Err(err) => tracing::warn!(%consumer, error = %err, "cannot read the unit's state"),
-            }
-            tokio::select! {
-                _ = release.cancelled() => break,
-                _ = tokio::time::sleep(TAKEOVER_RECHECK) => {}
-            }
-        }
-    }
-    if !taken_over {
-        // Asked to let go while still waiting to take over (the old owner
-        // came back, say): its rows may still be in flight and pinned, so a
-        // `released` record would wrongly tell the next owner there is nothing
-        // to redo. Removing the claim leaves the takeover to the next owner.
-        return match membership.kv.delete_at(&key, revision).await {
-            Ok(revision) => {
-                tracing::info!(%consumer, "gave up a takeover not done yet; the next owner takes the unit over");
-                Some(Written::Deleted(revision))
-            }
-            Err(err) => {
-                tracing::warn!(%key, error = %err, "cannot give up the claim; it will be dropped as an orphan");
-                None
-            }
-        };
-    }
-    tracing::debug!(%consumer, "pulling");
-    match membership.units.run(unit, release.clone(), lease).await {
-        Ok(UnitEnd::Drained) => {}
-        Ok(UnitEnd::Fenced) => {
-            // Rows may be unsettled: the claim stays `owned` for the next
-            // owner (or this host, once a member again) to take over.
-            return None;
-        }
-        Err(err) => {
-            tracing::error!(error = %err, "cannot pull the unit");
-            tokio::time::sleep(RETRY_PAUSE).await;
-        }
-    }
-    let released = OwnerRecord {
-        state: OwnerState::Released,
-        since_ms: unix_ms(),
-        ..record
-    };
-    match membership
-        .kv
-        .update(&key, to_bytes(&released), revision)
-        .await
-    {
-        Ok(revision) => Some(Written::Record(released, revision)),
-        Err(err) => {
-            tracing::warn!(%key, error = %err, "cannot record the handover; the claim will be dropped and the next owner checks for rows left in flight");
-            None
-        }
-    }
-}
-
-/// Renews the member key every third of its TTL (with the plugin versions
-/// running then) and says until when this host may act as a member.
-async fn renew(
-    kv: NatsKv,
-    key: String,
-    mut record: MemberRecord,
-    plugins: PluginVersions,
-    ttl: Duration,
-    lease: watch::Sender<Option<LeaseState>>,
-    stop: CancellationToken,
-) {
-    let period = ttl / 3;
-    let mut held: Option<LeaseState> = None;
-    loop {
-        record.plugins = plugins();
-        let value = to_bytes(&record);
-        let sent = Instant::now();
-        let pause =
-            match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
-                Ok(Ok(_)) => {
-                    // Answered within the lease: the key never expired
-                    // meanwhile. Answered after it (a freeze, an outage): a
-                    // new term, and runners of the old one stay fenced.
-                    let term = match held {
-                        Some(state) if Instant::now() < state.until => state.term,
-                        Some(state) => state.term + 1,
-                        None => 1,
-                    };
-                    let state = LeaseState {
-                        term,
-                        until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
-                    };
-                    held = Some(state);
-                    lease.send_replace(held);
-                    period
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "cannot renew the member key");
-                    RETRY_PAUSE
-                }
-                Err(_) => {
-                    tracing::warn!("renewing the member key timed out");
-                    Duration::ZERO
-                }
-            };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-    }
-}
-
 async fn open_watch(kv: &NatsKv, followers: &[Arc<dyn KeyFollower>]) -> Result<Watch, KvError> {
     let mut prefixes = vec![MEMBERS, OWNERS];
     for follower in followers {
@@ -1041,153 +707,4 @@ pub fn host_id(configured: Option<&str>, data_dir: &Path) -> Result<String, Coor
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn owned_by(member: &str) -> (OwnerRecord, u64) {
-        (
-            OwnerRecord {
-                member: member.into(),
-                run: "r".into(),
-                state: OwnerState::Owned,
-                since_ms: 0,
-            },
-            7,
-        )
-    }
-
-    fn view(members: &[&str]) -> FleetView {
-        FleetView {
-            me: "me".into(),
-            member: true,
-            members: members
-                .iter()
-                .map(|m| {
-                    (
-                        m.to_string(),
-                        MemberRecord {
-                            run: "r".into(),
-                            http: String::new(),
-                            since_ms: 0,
-                            plugins: BTreeMap::new(),
-                        },
-                    )
-                })
-                .collect(),
-            owners: BTreeMap::new(),
-        }
-    }
-
-    const UNIT: Unit = Unit {
-        partition: 0,
-        shard: 1,
-    };
-
-    #[test]
-    fn a_unit_held_by_a_live_member_waits_for_its_release() {
-        let mut view = view(&["me", "other"]);
-        view.owners.insert(UNIT, owned_by("other"));
-        assert_eq!(claim(&view, UNIT), None);
-        assert_eq!(view.owner(UNIT), Some("other"));
-
-        let mut released = owned_by("other");
-        released.0.state = OwnerState::Released;
-        view.owners.insert(UNIT, released);
-        assert_eq!(
-            claim(&view, UNIT),
-            Some(Claim {
-                revision: Some(7),
-                takeover: false
-            })
-        );
-        assert_eq!(view.unowned(&[UNIT]), vec![UNIT]);
-    }
-
-    #[test]
-    fn units_of_a_dead_member_or_an_earlier_run_are_taken_over() {
-        let mut view = view(&["me"]);
-        view.owners.insert(UNIT, owned_by("gone"));
-        assert_eq!(
-            claim(&view, UNIT),
-            Some(Claim {
-                revision: Some(7),
-                takeover: true
-            })
-        );
-        assert_eq!(view.owner(UNIT), None);
-
-        view.owners.insert(UNIT, owned_by("me"));
-        assert!(claim(&view, UNIT).is_some_and(|c| c.takeover));
-        // Never recorded: there may be rows from before coordination.
-        view.owners.clear();
-        assert!(claim(&view, UNIT).is_some_and(|c| c.takeover && c.revision.is_none()));
-    }
-
-    #[test]
-    fn a_host_without_its_lease_is_not_a_member_even_if_its_key_lives() {
-        let mut view = view(&["me", "other"]);
-        view.member = false;
-        assert_eq!(
-            view.live_members().into_iter().collect::<Vec<_>>(),
-            ["other"]
-        );
-    }
-
-    #[test]
-    fn a_claim_of_ours_without_a_worker_is_an_orphan_to_drop() {
-        let mut view = view(&["me", "other"]);
-        view.owners.insert(UNIT, owned_by("me"));
-        assert_eq!(orphaned_claim(&view, UNIT), Some(7));
-        view.owners.insert(UNIT, owned_by("other"));
-        assert_eq!(orphaned_claim(&view, UNIT), None);
-        let mut released = owned_by("me");
-        released.0.state = OwnerState::Released;
-        view.owners.insert(UNIT, released);
-        assert_eq!(orphaned_claim(&view, UNIT), None);
-    }
-
-    fn lease_state(term: u64, until: Instant) -> Option<LeaseState> {
-        Some(LeaseState { term, until })
-    }
-
-    #[tokio::test]
-    async fn a_lease_holds_through_renewals_of_its_term_only() {
-        let now = Instant::now();
-        let (renewals, state) = watch::channel(lease_state(1, now + Duration::from_millis(50)));
-        let mut lease = Lease::current(state);
-        assert!(lease.held());
-        // Renewed in time: the same term, later.
-        renewals.send_replace(lease_state(1, now + Duration::from_secs(60)));
-        assert!(lease.held());
-        let lost = tokio::time::timeout(Duration::from_millis(100), lease.lost()).await;
-        assert!(lost.is_err(), "a renewed lease is not lost");
-        // Renewed after it ran out: valid again, but not for this runner,
-        // whose unit may have been taken over meanwhile.
-        renewals.send_replace(lease_state(2, now + Duration::from_secs(60)));
-        assert!(!lease.held());
-        tokio::time::timeout(Duration::from_secs(1), lease.lost())
-            .await
-            .expect("a new term ends the lease at once");
-    }
-
-    #[tokio::test]
-    async fn a_lease_runs_out_on_the_clock_without_any_event() {
-        let lease = Lease::until(Instant::now() + Duration::from_millis(30));
-        assert!(lease.held());
-        let mut waiting = lease.clone();
-        tokio::time::timeout(Duration::from_secs(1), waiting.lost())
-            .await
-            .expect("lost when it runs out");
-        assert!(!lease.held());
-        let none = Lease::current(watch::channel(None).1);
-        assert!(!none.held(), "no lease yet holds nothing");
-    }
-
-    #[test]
-    fn owner_keys_round_trip() {
-        assert_eq!(owner_key(UNIT), "owners.0.1");
-        assert_eq!(parse_unit("0.1"), Some(UNIT));
-        assert_eq!(parse_unit("0"), None);
-        assert_eq!(parse_unit("x.1"), None);
-    }
-}
+mod tests;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_nats::Client;
 use serde::Deserialize;
 
-use crate::nats::jetstream::{PIN_GROUP, api_error, consumer_info, unpin};
+use crate::nats::NatsError;
+use crate::nats::jetstream::{PIN_GROUP, consumer_info, decode, request, unpin};
 
 /// What the server says about a unit consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,10 +78,9 @@ pub async fn inspect(
     client: &Client,
     stream: &str,
     consumer: &str,
-) -> Result<ConsumerState, String> {
+) -> Result<ConsumerState, NatsError> {
     let payload = consumer_info(client, stream, consumer).await?;
-    let info: InfoReply =
-        serde_json::from_slice(&payload).map_err(|err| format!("unreadable info: {err}"))?;
+    let info: InfoReply = decode("info", &payload)?;
     let parse = |text: &str| {
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
     };
@@ -113,19 +113,13 @@ pub async fn apply(
     consumer: &str,
     state: &ConsumerState,
     action: Takeover,
-) -> Result<(), String> {
+) -> Result<(), NatsError> {
     if state.pinned {
         unpin(client, stream, consumer).await?;
     }
     if action == Takeover::Reset {
         let subject = format!("$JS.API.CONSUMER.RESET.{stream}.{consumer}");
-        let reply = client
-            .request(subject, r#"{"seq":0}"#.into())
-            .await
-            .map_err(|err| err.to_string())?;
-        if let Some(error) = api_error(&reply.payload) {
-            return Err(error);
-        }
+        request(client, subject, r#"{"seq":0}"#.into()).await?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use futures::future::join_all;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::nats::NatsError;
 use crate::nats::jetstream::is_delivery_header;
 use crate::topology::route::Router;
 
@@ -63,7 +64,7 @@ impl DeadLetters {
 
     /// Publishes every letter (pipelined); one result per letter, in order.
     /// A row may be acked only if its letter's result is `Ok`.
-    pub async fn publish_all(&self, letters: Vec<DeadLetter<'_>>) -> Vec<Result<(), String>> {
+    pub async fn publish_all(&self, letters: Vec<DeadLetter<'_>>) -> Vec<Result<(), NatsError>> {
         let sends = letters.into_iter().map(|letter| async move {
             let subject = self
                 .router
@@ -78,12 +79,9 @@ impl DeadLetters {
                 .payload(letter.payload.clone())
                 .headers(letter_headers(&letter))
                 .message_id(message_id);
-            let ack = self
-                .js
-                .send_publish(subject, message)
-                .await
-                .map_err(|err| err.to_string())?;
-            ack.await.map(|_| ()).map_err(|err| err.to_string())
+            let ack = self.js.send_publish(subject, message).await?;
+            ack.await?;
+            Ok(())
         });
         join_all(sends).await
     }
@@ -272,23 +270,23 @@ pub enum LetterError {
         table_header = headers::TABLE
     )]
     Unroutable { stream: String, sequence: u64 },
-    #[error("cannot re-publish dead letter {sequence} to `{subject}`: {reason}")]
+    #[error("cannot re-publish dead letter {sequence} to `{subject}`: {source}")]
     Replay {
         sequence: u64,
         subject: String,
-        reason: String,
+        source: NatsError,
     },
-    #[error("re-published dead letter {sequence} but cannot remove it from `{stream}`: {reason}")]
+    #[error("re-published dead letter {sequence} but cannot remove it from `{stream}`: {source}")]
     RemoveReplayed {
         stream: String,
         sequence: u64,
-        reason: String,
+        source: NatsError,
     },
-    #[error("cannot remove dead letter {sequence} from `{stream}`: {reason}")]
+    #[error("cannot remove dead letter {sequence} from `{stream}`: {source}")]
     Remove {
         stream: String,
         sequence: u64,
-        reason: String,
+        source: NatsError,
     },
     #[error("cannot purge `{subject}` from the dead-letter stream `{stream}`: {reason}")]
     Purge {
@@ -508,11 +506,12 @@ impl DeadLetters {
             let subject = self
                 .router
                 .subject(self.router.route(tenant, table), tenant, table);
-            let replay_error = |reason: String| LetterError::Replay {
-                sequence,
-                subject: subject.clone(),
-                reason,
-            };
+            let replay_error =
+                |err: async_nats::jetstream::context::PublishError| LetterError::Replay {
+                    sequence,
+                    subject: subject.clone(),
+                    source: err.into(),
+                };
             let publish = PublishMessage::build()
                 .payload(fetched.payload.clone())
                 .headers(fetched.original_headers())
@@ -521,14 +520,14 @@ impl DeadLetters {
                 .js
                 .send_publish(subject.clone(), publish)
                 .await
-                .map_err(|e| replay_error(e.to_string()))?;
-            ack.await.map_err(|e| replay_error(e.to_string()))?;
+                .map_err(replay_error)?;
+            ack.await.map_err(replay_error)?;
             self.remove(&stream, sequence)
                 .await
-                .map_err(|reason| LetterError::RemoveReplayed {
+                .map_err(|source| LetterError::RemoveReplayed {
                     stream: self.router.dead_letter_stream(),
                     sequence,
-                    reason,
+                    source,
                 })?;
             replayed.push(fetched.letter);
         }
@@ -563,10 +562,10 @@ impl DeadLetters {
             let sequence = fetched.letter.sequence;
             self.remove(&stream, sequence)
                 .await
-                .map_err(|reason| LetterError::Remove {
+                .map_err(|source| LetterError::Remove {
                     stream: self.router.dead_letter_stream(),
                     sequence,
-                    reason,
+                    source,
                 })?;
             purged.count += 1;
             purged.letters.push(fetched.letter);
@@ -578,11 +577,11 @@ impl DeadLetters {
         &self,
         stream: &jetstream::stream::Stream,
         sequence: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), NatsError> {
         match stream.delete_message(sequence).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err("the server did not delete it".to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(false) => Err(NatsError::NotDone { what: "delete it" }),
+            Err(err) => Err(err.into()),
         }
     }
 }

@@ -46,8 +46,11 @@ const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
-    #[error("consumer {consumer}: cannot subscribe to its inbox: {reason}")]
-    Subscribe { consumer: String, reason: String },
+    #[error("consumer {consumer}: cannot subscribe to its inbox: {source}")]
+    Subscribe {
+        consumer: String,
+        source: async_nats::SubscribeError,
+    },
 }
 
 /// The body of a `CONSUMER.MSG.NEXT` request.
@@ -149,9 +152,9 @@ impl Puller {
             client
                 .subscribe(inbox.clone())
                 .await
-                .map_err(|err| PullError::Subscribe {
+                .map_err(|source| PullError::Subscribe {
                     consumer: consumer.clone(),
-                    reason: err.to_string(),
+                    source,
                 })?;
         let delivered_at_open = match last_delivery(&client, &stream, &consumer).await {
             Ok(last) => last,

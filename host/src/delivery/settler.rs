@@ -297,7 +297,7 @@ impl Settler {
         );
     }
 
-    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), String> {
+    async fn answer(&self, message: &Message, kind: AckKind) -> Result<(), crate::nats::NatsError> {
         ack::reply(&self.client, message, kind).await
     }
 

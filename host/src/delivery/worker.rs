@@ -44,8 +44,11 @@ const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
-    #[error("unit {consumer}: cannot bind its consumer: {reason}")]
-    Bind { consumer: String, reason: String },
+    #[error("unit {consumer}: cannot bind its consumer: {source}")]
+    Bind {
+        consumer: String,
+        source: crate::delivery::pull::PullError,
+    },
 }
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
@@ -174,9 +177,9 @@ impl UnitWorker {
             lease.clone(),
         )
         .await
-        .map_err(|err| DeliveryError::Bind {
+        .map_err(|source| DeliveryError::Bind {
             consumer: consumer_name.clone(),
-            reason: err.to_string(),
+            source,
         })?;
         loop {
             // Biased: a worker past its lease sends no further pull request,

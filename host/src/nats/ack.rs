@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::AckKind;
 use async_nats::{Client, Message};
 
+use super::NatsError;
+
 /// Tokens after `$JS.ACK.` in the longest form read (ADR-15 v2 plus a token).
 const MAX_TOKENS: usize = 12;
 
@@ -64,14 +66,11 @@ pub fn info(message: &Message) -> Option<AckInfo<'_>> {
 }
 
 /// Answers a delivered message: ack, nak (with a delay) or in progress.
-pub async fn reply(client: &Client, message: &Message, kind: AckKind) -> Result<(), String> {
+pub async fn reply(client: &Client, message: &Message, kind: AckKind) -> Result<(), NatsError> {
     let Some(reply) = &message.reply else {
-        return Err("no reply subject: not a JetStream delivery".to_string());
+        return Err(NatsError::NotADelivery);
     };
-    client
-        .publish(reply.clone(), kind.into())
-        .await
-        .map_err(|err| err.to_string())
+    Ok(client.publish(reply.clone(), kind.into()).await?)
 }
 
 #[cfg(test)]

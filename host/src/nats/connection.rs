@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::NatsError;
 use crate::config::NatsAuth;
 
 /// How long a first connection is retried while no server answers (the
@@ -224,8 +225,8 @@ async fn login_options(
 /// Closes a connection for a planned stop: what was published is flushed,
 /// subscriptions end, and the connection is closed before `within` ends, so
 /// a server stopped next is not seen as a connection lost.
-pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), String> {
-    client.drain().await.map_err(|err| err.to_string())?;
+pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), NatsError> {
+    client.drain().await?;
     // `drain` returns before the connection has closed; a flush fails once
     // it has (nobody takes commands any more).
     let closed = async {
@@ -235,7 +236,7 @@ pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), 
     };
     tokio::time::timeout(within, closed)
         .await
-        .map_err(|_| format!("not closed within {within:?}"))
+        .map_err(|_| NatsError::NotClosed { within })
 }
 
 #[cfg(test)]

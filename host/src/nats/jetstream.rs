@@ -3,6 +3,9 @@
 //! every unit: its priority group and the header it stamps on deliveries.
 
 use async_nats::Client;
+use bytes::Bytes;
+
+use super::error::{NatsError, reply_error};
 
 /// How long each attempt to create a stream or bucket waits for the server,
 /// when hosts of a fleet started together race to create the same
@@ -29,19 +32,19 @@ pub fn is_delivery_header(name: &str) -> bool {
 
 /// Releases a unit consumer's pin: a waiting pull of another client is
 /// served at once.
-pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), String> {
+pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), NatsError> {
     let subject = format!("$JS.API.CONSUMER.UNPIN.{stream}.{consumer}");
     let body = serde_json::json!({ "group": PIN_GROUP }).to_string();
-    let reply = client
-        .request(subject, body.into())
-        .await
-        .map_err(|err| err.to_string())?;
-    api_error(&reply.payload).map_or(Ok(()), Err)
+    request(client, subject, body.into()).await.map(drop)
 }
 
 /// The consumer sequence of a consumer's last delivery (0: none yet), as
 /// the ack subject of each delivered row carries it.
-pub async fn last_delivery(client: &Client, stream: &str, consumer: &str) -> Result<u64, String> {
+pub async fn last_delivery(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+) -> Result<u64, NatsError> {
     #[derive(serde::Deserialize)]
     struct Info {
         delivered: Option<Delivered>,
@@ -52,14 +55,13 @@ pub async fn last_delivery(client: &Client, stream: &str, consumer: &str) -> Res
         consumer_seq: u64,
     }
     let payload = consumer_info(client, stream, consumer).await?;
-    let info: Info = serde_json::from_slice(&payload)
-        .map_err(|err| format!("unreadable consumer info: {err}"))?;
+    let info: Info = decode("consumer info", &payload)?;
     Ok(info.delivered.map_or(0, |d| d.consumer_seq))
 }
 
 /// The stream sequence at and below which a consumer has every row acked
 /// (0: none yet): rows there are never delivered again.
-pub async fn ack_floor(client: &Client, stream: &str, consumer: &str) -> Result<u64, String> {
+pub async fn ack_floor(client: &Client, stream: &str, consumer: &str) -> Result<u64, NatsError> {
     #[derive(serde::Deserialize)]
     struct Info {
         ack_floor: Option<Floor>,
@@ -70,8 +72,7 @@ pub async fn ack_floor(client: &Client, stream: &str, consumer: &str) -> Result<
         stream_seq: u64,
     }
     let payload = consumer_info(client, stream, consumer).await?;
-    let info: Info = serde_json::from_slice(&payload)
-        .map_err(|err| format!("unreadable consumer info: {err}"))?;
+    let info: Info = decode("consumer info", &payload)?;
     Ok(info.ack_floor.map_or(0, |f| f.stream_seq))
 }
 
@@ -81,36 +82,31 @@ pub async fn consumer_info(
     client: &Client,
     stream: &str,
     consumer: &str,
-) -> Result<bytes::Bytes, String> {
+) -> Result<Bytes, NatsError> {
     let subject = format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}");
-    let reply = client
-        .request(subject, "".into())
-        .await
-        .map_err(|err| err.to_string())?;
-    match api_error(&reply.payload) {
+    request(client, subject, Bytes::new()).await
+}
+
+/// One JetStream API request: its reply's payload, or why there is none
+/// (timed out, no responders, the API's error).
+pub async fn request(client: &Client, subject: String, body: Bytes) -> Result<Bytes, NatsError> {
+    let reply = client.request(subject, body).await?;
+    match reply_error(&reply.payload) {
         Some(error) => Err(error),
         None => Ok(reply.payload),
     }
 }
 
-/// The error of a JetStream API reply, if it is one.
+/// A reply's payload read as `T`; `what` names it in the error.
+pub fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    payload: &[u8],
+) -> Result<T, NatsError> {
+    serde_json::from_slice(payload).map_err(|source| NatsError::Decode { what, source })
+}
+
+/// The error of a JetStream API reply, if it is one, as text (for callers
+/// that keep a reason as text; [`reply_error`] keeps its cause).
 pub fn api_error(payload: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Reply {
-        error: Option<ApiError>,
-    }
-    #[derive(serde::Deserialize)]
-    struct ApiError {
-        #[serde(default)]
-        err_code: u64,
-        #[serde(default)]
-        description: String,
-    }
-    match serde_json::from_slice::<Reply>(payload) {
-        Ok(Reply { error: Some(error) }) => {
-            Some(format!("{} (error {})", error.description, error.err_code))
-        }
-        Ok(_) => None,
-        Err(err) => Some(format!("unreadable reply: {err}")),
-    }
+    reply_error(payload).map(|error| error.to_string())
 }

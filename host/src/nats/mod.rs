@@ -5,5 +5,8 @@
 pub mod ack;
 pub mod connection;
 pub mod embedded;
+pub mod error;
 pub mod jetstream;
 pub mod kv;
+
+pub use error::NatsError;

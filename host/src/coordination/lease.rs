@@ -1,0 +1,136 @@
+//! The host's lease: renewals of its member key say until when it may act
+//! as a member, and each unit runner holds the [`Lease`] its unit was
+//! claimed under, which fences it once that lease no longer holds.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, to_bytes};
+use crate::nats::kv::{KvWrite, NatsKv};
+
+/// The host's lease as renewals publish it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    /// Counts unbroken runs of renewals: a renewal answered after the
+    /// previous lease ran out starts a new term, since the key may have
+    /// expired (and the units been taken) in between.
+    pub term: u64,
+    /// Renewal time + TTL − [`STEP_DOWN_MARGIN`], on the monotonic clock
+    /// (which runs on while the process is stopped).
+    pub until: Instant,
+}
+
+/// The lease a unit was claimed under, handed to its runner: the unit is
+/// this host's to deliver only while that lease holds. A lease that lapsed
+/// and was renewed since does not hold: another host may own the unit.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    state: watch::Receiver<Option<LeaseState>>,
+    term: Option<u64>,
+}
+
+impl Lease {
+    /// The lease as it is now (the term a runner started now holds under).
+    pub fn current(state: watch::Receiver<Option<LeaseState>>) -> Lease {
+        let term = state.borrow().map(|s| s.term);
+        Lease { state, term }
+    }
+
+    /// A lease held until `until` and never renewed (tests, tools).
+    pub fn until(until: Instant) -> Lease {
+        let (_, state) = watch::channel(Some(LeaseState { term: 1, until }));
+        Lease::current(state)
+    }
+
+    /// Whether the unit is still this host's to deliver: the lease has not
+    /// run out and is still the term it started in.
+    pub fn held(&self) -> bool {
+        self.held_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The end of the lease if it is still this term.
+    fn held_until(&self) -> Option<Instant> {
+        let state = (*self.state.borrow())?;
+        (Some(state.term) == self.term).then_some(state.until)
+    }
+
+    /// Resolves once the lease no longer holds.
+    pub async fn lost(&mut self) {
+        loop {
+            let state = *self.state.borrow_and_update();
+            let Some(until) = state.filter(|s| Some(s.term) == self.term).map(|s| s.until) else {
+                return;
+            };
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                changed = self.state.changed() => {
+                    // No more renewals (the host is leaving): the last one
+                    // runs out on its own.
+                    if changed.is_err() {
+                        tokio::time::sleep_until(until).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Renews the member key every third of its TTL (with the plugin versions
+/// running then) and says until when this host may act as a member.
+pub(super) async fn renew(
+    kv: NatsKv,
+    key: String,
+    mut record: MemberRecord,
+    plugins: PluginVersions,
+    ttl: Duration,
+    lease: watch::Sender<Option<LeaseState>>,
+    stop: CancellationToken,
+) {
+    let period = ttl / 3;
+    let mut held: Option<LeaseState> = None;
+    loop {
+        record.plugins = plugins();
+        let value = to_bytes(&record);
+        let sent = Instant::now();
+        let pause =
+            match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
+                Ok(Ok(_)) => {
+                    // Answered within the lease: the key never expired
+                    // meanwhile. Answered after it (a freeze, an outage): a
+                    // new term, and runners of the old one stay fenced.
+                    let term = match held {
+                        Some(state) if Instant::now() < state.until => state.term,
+                        Some(state) => state.term + 1,
+                        None => 1,
+                    };
+                    let state = LeaseState {
+                        term,
+                        until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
+                    };
+                    held = Some(state);
+                    lease.send_replace(held);
+                    period
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot renew the member key");
+                    RETRY_PAUSE
+                }
+                Err(_) => {
+                    tracing::warn!("renewing the member key timed out");
+                    Duration::ZERO
+                }
+            };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
