@@ -73,7 +73,7 @@ impl Rig {
         };
         let store = state_store(nats).await;
         let state = Some(UnitState {
-            store: store.clone(),
+            store: store.clone().into(),
             unit: UNIT,
             metrics: weir::telemetry::Metrics::default(),
         });
