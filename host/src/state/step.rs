@@ -283,3 +283,57 @@ impl StateStep {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::scope::Limits;
+
+    const LIMITS: Limits = Limits {
+        max_keys: 10,
+        max_bytes: 1000,
+    };
+
+    fn step() -> StateStep {
+        let state = UnitState {
+            store: ScopeStore::in_memory(),
+            unit: Unit {
+                partition: 0,
+                shard: 0,
+            },
+            metrics: Metrics::default(),
+        };
+        StateStep::new("window", LIMITS, state)
+    }
+
+    /// One call writing `count` for rows 1 and 2 of one scope, ending `ends`.
+    async fn run(step: &mut StateStep, ends: &[RowEnd]) -> Vec<(usize, String)> {
+        let rows = [("acme", "events", 1), ("acme", "events", 2)];
+        let settled = step.begin(rows.into_iter()).await.unwrap();
+        assert_eq!(settled, [None, None]);
+        let mut state = step.give(&[0, 1]);
+        state.scope_of(0).unwrap().set(b"count", b"2").unwrap();
+        step.took(Some(state));
+        let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(60));
+        step.commit(ends, &lease).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_scope_is_written_once_its_rows_are_settled_and_kept_while_one_is_retried() {
+        let mut step = step();
+        let retried = run(&mut step, &[RowEnd::Applied, RowEnd::Retried]).await;
+        assert_eq!(
+            retried.iter().map(|(row, _)| *row).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        let written = run(&mut step, &[RowEnd::Applied, RowEnd::DeadLettered]).await;
+        assert!(written.is_empty(), "{written:?}");
+        // The rows came back after their answer was lost: settled before.
+        let again = [("acme", "events", 1), ("acme", "events", 2)];
+        let settled = step.begin(again.into_iter()).await.unwrap();
+        assert_eq!(
+            settled,
+            [Some(Settled::Applied), Some(Settled::DeadLettered)]
+        );
+    }
+}
