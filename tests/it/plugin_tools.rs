@@ -1,5 +1,7 @@
 //! The plugin author's tools against real plugins: `weir plugin test` gives
-//! the outcomes a real host on a real nats-server gives for the same rows,
+//! the outcomes a real host on a real nats-server gives for the same rows
+//! (a stateful plugin and rows it dead-letters among them: both run the
+//! same pipeline runner),
 //! a trap exits non-zero quoting the guest's stderr (as the dead-letter
 //! reason does), `weir plugin check` names each plugin's world or what it
 //! misses, a second check loads from the shared compiled cache, and the
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weir_test_artifacts::{
-    CHAOS, HOT_TENANT_ROUTER, HTTP_SINK, NDJSON_SINK, TENANT_BUDGET, VALIDATOR,
+    CHAOS, HOT_TENANT_ROUTER, HTTP_SINK, NDJSON_SINK, TENANT_BUDGET, VALIDATOR, WINDOW,
 };
 
 use crate::support::{
@@ -110,6 +112,94 @@ async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
         written.iter().map(parsed).collect::<Vec<_>>(),
         emitted.iter().map(parsed).collect::<Vec<_>>()
     );
+    let mut reasons = dead_letter_reasons(&nats, 2).await;
+    reasons.sort();
+    dead.sort();
+    assert_eq!(reasons, dead);
+    host.shutdown().await;
+}
+
+/// The window plugin (`grants.state`) on rows it counts, a row without its
+/// fields and a row of a window already closed.
+const WINDOW_ROWS: &str = "{\"key\":\"a\",\"value\":1,\"ts\":0}\n{\"name\":\"no fields\"}\n\
+    {\"key\":\"a\",\"value\":2,\"ts\":5}\n{\"key\":\"b\",\"value\":4,\"ts\":9}\n\
+    {\"key\":\"a\",\"value\":1,\"ts\":1200}\n{\"key\":\"a\",\"value\":1,\"ts\":10}\n";
+
+const WINDOW_PIPELINE: &str = r#"
+[plugins.window]
+wasm = "weir_window.wasm"
+world = "transform"
+settings = { width_ms = 1000 }
+grants.state = { max_keys = 100 }
+
+[[pipelines]]
+tables = ["events"]
+transforms = ["window"]
+sink = "files"
+"#;
+
+/// A stateful plugin through `weir plugin test` (its state in memory) and
+/// through a real host (its state in the bucket): the same summaries
+/// emitted, the same rows dead-lettered with the same reasons.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateful_plugin_and_its_failing_rows_get_the_same_outcomes_in_plugin_test_and_a_host() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), WINDOW_PIPELINE)).await;
+    let rows = host.dir.path().join("rows.ndjson");
+    std::fs::write(&rows, WINDOW_ROWS).unwrap();
+    let output = weir_plugin(&[
+        "test",
+        WINDOW,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--config",
+        host.config_path().to_str().unwrap(),
+        "--plugin",
+        "window",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report = json_of(&output);
+    assert_eq!(report["table"], "events", "{report}");
+    let outcomes: Vec<&str> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["drop", "dead_letter", "drop", "drop", "emit", "dead_letter"],
+        "{report}"
+    );
+    let mut emitted = Vec::new();
+    let mut dead = Vec::new();
+    for row in report["rows"].as_array().unwrap() {
+        for new in row["emitted"].as_array().into_iter().flatten() {
+            assert_eq!(new["table"], "windows", "{report}");
+            emitted.push(new["payload"].clone());
+        }
+        if let Some(reason) = row["reason"].as_str() {
+            dead.push(reason.to_string());
+        }
+    }
+    assert_eq!(emitted.len(), 2, "{report}");
+
+    assert_eq!(host.ingest("events", WINDOW_ROWS).await.status(), 202);
+    let written = eventually(
+        Duration::from_secs(30),
+        "the summaries delivered",
+        || async {
+            let lines = host.sink_lines("windows");
+            (lines.len() == 2).then_some(lines)
+        },
+    )
+    .await;
+    let written: Vec<Value> = written
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(written, emitted);
     let mut reasons = dead_letter_reasons(&nats, 2).await;
     reasons.sort();
     dead.sort();

@@ -1,5 +1,6 @@
-//! Plugin state (#23, in progress): the window plugin's counts through a
-//! real pipeline runner and a real NATS KV bucket, without a host yet.
+//! Plugin state (#23): the window plugin's counts through a real pipeline
+//! runner and a real NATS KV bucket, through hosts across faults and
+//! reloads, and in `weir plugin test`.
 
 use weir::config::{Config, Overrides};
 use weir::coordination::Lease;
@@ -73,7 +74,7 @@ impl Rig {
         };
         let store = state_store(nats).await;
         let state = Some(UnitState {
-            store: store.clone(),
+            store: store.clone().into(),
             unit: UNIT,
             metrics: weir::telemetry::Metrics::default(),
         });

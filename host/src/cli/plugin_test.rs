@@ -3,20 +3,29 @@
 //! from the config when given), and prints what it decided for each row.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use weir::config::{Config, Overrides, PluginConfig};
-use weir::delivery::batch::{Answer, Batch, Outcome, Position};
+use weir::coordination::Lease;
+use weir::delivery::batch::{Batch, Position};
+use weir::delivery::isolation::{self, ISOLATION_LANES};
+use weir::delivery::pipeline::{Observer, PipelineRunner, RowOutcome, Stepped};
 use weir::ingest::ndjson::{self, Fields, Line};
 use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
-use weir::sandbox::{CallError, Plugin, Sandbox};
+use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
+use weir::state::store::{ScopeStore, UnitState};
+use weir::topology::route::Unit;
 use weir::world::World;
 
-/// Instances `weir plugin test` needs at once: one, plus room for a retry.
-const TEST_POOL_INSTANCES: u32 = 4;
+/// Instances `weir plugin test` needs at once: one per lane of a
+/// deadline's isolation, plus the runner's and room for a retry.
+const TEST_POOL_INSTANCES: u32 = ISOLATION_LANES as u32 + 2;
+/// Nothing fences `weir plugin test`: its lease outlasts any file.
+const TEST_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 #[derive(clap::Args)]
 pub struct TestArgs {
@@ -68,14 +77,14 @@ pub struct TestArgs {
 #[error("{0}")]
 pub struct PluginFailed(pub String);
 
-/// A plugin granted state (in `--config`) gets it for the call, empty at
-/// first, within its limits: the file's rows share one tenant and table,
-/// so one scope, which sees each row's writes in turn.
-fn give_empty_state(plugin: &Plugin, instance: &mut weir::sandbox::PluginInstance, rows: usize) {
-    use weir::state::{batch::BatchState, scope::Overlay};
-    if let Some(limits) = plugin.config.grants.state {
-        let scope = Overlay::new(Arc::default(), limits);
-        instance.give_state(BatchState::new(vec![scope], vec![0; rows]));
+/// A failure's kind as the JSON report names it.
+fn kind_name(kind: &FailureKind) -> &'static str {
+    match kind {
+        FailureKind::Trap => "trap",
+        FailureKind::Deadline => "deadline",
+        FailureKind::Memory => "memory",
+        FailureKind::Refused => "refused",
+        FailureKind::Contract => "contract",
     }
 }
 
@@ -153,7 +162,7 @@ impl TestArgs {
         };
         let mut reports = Vec::new();
         let failures = match plugin_config.world {
-            World::Transform | World::Sink => self.isolating(&plugin, &lines, &mut reports).await,
+            World::Transform | World::Sink => self.isolating(&plugin, &lines, &mut reports).await?,
             World::Budget => self
                 .admit(&plugin, &lines, &mut reports)
                 .await
@@ -247,115 +256,67 @@ impl TestArgs {
         batch
     }
 
-    /// Every row through the transform or sink in one call; when the call
-    /// fails, its rows are split in halves and tried again, as delivery
-    /// isolates the rows that fail their plugin, until each failing row is
-    /// alone. Returns the errors of the rows that fail on their own.
+    /// Every row through the transform or sink as delivery runs it: one
+    /// pipeline runner of this plugin alone (a plugin granted state in
+    /// `--config` keeps it in memory, empty at first), rows isolated as
+    /// delivery isolates the rows that fail their plugin, until each
+    /// failing row is alone. Returns the errors of the rows that fail on
+    /// their own.
     async fn isolating(
         &self,
         plugin: &Arc<Plugin>,
         lines: &[Line],
         reports: &mut Vec<RowReport>,
-    ) -> Vec<CallError> {
-        let mut parts = vec![lines.iter().collect::<Vec<&Line>>()];
-        let mut failures = Vec::new();
-        while let Some(part) = parts.pop() {
-            let result = match plugin.config.world {
-                World::Sink => self.deliver(plugin, &part).await,
-                _ => self.transform(plugin, &part).await,
-            };
-            match result {
-                Ok(answers) => {
-                    for (line, (answer, text)) in part.iter().zip(answers) {
-                        reports.push(RowReport {
-                            line: line.number,
-                            answer,
-                            text,
-                        });
-                    }
-                }
-                Err(error) if part.len() == 1 => {
-                    let kind = format!("{:?}", error.kind).to_lowercase();
-                    reports.push(RowReport {
-                        line: part[0].number,
-                        answer: json!({ "outcome": "failed", "kind": kind, "error": error.message }),
-                        text: format!(
-                            "fails its call (retried, then dead-lettered): {}",
-                            error.message
-                        ),
-                    });
-                    failures.push(error);
-                }
-                Err(_) => {
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                }
-            }
-        }
-        reports.sort_by_key(|report| report.line);
-        failures
-    }
-
-    /// One transform call on a fresh instance (a failed call leaves
-    /// nothing to reuse): each row's outcome, with the rows it emitted.
-    async fn transform(
-        &self,
-        plugin: &Arc<Plugin>,
-        lines: &[&Line],
-    ) -> Result<Vec<(Value, String)>, CallError> {
-        let rows = self.batch(lines);
-        let mut instance = plugin.instantiate().await?;
-        give_empty_state(plugin, &mut instance, rows.len());
-        let transformed = instance.transform(rows.packed()).await?;
-        let malformed = |instance: &weir::sandbox::PluginInstance, err| {
-            instance.contract(&format!("returned a malformed answer: {err}"))
+    ) -> anyhow::Result<Vec<CallError>> {
+        let rows = FileRows {
+            args: self,
+            plugin,
+            lines,
+            reports: Arc::new(Reports {
+                sink: plugin.config.world == World::Sink,
+                rows: Mutex::default(),
+            }),
         };
-        let mut answer =
-            Answer::new(&transformed, rows.len()).map_err(|err| malformed(&instance, err))?;
-        let mut answers = Vec::with_capacity(lines.len());
-        for index in 0..lines.len() {
-            let outcome = answer
-                .outcome(index)
-                .map_err(|err| malformed(&instance, err))?;
-            answers.push(match outcome {
-                Outcome::Emit(range) if range.is_empty() => {
-                    (json!({ "outcome": "drop" }), "dropped".to_string())
-                }
-                Outcome::Emit(range) => {
-                    let mut emitted = Batch::default();
-                    for new in range {
-                        answer
-                            .push_emitted(&mut emitted, &rows, index, new)
-                            .map_err(|err| malformed(&instance, err))?;
-                    }
-                    emitted_report(&emitted)
-                }
-                other => outcome_report(&other),
+        // The file's rows share one tenant and table: one scope, which
+        // sees each row's writes in turn.
+        let state = plugin.config.grants.state.map(|_| UnitState {
+            store: ScopeStore::in_memory(),
+            unit: Unit {
+                partition: 0,
+                shard: 0,
+            },
+            metrics: weir::telemetry::Metrics::default(),
+        });
+        let mut runner = rows.runner(state).context("the plugin's pipeline")?;
+        let lease = Lease::until(tokio::time::Instant::now() + TEST_LEASE);
+        let indexes = (0..lines.len()).collect();
+        let mut results = isolation::run(&mut runner, &rows, indexes, &lease).await?;
+        results.sort_by_key(|(index, _)| *index);
+        let mut failures = Vec::new();
+        for (index, result) in results {
+            let (Err(failure), Some(line)) = (result, lines.get(index)) else {
+                continue;
+            };
+            let error = failure.error;
+            reports.push(RowReport {
+                line: line.number,
+                answer: json!({ "outcome": "failed", "kind": kind_name(&error.kind), "error": error.message }),
+                text: format!(
+                    "fails its call (retried, then dead-lettered): {}",
+                    error.message
+                ),
             });
+            failures.push(error);
         }
-        Ok(answers)
-    }
-
-    /// One sink call on a fresh instance: each row's outcome.
-    async fn deliver(
-        &self,
-        plugin: &Arc<Plugin>,
-        lines: &[&Line],
-    ) -> Result<Vec<(Value, String)>, CallError> {
-        let rows = self.batch(lines);
-        let mut instance = plugin.instantiate().await?;
-        give_empty_state(plugin, &mut instance, rows.len());
-        let delivered = instance.deliver(rows.packed()).await?;
-        let outcomes = weir::delivery::batch::delivered(&delivered, rows.len())
-            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}")))?;
-        Ok(outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Outcome::Ok => (json!({ "outcome": "delivered" }), "delivered".to_string()),
-                other => outcome_report(&other),
-            })
-            .collect())
+        reports.append(
+            &mut rows
+                .reports
+                .rows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        reports.sort_by_key(|report| report.line);
+        Ok(failures)
     }
 
     /// One request per row; what the budget admitted counts as queued and
@@ -482,9 +443,8 @@ impl TestArgs {
                     row
                 })
                 .collect();
-            let failure = failure.map(|error| {
-                json!({ "kind": format!("{:?}", error.kind).to_lowercase(), "message": error.message })
-            });
+            let failure = failure
+                .map(|error| json!({ "kind": kind_name(&error.kind), "message": error.message }));
             let out = json!({
                 "plugin": plugin.name(),
                 "version": plugin.version,
@@ -573,19 +533,99 @@ async fn only_world(sandbox: &Sandbox, wasm: &Path) -> anyhow::Result<World> {
     }
 }
 
+/// The rows of the file, for the pipeline runner and its isolation.
+struct FileRows<'a> {
+    args: &'a TestArgs,
+    plugin: &'a Arc<Plugin>,
+    lines: &'a [Line],
+    reports: Arc<Reports>,
+}
+
+impl FileRows<'_> {
+    /// A runner of the plugin alone, reporting every answer.
+    fn runner(&self, state: Option<UnitState>) -> Option<PipelineRunner> {
+        let name = self.plugin.name().to_string();
+        let (transforms, sink) = match self.plugin.config.world {
+            World::Sink => (Vec::new(), Some(name)),
+            _ => (vec![name], None),
+        };
+        let pipeline = weir::config::Pipeline {
+            tables: vec![self.args.table().to_string()],
+            transforms,
+            sink,
+        };
+        let runner = PipelineRunner::new(&pipeline, |_| Some(self.plugin.clone()), state)?;
+        Some(runner.observed(self.reports.clone()))
+    }
+}
+
+impl isolation::Rows for FileRows<'_> {
+    fn pack(&self, part: &[usize]) -> Batch {
+        let lines: Vec<&Line> = part.iter().filter_map(|&i| self.lines.get(i)).collect();
+        self.args.batch(&lines)
+    }
+
+    fn lane_runner(&self) -> Option<PipelineRunner> {
+        self.runner(None)
+    }
+
+    // Each failing row is reported on its own; the isolation is not news.
+    fn isolating(&self, _: &weir::delivery::pipeline::StepFailure, _: usize) {}
+}
+
+/// Each row's outcome, as the plugin answered it, by line.
+struct Reports {
+    sink: bool,
+    rows: Mutex<Vec<RowReport>>,
+}
+
+impl Observer for Reports {
+    fn answered(&self, _plugin: &Plugin, given: &Batch, stepped: &Stepped) {
+        let mut reports = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        for row in 0..given.len() {
+            let outcome = match stepped {
+                Stepped::Unchanged => &RowOutcome::Ok,
+                Stepped::Changed { outcomes, .. } => match outcomes.get(row) {
+                    Some(outcome) => outcome,
+                    None => continue,
+                },
+            };
+            let (answer, text) = match (outcome, stepped) {
+                (RowOutcome::Ok, _) if self.sink => {
+                    (json!({ "outcome": "delivered" }), "delivered".to_string())
+                }
+                (RowOutcome::Emit(0), _) => (json!({ "outcome": "drop" }), "dropped".to_string()),
+                (RowOutcome::Emit(_), Stepped::Changed { rows, parents, .. }) => {
+                    let mut emitted = Batch::default();
+                    for (new, _) in parents.iter().enumerate().filter(|(_, p)| **p == row) {
+                        emitted.push_from(rows, new);
+                    }
+                    emitted_report(&emitted)
+                }
+                (other, _) => outcome_report(other),
+            };
+            reports.push(RowReport {
+                line: usize::try_from(given.position(row).sequence).unwrap_or(usize::MAX),
+                answer,
+                text,
+            });
+        }
+    }
+}
+
 /// Retry, dead letter (and ok, for a transform) as text and JSON.
-fn outcome_report(outcome: &Outcome<'_>) -> (Value, String) {
+fn outcome_report(outcome: &RowOutcome) -> (Value, String) {
     match outcome {
-        Outcome::Ok => (json!({ "outcome": "ok" }), "ok".to_string()),
-        Outcome::Emit(range) => (
-            json!({ "outcome": "emit", "rows": range.len() }),
-            format!("emit {} rows", range.len()),
+        RowOutcome::Ok => (json!({ "outcome": "ok" }), "ok".to_string()),
+        RowOutcome::Emit(rows) => (
+            json!({ "outcome": "emit", "rows": rows }),
+            format!("emit {rows} rows"),
         ),
-        Outcome::Retry(ms) => (
+        RowOutcome::Retry(ms) => (
             json!({ "outcome": "retry", "after_ms": ms }),
             format!("retry after {ms} ms"),
         ),
-        Outcome::DeadLetter(reason) => (
+        RowOutcome::DeadLetter(reason) => (
             json!({ "outcome": "dead_letter", "reason": reason }),
             format!("dead-letter: {reason}"),
         ),

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod dead_letter;
+pub mod isolation;
 pub mod pipeline;
 pub mod pull;
 mod settle;

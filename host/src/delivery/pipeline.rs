@@ -1,11 +1,15 @@
-//! A pipeline: the plugins a table's rows go through, in order, ending in an
-//! optional sink — and the verdict for every row that went in.
+//! A pipeline: the steps a table's rows go through, in order — transforms,
+//! then an optional sink — and the verdict for every row that went in.
+//!
+//! A step takes a batch and gives each row's outcome and the rows it
+//! passes on ([`Stepped`]). The one plugin granted `state` runs wrapped in
+//! the stateful step (`state::step`), which reads the batch's scopes
+//! before the first step and writes them once every row has its verdict.
 //!
 //! A row's verdict is the worst of what happened to it and to every row it
 //! was turned into: one descendant asking for a retry retries the original,
 //! one dead-lettered descendant dead-letters it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +18,11 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
+use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
-use crate::state::batch::BatchState;
-use crate::state::scope::{Limits, Overlay, Settled};
-use crate::state::store::{StoreError, Stored, UnitState, scope_key};
-use crate::telemetry::{PluginLabels, StateWriteLabels};
-use crate::topology::route::Unit;
+use crate::state::scope::Settled;
+use crate::state::step::{RowEnd, STATE_RETRY, StateStep};
+use crate::state::store::UnitState;
 
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
@@ -44,18 +47,35 @@ pub enum Verdict {
 impl Verdict {
     /// The verdict of a plugin's outcome for a row (`Ok` and `Emit` leave the
     /// row to the steps after: done here); `what` names the plugin's role.
-    fn of(outcome: Outcome<'_>, plugin: &Arc<Plugin>, what: &str) -> Verdict {
+    fn of(outcome: &RowOutcome, plugin: &Arc<Plugin>, what: &str) -> Verdict {
         match outcome {
-            Outcome::Ok | Outcome::Emit(_) => Verdict::Done,
-            Outcome::Retry(delay_ms) => Verdict::Retry {
-                delay: Duration::from_millis(delay_ms.into()),
+            RowOutcome::Ok | RowOutcome::Emit(_) => Verdict::Done,
+            RowOutcome::Retry(delay_ms) => Verdict::Retry {
+                delay: Duration::from_millis((*delay_ms).into()),
                 plugin: Some(plugin.clone()),
                 reason: format!("{what} `{}` asked for a retry", plugin.name()),
             },
-            Outcome::DeadLetter(reason) => Verdict::DeadLetter {
+            RowOutcome::DeadLetter(reason) => Verdict::DeadLetter {
                 plugin: Some(plugin.clone()),
-                reason: reason.to_string(),
+                reason: reason.clone(),
             },
+        }
+    }
+
+    /// How the row ended, for the state of its scope.
+    fn end(&self) -> RowEnd {
+        match self {
+            Verdict::Done => RowEnd::Applied,
+            Verdict::DeadLetter { .. } => RowEnd::DeadLettered,
+            Verdict::Retry { .. } => RowEnd::Retried,
+        }
+    }
+
+    fn state_retry(reason: String) -> Verdict {
+        Verdict::Retry {
+            delay: STATE_RETRY,
+            plugin: None,
+            reason,
         }
     }
 
@@ -95,31 +115,242 @@ pub enum RunError {
     Fenced,
 }
 
-/// One step: a loaded plugin version and the warm instance running it.
+/// What a step decided for one row it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// Passed on as it is (a transform), or delivered (a sink).
+    Ok,
+    /// Replaced by this many rows (none: dropped).
+    Emit(usize),
+    /// Asked to be retried after this many milliseconds.
+    Retry(u32),
+    DeadLetter(String),
+}
+
+impl From<Outcome<'_>> for RowOutcome {
+    fn from(outcome: Outcome<'_>) -> RowOutcome {
+        match outcome {
+            Outcome::Ok => RowOutcome::Ok,
+            Outcome::Emit(range) => RowOutcome::Emit(range.len()),
+            Outcome::Retry(ms) => RowOutcome::Retry(ms),
+            Outcome::DeadLetter(reason) => RowOutcome::DeadLetter(reason.to_string()),
+        }
+    }
+}
+
+/// What a step made of the rows it was given.
+#[derive(Debug)]
+pub enum Stepped {
+    /// Every row passed on as it is: the same batch goes on (no copy).
+    Unchanged,
+    /// Each given row's outcome, the rows passed on (a sink passes none)
+    /// and, per row passed on, the given row it came from.
+    Changed {
+        outcomes: Vec<RowOutcome>,
+        rows: Batch,
+        parents: Vec<usize>,
+    },
+}
+
+/// Sees every answer of a runner's steps (`weir plugin test` reports them).
+pub trait Observer: Send + Sync {
+    /// `plugin` answered `stepped` for the rows `given`.
+    fn answered(&self, plugin: &Plugin, given: &Batch, stepped: &Stepped);
+}
+
+/// The rows on their way through a pipeline: as the next step gets them,
+/// and each one's input row.
+struct Flow {
+    rows: Batch,
+    origins: Vec<usize>,
+}
+
+impl Flow {
+    /// Only the rows `kept` (indexes of the rows now) go on.
+    fn keep(&mut self, kept: &[usize]) {
+        let mut rows = Batch::with_capacity(kept.len(), self.rows.data_len());
+        for &row in kept {
+            rows.push_from(&self.rows, row);
+        }
+        self.origins = kept.iter().map(|&row| self.origins[row]).collect();
+        self.rows = rows;
+    }
+
+    /// Folds a step's outcomes into the input rows' verdicts; the rows it
+    /// passed on go on.
+    fn after(self, stepped: Stepped, verdicts: &mut [Verdict], step: &Step) -> Flow {
+        let Stepped::Changed {
+            outcomes,
+            rows,
+            parents,
+        } = stepped
+        else {
+            return self;
+        };
+        let what = match step.role {
+            Role::Transform => "plugin",
+            Role::Sink => "sink",
+        };
+        for (outcome, &origin) in outcomes.iter().zip(&self.origins) {
+            verdicts[origin].merge(Verdict::of(outcome, &step.plugin, what));
+        }
+        let origins = parents.iter().map(|&parent| self.origins[parent]).collect();
+        Flow { rows, origins }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Transform,
+    Sink,
+}
+
+/// A plugin's answer to one call.
+enum Reply {
+    Transformed(Transformed),
+    Delivered(Delivered),
+}
+
+/// One step: a loaded plugin version (a transform or the sink), the warm
+/// instance running it, and the stateful step wrapping its call when it
+/// is the pipeline's plugin granted `state`.
 struct Step {
+    role: Role,
     plugin: Arc<Plugin>,
     instance: Option<PluginInstance>,
+    state: Option<StateStep>,
+}
+
+/// The warm instance of `plugin` in `slot`, or a fresh one.
+async fn warm<'a>(
+    plugin: &Arc<Plugin>,
+    slot: &'a mut Option<PluginInstance>,
+) -> Result<&'a mut PluginInstance, StepFailure> {
+    if slot.as_ref().is_some_and(PluginInstance::worn_out) {
+        *slot = None;
+    }
+    match slot {
+        Some(instance) => Ok(instance),
+        None => {
+            let fresh = plugin.instantiate().await.map_err(|error| StepFailure {
+                plugin: plugin.clone(),
+                error,
+            })?;
+            Ok(slot.insert(fresh))
+        }
+    }
 }
 
 impl Step {
-    async fn instance(&mut self) -> Result<&mut PluginInstance, StepFailure> {
-        if self.instance.as_ref().is_some_and(PluginInstance::worn_out) {
-            self.instance = None;
-        }
-        match &mut self.instance {
-            Some(instance) => Ok(instance),
-            slot @ None => {
-                let fresh = self
-                    .plugin
-                    .instantiate()
-                    .await
-                    .map_err(|error| StepFailure {
-                        plugin: self.plugin.clone(),
-                        error,
-                    })?;
-                Ok(slot.insert(fresh))
+    /// Before the batch enters the pipeline: the stateful step reads its
+    /// scopes and settles the rows they settled before (their answer was
+    /// lost) the same way again, without a call. False: every row comes
+    /// back, nothing is to be called.
+    async fn begin(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
+        let Some(state) = &mut self.state else {
+            return true;
+        };
+        let rows = &flow.rows;
+        let each = (0..rows.len()).map(|row| {
+            (
+                rows.tenant(row),
+                rows.table(row),
+                rows.position(row).sequence,
+            )
+        });
+        let settled = match state.begin(each).await {
+            Ok(settled) => settled,
+            Err(err) => {
+                let reason = err.to_string();
+                for verdict in verdicts {
+                    verdict.merge(Verdict::state_retry(reason.clone()));
+                }
+                return false;
+            }
+        };
+        let mut fresh: Vec<usize> = Vec::with_capacity(rows.len());
+        for (row, settled) in settled.into_iter().enumerate() {
+            match settled {
+                None => fresh.push(row),
+                Some(Settled::Applied) => {}
+                Some(Settled::DeadLettered) => {
+                    verdicts[flow.origins[row]] = Verdict::DeadLetter {
+                        plugin: None,
+                        reason: format!(
+                            "dead-lettered before by this pipeline (plugin `{}` keeps its state); \
+                             its dead letter was not stored then",
+                            state.plugin()
+                        ),
+                    }
+                }
             }
         }
+        if fresh.len() < flow.rows.len() {
+            flow.keep(&fresh);
+        }
+        true
+    }
+
+    /// One call on the rows of `flow`. The sink is called only while
+    /// `lease` holds, checked right before the call: transforms only
+    /// compute, the sink is what the world sees.
+    async fn call(
+        &mut self,
+        flow: Flow,
+        verdicts: &mut [Verdict],
+        lease: &Lease,
+        observer: Option<&dyn Observer>,
+    ) -> Result<Flow, RunError> {
+        let span = call_span(&self.plugin);
+        let instance = warm(&self.plugin, &mut self.instance).await?;
+        if self.role == Role::Sink && !lease.held() {
+            return Err(RunError::Fenced);
+        }
+        if let Some(state) = &mut self.state {
+            instance.give_state(state.give(&flow.origins));
+        }
+        let packed = flow.rows.packed();
+        let reply = match self.role {
+            Role::Transform => instance
+                .transform(packed)
+                .instrument(span)
+                .await
+                .map(Reply::Transformed),
+            Role::Sink => instance
+                .deliver(packed)
+                .instrument(span)
+                .await
+                .map(Reply::Delivered),
+        };
+        if let Some(state) = &mut self.state {
+            state.took(instance.take_state());
+        }
+        let reply = reply.map_err(|error| self.failed(error))?;
+        let stepped = match read(&reply, &flow.rows) {
+            Ok(stepped) => stepped,
+            Err(err) => return Err(self.malformed(err).into()),
+        };
+        if let Some(observer) = observer {
+            observer.answered(&self.plugin, &flow.rows, &stepped);
+        }
+        Ok(flow.after(stepped, verdicts, self))
+    }
+
+    /// Once every input row has its verdict: the stateful step writes the
+    /// scopes the call changed; rows whose scope was not written come back.
+    async fn finish(&mut self, verdicts: &mut [Verdict], lease: &Lease) -> Result<(), RunError> {
+        let Some(state) = &mut self.state else {
+            return Ok(());
+        };
+        let ends: Vec<RowEnd> = verdicts.iter().map(Verdict::end).collect();
+        let retries = state
+            .commit(&ends, lease)
+            .await
+            .map_err(|_| RunError::Fenced)?;
+        for (row, reason) in retries {
+            verdicts[row].merge(Verdict::state_retry(reason));
+        }
+        Ok(())
     }
 
     /// The plugin's answer does not fit the batch it was given.
@@ -145,6 +376,51 @@ impl Step {
     }
 }
 
+/// Reads a plugin's answer for the rows `given`, every row of it.
+fn read(reply: &Reply, given: &Batch) -> Result<Stepped, Malformed> {
+    let transformed = match reply {
+        Reply::Transformed(transformed) => transformed,
+        Reply::Delivered(delivered) => {
+            let outcomes = crate::delivery::batch::delivered(delivered, given.len())?;
+            return Ok(Stepped::Changed {
+                outcomes: outcomes.into_iter().map(RowOutcome::from).collect(),
+                rows: Batch::default(),
+                parents: Vec::new(),
+            });
+        }
+    };
+    let mut answer = Answer::new(transformed, given.len())?;
+    // The common answer, every row passed on as it is, keeps the batch.
+    if answer.all_ok() {
+        return Ok(Stepped::Unchanged);
+    }
+    let mut outcomes = Vec::with_capacity(given.len());
+    let mut rows = Batch::with_capacity(given.len(), transformed.data.len());
+    let mut parents = Vec::with_capacity(given.len());
+    for row in 0..given.len() {
+        let outcome = answer.outcome(row)?;
+        match &outcome {
+            Outcome::Ok => {
+                rows.push_from(given, row);
+                parents.push(row);
+            }
+            Outcome::Emit(emitted) => {
+                for new in emitted.clone() {
+                    answer.push_emitted(&mut rows, given, row, new)?;
+                    parents.push(row);
+                }
+            }
+            Outcome::Retry(_) | Outcome::DeadLetter(_) => {}
+        }
+        outcomes.push(RowOutcome::from(outcome));
+    }
+    Ok(Stepped::Changed {
+        outcomes,
+        rows,
+        parents,
+    })
+}
+
 /// The span of one plugin call: what a plugin logs meanwhile names it.
 fn call_span(plugin: &Plugin) -> tracing::Span {
     tracing::info_span!(
@@ -157,411 +433,98 @@ fn call_span(plugin: &Plugin) -> tracing::Span {
 /// Runs one pipeline for one delivery worker. Not shared: each worker owns
 /// its instances, so a call never waits for another worker's.
 pub struct PipelineRunner {
-    transforms: Vec<Step>,
-    sink: Option<Step>,
-    stateful: Option<Stateful>,
-}
-
-/// The pipeline's plugin granted `state` (at most one), and its scopes.
-struct Stateful {
-    /// Its index in `transforms`, or `transforms.len()` for the sink.
-    step: usize,
-    plugin: String,
-    limits: Limits,
-    store: crate::state::store::StateStore<crate::nats::kv::NatsKv>,
-    /// The unit whose rows this runner runs: part of every scope's key.
-    unit: Unit,
-    metrics: crate::telemetry::Metrics,
-    /// Scopes as this runner last read or wrote them, by key: it runs
-    /// under one owner of the unit, whose writes are the only ones.
-    cache: HashMap<String, Stored>,
-    /// The unit consumer's ack floor as last read: applied sequences at or
-    /// below it are dropped from a scope as it is written.
-    ack_floor: u64,
-}
-
-/// What a stateful run keeps between the plugin's call and the commit.
-struct ScopeRun {
-    key: String,
-    overlay: Overlay,
-}
-
-/// How soon rows come back when their state could not be read or written.
-const STATE_RETRY: Duration = Duration::from_secs(1);
-
-impl Stateful {
-    /// Reads every scope of `keys` this runner does not hold yet.
-    async fn load(&mut self, keys: &[String]) -> Result<(), StoreError> {
-        for key in keys {
-            if !self.cache.contains_key(key) {
-                let stored = self.store.load(key).await?;
-                self.cache.insert(key.clone(), stored);
-            }
-        }
-        Ok(())
-    }
-
-    fn settled(&self, key: &str, sequence: u64) -> Option<Settled> {
-        self.cache
-            .get(key)
-            .and_then(|stored| stored.scope.settled(sequence))
-    }
-
-    /// One overlay per scope of the rows the call gets (`origins`: each
-    /// one's input row) and each row's overlay; with the scopes' keys, in
-    /// the overlays' order, for [`Stateful::runs`].
-    fn batch_state(&self, keys: &[String], origins: &[usize]) -> (BatchState, Vec<String>) {
-        let mut scopes: Vec<String> = Vec::new();
-        let mut row_scopes = Vec::with_capacity(origins.len());
-        for &origin in origins {
-            let key = keys.get(origin).map_or("", String::as_str);
-            let index = match scopes.iter().position(|k| k == key) {
-                Some(index) => index,
-                None => {
-                    scopes.push(key.to_string());
-                    scopes.len() - 1
-                }
-            };
-            row_scopes.push(index);
-        }
-        let overlays = scopes
-            .iter()
-            .map(|key| {
-                let base = self
-                    .cache
-                    .get(key)
-                    .map(|stored| Arc::new(stored.scope.clone()))
-                    .unwrap_or_default();
-                Overlay::new(base, self.limits)
-            })
-            .collect();
-        (BatchState::new(overlays, row_scopes), scopes)
-    }
-
-    /// The call's overlays, named by the keys [`Stateful::batch_state`] gave.
-    fn runs(scopes: Vec<String>, state: Option<BatchState>) -> Vec<ScopeRun> {
-        let Some(state) = state else {
-            return Vec::new();
-        };
-        scopes
-            .into_iter()
-            .zip(state.into_overlays())
-            .map(|(key, overlay)| ScopeRun { key, overlay })
-            .collect()
-    }
-
-    /// Stores each scope the call wrote whose rows are all settled, before
-    /// they are answered; a scope with a row to retry keeps its old state
-    /// and all its rows come back. Nothing is written once `lease` no
-    /// longer holds. A write someone else made since this runner read the
-    /// scope (a host that owned the unit before, woken past its lease)
-    /// sends the rows back to run again on what is stored now.
-    async fn commit(
-        &mut self,
-        runs: Vec<ScopeRun>,
-        keys: &[String],
-        sequences: &[u64],
-        verdicts: &mut [Verdict],
-        lease: &Lease,
-    ) -> Result<(), RunError> {
-        for run in runs {
-            if !run.overlay.changed() {
-                continue;
-            }
-            let rows: Vec<usize> = (0..keys.len())
-                .filter(|&row| keys[row] == run.key)
-                .collect();
-            let retried = rows
-                .iter()
-                .any(|&row| matches!(verdicts[row], Verdict::Retry { .. }));
-            let failure = if retried {
-                Some(format!(
-                    "a row of its state scope was retried: plugin `{}`'s writes wait for all of them",
-                    self.plugin
-                ))
-            } else {
-                if !lease.held() {
-                    return Err(RunError::Fenced);
-                }
-                let read = self.cache.get(&run.key).cloned().unwrap_or_default();
-                let (dead, applied): (Vec<usize>, Vec<usize>) = rows
-                    .iter()
-                    .partition(|&&row| matches!(verdicts[row], Verdict::DeadLetter { .. }));
-                let next = run.overlay.commit(
-                    applied.into_iter().map(|row| sequences[row]),
-                    dead.into_iter().map(|row| sequences[row]),
-                    self.ack_floor,
-                );
-                let written = self.store.commit(&run.key, &read, next).await;
-                let result = match &written {
-                    Ok(_) => "stored",
-                    Err(StoreError::Fenced { .. }) => "conflict",
-                    Err(StoreError::Purged { .. }) => "purged",
-                    Err(_) => "failed",
-                };
-                let labels = StateWriteLabels {
-                    plugin: self.plugin.clone(),
-                    result,
-                };
-                self.metrics.state_writes.get_or_create(&labels).inc();
-                match written {
-                    Ok(stored) => {
-                        self.cache.insert(run.key.clone(), stored);
-                        None
-                    }
-                    Err(err @ StoreError::Fenced { .. }) => {
-                        self.cache.remove(&run.key);
-                        Some(format!("plugin `{}`: {err}; read again", self.plugin))
-                    }
-                    // `weir state purge`: the rows run again on empty state.
-                    Err(err @ StoreError::Purged { .. }) => {
-                        self.cache.remove(&run.key);
-                        Some(format!("plugin `{}`: {err}", self.plugin))
-                    }
-                    Err(err) => {
-                        self.cache.remove(&run.key);
-                        Some(format!("the state of plugin `{}`: {err}", self.plugin))
-                    }
-                }
-            };
-            if let Some(reason) = failure {
-                for &row in &rows {
-                    verdicts[row].merge(Verdict::Retry {
-                        delay: STATE_RETRY,
-                        plugin: None,
-                        reason: reason.clone(),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
+    /// The transforms in order, then the sink.
+    steps: Vec<Step>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl PipelineRunner {
     /// `lookup` gives the loaded version of each named plugin; `state` is
-    /// the state bucket, for a plugin granted `state`.
+    /// the state store, for a plugin granted `state`.
     pub fn new(
         config: &PipelineConfig,
         lookup: impl Fn(&str) -> Option<Arc<Plugin>>,
         state: Option<UnitState>,
     ) -> Option<PipelineRunner> {
-        let step = |name: &String| {
+        let step = |role: Role, name: &String| {
             lookup(name).map(|plugin| Step {
+                role,
                 plugin,
                 instance: None,
+                state: None,
             })
         };
-        let transforms: Vec<Step> = config.transforms.iter().map(step).collect::<Option<_>>()?;
-        let sink = match &config.sink {
-            Some(name) => Some(step(name)?),
-            None => None,
-        };
-        let stateful =
-            transforms
-                .iter()
-                .chain(sink.iter())
-                .enumerate()
-                .find_map(|(index, step)| {
-                    let limits = step.plugin.config.grants.state?;
-                    let state = state.clone()?;
-                    Some(Stateful {
-                        step: index,
-                        plugin: step.plugin.name().to_string(),
-                        limits,
-                        store: state.store,
-                        unit: state.unit,
-                        metrics: state.metrics,
-                        cache: HashMap::new(),
-                        ack_floor: 0,
-                    })
-                });
+        let mut steps: Vec<Step> = config
+            .transforms
+            .iter()
+            .map(|name| step(Role::Transform, name))
+            .collect::<Option<_>>()?;
+        if let Some(name) = &config.sink {
+            steps.push(step(Role::Sink, name)?);
+        }
+        // At most one plugin is granted state (config check): the first.
+        if let Some(state) = state
+            && let Some((step, limits)) = steps
+                .iter_mut()
+                .find_map(|step| step.plugin.config.grants.state.map(|limits| (step, limits)))
+        {
+            step.state = Some(StateStep::new(step.plugin.name(), limits, state));
+        }
         Some(PipelineRunner {
-            transforms,
-            sink,
-            stateful,
+            steps,
+            observer: None,
         })
+    }
+
+    /// The same runner, showing `observer` every step's answer.
+    pub fn observed(mut self, observer: Arc<dyn Observer>) -> PipelineRunner {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn stateful(&mut self) -> impl Iterator<Item = &mut StateStep> {
+        self.steps.iter_mut().filter_map(|step| step.state.as_mut())
     }
 
     /// Whether a plugin of this pipeline keeps durable state.
     pub fn is_stateful(&self) -> bool {
-        self.stateful.is_some()
+        self.steps.iter().any(|step| step.state.is_some())
     }
 
     /// The unit consumer's ack floor: what a stateful step may forget.
     pub fn set_ack_floor(&mut self, floor: u64) {
-        if let Some(stateful) = &mut self.stateful {
-            stateful.ack_floor = stateful.ack_floor.max(floor);
-        }
+        self.stateful().for_each(|state| state.set_ack_floor(floor));
     }
 
     /// Rows whose acks the server applied: they never come back, so the
     /// scopes this runner holds need not remember them.
     pub fn forget_applied(&mut self, sequences: &[u64]) {
-        if let Some(stateful) = &mut self.stateful {
-            for stored in stateful.cache.values_mut() {
-                stored.scope.forget(sequences);
-            }
-        }
+        self.stateful()
+            .for_each(|state| state.forget_applied(sequences));
     }
 
     /// Runs `rows` through every step; returns one verdict per input row.
-    /// The sink is called only while `lease` holds, checked right before
-    /// the call: transforms only compute, the sink is what the world sees.
+    /// Nothing reaches the sink, or the state, once `lease` no longer holds.
     pub async fn run(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, RunError> {
         let mut verdicts = vec![Verdict::Done; rows.len()];
-        let mut origins: Vec<usize> = (0..rows.len()).collect();
-        let mut rows = rows;
-        // With the stateful plugin: each input row's sequence and scope key.
-        let mut rows_sequences: Vec<u64> = Vec::new();
-        let mut keys: Vec<String> = Vec::new();
-        let mut scope_runs: Vec<ScopeRun> = Vec::new();
-        if let Some(stateful) = &mut self.stateful {
-            rows_sequences = (0..rows.len())
-                .map(|row| rows.position(row).sequence)
-                .collect();
-            keys = (0..rows.len())
-                .map(|row| {
-                    let (tenant, table) = (rows.tenant(row), rows.table(row));
-                    scope_key(tenant, &stateful.plugin, table, stateful.unit)
-                })
-                .collect();
-            if let Err(err) = stateful.load(&keys).await {
-                let reason = format!("the state of plugin `{}`: {err}", stateful.plugin);
-                for verdict in &mut verdicts {
-                    verdict.merge(Verdict::Retry {
-                        delay: STATE_RETRY,
-                        plugin: None,
-                        reason: reason.clone(),
-                    });
-                }
+        let mut flow = Flow {
+            origins: (0..rows.len()).collect(),
+            rows,
+        };
+        for step in &mut self.steps {
+            if !step.begin(&mut flow, &mut verdicts).await {
                 return Ok(verdicts);
             }
-            // Rows the state already settled came back after their answer
-            // was lost: settled the same way again, without a call.
-            let mut fresh: Vec<usize> = Vec::with_capacity(rows.len());
-            let labels = PluginLabels {
-                plugin: stateful.plugin.clone(),
-            };
-            let settled_again = stateful
-                .metrics
-                .state_rows_settled_again
-                .get_or_create(&labels);
-            for row in 0..rows.len() {
-                let settled = stateful.settled(&keys[row], rows_sequences[row]);
-                if settled.is_some() {
-                    settled_again.inc();
-                }
-                match settled {
-                    None => fresh.push(row),
-                    Some(Settled::Applied) => {}
-                    Some(Settled::DeadLettered) => {
-                        verdicts[row] = Verdict::DeadLetter {
-                            plugin: None,
-                            reason: format!(
-                                "dead-lettered before by this pipeline (plugin `{}` keeps its state); \
-                                 its dead letter was not stored then",
-                                stateful.plugin
-                            ),
-                        }
-                    }
-                }
-            }
-            if fresh.len() < rows.len() {
-                let mut kept = Batch::with_capacity(fresh.len(), rows.data_len());
-                for &row in &fresh {
-                    kept.push_from(&rows, row);
-                }
-                rows = kept;
-                origins = fresh;
-            }
         }
-
-        for (index, step) in self.transforms.iter_mut().enumerate() {
-            if rows.is_empty() {
+        for step in &mut self.steps {
+            if flow.rows.is_empty() {
                 break;
             }
-            let span = call_span(&step.plugin);
-            let instance = step.instance().await?;
-            let stateful = self.stateful.as_ref().filter(|s| s.step == index);
-            let scopes = stateful.map(|stateful| {
-                let (state, scopes) = stateful.batch_state(&keys, &origins);
-                instance.give_state(state);
-                scopes
-            });
-            let result = instance.transform(rows.packed()).instrument(span).await;
-            if let Some(scopes) = scopes {
-                scope_runs = Stateful::runs(scopes, instance.take_state());
-            }
-            let transformed = result.map_err(|error| step.failed(error))?;
-            let mut answer = match Answer::new(&transformed, rows.len()) {
-                Ok(answer) => answer,
-                Err(err) => return Err(step.malformed(err).into()),
-            };
-            // The common answer, every row passed on as it is, keeps the batch.
-            if answer.all_ok() {
-                continue;
-            }
-            let mut next_rows = Batch::with_capacity(rows.len(), transformed.data.len());
-            let mut next_origins = Vec::with_capacity(rows.len());
-            for (index, origin) in origins.into_iter().enumerate() {
-                let outcome = match answer.outcome(index) {
-                    Ok(outcome) => outcome,
-                    Err(err) => return Err(step.malformed(err).into()),
-                };
-                match outcome {
-                    Outcome::Ok => {
-                        next_rows.push_from(&rows, index);
-                        next_origins.push(origin);
-                    }
-                    Outcome::Emit(emitted) => {
-                        for new in emitted {
-                            if let Err(err) = answer.push_emitted(&mut next_rows, &rows, index, new)
-                            {
-                                return Err(step.malformed(err).into());
-                            }
-                            next_origins.push(origin);
-                        }
-                    }
-                    other => verdicts[origin].merge(Verdict::of(other, &step.plugin, "plugin")),
-                }
-            }
-            rows = next_rows;
-            origins = next_origins;
+            let observer = self.observer.as_deref();
+            flow = step.call(flow, &mut verdicts, lease, observer).await?;
         }
-
-        if let Some(step) = &mut self.sink
-            && !rows.is_empty()
-        {
-            let span = call_span(&step.plugin);
-            let instance = step.instance().await?;
-            if !lease.held() {
-                return Err(RunError::Fenced);
-            }
-            let sink_index = self.transforms.len();
-            let stateful = self.stateful.as_ref().filter(|s| s.step == sink_index);
-            let scopes = stateful.map(|stateful| {
-                let (state, scopes) = stateful.batch_state(&keys, &origins);
-                instance.give_state(state);
-                scopes
-            });
-            let result = instance.deliver(rows.packed()).instrument(span).await;
-            if let Some(scopes) = scopes {
-                scope_runs = Stateful::runs(scopes, instance.take_state());
-            }
-            let delivered = result.map_err(|error| step.failed(error))?;
-            let outcomes = match crate::delivery::batch::delivered(&delivered, rows.len()) {
-                Ok(outcomes) => outcomes,
-                Err(err) => return Err(step.malformed(err).into()),
-            };
-            for (origin, outcome) in origins.iter().copied().zip(outcomes) {
-                verdicts[origin].merge(Verdict::of(outcome, &step.plugin, "sink"));
-            }
-        }
-        if let Some(stateful) = &mut self.stateful {
-            stateful
-                .commit(scope_runs, &keys, &rows_sequences, &mut verdicts, lease)
-                .await?;
+        for step in &mut self.steps {
+            step.finish(&mut verdicts, lease).await?;
         }
         Ok(verdicts)
     }

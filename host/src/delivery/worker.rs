@@ -13,7 +13,6 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -26,7 +25,8 @@ use tracing::Instrument;
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::batch::{Batch, Position};
-use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure, Verdict};
+use crate::delivery::isolation;
+use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
@@ -34,7 +34,7 @@ use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::nats::kv::NatsKv;
 use crate::reload::generation::Generation;
-use crate::sandbox::FailureKind;
+use crate::state::prune::{AppliedPruning, CONFIRM_TIMEOUT};
 use crate::state::store::{StateStore, UnitState};
 use crate::telemetry::{Metrics, UnitLabels};
 use crate::topology::route::{Router, Unit};
@@ -81,29 +81,6 @@ pub struct UnitWorker {
     applied: AppliedPruning,
 }
 
-/// For stateful pipelines: which rows can never come back, so their
-/// sequences leave the scopes (which keep them to skip a row applied but
-/// not acked). Mostly by asking the server to confirm the acks sent (the
-/// last one again, as a request: answered once every ack before it was
-/// applied), one request in flight at a time; and now and then from the
-/// consumer's ack floor, which also covers acks confirmed by nobody (a
-/// crash between an ack and its confirmation).
-#[derive(Default)]
-struct AppliedPruning {
-    /// The confirmation in flight, and the sequences of the rows it covers.
-    confirming: Option<(tokio::task::JoinHandle<bool>, Vec<u64>)>,
-    /// Rows acked since the confirmation in flight was asked for.
-    answered: Vec<u64>,
-    /// When the ack floor was last read, and what it was.
-    floor: Option<(Instant, u64)>,
-}
-
-/// How often a worker with a stateful pipeline reads its consumer's ack
-/// floor (the confirmations do most of the pruning).
-const ACK_FLOOR_PERIOD: Duration = Duration::from_secs(30);
-/// How long a confirmation of acks may take before it counts as failed.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
-
 impl UnitWorker {
     pub fn new(
         js: jetstream::Context,
@@ -116,7 +93,7 @@ impl UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config().delivery.clone();
         let state = state.map(|store| UnitState {
-            store,
+            store: store.into(),
             unit,
             metrics: metrics.clone(),
         });
@@ -298,7 +275,7 @@ impl UnitWorker {
         let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
         self.settler.record_acked = stateful;
         let settled = self.settler.settle(batch, verdicts, lease).await;
-        self.applied.answered.append(&mut self.settler.acked);
+        self.applied.answered(&mut self.settler.acked);
         settled
     }
 }
@@ -339,7 +316,7 @@ impl UnitWorker {
         }
         let next = self.generations.borrow_and_update().clone();
         self.runners = runners(&next, self.state.as_ref());
-        if let Some((_, floor)) = self.applied.floor {
+        if let Some(floor) = self.applied.floor() {
             self.runners
                 .iter_mut()
                 .flatten()
@@ -359,68 +336,49 @@ impl UnitWorker {
     /// the consumer's ack floor.
     async fn prune_applied(&mut self) {
         let applied = &mut self.applied;
-        if let Some((reply, _)) = &applied.confirming
-            && reply.is_finished()
-            && let Some((reply, sequences)) = applied.confirming.take()
-            && reply.await.unwrap_or(false)
-        {
+        if let Some(sequences) = applied.confirmed().await {
             for runner in self.runners.iter_mut().flatten() {
                 runner.forget_applied(&sequences);
             }
         }
-        if applied.confirming.is_none()
-            && !applied.answered.is_empty()
+        if applied.wants_confirmation()
             && let Some(last_ack) = self.settler.last_acked.clone()
         {
             let client = self.settler.client.clone();
-            let confirmed = async move {
+            applied.confirm(async move {
                 matches!(
                     confirm_acks(&client, last_ack, CONFIRM_TIMEOUT).await,
                     Ok(Ok(()))
                 )
-            };
-            let sequences = std::mem::take(&mut applied.answered);
-            applied.confirming = Some((tokio::spawn(confirmed), sequences));
+            });
         }
-
-        let due = applied
-            .floor
-            .is_none_or(|(read, _)| read.elapsed() >= ACK_FLOOR_PERIOD);
-        if !due {
+        if !applied.floor_due() {
             return;
         }
         let stream = self.router.partition_stream(self.unit.partition);
         let consumer = self.router.unit_consumer(self.unit);
         match crate::nats::jetstream::ack_floor(&self.js.client(), &stream, &consumer).await {
             Ok(floor) => {
-                applied.floor = Some((Instant::now(), floor));
+                applied.floor_read(Some(floor));
                 self.runners
                     .iter_mut()
                     .flatten()
                     .for_each(|r| r.set_ack_floor(floor));
             }
             Err(err) => {
-                // Tried again at the next period, not at every batch.
-                applied.floor = Some((Instant::now(), applied.floor.map_or(0, |(_, f)| f)));
+                applied.floor_read(None);
                 tracing::debug!(consumer, error = %err, "cannot read the unit's ack floor");
             }
         }
     }
 }
 
-/// Rows of a batch that failed on a deadline run alone this many at a
-/// time, each lane on instances of its own.
-pub const ISOLATION_LANES: usize = 8;
+pub use crate::delivery::isolation::ISOLATION_LANES;
 
 /// Runs each pipeline's rows of a batch. When a plugin call fails, the
-/// failing rows are found and retried alone (with backoff; past
-/// `max_deliveries` dead-lettered with the failure as their reason) while
-/// the others are delivered:
-/// - a fast failure (trap, memory cap) splits the rows in halves until the
-///   failing rows stand alone: few calls, each cheap;
-/// - a deadline runs every row of the call alone, [`ISOLATION_LANES`] at a
-///   time on instances of their own: halving would cost one deadline-long
-///   call per step, one after another, and stall every tenant on the unit.
+/// failing rows are found (`delivery::isolation`) and retried alone (with
+/// backoff; past `max_deliveries` dead-lettered with the failure as their
+/// reason) while the others are delivered.
 async fn run_pipelines(
     runners: &mut [Option<PipelineRunner>],
     pipelines: &Generation,
@@ -460,56 +418,19 @@ async fn run_pipelines(
             tenant = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.tenant))),
             table = %few(indexes.iter().filter_map(|&i| decoded[i].as_ref().map(|r| &*r.table))),
         );
+        let rows = PipelineRows {
+            generation: pipelines,
+            pipeline,
+            batch,
+            decoded: &decoded,
+        };
         async {
-            let mut parts = vec![indexes];
-            let mut isolating = false;
-            while let Some(part) = parts.pop() {
-                let rows = pack(batch, &decoded, &part);
-                let failure = match runner.run(rows, lease).await {
-                    Ok(results) => {
-                        for (index, verdict) in part.into_iter().zip(results) {
-                            verdicts[index] = verdict;
-                        }
-                        continue;
-                    }
-                    Err(RunError::Failed(failure)) => failure,
-                    Err(RunError::Fenced) => return Err(Fenced),
+            let isolated = isolation::run(runner, &rows, indexes, lease).await;
+            for (index, result) in isolated.map_err(|_| Fenced)? {
+                verdicts[index] = match result {
+                    Ok(verdict) => verdict,
+                    Err(failure) => failed_row(settings, &batch[index], failure),
                 };
-                if part.len() == 1 {
-                    verdicts[part[0]] = failed_row(settings, &batch[part[0]], failure);
-                    continue;
-                }
-                if !isolating {
-                    tracing::warn!(
-                        plugin = failure.plugin.name(),
-                        version = %failure.plugin.version,
-                        rows = part.len(),
-                        error = %failure.error,
-                        "plugin call failed; isolating the failing rows"
-                    );
-                    isolating = true;
-                }
-                if failure.error.kind == FailureKind::Deadline && runner.is_stateful() {
-                    // One row at a time on this runner: its state stays
-                    // the one copy, written in row order.
-                    parts.extend(part.iter().rev().map(|&index| vec![index]));
-                } else if failure.error.kind == FailureKind::Deadline {
-                    let alone = Isolation {
-                        generation: pipelines,
-                        pipeline,
-                        batch,
-                        decoded: &decoded,
-                        settings,
-                        lease,
-                    };
-                    for (index, verdict) in alone.run(&part).await? {
-                        verdicts[index] = verdict;
-                    }
-                } else {
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                }
             }
             Ok(())
         }
@@ -556,57 +477,32 @@ fn failed_row(settings: &DeliveryConfig, message: &Message, failure: StepFailure
     }
 }
 
-/// Rows of one pipeline run alone, concurrently: a row that runs into its
-/// deadline costs one deadline, shared with up to [`ISOLATION_LANES`] − 1
-/// others, and the rows that are fine are delivered meanwhile.
-struct Isolation<'a> {
+/// The rows of one pipeline of a batch, for its isolation.
+struct PipelineRows<'a> {
     generation: &'a Generation,
     pipeline: usize,
     batch: &'a [Message],
     decoded: &'a [Option<Decoded<'a>>],
-    settings: &'a DeliveryConfig,
-    lease: &'a Lease,
 }
 
-impl Isolation<'_> {
-    async fn run(&self, part: &[usize]) -> Result<Vec<(usize, Verdict)>, Fenced> {
-        let next = AtomicUsize::new(0);
-        let lanes = (0..ISOLATION_LANES.min(part.len())).map(|_| self.lane(part, &next));
-        let mut settled = Vec::with_capacity(part.len());
-        for lane in futures::future::join_all(lanes).await {
-            settled.extend(lane?);
-        }
-        Ok(settled)
+impl isolation::Rows for PipelineRows<'_> {
+    fn pack(&self, part: &[usize]) -> Batch {
+        pack(self.batch, self.decoded, part)
     }
 
-    /// One lane: fresh instances (dropped afterwards, back to the pool),
-    /// taking the next row of `part` until none is left.
-    async fn lane(
-        &self,
-        part: &[usize],
-        next: &AtomicUsize,
-    ) -> Result<Vec<(usize, Verdict)>, Fenced> {
-        let mut settled = Vec::new();
-        let Some(config) = self.generation.config().pipelines.get(self.pipeline) else {
-            return Ok(settled);
-        };
-        let Some(mut runner) =
-            PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None)
-        else {
-            return Ok(settled);
-        };
-        while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let rows = pack(self.batch, self.decoded, &[index]);
-            let verdict = match runner.run(rows, self.lease).await {
-                Ok(results) => results.into_iter().next().unwrap_or(Verdict::Done),
-                Err(RunError::Failed(failure)) => {
-                    failed_row(self.settings, &self.batch[index], failure)
-                }
-                Err(RunError::Fenced) => return Err(Fenced),
-            };
-            settled.push((index, verdict));
-        }
-        Ok(settled)
+    fn lane_runner(&self) -> Option<PipelineRunner> {
+        let config = self.generation.config().pipelines.get(self.pipeline)?;
+        PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None)
+    }
+
+    fn isolating(&self, failure: &StepFailure, rows: usize) {
+        tracing::warn!(
+            plugin = failure.plugin.name(),
+            version = %failure.plugin.version,
+            rows,
+            error = %failure.error,
+            "plugin call failed; isolating the failing rows"
+        );
     }
 }
 

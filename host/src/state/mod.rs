@@ -1,10 +1,13 @@
-//! Plugin state (#23, in progress): what a stateful plugin keeps for one
-//! tenant's table, stored as one NATS KV value per scope and written with
-//! the batch's acks. This module holds the pure part: a scope's value, its
-//! encoding, the batch overlay the plugin reads and writes through, and
-//! the limits. The KV store, the WIT interface and the worker's commit
-//! step build on it.
+//! Plugin state (#23): what a stateful plugin keeps for one tenant's
+//! table, stored as one NATS KV value per scope and written with the
+//! batch's acks. A scope's value, its encoding and limits (`scope`), the
+//! overlays a call reads and writes through (`batch`), the store behind
+//! them, the state bucket or memory (`store`), the stateful step that
+//! wraps the granted plugin's call (`step`) and the pruning of the rows
+//! that cannot come back (`prune`).
 
 pub mod batch;
+pub mod prune;
 pub mod scope;
+pub mod step;
 pub mod store;

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 
-use crate::nats::kv::{KvError, KvWrite, NatsKv};
+use crate::nats::kv::{KvError, KvWrite, MemoryKv, NatsKv};
 use crate::state::scope::{Scope, StateError};
 use crate::topology::route::Unit;
 
@@ -52,7 +52,7 @@ pub fn scope_key(tenant: &str, plugin: &str, table: &str, unit: Unit) -> String 
 /// The state bucket as one unit's worker uses it.
 #[derive(Clone)]
 pub struct UnitState {
-    pub store: StateStore<NatsKv>,
+    pub store: ScopeStore,
     pub unit: Unit,
     pub metrics: crate::telemetry::Metrics,
 }
@@ -139,6 +139,48 @@ impl<K: KvWrite + Sync> StateStore<K> {
             }
             Err(err) => Err(err.into()),
         }
+    }
+}
+
+/// The store behind a stateful step: the state bucket, or memory for
+/// `weir plugin test` (the same reads and compare-and-set writes).
+#[derive(Clone)]
+pub enum ScopeStore {
+    /// Boxed: a bucket handle is large, memory's a pointer.
+    Nats(Box<StateStore<NatsKv>>),
+    Memory(StateStore<MemoryKv>),
+}
+
+impl ScopeStore {
+    /// An empty store of this process alone.
+    pub fn in_memory() -> ScopeStore {
+        ScopeStore::Memory(StateStore::new(MemoryKv::new()))
+    }
+
+    pub async fn load(&self, key: &str) -> Result<Stored, StoreError> {
+        match self {
+            ScopeStore::Nats(store) => store.load(key).await,
+            ScopeStore::Memory(store) => store.load(key).await,
+        }
+    }
+
+    /// See [`StateStore::commit`].
+    pub async fn commit(
+        &self,
+        key: &str,
+        read: &Stored,
+        next: Scope,
+    ) -> Result<Stored, StoreError> {
+        match self {
+            ScopeStore::Nats(store) => store.commit(key, read, next).await,
+            ScopeStore::Memory(store) => store.commit(key, read, next).await,
+        }
+    }
+}
+
+impl From<StateStore<NatsKv>> for ScopeStore {
+    fn from(store: StateStore<NatsKv>) -> ScopeStore {
+        ScopeStore::Nats(Box::new(store))
     }
 }
 
