@@ -34,14 +34,15 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("telemetry", &[]),
     ("nats", &["config", "telemetry"]),
     ("topology", &["config", "nats"]),
-    ("state", &["config", "nats", "telemetry", "topology"]),
+    // Coordination decides who runs a unit; what running one means is
+    // plugged in by the host (`UnitRunner`, `KeyFollower`).
+    ("coordination", &["nats", "telemetry", "topology"]),
+    // A stateful step writes only while its unit's lease holds.
+    ("state", &["config", "nats", "telemetry", "topology", "coordination"]),
     // The sandbox runs plugins and nothing else: it never reaches NATS or
     // the row path around it. A plugin's state calls reach `state`'s
     // overlay, not its store.
     ("sandbox", &["config", "world", "telemetry", "state"]),
-    // Coordination decides who runs a unit; what running one means is
-    // plugged in by the host (`UnitRunner`, `KeyFollower`).
-    ("coordination", &["nats", "telemetry", "topology"]),
     (
         "ingest",
         &[
@@ -114,6 +115,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "world",
             "config",
             "nats",
+            "coordination",
             "topology",
             "telemetry",
             "state",
