@@ -38,7 +38,7 @@ use weir::reload::generation::Generation;
 use weir::reload::releases::ReleaseFollower;
 use weir::telemetry::Metrics;
 use weir::topology::manifest::Manifest;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 const BENCH: &str = "coordination_cost";
 const PARTITIONS: u32 = 8;
@@ -148,7 +148,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         &format!("[stream]\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
         &Overrides::default(),
     )?;
-    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let router = Names::new("weir", PARTITIONS, SHARDS);
     let admin = async_nats::connect(&url).await?;
     Manifest::new(&router, &config.stream, &config.delivery, None)
         .create(&async_nats::jetstream::new(admin.clone()))

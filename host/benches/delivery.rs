@@ -34,7 +34,7 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::nats::embedded::EmbeddedNats;
 use weir::topology::manifest::Manifest;
-use weir::topology::route::{Router, Unit};
+use weir::topology::route::{Names, Unit};
 
 use support::{
     CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median, print_figure,
@@ -261,8 +261,8 @@ async fn measure_limit(
     payloads: &[Bytes],
 ) -> Measured {
     // Subjects of the same shape and length as weir's, under another prefix.
-    let router = Router::new("raw", 1, 1);
-    let tables = tables_covering(&Router::new("weir", DEFAULT_LAYOUT.0, DEFAULT_LAYOUT.1));
+    let router = Names::new("raw", 1, 1);
+    let tables = tables_covering(&Names::new("weir", DEFAULT_LAYOUT.0, DEFAULT_LAYOUT.1));
     let tables = &tables;
     let consumer = support::raw_consumer(js, 1).await;
     let subjects = subjects(&router, tables, |_| Unit {
@@ -331,7 +331,7 @@ async fn measure_weir(
     (partitions, shards): (u32, u32),
     payloads: &[Bytes],
 ) -> Measured {
-    let router = Router::new("weir", partitions, shards);
+    let router = Names::new("weir", partitions, shards);
     // A table per unit, so that each unit gets its share of the rows.
     let tables = &tables_covering(&router);
     let config_path = dir.join(format!("weir-{partitions}x{shards}.toml"));
@@ -428,7 +428,7 @@ fn rss_kib() -> u64 {
 /// The first table names `events_0`, `events_1`, … of which one routes to
 /// each shard of a one-partition topology with `shards` shards.
 /// One table per unit of `router`'s topology, each routed to its own unit.
-fn tables_covering(router: &Router) -> Vec<String> {
+fn tables_covering(router: &Names) -> Vec<String> {
     let units = router.units();
     let mut by_shard: Vec<Option<String>> = vec![None; units.len()];
     for index in 0.. {
@@ -447,7 +447,7 @@ fn tables_covering(router: &Router) -> Vec<String> {
 }
 
 /// Each table's row subject, its shard picked by `shard_of`.
-fn subjects(router: &Router, tables: &[String], unit_of: impl Fn(&str) -> Unit) -> Vec<Subject> {
+fn subjects(router: &Names, tables: &[String], unit_of: impl Fn(&str) -> Unit) -> Vec<Subject> {
     tables
         .iter()
         .map(|table| {

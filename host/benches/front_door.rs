@@ -37,7 +37,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use support::{TENANT, Table, env_count, post, print_figure, publish_pipelined, wait_claimed};
 
@@ -99,7 +99,7 @@ async fn run(rows: usize, latency_window: Duration) {
     );
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let router = Router::new(
+    let router = Names::new(
         &config.stream.prefix,
         config.stream.partitions,
         config.stream.shards,

@@ -23,7 +23,7 @@ use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
 use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::topology::manifest::Manifest;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use support::{TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined};
 
@@ -222,7 +222,7 @@ async fn measure_weir(nats: &Nats, dir: &Path, payloads: &[Bytes]) -> Measured {
     let config_path = dir.join(format!("weir-r{replicas}.toml"));
     let config = Config::parse(&config_path, &text, &Overrides::default())
         .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let router = Router::new(&config.stream.prefix, 1, 1);
+    let router = Names::new(&config.stream.prefix, 1, 1);
     let deadline = Instant::now() + CLUSTER_READY;
     loop {
         let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);

@@ -29,7 +29,7 @@ use weir::nats::embedded::EmbeddedNats;
 use weir::nats::kv::{KvError, NatsKv};
 use weir::state::store::StateStore;
 use weir::topology::manifest::Manifest;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use support::{
     API_KEY, TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined,
@@ -140,7 +140,7 @@ async fn measure(
         &Overrides::default(),
     )
     .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let router = Router::new("weir", 1, 1);
+    let router = Names::new("weir", 1, 1);
     Manifest::new(&router, &config.stream, &config.delivery, None)
         .create(js)
         .await

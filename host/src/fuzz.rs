@@ -24,7 +24,7 @@ use crate::ingest::ndjson::{self, Fields};
 use crate::ingest::usage::{Accept, Ledger};
 use crate::nats::kv::{Entry, Operation};
 use crate::sandbox::bindings::Transformed;
-use crate::topology::route::{Router, Unit, decode_token, encode_token};
+use crate::topology::route::{Names, Unit, decode_token, encode_token};
 
 /// Text that is mostly JSON-ish, so splitting gets past the first byte.
 fn ndjson_like() -> impl Strategy<Value = Vec<u8>> {
@@ -90,7 +90,7 @@ proptest! {
         let encoded = encode_token(&tenant);
         let decoded = decode_token(&encoded).map(|name| name.into_owned());
         prop_assert_eq!(decoded, Some(tenant.clone()));
-        let router = Router::new("weir", 2, 3);
+        let router = Names::new("weir", 2, 3);
         let subject = router.subject(Unit { partition: 1, shard: 2 }, &tenant, &table);
         let (read_tenant, read_table) = router.parse(&subject)
             .map_err(|err| TestCaseError::fail(err.to_string()))?;
@@ -99,7 +99,7 @@ proptest! {
 
     #[test]
     fn reading_any_subject_never_panics(subject in "[a-z0-9._>*~-]{0,40}") {
-        let _ = Router::new("weir", 2, 3).parse(&subject);
+        let _ = Names::new("weir", 2, 3).parse(&subject);
         let _ = decode_token(&subject);
     }
 

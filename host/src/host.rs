@@ -47,7 +47,7 @@ use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
 use crate::telemetry::{Metrics, SeverityLabels};
 use crate::topology::manifest::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
-use crate::topology::route::{Router, Unit};
+use crate::topology::route::{Names, Unit};
 
 /// How long shutdown waits for the connection to NATS to close.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -101,7 +101,7 @@ struct Connected {
     nats_url: String,
     client: async_nats::Client,
     js: jetstream::Context,
-    router: Router,
+    router: Names,
 }
 
 impl RunningHost {
@@ -266,7 +266,7 @@ impl RunningHost {
         let client = connection::connect(&nats_url, &config.nats.auth, &refusals).await?;
         let js = jetstream::new(client.clone());
 
-        let router = Router::new(
+        let router = Names::new(
             &config.stream.prefix,
             config.stream.partitions,
             config.stream.shards,
@@ -320,7 +320,7 @@ impl RunningHost {
     /// reload may grant it.
     async fn open_buckets(
         client: &async_nats::Client,
-        router: &Router,
+        router: &Names,
     ) -> Result<(NatsKv, Option<StateStore<NatsKv>>), StartError> {
         let kv = NatsKv::open(client, &router.coordination_bucket())
             .await

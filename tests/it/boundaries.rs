@@ -38,7 +38,10 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     // plugged in by the host (`UnitRunner`, `KeyFollower`).
     ("coordination", &["nats", "telemetry", "topology"]),
     // A stateful step writes only while its unit's lease holds.
-    ("state", &["config", "nats", "telemetry", "topology", "coordination"]),
+    (
+        "state",
+        &["config", "nats", "telemetry", "topology", "coordination"],
+    ),
     // The sandbox runs plugins and nothing else: it never reaches NATS or
     // the row path around it. A plugin's state calls reach `state`'s
     // overlay, not its store.

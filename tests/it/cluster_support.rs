@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_nats::ServerAddr;
 use weir::config::SyncPolicy;
 use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use crate::support::{Host, eventually, free_port, plugins_dir};
 
@@ -437,7 +437,7 @@ pub struct Fleet {
     pub front_doors: Arc<RwLock<Vec<String>>>,
     /// Every host's directory, read by the tailer.
     dirs: Arc<RwLock<Vec<PathBuf>>>,
-    router: Router,
+    router: Names,
 }
 
 const IDS: [&str; 5] = ["h1", "h2", "h3", "h4", "h5"];
@@ -455,7 +455,7 @@ impl Fleet {
             running: Vec::new(),
             front_doors: Arc::default(),
             dirs: Arc::default(),
-            router: Router::new("weir", PARTITIONS, SHARDS),
+            router: Names::new("weir", PARTITIONS, SHARDS),
         };
         fleet.spawn();
         if !together {

@@ -13,7 +13,7 @@ use async_nats::jetstream;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use weir::delivery::dead_letter::{DeadLetters, LetterFilter, StoredLetter};
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use crate::support::{Nats, TestHost, WEIR, base_config, eventually};
 
@@ -58,7 +58,7 @@ impl Letters {
         std::fs::write(config.path().join("weir.toml"), text).expect("write config");
         let library = DeadLetters::new(
             jetstream::new(nats.client().await),
-            Router::new("weir", 1, 4),
+            Names::new("weir", 1, 4),
         );
         Letters {
             nats,

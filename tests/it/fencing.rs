@@ -17,7 +17,7 @@ use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
 use weir::coordination::{OwnerRecord, OwnerState, owner_key};
 use weir::ops::status::StatusReport;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use crate::support::{
     ACME_KEY, Host, Nats, PARTITIONS, PRODUCERS, SHARDS, WrittenRow, all_tables, balanced,
@@ -115,7 +115,7 @@ async fn freeze(
     let ids: Vec<&str> = hosts.iter().map(|h| h.id).collect();
     let owners = balanced(a, &ids).await;
     let c_consumers = &owners[FROZEN];
-    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let router = Names::new("weir", PARTITIONS, SHARDS);
     let c_keys: BTreeSet<String> = fleet_units()
         .into_iter()
         .filter(|unit| c_consumers.contains(&router.unit_consumer(*unit)))
@@ -238,7 +238,7 @@ fn seq_runs(tables: &BTreeMap<String, Vec<WrittenRow>>, names: &BTreeSet<&str>) 
 /// Every host's log lines about the units of `tables` (their consumers and
 /// owner keys) and about its membership, for a failure.
 fn unit_events(hosts: &[&Host], tables: &BTreeSet<&str>) -> String {
-    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let router = Names::new("weir", PARTITIONS, SHARDS);
     let mut about: Vec<String> = vec!["stepping down".into(), "member".into()];
     for table in tables {
         let unit = router.route("acme", table);

@@ -502,7 +502,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     use weir::ingest::policy::Placement;
     use weir::ingest::publish::{Ids, PublishError, Publisher};
     use weir::topology::manifest::Manifest;
-    use weir::topology::route::{Router, Unit};
+    use weir::topology::route::{Names, Unit};
 
     let nats = Nats::start();
     let config = base_config(nats.url(), "").replace(
@@ -515,7 +515,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
         &Default::default(),
     )
     .unwrap();
-    let router = Router::new(&config.stream.prefix, 1, 1);
+    let router = Names::new(&config.stream.prefix, 1, 1);
     let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
     let client = nats.client().await;
     let js = jetstream::new(client.clone());

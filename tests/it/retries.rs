@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
 use weir::ops::status::StatusReport;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use crate::support::{
     ACME_KEY, Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
@@ -89,7 +89,7 @@ async fn a_row_that_keeps_asking_for_retry_is_dead_lettered_and_replayed_after_a
     assert_eq!(host.ingest("flaky", body).await.status(), 202);
 
     let client = nats.client().await;
-    let letters = DeadLetters::new(jetstream::new(client.clone()), Router::new("weir", 1, 4));
+    let letters = DeadLetters::new(jetstream::new(client.clone()), Names::new("weir", 1, 4));
     let listed = eventually(Duration::from_secs(30), "the row dead-lettered", || async {
         let listed = letters.list(&LetterFilter::default()).await.ok()?;
         (!listed.is_empty()).then_some(listed)
@@ -255,7 +255,7 @@ async fn every_dead_letter_names_the_plugin_and_version_that_failed_it() {
             .map(|plugin| plugin.version.clone())
     };
     let client = nats.client().await;
-    let letters = DeadLetters::new(jetstream::new(client.clone()), Router::new("weir", 1, 4));
+    let letters = DeadLetters::new(jetstream::new(client.clone()), Names::new("weir", 1, 4));
     let listed = eventually(Duration::from_secs(60), "five dead letters", || async {
         let listed = letters.list(&LetterFilter::default()).await.ok()?;
         (listed.len() >= 5).then_some(listed)

@@ -9,7 +9,7 @@ use weir::delivery::pipeline::{PipelineRunner, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
 use weir::state::store::{StateStore, UnitState, scope_key};
-use weir::topology::route::{Router, Unit};
+use weir::topology::route::{Names, Unit};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -232,7 +232,7 @@ const UNIT: Unit = Unit {
 
 /// The unit a tenant's `events` live in under the tests' default topology.
 fn events_unit(tenant: &str) -> Unit {
-    Router::new(
+    Names::new(
         "weir",
         weir::config::DEFAULT_PARTITIONS,
         weir::config::DEFAULT_SHARDS,

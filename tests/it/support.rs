@@ -15,7 +15,7 @@ use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
 use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::ops::status::StatusReport;
-use weir::topology::route::{Router, Unit};
+use weir::topology::route::{Names, Unit};
 
 /// The `weir` binary, for tests that run real processes.
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -556,12 +556,12 @@ pub async fn balanced(observer: &Host, members: &[&str]) -> BTreeMap<String, Vec
 
 /// Every unit of the fleet's topology.
 pub fn fleet_units() -> Vec<Unit> {
-    Router::new("weir", PARTITIONS, SHARDS).units()
+    Names::new("weir", PARTITIONS, SHARDS).units()
 }
 
 /// Tables whose unit's consumer is in `consumers`.
 pub fn tables_of(consumers: &[String]) -> Vec<String> {
-    let router = Router::new("weir", PARTITIONS, SHARDS);
+    let router = Names::new("weir", PARTITIONS, SHARDS);
     all_tables()
         .into_iter()
         .filter(|table| {

@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, stream};
 use weir::config::Config;
 use weir::host::StartError;
 use weir::topology::manifest::{Manifest, TopologyError};
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
 
@@ -138,7 +138,7 @@ async fn weir_boots_on_the_printed_manifests_and_refuses_a_changed_required_fiel
     apply_manifests(&client, &config).await;
     // Not even a recommended difference between the files and the config.
     let loaded = Config::parse(Path::new("weir.toml"), &config, &Default::default()).unwrap();
-    let router = Router::new(
+    let router = Names::new(
         &loaded.stream.prefix,
         loaded.stream.partitions,
         loaded.stream.shards,
@@ -181,7 +181,7 @@ async fn a_topology_of_the_old_default_is_refused_by_name_and_its_rows_kept() {
     let new_default = base_config(nats.url(), "");
     let old_default = new_default.replace("[stream]\n", "[stream]\npartitions = 1\nshards = 4\n");
     let old = Config::parse(Path::new("weir.toml"), &old_default, &Default::default()).unwrap();
-    let router = Router::new(&old.stream.prefix, 1, 4);
+    let router = Names::new(&old.stream.prefix, 1, 4);
     Manifest::new(&router, &old.stream, &old.delivery, None)
         .create(&js)
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use weir::config::Config;
 use weir::reload::releases::{self, Release, RollbackTo};
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 use super::target::{FleetTarget, router_of};
 
@@ -170,7 +170,7 @@ fn announce(name: &str, release: &Release) {
 
 async fn wait_for(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     version: &str,
     secs: u64,

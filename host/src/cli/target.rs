@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use weir::client::{default_url, fetch_status};
 use weir::config::{Config, NatsAuth, Overrides};
 use weir::host::embedded_url_file;
-use weir::topology::route::Router;
+use weir::topology::route::Names;
 
 /// A running host's HTTP address: `--url`, else the config's `listen`,
 /// else weir's default listen address.
@@ -85,8 +85,8 @@ impl FleetTarget {
     }
 }
 
-pub fn router_of(config: &Config) -> Router {
-    Router::new(
+pub fn router_of(config: &Config) -> Names {
+    Names::new(
         &config.stream.prefix,
         config.stream.partitions,
         config.stream.shards,

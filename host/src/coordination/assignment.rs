@@ -100,7 +100,7 @@ fn score(unit: Unit, member: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::route::Router;
+    use crate::topology::route::Names;
 
     fn members(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("host-{i}")).collect()
@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn every_unit_has_an_owner_and_loads_differ_by_at_most_one() {
         for (partitions, shards) in [(1, 4), (4, 8), (8, 64), (3, 7)] {
-            let units = Router::new("weir", partitions, shards).units();
+            let units = Names::new("weir", partitions, shards).units();
             for hosts in [1, 2, 3, 5, 8, 31, 64, 200] {
                 let owners = assign(&units, &members(hosts));
                 assert_eq!(owners.len(), units.len());
@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn the_answer_does_not_depend_on_input_order() {
-        let units = Router::new("weir", 4, 8).units();
+        let units = Names::new("weir", 4, 8).units();
         let mut hosts = members(5);
         let first = assign(&units, &hosts);
         hosts.reverse();
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn no_members_no_owners() {
-        let units = Router::new("weir", 1, 4).units();
+        let units = Names::new("weir", 1, 4).units();
         assert!(assign::<String>(&units, &[]).is_empty());
     }
 
@@ -165,7 +165,7 @@ mod tests {
     #[test]
     fn joins_and_leaves_move_few_units() {
         for (partitions, shards) in [(4, 8), (8, 64)] {
-            let units = Router::new("weir", partitions, shards).units();
+            let units = Names::new("weir", partitions, shards).units();
             let (mut total_moves, mut total_taken) = (0, 0);
             for hosts in 1..64 {
                 let before = assign(&units, &members(hosts));
@@ -198,7 +198,7 @@ mod tests {
     /// Pinned: every version of weir must compute the same owners.
     #[test]
     fn golden_vector() {
-        let units = Router::new("weir", 2, 4).units();
+        let units = Names::new("weir", 2, 4).units();
         let owners = assign(&units, &["alpha", "bravo", "charlie"]);
         let got: Vec<String> = owners
             .iter()

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::telemetry::Metrics;
-use crate::topology::route::{Router, Unit};
+use crate::topology::route::{Names, Unit};
 use claim::{
     TaskDone, UnitContext, UnitWork, Written, claim, drop_claim, orphaned_claim, run_unit,
 };
@@ -226,7 +226,7 @@ pub type PluginVersions = Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync
 pub struct Membership {
     pub kv: NatsKv,
     pub client: async_nats::Client,
-    pub router: Router,
+    pub router: Names,
     pub me: String,
     pub http: String,
     pub ttl: Duration,

@@ -16,7 +16,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::nats::NatsError;
 use crate::nats::jetstream::is_delivery_header;
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// Header names a dead letter carries. The original row's headers are kept
 /// beside them unchanged.
@@ -54,11 +54,11 @@ pub struct DeadLetter<'a> {
 #[derive(Clone)]
 pub struct DeadLetters {
     js: jetstream::Context,
-    router: Router,
+    router: Names,
 }
 
 impl DeadLetters {
-    pub fn new(js: jetstream::Context, router: Router) -> DeadLetters {
+    pub fn new(js: jetstream::Context, router: Names) -> DeadLetters {
         DeadLetters { js, router }
     }
 
@@ -154,7 +154,7 @@ impl LetterFilter {
     }
 
     /// The consumer's subject filter for tenant and table.
-    pub fn subject(&self, router: &Router) -> String {
+    pub fn subject(&self, router: &Names) -> String {
         router.dead_letter_filter(self.tenant.as_deref(), self.table.as_deref())
     }
 
@@ -659,7 +659,7 @@ mod tests {
             &letter("acme", "orders", "`ts`"),
             now - time::Duration::seconds(1)
         ));
-        let router = Router::new("weir", 1, 1);
+        let router = Names::new("weir", 1, 1);
         assert_eq!(filter.subject(&router), "weir.dlq.acme.*");
         assert!(!filter.selects_everything() && !filter.by_subject_only());
     }

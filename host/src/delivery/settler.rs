@@ -22,7 +22,7 @@ use crate::delivery::settle::{
 };
 use crate::nats::ack::{self, AckInfo};
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// Rows dead-lettered or retried are logged one by one at DEBUG, and at
 /// INFO as one summary per unit at most this often: a bad producer must
@@ -38,7 +38,7 @@ const SUMMARY_REASON_CHARS: usize = 120;
 pub(super) struct Settler {
     /// Answers every row's ack subject: one handle for all rows.
     pub(super) client: Client,
-    router: Router,
+    router: Names,
     pub(super) settings: DeliveryConfig,
     dead_letters: DeadLetters,
     metrics: Metrics,
@@ -58,7 +58,7 @@ pub(super) struct Settler {
 impl Settler {
     pub(super) fn new(
         js: &jetstream::Context,
-        router: Router,
+        router: Names,
         settings: DeliveryConfig,
         metrics: Metrics,
         unit_labels: UnitLabels,

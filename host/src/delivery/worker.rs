@@ -37,7 +37,7 @@ use crate::reload::generation::Generation;
 use crate::state::prune::{AppliedPruning, CONFIRM_TIMEOUT};
 use crate::state::store::{StateStore, UnitState};
 use crate::telemetry::{Metrics, UnitLabels};
-use crate::topology::route::{Router, Unit};
+use crate::topology::route::{Names, Unit};
 
 /// Shortest interval between in-progress acks of a running batch.
 const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
@@ -67,7 +67,7 @@ fn runners(generation: &Generation, state: Option<&UnitState>) -> Vec<Option<Pip
 /// Pulls one unit and runs its rows through their pipelines.
 pub struct UnitWorker {
     js: jetstream::Context,
-    router: Router,
+    router: Names,
     unit: Unit,
     settings: DeliveryConfig,
     pipelines: Arc<Generation>,
@@ -84,7 +84,7 @@ pub struct UnitWorker {
 impl UnitWorker {
     pub fn new(
         js: jetstream::Context,
-        router: Router,
+        router: Names,
         unit: Unit,
         mut generations: watch::Receiver<Arc<Generation>>,
         metrics: Metrics,
@@ -285,7 +285,7 @@ impl UnitWorker {
 #[derive(Clone)]
 pub struct Workers {
     pub js: jetstream::Context,
-    pub router: Router,
+    pub router: Names,
     pub generations: watch::Sender<Arc<Generation>>,
     pub metrics: Metrics,
     /// The plugin state bucket, for pipelines with a plugin granted `state`.
@@ -382,7 +382,7 @@ pub use crate::delivery::isolation::ISOLATION_LANES;
 async fn run_pipelines(
     runners: &mut [Option<PipelineRunner>],
     pipelines: &Generation,
-    router: &Router,
+    router: &Names,
     settings: &DeliveryConfig,
     batch: &[Message],
     lease: &Lease,
@@ -554,7 +554,7 @@ struct Decoded<'a> {
 }
 
 fn decode<'a>(
-    router: &Router,
+    router: &Names,
     pipelines: &Generation,
     message: &'a Message,
 ) -> Result<Decoded<'a>, String> {

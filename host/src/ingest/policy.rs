@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::ingest::usage::Usage;
 use crate::sandbox::bindings::{Admission, Decision, Route, RouteUnit, TableRoute, Topology};
 use crate::sandbox::{CallError, Plugin, PluginInstance};
-use crate::topology::route::{Router, Unit};
+use crate::topology::route::{Names, Unit};
 
 /// Idle instances kept per policy; more concurrent requests instantiate more.
 const MAX_IDLE_INSTANCES: usize = 8;
@@ -109,7 +109,7 @@ pub struct Policies {
     budget: Option<Pool>,
     router: Option<Pool>,
     routes: Mutex<HashMap<(String, String), TableRoute>>,
-    default_routes: Router,
+    default_routes: Names,
     topology: Topology,
 }
 
@@ -122,7 +122,7 @@ impl Policies {
             budget: pool(&config.policies.budget),
             router: pool(&config.policies.router),
             routes: Mutex::new(HashMap::new()),
-            default_routes: Router::new(
+            default_routes: Names::new(
                 &config.stream.prefix,
                 config.stream.partitions,
                 config.stream.shards,

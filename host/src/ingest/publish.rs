@@ -27,7 +27,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::ingest::policy::Placement;
 use crate::ingest::usage::Accept;
-use crate::topology::route::{Router, Unit};
+use crate::topology::route::{Names, Unit};
 
 /// Room left in a message for its headers (message id, batch headers)
 /// under the server's `max_payload`.
@@ -103,7 +103,7 @@ pub enum Ids {
 pub struct Publisher {
     client: async_nats::Client,
     js: jetstream::Context,
-    router: Router,
+    router: Names,
     /// Read once at start: every server of a cluster has the same limit.
     max_row_bytes: usize,
     /// A partition stream's `max_bytes`, if limited.
@@ -126,7 +126,7 @@ struct Batches {
 
 impl Publisher {
     /// `partition_max_bytes` is `[stream] max_bytes` (negative: unlimited).
-    pub fn new(client: async_nats::Client, router: Router, partition_max_bytes: i64) -> Publisher {
+    pub fn new(client: async_nats::Client, router: Names, partition_max_bytes: i64) -> Publisher {
         let js = jetstream::new(client.clone());
         let max_row_bytes = client.server_info().max_payload.saturating_sub(HEADER_ROOM);
         let inbox = client.new_inbox();

@@ -12,7 +12,7 @@ use futures::StreamExt;
 
 use crate::config::Config;
 use crate::nats::kv::{KvError, KvWatch, KvWrite, NatsKv, WatchEvent, WatchStart};
-use crate::topology::route::{Router, decode_token, encode_token};
+use crate::topology::route::{Names, decode_token, encode_token};
 
 /// Key prefix of per-tenant settings (`tenants.<tenant>`, a JSON object).
 pub const TENANTS: &str = "tenants.";
@@ -207,7 +207,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// bucket; every host's budget sees them within its watch's latency.
 pub async fn set_tenant_settings(
     client: &Client,
-    router: &Router,
+    router: &Names,
     tenant: &str,
     settings: Option<&str>,
 ) -> Result<(), TenantSettingsError> {
@@ -229,7 +229,7 @@ pub async fn set_tenant_settings(
 /// A tenant's settings in the coordination bucket, if any are set.
 pub async fn tenant_settings(
     client: &Client,
-    router: &Router,
+    router: &Names,
     tenant: &str,
 ) -> Result<Option<String>, TenantSettingsError> {
     let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
@@ -243,7 +243,7 @@ pub async fn tenant_settings(
 /// watch of `tenants.` up to the present, not a read per tenant).
 pub async fn all_tenant_settings(
     client: &Client,
-    router: &Router,
+    router: &Names,
 ) -> Result<BTreeMap<String, String>, TenantSettingsError> {
     let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
     let mut watch = kv

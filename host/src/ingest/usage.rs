@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coordination::{FleetView, KeyFollower};
 use crate::nats::jetstream::api_error;
 use crate::nats::kv::{Entry, KvWrite, NatsKv};
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 use super::tenants::{TENANTS, tenant_of_key};
 
@@ -320,7 +320,7 @@ impl Ledger {
         self,
         client: Client,
         kv: NatsKv,
-        router: Router,
+        router: Names,
         fleet: watch::Receiver<Arc<FleetView>>,
         stop: CancellationToken,
     ) {
@@ -377,7 +377,7 @@ impl Ledger {
     }
 
     /// Reads the streams and writes a snapshot for the fleet.
-    async fn reconcile(&self, client: &Client, kv: &NatsKv, router: &Router) {
+    async fn reconcile(&self, client: &Client, kv: &NatsKv, router: &Names) {
         match take_snapshot(client, router, &self.me, &self.mean_row_bytes()).await {
             Ok(snapshot) => {
                 if let Ok(value) = serde_json::to_vec(&snapshot)
@@ -526,7 +526,7 @@ struct StreamStateReply {
 /// per partition) and sums them by tenant.
 async fn take_snapshot(
     client: &Client,
-    router: &Router,
+    router: &Names,
     me: &str,
     mean_row_bytes: &HashMap<String, f64>,
 ) -> Result<Snapshot, SnapshotError> {

@@ -25,7 +25,7 @@ use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
 use crate::reload::generation::{Generation, PluginStatus};
 use crate::telemetry::Metrics;
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// How long one report waits for NATS, all its reads together. A frozen
 /// server (SIGSTOP, a partition) keeps the client "connected" until its
@@ -253,7 +253,7 @@ pub struct StatusSource {
     /// The running generation: always the plugin versions running now.
     pub(crate) generations: watch::Receiver<Arc<Generation>>,
     pub(crate) client: async_nats::Client,
-    pub(crate) router: Router,
+    pub(crate) router: Names,
     pub(crate) nats: NatsStatus,
     pub(crate) fleet: watch::Receiver<Arc<FleetView>>,
     pub(crate) ledger: Ledger,
@@ -500,7 +500,7 @@ impl StatusSource {
 /// Every unit's backlog by consumer name, from one paged consumer listing
 /// per partition (256 units a request); a partition that did not answer
 /// is left out. Unbounded in time: for benches and tools, not reports.
-pub async fn unit_backlogs(client: &async_nats::Client, router: &Router) -> Backlogs {
+pub async fn unit_backlogs(client: &async_nats::Client, router: &Names) -> Backlogs {
     let js = jetstream::new(client.clone());
     let mut backlogs = Backlogs::new();
     for partition in 0..router.partitions() {

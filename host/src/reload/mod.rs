@@ -27,7 +27,7 @@ use crate::config::{Config, ConfigError, Overrides};
 use crate::ingest::front_door::Gate;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::telemetry::{Metrics, ReloadLabels};
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 use generation::Generation;
 use releases::Release;
 
@@ -75,7 +75,7 @@ pub struct Reloader {
 pub struct FleetReleases {
     pub releases: watch::Receiver<BTreeMap<String, Release>>,
     pub client: async_nats::Client,
-    pub router: Router,
+    pub router: Names,
     pub dir: PathBuf,
 }
 

@@ -27,7 +27,7 @@ use crate::config::PluginConfig;
 use crate::coordination::{KeyFollower, MEMBERS, MemberRecord};
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, WatchEvent, WatchStart};
 use crate::sandbox::{LoadError, Sandbox};
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// Key prefix of plugin releases in the coordination bucket.
 pub const RELEASES: &str = "plugins.";
@@ -299,7 +299,7 @@ fn object_name(name: &str, digest: &str) -> String {
 
 async fn store(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
 ) -> Result<object_store::ObjectStore, StoreError> {
     let bucket = router.plugin_store();
     let js = jetstream::new(client.clone());
@@ -355,7 +355,7 @@ pub async fn check(
 /// push of what the fleet already runs changes nothing).
 pub async fn push(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     bytes: &[u8],
 ) -> Result<Release, StoreError> {
@@ -415,7 +415,7 @@ impl RollbackTo {
 /// current one, each host's own file, or one from the history.
 pub async fn rollback(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     to: &RollbackTo,
 ) -> Result<Release, StoreError> {
@@ -491,7 +491,7 @@ fn resolve(name: &str, current: &Release, wanted: &str) -> Result<String, StoreE
 /// Plugin `name`'s current release, if it was ever pushed.
 pub async fn release(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
 ) -> Result<Option<Release>, StoreError> {
     Ok(current(client, router, name)
@@ -502,7 +502,7 @@ pub async fn release(
 /// The plugin versions each live member reports (its member key), by member.
 pub async fn member_versions(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
 ) -> Result<BTreeMap<String, BTreeMap<String, String>>, KvError> {
     let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
     let mut watch = kv
@@ -526,7 +526,7 @@ pub async fn member_versions(
 /// renewed every third of their TTL, so this follows them (no polling).
 pub async fn wait_for(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     version: &str,
     timeout: Duration,
@@ -611,11 +611,7 @@ fn watch_ended(kv: &NatsKv) -> KvError {
     }
 }
 
-async fn kv(
-    client: &async_nats::Client,
-    router: &Router,
-    name: &str,
-) -> Result<NatsKv, StoreError> {
+async fn kv(client: &async_nats::Client, router: &Names, name: &str) -> Result<NatsKv, StoreError> {
     NatsKv::open(client, &router.coordination_bucket())
         .await
         .map_err(|source| StoreError::Kv {
@@ -626,7 +622,7 @@ async fn kv(
 
 async fn current(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
 ) -> Result<Option<(Release, u64)>, StoreError> {
     let entry = kv(client, router, name)
@@ -645,7 +641,7 @@ async fn current(
 
 async fn write(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     release: &Release,
     revision: Option<u64>,
@@ -669,7 +665,7 @@ async fn write(
 /// object store and checked against its digest unless already there.
 pub async fn fetch(
     client: &async_nats::Client,
-    router: &Router,
+    router: &Names,
     name: &str,
     digest_hex: &str,
     dir: &Path,

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::config::{DeliveryConfig, StreamConfig};
 use crate::nats::jetstream::PIN_GROUP;
 use crate::nats::kv::{BucketOptions, NatsKv};
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
@@ -93,7 +93,7 @@ impl Manifest {
     /// The topology for a router's N × V units. `file_store` (bytes), when
     /// given, is split between the streams instead of `max_bytes` each.
     pub fn new(
-        router: &Router,
+        router: &Names,
         streams: &StreamConfig,
         delivery: &DeliveryConfig,
         file_store: Option<i64>,

@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::topology::manifest::Manifest;
-use crate::topology::route::Router;
+use crate::topology::route::Names;
 
 /// A `permissions` block for a nats-server user (JSON is valid NATS config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,7 +23,7 @@ pub struct Allow {
 
 impl Permissions {
     /// Everything a host of this topology does, and nothing more.
-    pub fn for_host(router: &Router, manifest: &Manifest) -> Permissions {
+    pub fn for_host(router: &Names, manifest: &Manifest) -> Permissions {
         let prefix = router.prefix();
         let mut publish = vec![
             // Rows at the front door, dead letters from delivery, and the
@@ -124,7 +124,7 @@ mod tests {
             &Overrides::default(),
         )
         .unwrap();
-        let router = Router::new("weir", 1, 2);
+        let router = Names::new("weir", 1, 2);
         let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
         let permissions = Permissions::for_host(&router, &manifest);
         let publish = &permissions.publish.allow;

@@ -35,9 +35,11 @@ pub struct Unit {
 }
 
 /// Names every subject, stream and consumer weir uses under one prefix, for
-/// a topology of `partitions` × `shards` units.
+/// a topology of `partitions` × `shards` units, and gives a table's default
+/// route. (Not a router plugin: those are `World::Router`, asked by
+/// `ingest/policy.rs`.)
 #[derive(Debug, Clone)]
-pub struct Router {
+pub struct Names {
     prefix: String,
     partitions: u32,
     shards: u32,
@@ -48,10 +50,10 @@ pub struct Router {
 #[error("subject `{0}` is not a weir row subject")]
 pub struct NotARowSubject(pub String);
 
-impl Router {
+impl Names {
     /// `partitions` and `shards` are at least 1 (config validation sees to it).
     pub fn new(prefix: &str, partitions: u32, shards: u32) -> Self {
-        Router {
+        Names {
             prefix: prefix.to_string(),
             partitions: partitions.max(1),
             shards: shards.max(1),
@@ -258,7 +260,7 @@ mod tests {
 
     #[test]
     fn subject_round_trips() {
-        let router = Router::new("weir", 4, 8);
+        let router = Names::new("weir", 4, 8);
         let unit = router.route("acme", "orders");
         let subject = router.subject(unit, "acme", "orders");
         assert_eq!(
@@ -299,7 +301,7 @@ mod tests {
         }
         // Two names that differ stay different after encoding.
         assert_ne!(encode_token("~7E"), encode_token("~"));
-        let router = Router::new("weir", 2, 2);
+        let router = Names::new("weir", 2, 2);
         let unit = router.route("t.1", "my table");
         let subject = router.subject(unit, "t.1", "my table");
         assert_eq!(subject.split('.').count(), 6, "{subject}");
@@ -311,7 +313,7 @@ mod tests {
 
     #[test]
     fn foreign_subjects_are_refused() {
-        let router = Router::new("weir", 1, 1);
+        let router = Names::new("weir", 1, 1);
         assert!(router.parse("other.in.0.0.a.b").is_err());
         assert!(router.parse("weir.in.0.0.a").is_err());
         assert!(router.parse("weir.dlq.a.b").is_err());
@@ -319,7 +321,7 @@ mod tests {
 
     #[test]
     fn dead_letter_filters_name_a_tenant_a_table_or_both() {
-        let router = Router::new("weir", 1, 1);
+        let router = Names::new("weir", 1, 1);
         assert_eq!(router.dead_letter_filter(None, None), "weir.dlq.>");
         assert_eq!(
             router.dead_letter_filter(Some("acme"), None),
@@ -343,7 +345,7 @@ mod tests {
     /// test fails, a rolling upgrade would move tables between units.
     #[test]
     fn golden_routes() {
-        let router = Router::new("weir", 4, 8);
+        let router = Names::new("weir", 4, 8);
         let golden = [
             ("acme", "orders", 2, 7),
             ("acme", "clicks", 3, 5),
@@ -374,7 +376,7 @@ mod tests {
 
     #[test]
     fn routes_spread_evenly_over_units() {
-        let router = Router::new("weir", 4, 8);
+        let router = Names::new("weir", 4, 8);
         let mut counts: HashMap<Unit, usize> = HashMap::new();
         let mut state = 0x1234_5678_9abc_def0u64;
         let mut next = || {
@@ -405,7 +407,7 @@ mod tests {
 
     #[test]
     fn adding_a_shard_moves_few_tables() {
-        let (before, after) = (Router::new("weir", 4, 8), Router::new("weir", 4, 9));
+        let (before, after) = (Names::new("weir", 4, 8), Names::new("weir", 4, 9));
         let moved = (0..9_000)
             .filter(|i| {
                 let table = format!("table{i}");

@@ -12,7 +12,7 @@ fn manifest(file_store: Option<i64>) -> Manifest {
         &Overrides::default(),
     )
     .unwrap();
-    let router = Router::new("weir", 2, 3);
+    let router = Names::new("weir", 2, 3);
     Manifest::new(&router, &config.stream, &config.delivery, file_store)
 }
 
@@ -56,7 +56,7 @@ fn differences_are_named_with_their_severity() {
 #[test]
 fn a_partitions_only_shard_is_unfiltered_and_its_old_filter_only_recommended_away() {
     let config = Config::parse(Path::new("w.toml"), "", &Overrides::default()).unwrap();
-    let router = Router::new("weir", 4, 1);
+    let router = Names::new("weir", 4, 1);
     let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
     let unit = &manifest.consumers[3];
     assert_eq!(unit.config.filter_subject, "", "no filter to match per row");
