@@ -35,6 +35,22 @@ fn weir_plugin_cached(cache: &Path, args: &[&str]) -> Output {
         .expect("weir runs")
 }
 
+/// `weir plugin test --json` of `wasm` on `rows`, as plugin `plugin` of
+/// `host`'s config (its limits, grants, tenant and table).
+fn plugin_test_in(host: &TestHost, wasm: &str, rows: &Path, plugin: &str) -> Output {
+    weir_plugin(&[
+        "test",
+        wasm,
+        "--rows",
+        rows.to_str().unwrap(),
+        "--config",
+        host.config_path().to_str().unwrap(),
+        "--plugin",
+        plugin,
+        "--json",
+    ])
+}
+
 fn json_of(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
         panic!(
@@ -55,17 +71,7 @@ async fn plugin_test_gives_the_outcomes_a_real_host_gives_for_the_same_rows() {
     let rows = host.dir.path().join("rows.ndjson");
     std::fs::write(&rows, ROWS).unwrap();
 
-    let output = weir_plugin(&[
-        "test",
-        VALIDATOR,
-        "--rows",
-        rows.to_str().unwrap(),
-        "--config",
-        host.config_path().to_str().unwrap(),
-        "--plugin",
-        "validate",
-        "--json",
-    ]);
+    let output = plugin_test_in(&host, VALIDATOR, &rows, "validate");
     assert!(output.status.success(), "{output:?}");
     let report = json_of(&output);
     assert_eq!(report["world"], "transform");
@@ -125,39 +131,16 @@ const WINDOW_ROWS: &str = "{\"key\":\"a\",\"value\":1,\"ts\":0}\n{\"name\":\"no 
     {\"key\":\"a\",\"value\":2,\"ts\":5}\n{\"key\":\"b\",\"value\":4,\"ts\":9}\n\
     {\"key\":\"a\",\"value\":1,\"ts\":1200}\n{\"key\":\"a\",\"value\":1,\"ts\":10}\n";
 
-const WINDOW_PIPELINE: &str = r#"
-[plugins.window]
-wasm = "weir_window.wasm"
-world = "transform"
-settings = { width_ms = 1000 }
-grants.state = { max_keys = 100 }
-
-[[pipelines]]
-tables = ["events"]
-transforms = ["window"]
-sink = "files"
-"#;
-
 /// A stateful plugin through `weir plugin test` (its state in memory) and
 /// through a real host (its state in the bucket): the same summaries
 /// emitted, the same rows dead-lettered with the same reasons.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stateful_plugin_and_its_failing_rows_get_the_same_outcomes_in_plugin_test_and_a_host() {
     let nats = Nats::start();
-    let host = TestHost::start(&base_config(nats.url(), WINDOW_PIPELINE)).await;
+    let host = TestHost::start(&base_config(nats.url(), crate::state::WINDOW)).await;
     let rows = host.dir.path().join("rows.ndjson");
     std::fs::write(&rows, WINDOW_ROWS).unwrap();
-    let output = weir_plugin(&[
-        "test",
-        WINDOW,
-        "--rows",
-        rows.to_str().unwrap(),
-        "--config",
-        host.config_path().to_str().unwrap(),
-        "--plugin",
-        "window",
-        "--json",
-    ]);
+    let output = plugin_test_in(&host, WINDOW, &rows, "window");
     assert!(output.status.success(), "{output:?}");
     let report = json_of(&output);
     assert_eq!(report["table"], "events", "{report}");

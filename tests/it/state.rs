@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use crate::support::{ACME_KEY, Host, Nats, balanced, base_config, eventually};
 
-const WINDOW: &str = r#"
+/// The window plugin with `grants.state` in a pipeline of table `events`.
+pub(crate) const WINDOW: &str = r#"
 [plugins.window]
 wasm = "weir_window.wasm"
 world = "transform"
