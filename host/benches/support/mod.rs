@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-/// Size of every benchmark row: the row size MISSION.md's figures are quoted for.
+/// Size of every benchmark row: the row size the README's figures are quoted for.
 pub const ROW_BYTES: usize = 256;
 
 /// A flat JSON object of exactly [`ROW_BYTES`] bytes with an `email` and a
@@ -235,7 +235,7 @@ pub async fn raw_consumer(
 }
 
 /// A nats-server of the bench's own, storing in `dir`, with nats-server's
-/// default durability (`sync = "always"` is ~30x slower, NATS-NOTES.md).
+/// default durability (`sync = "always"` is ~30x slower: docs/deployment.md, "Durability").
 pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::EmbeddedNats {
     let options = weir::nats::embedded::EmbeddedOptions {
         binary: None,
