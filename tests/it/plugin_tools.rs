@@ -51,6 +51,16 @@ fn plugin_test_in(host: &TestHost, wasm: &str, rows: &Path, plugin: &str) -> Out
     ])
 }
 
+/// Each row's `outcome` in a `weir plugin test --json` report, in order.
+fn outcomes_of(report: &Value) -> Vec<&str> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["outcome"].as_str().unwrap())
+        .collect()
+}
+
 fn json_of(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
         panic!(
@@ -144,12 +154,7 @@ async fn a_stateful_plugin_and_its_failing_rows_get_the_same_outcomes_in_plugin_
     assert!(output.status.success(), "{output:?}");
     let report = json_of(&output);
     assert_eq!(report["table"], "events", "{report}");
-    let outcomes: Vec<&str> = report["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| row["outcome"].as_str().unwrap())
-        .collect();
+    let outcomes = outcomes_of(&report);
     assert_eq!(
         outcomes,
         ["drop", "dead_letter", "drop", "drop", "emit", "dead_letter"],
@@ -210,12 +215,7 @@ async fn a_trap_exits_non_zero_and_quotes_the_guests_stderr_as_the_dead_letter_d
     ]);
     assert_eq!(output.status.code(), Some(6), "{output:?}");
     let report = json_of(&output);
-    let outcomes: Vec<&str> = report["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| row["outcome"].as_str().unwrap())
-        .collect();
+    let outcomes = outcomes_of(&report);
     assert_eq!(outcomes, ["ok", "failed"], "{report}");
     assert_eq!(report["rows"][1]["kind"], "trap");
     let stderr = String::from_utf8_lossy(&output.stderr);
