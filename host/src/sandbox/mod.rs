@@ -110,6 +110,9 @@ pub enum LoadError {
         dir: String,
         reason: String,
     },
+    /// Its `grants.postgres` cannot be used (the message names the plugin).
+    #[error(transparent)]
+    Postgres(#[from] crate::destination::PoolError),
     // Not a `source`: the message already says it, and a printer that
     // walks the chain would say it twice.
     #[error("plugin `{plugin}`: init failed: {error}")]
@@ -184,6 +187,10 @@ impl Sandbox {
                 state
             })?;
             bindings::transform::weir::plugin::state::add_to_linker::<
+                PluginState,
+                HasSelf<PluginState>,
+            >(&mut linker, |state| state)?;
+            bindings::sink::weir::plugin::postgres::add_to_linker::<
                 PluginState,
                 HasSelf<PluginState>,
             >(&mut linker, |state| state)?;
@@ -361,6 +368,10 @@ impl Sandbox {
                 });
             }
         }
+        let postgres = match &config.grants.postgres {
+            Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
+            None => None,
+        };
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -377,6 +388,7 @@ impl Sandbox {
             },
             counter_names: Default::default(),
             pauses: self.pauses.clone(),
+            postgres,
         });
         let smoke_test = loaded
             .instantiate()
