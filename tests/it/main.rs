@@ -24,6 +24,7 @@ mod metrics;
 mod operator;
 mod plugin_tools;
 mod policies;
+mod postgres_support;
 mod reload;
 mod retries;
 mod stops;
