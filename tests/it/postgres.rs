@@ -6,11 +6,15 @@
 //! constraint a dead letter naming it, across host crashes, stops and
 //! freezes, a NATS restart and a PostgreSQL restart under load.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::postgres_support::{PgServer, count};
 use crate::support::{
-    Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
+    Host, Nats, PRODUCERS, TestHost, backlog, balanced, base_config, dead_letter_reasons,
+    eventually, fleet_config, orders, produce,
 };
 
 /// The postgres sink as plugin `db` for table `events`, writing table
@@ -105,4 +109,202 @@ async fn rows_land_in_postgres_once_and_a_constraint_violation_is_a_dead_letter_
     );
     assert_eq!(count(&db, "events").await, 200 - violating.len() as i64);
     host.shutdown().await;
+}
+
+/// A fleet host whose sink is the postgres sink writing table `rows`
+/// (no unique key: a row written twice would be counted twice).
+fn fleet_host_config(nats_url: &str, id: &str, ttl_secs: u64, pg_url: &str) -> String {
+    // The row's id is its message id: a publish the front door retries
+    // (its answer lost in a fault) stores nothing twice.
+    let mut config = fleet_config(nats_url, id, 0, ttl_secs)
+        .replace("sink = \"files\"", "sink = \"db\"")
+        .replace(
+            "max_body_bytes = 1048576",
+            "max_body_bytes = 1048576\nidempotency_field = \"id\"",
+        );
+    config.push_str(&format!(
+        r#"
+[plugins.db]
+wasm = "weir_postgres_sink.wasm"
+world = "sink"
+settings = {{ table = "rows", columns = {{ id = "id", seq = "seq" }}, table_column = "tbl" }}
+grants.postgres = {{ url = "{pg_url}" }}
+"#
+    ));
+    config
+}
+
+/// SIGTERM, wait for the host to finish, start it again (same directory).
+fn stop_and_restart(host: &mut Host) {
+    host.terminate();
+    let _ = host.child.wait();
+    let (child, url) = Host::run(host.dir.path());
+    host.child = child;
+    host.url = url;
+}
+
+fn signal(host: &Host, signal: libc::c_int) {
+    unsafe { libc::kill(host.child.id() as libc::pid_t, signal) };
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_database_faults() {
+    let mut pg = tokio::task::block_in_place(PgServer::start);
+    let db = pg.client().await;
+    db.batch_execute(
+        "CREATE TABLE rows (id bigint NOT NULL, tbl text NOT NULL, seq bigint NOT NULL)",
+    )
+    .await
+    .expect("create table");
+    let mut nats = Nats::start();
+    let ttl = 3;
+    let ids = ["h1", "h2", "h3"];
+    let mut hosts: Vec<Host> = ids
+        .iter()
+        .map(|id| Host::spawn_with(id, fleet_host_config(nats.url(), id, ttl, &pg.url())))
+        .collect();
+    balanced(&hosts[0], &ids).await;
+
+    // Producers post to h1, which no fault touches; the faults hit the
+    // others, which own two thirds of the units.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|producer| tokio::spawn(produce(hosts[0].url.clone(), producer, stop.clone())))
+        .collect();
+    let started = Instant::now();
+    let pause = || tokio::time::sleep(Duration::from_secs(5));
+    pause().await;
+    let mut faults = Vec::new();
+
+    hosts[1].crash_and_restart();
+    faults.push("SIGKILL h2, restarted");
+    pause().await;
+
+    tokio::task::block_in_place(|| stop_and_restart(&mut hosts[2]));
+    faults.push("SIGTERM h3, restarted");
+    pause().await;
+
+    signal(&hosts[1], libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(ttl * 3)).await;
+    signal(&hosts[1], libc::SIGCONT);
+    faults.push("SIGSTOP h2 past its member TTL, SIGCONT");
+    pause().await;
+
+    tokio::task::block_in_place(|| {
+        pg.kill();
+        std::thread::sleep(Duration::from_secs(2));
+        pg.start_again();
+    });
+    faults.push("PostgreSQL killed (immediate), restarted after 2 s");
+    pause().await;
+
+    tokio::task::block_in_place(|| nats.restart(Duration::from_secs(2)));
+    faults.push("nats-server restarted after 2 s");
+    pause().await;
+
+    stop.store(true, Ordering::Relaxed);
+    let mut accepted = BTreeSet::new();
+    for producer in producers {
+        accepted.extend(producer.await.expect("producer"));
+    }
+    let load = started.elapsed();
+    let client = nats.client().await;
+    eventually(Duration::from_secs(120), "every row settled", || async {
+        (backlog(&client).await == (0, 0, 0)).then_some(())
+    })
+    .await;
+
+    let db = pg.client().await;
+    let written: Vec<(i64, i64)> = db
+        .query("SELECT id, count(*) FROM rows GROUP BY id", &[])
+        .await
+        .expect("read rows")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let twice: Vec<i64> = written
+        .iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    let ids_written: BTreeSet<u64> = written.iter().map(|(id, _)| *id as u64).collect();
+    let lost: Vec<&u64> = accepted.difference(&ids_written).collect();
+    let dead_letters = crate::support::read_stream(&client, "weir_dlq").await.len();
+    println!(
+        "postgres fleet: {} rows accepted in {:.1} s, {} distinct ids written, {} written twice, {} lost, {} dead letters; faults: {}",
+        accepted.len(),
+        load.as_secs_f64(),
+        ids_written.len(),
+        twice.len(),
+        lost.len(),
+        dead_letters,
+        faults.join("; ")
+    );
+    if !twice.is_empty() || dead_letters > 0 {
+        let overlaps = db
+            .query(
+                "SELECT a.unit, s, count(*), array_agg(a.claim) FROM weir_applied a, unnest(a.seqs) s \
+                 GROUP BY a.unit, s HAVING count(*) > 1 LIMIT 10",
+                &[],
+            )
+            .await
+            .expect("read the ledger");
+        let doubled = db
+            .query(
+                "SELECT r.id, r.tbl, r.tx, r.at::text, (SELECT count(*) FROM weir_applied a WHERE a.tx = r.tx), \
+                 (SELECT string_agg(a.unit || ' ' || a.claim || ' ' || array_length(a.seqs, 1), ',') FROM weir_applied a WHERE a.tx = r.tx) \
+                 FROM rows r WHERE r.id IN (SELECT id FROM rows GROUP BY id HAVING count(*) > 1) ORDER BY r.id, r.at LIMIT 8",
+                &[],
+            )
+            .await
+            .expect("read doubled rows");
+        for row in doubled {
+            let (id, tbl, tx, at, records, what): (i64, String, i64, String, i64, Option<String>) = (
+                row.get(0),
+                row.get(1),
+                row.get(2),
+                row.get(3),
+                row.get(4),
+                row.get(5),
+            );
+            println!("twice: id {id} {tbl} tx {tx} at {at}: {records} ledger records ({what:?})");
+        }
+        for row in overlaps {
+            let (unit, seq, n, claims): (String, i64, i64, Vec<i64>) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            println!("ledger: {unit} seq {seq} applied {n} times, claims {claims:?}");
+        }
+        let letters = crate::support::read_stream(&client, "weir_dlq").await;
+        let mut reasons = BTreeSet::new();
+        for letter in letters.iter().take(2000) {
+            if let Some(reason) = letter
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(weir::delivery::dead_letter::headers::REASON))
+            {
+                reasons.insert(reason.to_string());
+            }
+        }
+        println!("dead letter reasons: {reasons:?}");
+    }
+    assert!(
+        accepted.len() >= 100_000,
+        "only {} rows accepted",
+        accepted.len()
+    );
+    assert!(
+        twice.is_empty(),
+        "{} ids written twice: {:?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
+    assert!(
+        lost.is_empty(),
+        "{} accepted ids not written: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    assert_eq!(count(&db, "rows").await as usize, ids_written.len());
+    let logs: String = hosts.iter().map(Host::log).collect();
+    assert!(!logs.contains("panicked"), "a host panicked");
 }

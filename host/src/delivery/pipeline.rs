@@ -18,8 +18,7 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
-use crate::destination::step::COMMIT_RETRY;
-use crate::destination::{Ending, PostgresStep};
+use crate::destination::{Ending, Finished, PostgresStep};
 use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
@@ -116,6 +115,24 @@ pub enum RunError {
     #[error("the lease ran out before the sink call")]
     Fenced,
 }
+
+/// Why one run of a batch ended without verdicts: as [`RunError`], or the
+/// destination could not take it now and the batch is to run again.
+enum Attempt {
+    Stop(RunError),
+    Again(String),
+}
+
+impl<E: Into<RunError>> From<E> for Attempt {
+    fn from(err: E) -> Attempt {
+        Attempt::Stop(err.into())
+    }
+}
+
+/// How long a batch waits before it runs again while its destination cannot
+/// take it: doubling from the first to the last.
+const AGAIN_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const AGAIN_LAST_PAUSE: Duration = Duration::from_secs(5);
 
 /// What a step decided for one row it was given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,36 +269,35 @@ impl Step {
     /// scopes and settles the rows they settled before (their answer was
     /// lost) the same way again, without a call. False: every row comes
     /// back, nothing is to be called.
-    async fn begin(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
-        self.begin_state(flow, verdicts).await && self.begin_postgres(flow, verdicts).await
+    /// `Err`: the destination cannot be read now; the batch runs again.
+    async fn begin(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> Result<bool, String> {
+        Ok(self.begin_state(flow, verdicts).await && self.begin_postgres(flow, verdicts).await?)
     }
 
     /// The destination step's part of [`Step::begin`]: rows a commit
     /// applied before are done without a call.
-    async fn begin_postgres(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
+    async fn begin_postgres(
+        &mut self,
+        flow: &mut Flow,
+        verdicts: &mut [Verdict],
+    ) -> Result<bool, String> {
         let Some(postgres) = &mut self.postgres else {
-            return true;
+            return Ok(true);
         };
         let rows = &flow.rows;
         let each = (0..rows.len()).map(|row| {
             let position = rows.position(row);
             (flow.origins[row], position.sequence, position.attempt)
         });
-        let applied = match postgres.begin(verdicts.len(), each).await {
-            Ok(applied) => applied,
-            Err(err) => {
-                let reason = err.to_string();
-                for verdict in verdicts {
-                    verdict.merge(Verdict::state_retry(reason.clone()));
-                }
-                return false;
-            }
-        };
+        let applied = postgres
+            .begin(verdicts.len(), each)
+            .await
+            .map_err(|err| err.to_string())?;
         if applied.iter().any(|&applied| applied) {
             let fresh: Vec<usize> = (0..applied.len()).filter(|&row| !applied[row]).collect();
             flow.keep(&fresh);
         }
-        true
+        Ok(true)
     }
 
     /// The stateful step's part of [`Step::begin`].
@@ -392,11 +408,11 @@ impl Step {
 
     /// Once every input row has its verdict: the stateful step writes the
     /// scopes the call changed; rows whose scope was not written come back.
-    async fn finish(&mut self, verdicts: &mut [Verdict], lease: &Lease) -> Result<(), RunError> {
+    async fn finish(&mut self, verdicts: &mut [Verdict], lease: &Lease) -> Result<(), Attempt> {
         // The destination commits first: a row its commit applied is
         // settled again without a call if the state's write then fails.
         self.finish_postgres(verdicts, lease).await?;
-        self.finish_state(verdicts, lease).await
+        Ok(self.finish_state(verdicts, lease).await?)
     }
 
     /// Commits the sink's transaction with the rows it applied, or rolls
@@ -405,7 +421,7 @@ impl Step {
         &mut self,
         verdicts: &mut [Verdict],
         lease: &Lease,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), Attempt> {
         let Some(postgres) = &mut self.postgres else {
             return Ok(());
         };
@@ -428,20 +444,17 @@ impl Step {
             ),
         };
         match postgres.finish(ending, lease).await {
-            Ok(None) => Ok(()),
-            Ok(Some(reason)) => {
+            Ok(Finished::Committed) => Ok(()),
+            Ok(Finished::RolledBack(reason)) => {
                 for &input in &given {
-                    verdicts[input].merge(Verdict::Retry {
-                        delay: COMMIT_RETRY,
-                        plugin: Some(self.plugin.clone()),
-                        reason: reason.clone(),
-                    });
+                    verdicts[input].merge(Verdict::state_retry(reason.clone()));
                 }
                 Ok(())
             }
+            Ok(Finished::Again(reason)) => Err(Attempt::Again(reason)),
             Err(fenced) => {
                 tracing::warn!(plugin = self.plugin.name(), reason = %fenced, "not committed: the unit is not this host's");
-                Err(RunError::Fenced)
+                Err(RunError::Fenced.into())
             }
         }
     }
@@ -652,14 +665,56 @@ impl PipelineRunner {
 
     /// Runs `rows` through every step; returns one verdict per input row.
     /// Nothing reaches the sink, or the state, once `lease` no longer holds.
+    /// While the sink's database cannot take the batch (it is down, the
+    /// connection was lost), the batch waits and runs again, as long as the
+    /// lease holds: an outage delays rows, it does not use up their deliveries.
     pub async fn run(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, RunError> {
+        if !self.steps.iter().any(|step| step.postgres.is_some()) {
+            return match self.run_once(rows, lease).await {
+                Ok(verdicts) => Ok(verdicts),
+                Err(Attempt::Stop(err)) => Err(err),
+                // Only a destination asks for another run.
+                Err(Attempt::Again(_)) => Err(RunError::Fenced),
+            };
+        }
+        let mut pause = AGAIN_FIRST_PAUSE;
+        let mut waiting_since: Option<tokio::time::Instant> = None;
+        loop {
+            match self.run_once(rows.clone(), lease).await {
+                Ok(verdicts) => {
+                    if let Some(since) = waiting_since {
+                        tracing::info!(waited = ?since.elapsed(), "the sink's database takes the batch again");
+                    }
+                    return Ok(verdicts);
+                }
+                Err(Attempt::Stop(err)) => return Err(err),
+                Err(Attempt::Again(reason)) => {
+                    if waiting_since.is_none() {
+                        tracing::warn!(%reason, "the sink's database cannot take the batch; it waits and runs again");
+                        waiting_since = Some(tokio::time::Instant::now());
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(AGAIN_LAST_PAUSE);
+                    if !lease.held() {
+                        return Err(RunError::Fenced);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_once(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, Attempt> {
         let mut verdicts = vec![Verdict::Done; rows.len()];
         let mut flow = Flow {
             origins: (0..rows.len()).collect(),
             rows,
         };
         for step in &mut self.steps {
-            if !step.begin(&mut flow, &mut verdicts).await {
+            if !step
+                .begin(&mut flow, &mut verdicts)
+                .await
+                .map_err(Attempt::Again)?
+            {
                 return Ok(verdicts);
             }
         }

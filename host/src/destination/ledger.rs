@@ -27,7 +27,9 @@ CREATE TABLE IF NOT EXISTS weir_applied (
     last_seq bigint NOT NULL,
     seqs bigint[] NOT NULL,
     claim bigint NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    -- The transaction that applied them: the one that wrote the rows.
+    tx bigint NOT NULL DEFAULT txid_current()
 );
 CREATE INDEX IF NOT EXISTS weir_applied_by_unit ON weir_applied (sink, unit, last_seq);
 COMMIT;
@@ -37,6 +39,9 @@ COMMIT;
 const APPLIED_AMONG: &str = "
 SELECT s FROM weir_applied, unnest(seqs) AS s
 WHERE sink = $1 AND unit = $2 AND last_seq >= $3 AND first_seq <= $4 AND s = ANY($5)";
+
+/// The highest sequence any commit applied on the unit.
+const HIGHEST: &str = "SELECT max(last_seq) FROM weir_applied WHERE sink = $1 AND unit = $2";
 
 /// Takes the unit's row lock and moves its claim forward, unless a later
 /// claim committed already (no row returned).
@@ -110,6 +115,13 @@ impl Ledger {
             applied.insert(u64::try_from(sequence).unwrap_or(0));
         }
         Ok(applied)
+    }
+
+    /// The highest sequence a commit applied on the unit (0: none).
+    pub(crate) async fn highest(&self, client: &Client) -> Result<u64, tokio_postgres::Error> {
+        let row = client.query_one(HIGHEST, &[&self.sink, &self.unit]).await?;
+        let highest: Option<i64> = row.try_get(0)?;
+        Ok(highest.map_or(0, |seq| u64::try_from(seq).unwrap_or(0)))
     }
 
     /// In the call's open transaction: fences the unit at `claim`, checks

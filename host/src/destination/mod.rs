@@ -19,4 +19,4 @@ pub mod step;
 pub use call::{Param, PgCall};
 pub use error::StatementError;
 pub use pool::{PgPool, PoolError};
-pub use step::{Ending, PostgresStep};
+pub use step::{Ending, Finished, PostgresStep};

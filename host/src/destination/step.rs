@@ -8,16 +8,12 @@
 //! back.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::coordination::Lease;
 
 use super::call::PgCall;
 use super::ledger::{CommitError, Ledger};
 use super::pool::PgPool;
-
-/// How soon a call's rows come back when its transaction did not commit.
-pub const COMMIT_RETRY: Duration = Duration::from_secs(1);
 
 /// The ledger could not be read: every row comes back.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +27,20 @@ pub struct Unreadable {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Fenced(pub String);
+
+/// What became of a call's transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// Committed (or nothing to commit): the rows' verdicts stand.
+    Committed,
+    /// Rolled back because a row of the call is retried: every row of the
+    /// call comes back, with this reason.
+    RolledBack(String),
+    /// The database could not take it (unreachable, the connection lost,
+    /// a serialisation failure, rows applied meanwhile): nothing was
+    /// written; the batch is to run again once it can.
+    Again(String),
+}
 
 /// How a call's transaction ends.
 pub enum Ending {
@@ -53,6 +63,11 @@ pub struct PostgresStep {
     pruned: u64,
     /// This batch: each input row's sequence.
     sequences: Vec<u64>,
+    /// The highest sequence any commit had applied when this step first
+    /// read the ledger: a row at or below it may have been applied by an
+    /// earlier owner even on its first delivery (a takeover resets the
+    /// consumer, and the delivery count with it). `None`: not read yet.
+    applied_before: Option<u64>,
     call: Option<PgCall>,
 }
 
@@ -69,6 +84,7 @@ impl PostgresStep {
             floor: 0,
             pruned: 0,
             sequences: Vec::new(),
+            applied_before: None,
             call: None,
         }
     }
@@ -79,7 +95,8 @@ impl PostgresStep {
 
     /// Before a batch of `inputs` rows enters the pipeline: for each row
     /// (its input row, `sequence`, `attempt`), whether a commit applied it
-    /// before. Only a redelivered row can have been: a first delivery
+    /// before. Only a redelivered row, or one at or below what the ledger
+    /// held when this step started, can have been: past those, a batch
     /// costs no query.
     pub async fn begin(
         &mut self,
@@ -96,21 +113,40 @@ impl PostgresStep {
             given.push((sequence, attempt));
         }
         let rows = given;
+        let unreadable = |reason: String| Unreadable {
+            sink: self.ledger.sink.clone(),
+            reason,
+        };
+        let mut client = None;
+        let applied_before = match self.applied_before {
+            Some(highest) => highest,
+            None => {
+                let connected = self.pool.ready_client().await.map_err(|failure| {
+                    unreadable(super::error::StatementError::from(failure).to_string())
+                })?;
+                let highest = self
+                    .ledger
+                    .highest(&connected)
+                    .await
+                    .map_err(|err| unreadable(err.to_string()))?;
+                client = Some(connected);
+                *self.applied_before.insert(highest)
+            }
+        };
         let again: Vec<u64> = rows
             .iter()
-            .filter(|(_, attempt)| *attempt > 1)
+            .filter(|(sequence, attempt)| *attempt > 1 || *sequence <= applied_before)
             .map(|(sequence, _)| *sequence)
             .collect();
         if again.is_empty() {
             return Ok(vec![false; rows.len()]);
         }
-        let unreadable = |reason: String| Unreadable {
-            sink: self.ledger.sink.clone(),
-            reason,
+        let client = match client {
+            Some(client) => client,
+            None => self.pool.ready_client().await.map_err(|failure| {
+                unreadable(super::error::StatementError::from(failure).to_string())
+            })?,
         };
-        let client = self.pool.ready_client().await.map_err(|failure| {
-            unreadable(super::error::StatementError::from(failure).to_string())
-        })?;
         let applied = self
             .ledger
             .applied_among(&client, &again)
@@ -133,27 +169,22 @@ impl PostgresStep {
     }
 
     /// Once the call's rows have their verdicts: commits (while `lease`
-    /// holds) or rolls back. `Ok(Some(reason))`: every row of the call
-    /// comes back.
-    pub async fn finish(
-        &mut self,
-        ending: Ending,
-        lease: &Lease,
-    ) -> Result<Option<String>, Fenced> {
+    /// holds) or rolls back.
+    pub async fn finish(&mut self, ending: Ending, lease: &Lease) -> Result<Finished, Fenced> {
         let Some(mut call) = self.call.take() else {
-            return Ok(None);
+            return Ok(Finished::Committed);
         };
         if !call.began() {
-            return Ok(None);
+            return Ok(Finished::Committed);
         }
         if let Some(reason) = call.doomed() {
-            return Ok(Some(format!(
+            return Ok(Finished::Again(format!(
                 "sink `{}`: its transaction cannot commit: {reason}",
                 self.ledger.sink
             )));
         }
         let Some(client) = call.take_connection() else {
-            return Ok(Some(format!(
+            return Ok(Finished::Again(format!(
                 "sink `{}`: its connection was lost",
                 self.ledger.sink
             )));
@@ -161,11 +192,11 @@ impl PostgresStep {
         let applied = match ending {
             Ending::RollBack(reason) => {
                 roll_back(client).await;
-                return Ok(Some(reason));
+                return Ok(Finished::RolledBack(reason));
             }
             Ending::Commit(_) if !self.commits => {
                 roll_back(client).await;
-                return Ok(None);
+                return Ok(Finished::Committed);
             }
             Ending::Commit(inputs) => inputs
                 .iter()
@@ -189,7 +220,7 @@ impl PostgresStep {
                 if let Some(floor) = floor {
                     self.pruned = floor;
                 }
-                Ok(None)
+                Ok(Finished::Committed)
             }
             Err(err @ CommitError::Fenced { .. }) => {
                 roll_back(client).await;
@@ -197,7 +228,10 @@ impl PostgresStep {
             }
             Err(err) => {
                 roll_back(client).await;
-                Ok(Some(format!("sink `{}`: {err}", self.ledger.sink)))
+                Ok(Finished::Again(format!(
+                    "sink `{}`: {err}",
+                    self.ledger.sink
+                )))
             }
         }
     }
