@@ -37,8 +37,7 @@ use weir::ops::status::unit_backlogs;
 use weir::reload::generation::Generation;
 use weir::reload::releases::ReleaseFollower;
 use weir::telemetry::Metrics;
-use weir::topology::manifest::Manifest;
-use weir::topology::route::Names;
+use weir::topology::{Manifest, Names};
 
 const BENCH: &str = "coordination_cost";
 const PARTITIONS: u32 = 8;

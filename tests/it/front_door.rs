@@ -501,8 +501,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     use weir::config::Config;
     use weir::ingest::policy::Placement;
     use weir::ingest::publish::{Ids, PublishError, Publisher};
-    use weir::topology::manifest::Manifest;
-    use weir::topology::route::{Names, Unit};
+    use weir::topology::{Manifest, Names, Unit};
 
     let nats = Nats::start();
     let config = base_config(nats.url(), "").replace(

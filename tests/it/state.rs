@@ -9,7 +9,7 @@ use weir::delivery::pipeline::{PipelineRunner, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
 use weir::state::store::{StateStore, UnitState, scope_key};
-use weir::topology::route::{Names, Unit};
+use weir::topology::{Names, Unit};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

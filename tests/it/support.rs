@@ -15,7 +15,7 @@ use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
 use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::ops::status::StatusReport;
-use weir::topology::route::{Names, Unit};
+use weir::topology::{Names, Unit};
 
 /// The `weir` binary, for tests that run real processes.
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");

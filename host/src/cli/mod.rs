@@ -140,7 +140,7 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<weir::nats::connection::ConnectError>() {
             return 4;
         }
-        if cause.is::<weir::topology::manifest::TopologyError>()
+        if cause.is::<weir::topology::TopologyError>()
             || cause.is::<weir::sandbox::LoadError>()
             || cause.is::<Refused>()
         {

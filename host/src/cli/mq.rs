@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use weir::config::{Config, Overrides};
-use weir::topology::manifest::{Manifest, ManifestFile, Mismatch, Severity};
-use weir::topology::permissions::Permissions;
+use weir::topology::{Manifest, ManifestFile, Mismatch, Permissions, Severity};
 
 use super::target::{NatsArgs, router_of};
 

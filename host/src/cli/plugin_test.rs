@@ -18,7 +18,7 @@ use weir::ingest::ndjson::{self, Fields, Line};
 use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
 use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
 use weir::state::store::{ScopeStore, UnitState};
-use weir::topology::route::Unit;
+use weir::topology::Unit;
 use weir::world::World;
 
 /// Instances `weir plugin test` needs at once: one per lane of a

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use weir::client::{default_url, fetch_status};
 use weir::config::{Config, NatsAuth, Overrides};
 use weir::host::embedded_url_file;
-use weir::topology::route::Names;
+use weir::topology::Names;
 
 /// A running host's HTTP address: `--url`, else the config's `listen`,
 /// else weir's default listen address.
