@@ -29,7 +29,7 @@ use support::{Table, env_count, print_figure};
 use weir::config::{Config, Overrides};
 use weir::coordination::assignment::assign;
 use weir::coordination::{Coordination, Membership, UnitRunner};
-use weir::delivery::worker::Workers;
+use weir::delivery::Workers;
 use weir::host::DeliveryUnits;
 use weir::ingest::usage::Ledger;
 use weir::nats::kv::NatsKv;

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
+use weir::delivery::{DeadLetters, LetterFilter};
 use weir::ops::status::StatusReport;
 use weir::topology::Names;
 

@@ -4,8 +4,7 @@
 
 use weir::config::{Config, Overrides};
 use weir::coordination::Lease;
-use weir::delivery::batch::{Batch, Position};
-use weir::delivery::pipeline::{PipelineRunner, RunError, Verdict};
+use weir::delivery::{Batch, PipelineRunner, Position, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
 use weir::state::store::{StateStore, UnitState, scope_key};

@@ -343,7 +343,7 @@ pub async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
                     letter
                         .headers
                         .as_ref()
-                        .and_then(|h| h.get(weir::delivery::dead_letter::headers::REASON))
+                        .and_then(|h| h.get(weir::delivery::headers::REASON))
                         .map(|v| v.to_string())
                         .unwrap_or_default()
                 })

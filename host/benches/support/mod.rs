@@ -29,19 +29,18 @@ pub fn row(id: u64) -> Vec<u8> {
 /// Rows `0..count` as delivery hands them to a plugin, packed `batch` rows
 /// at a time: tenant `acme`, table `orders`, the payload of [`row`], first
 /// delivery.
-pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::batch::Batch> {
+pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::Batch> {
     let ids: Vec<u64> = (0..count as u64).collect();
     ids.chunks(batch)
         .map(|ids| {
-            let mut packed =
-                weir::delivery::batch::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
+            let mut packed = weir::delivery::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
             for &id in ids {
                 packed.push(
                     TENANT,
                     "orders",
                     &row(id),
                     [],
-                    weir::delivery::batch::Position {
+                    weir::delivery::Position {
                         sequence: id + 1,
                         attempt: 1,
                     },
@@ -58,9 +57,9 @@ pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::batch::
 pub fn masked_by_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut weir::sandbox::PluginInstance,
-    input: &weir::delivery::batch::Batch,
+    input: &weir::delivery::Batch,
 ) -> Vec<Vec<u8>> {
-    use weir::delivery::batch::{Answer, Batch, Outcome};
+    use weir::delivery::{Answer, Batch, Outcome};
     let transformed = runtime
         .block_on(instance.transform(input.packed()))
         .expect("the masking plugin runs");
@@ -402,7 +401,7 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
 pub fn time_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut weir::sandbox::PluginInstance,
-    batches: &[weir::delivery::batch::Batch],
+    batches: &[weir::delivery::Batch],
     calls: usize,
 ) -> std::time::Duration {
     runtime.block_on(async {

@@ -11,9 +11,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use weir::config::{Config, Overrides, PluginConfig};
 use weir::coordination::Lease;
-use weir::delivery::batch::{Batch, Position};
 use weir::delivery::isolation::{self, ISOLATION_LANES};
-use weir::delivery::pipeline::{Observer, PipelineRunner, RowOutcome, Stepped};
+use weir::delivery::{Batch, Observer, PipelineRunner, Position, RowOutcome, Stepped};
 use weir::ingest::ndjson::{self, Fields, Line};
 use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
 use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
@@ -570,7 +569,7 @@ impl isolation::Rows for FileRows<'_> {
     }
 
     // Each failing row is reported on its own; the isolation is not news.
-    fn isolating(&self, _: &weir::delivery::pipeline::StepFailure, _: usize) {}
+    fn isolating(&self, _: &weir::delivery::StepFailure, _: usize) {}
 }
 
 /// Each row's outcome, as the plugin answered it, by line.
