@@ -31,7 +31,7 @@ use weir::coordination::assignment::assign;
 use weir::coordination::{Coordination, Membership, UnitRunner};
 use weir::delivery::Workers;
 use weir::host::DeliveryUnits;
-use weir::ingest::usage::Ledger;
+use weir::ingest::Ledger;
 use weir::nats::kv::NatsKv;
 use weir::ops::status::unit_backlogs;
 use weir::reload::generation::Generation;

@@ -348,7 +348,7 @@ impl TestArgs {
                     queued_bytes: bytes,
                     recent_rows: rows,
                     recent_bytes: bytes,
-                    window_ms: u32::try_from(weir::ingest::usage::RATE_WINDOW.as_millis())
+                    window_ms: u32::try_from(weir::ingest::RATE_WINDOW.as_millis())
                         .unwrap_or(u32::MAX),
                 },
                 tenant_settings: self.tenant_settings.clone(),
