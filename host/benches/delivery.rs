@@ -32,7 +32,7 @@ use bytes::Bytes;
 use futures::stream::StreamExt;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::nats::embedded::EmbeddedNats;
+use weir::nats::EmbeddedNats;
 use weir::topology::{Manifest, Names, Unit};
 
 use support::{

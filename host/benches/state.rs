@@ -25,7 +25,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::nats::embedded::EmbeddedNats;
+use weir::nats::EmbeddedNats;
 use weir::nats::kv::{KvError, NatsKv};
 use weir::state::store::StateStore;
 use weir::topology::{Manifest, Names};

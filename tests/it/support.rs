@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
-use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
+use weir::nats::{EmbeddedNats, EmbeddedOptions};
 use weir::ops::status::StatusReport;
 use weir::topology::{Names, Unit};
 

@@ -235,8 +235,8 @@ pub async fn raw_consumer(
 
 /// A nats-server of the bench's own, storing in `dir`, with nats-server's
 /// default durability (`sync = "always"` is ~30x slower: docs/deployment.md, "Durability").
-pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::EmbeddedNats {
-    let options = weir::nats::embedded::EmbeddedOptions {
+pub async fn start_nats(dir: &std::path::Path) -> weir::nats::EmbeddedNats {
+    let options = weir::nats::EmbeddedOptions {
         binary: None,
         data_dir: dir.to_path_buf(),
         sync: weir::config::SyncPolicy::Periodic,
@@ -244,7 +244,7 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::Embedded
         extra_config: String::new(),
         password: None,
     };
-    tokio::task::spawn_blocking(move || weir::nats::embedded::EmbeddedNats::start(&options))
+    tokio::task::spawn_blocking(move || weir::nats::EmbeddedNats::start(&options))
         .await
         .expect("start task")
         .expect("nats-server >= 2.14 on PATH (bash .ci/setup installs it)")

@@ -137,7 +137,7 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<plugin_test::PluginFailed>() {
             return 6;
         }
-        if cause.is::<weir::nats::connection::ConnectError>() {
+        if cause.is::<weir::nats::ConnectError>() {
             return 4;
         }
         if cause.is::<weir::topology::TopologyError>()

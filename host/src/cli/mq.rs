@@ -78,15 +78,14 @@ impl MqCommand {
                     "no NATS to apply to: pass --nats-url (or set NATS_URL or [nats] url); the embedded server creates its own topology",
                 )?;
                 let client =
-                    weir::nats::connection::connect(&url, &config.nats.auth, &Default::default())
-                        .await?;
+                    weir::nats::connect(&url, &config.nats.auth, &Default::default()).await?;
                 let js = async_nats::jetstream::new(client.clone());
                 let manifest = manifest_of(&config, None);
                 let before = manifest.verify(&js).await;
                 manifest.create(&js).await?;
                 let after = manifest.verify(&js).await;
                 report_changes(&before, &after, &manifest);
-                weir::nats::connection::close(&client, std::time::Duration::from_secs(5))
+                weir::nats::close(&client, std::time::Duration::from_secs(5))
                     .await
                     .ok();
                 let left: Vec<String> = after

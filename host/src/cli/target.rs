@@ -79,8 +79,7 @@ impl FleetTarget {
                 url
             }
         };
-        let client =
-            weir::nats::connection::connect(&url, &config.nats.auth, &Default::default()).await?;
+        let client = weir::nats::connect(&url, &config.nats.auth, &Default::default()).await?;
         Ok((config, client))
     }
 }
