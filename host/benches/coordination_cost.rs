@@ -33,7 +33,7 @@ use weir::delivery::Workers;
 use weir::host::DeliveryUnits;
 use weir::ingest::Ledger;
 use weir::nats::kv::NatsKv;
-use weir::ops::status::unit_backlogs;
+use weir::ops::unit_backlogs;
 use weir::reload::generation::Generation;
 use weir::reload::releases::ReleaseFollower;
 use weir::telemetry::Metrics;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
 use weir::coordination::{OwnerRecord, OwnerState, owner_key};
-use weir::ops::status::StatusReport;
+use weir::ops::StatusReport;
 use weir::topology::Names;
 
 use crate::support::{

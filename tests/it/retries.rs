@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use weir::delivery::{DeadLetters, LetterFilter};
-use weir::ops::status::StatusReport;
+use weir::ops::StatusReport;
 use weir::topology::Names;
 
 use crate::support::{

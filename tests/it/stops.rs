@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use weir::host::embedded_url_file;
 use weir::nats::connect;
-use weir::ops::status::StatusReport;
+use weir::ops::StatusReport;
 
 use crate::support::{ACME_KEY, Host, Nats, base_config, eventually, output, read_stream};
 

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
 use weir::nats::{EmbeddedNats, EmbeddedOptions};
-use weir::ops::status::StatusReport;
+use weir::ops::StatusReport;
 use weir::topology::{Names, Unit};
 
 /// The `weir` binary, for tests that run real processes.

@@ -426,7 +426,7 @@ pub async fn drain_rate(
     expected: u64,
     poll: std::time::Duration,
     timeout: std::time::Duration,
-) -> (f64, weir::ops::status::RowCounts) {
+) -> (f64, weir::ops::RowCounts) {
     let drain = async {
         // The host's workers start pulling before `start` returns; the rate
         // counts only rows delivered after the first delivery was seen.
