@@ -27,7 +27,7 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::nats::EmbeddedNats;
 use weir::nats::kv::{KvError, NatsKv};
-use weir::state::store::StateStore;
+use weir::state::StateStore;
 use weir::topology::{Manifest, Names};
 
 use support::{

@@ -7,7 +7,7 @@ use weir::coordination::Lease;
 use weir::delivery::{Batch, PipelineRunner, Position, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
-use weir::state::store::{StateStore, UnitState, scope_key};
+use weir::state::{StateStore, UnitState, scope_key};
 use weir::topology::{Names, Unit};
 
 use std::collections::BTreeMap;

@@ -16,7 +16,7 @@ use weir::delivery::{Batch, Observer, PipelineRunner, Position, RowOutcome, Step
 use weir::ingest::ndjson::{self, Fields, Line};
 use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
 use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
-use weir::state::store::{ScopeStore, UnitState};
+use weir::state::{ScopeStore, UnitState};
 use weir::topology::Unit;
 use weir::world::World;
 
