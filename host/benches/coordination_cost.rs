@@ -34,7 +34,7 @@ use weir::host::DeliveryUnits;
 use weir::ingest::Ledger;
 use weir::nats::kv::NatsKv;
 use weir::ops::unit_backlogs;
-use weir::reload::generation::Generation;
+use weir::reload::Generation;
 use weir::reload::releases::ReleaseFollower;
 use weir::telemetry::Metrics;
 use weir::topology::{Manifest, Names};
