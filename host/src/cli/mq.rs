@@ -173,7 +173,7 @@ fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
 
 /// Bytes as `[stream] max_bytes` takes them: 1024, 64K, 500GB, 2GiB, 1T.
 fn parse_bytes(text: &str) -> Result<i64, String> {
-    let bytes = weir::config::units::parse_size(text)?;
+    let bytes = weir::config::parse_size(text)?;
     i64::try_from(bytes)
         .ok()
         .filter(|bytes| *bytes > 0)
