@@ -14,8 +14,10 @@ use weir::coordination::Lease;
 use weir::delivery::isolation::{self, ISOLATION_LANES};
 use weir::delivery::{Batch, Observer, PipelineRunner, Position, RowOutcome, Stepped};
 use weir::ingest::ndjson::{self, Fields, Line};
-use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
-use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
+use weir::sandbox::{
+    Admission, CallError, Decision, FailureKind, Plugin, Route, Sandbox, TableRoute, Topology,
+    Usage,
+};
 use weir::state::{ScopeStore, UnitState};
 use weir::topology::Unit;
 use weir::world::World;
