@@ -31,6 +31,7 @@ fn main() {
             ("TENANT_BUDGET", "weir_tenant_budget.wasm"),
             ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),
             ("WINDOW", "weir_window.wasm"),
+            ("POSTGRES_SINK", "weir_postgres_sink.wasm"),
         ],
     };
     guests::build_all(&repo, &[plugins], "plugins.rs");

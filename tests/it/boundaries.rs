@@ -42,10 +42,15 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
         "state",
         &["config", "nats", "telemetry", "topology", "coordination"],
     ),
+    // A destination commits only under its unit's claim (the `Lease`).
+    ("destination", &["config", "coordination"]),
     // The sandbox runs plugins and nothing else: it never reaches NATS or
     // the row path around it. A plugin's state calls reach `state`'s
-    // overlay, not its store.
-    ("sandbox", &["config", "world", "telemetry", "state"]),
+    // overlay, not its store; its statements, the call's transaction.
+    (
+        "sandbox",
+        &["config", "world", "telemetry", "state", "destination"],
+    ),
     (
         "ingest",
         &[
@@ -77,6 +82,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "topology",
             "telemetry",
             "state",
+            "destination",
             "sandbox",
             "coordination",
             "reload",

@@ -24,6 +24,8 @@ mod metrics;
 mod operator;
 mod plugin_tools;
 mod policies;
+mod postgres;
+mod postgres_support;
 mod reload;
 mod retries;
 mod stops;

@@ -76,6 +76,7 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
     assert!(plugin.remove("grants"));
     plugin.extend(fields_of::<plugins::RawGrants>("grants."));
     plugin.extend(fields_of::<plugins::RawStateGrant>("grants.state."));
+    plugin.extend(fields_of::<plugins::RawPostgresGrant>("grants.postgres."));
     BTreeMap::from([
         ("", top),
         ("nats", fields_of::<nats::RawNats>("")),

@@ -32,6 +32,12 @@ pub const DEFAULT_STATE_KEYS: u64 = 10_000;
 pub const MAX_STATE_KEYS: u64 = 100_000;
 pub const DEFAULT_STATE_BYTES: u64 = 256 * 1024;
 pub const MAX_STATE_BYTES: u64 = 768 * 1024;
+/// `grants.postgres`: connections one plugin version may hold at once.
+pub const DEFAULT_POSTGRES_CONNECTIONS: u64 = 4;
+pub const MAX_POSTGRES_CONNECTIONS: u64 = 256;
+/// A session idle inside a transaction this long is ended by the server:
+/// a host frozen mid-transaction holds its locks no longer than this.
+pub const DEFAULT_POSTGRES_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
 
 const MIB: u64 = 1 << 20;
 
@@ -83,6 +89,48 @@ pub(super) const KEYS: &[Key] = &[
         Reload::Hot,
     ),
     Key::new("plugins.NAME", "grants.http", Fallback::Empty, Reload::Hot),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres",
+        Fallback::Off,
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.url",
+        Fallback::Required,
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.password_file",
+        Fallback::Off,
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.max_connections",
+        Fallback::Count(DEFAULT_POSTGRES_CONNECTIONS),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.tls",
+        Fallback::Text("disable"),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.ca_file",
+        Fallback::Off,
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.postgres.idle_in_transaction",
+        Fallback::Time(DEFAULT_POSTGRES_IDLE_IN_TRANSACTION),
+        Reload::Hot,
+    ),
 ];
 
 /// One plugin as named in the TOML. Compared on reload: a changed entry
@@ -126,6 +174,86 @@ pub struct Grants {
     /// Durable state per (plugin, tenant, table), within these limits;
     /// `None`: every `state` call is refused.
     pub state: Option<StateLimits>,
+    /// A PostgreSQL database a sink writes through the host (the WIT
+    /// `postgres` interface); `None`: every statement is refused.
+    pub postgres: Option<PostgresGrant>,
+}
+
+/// `grants.postgres`: where the host connects for a sink, and how.
+#[derive(Clone, PartialEq)]
+pub struct PostgresGrant {
+    /// The connection URL as written (it may hold a password: never shown;
+    /// see [`PostgresGrant::shown_url`]).
+    pub url: String,
+    /// A file holding the password, read at each load (so a reload picks
+    /// up a rotated one).
+    pub password_file: Option<PathBuf>,
+    pub max_connections: usize,
+    pub tls: PostgresTls,
+    /// PEM certificates trusted for `tls = "verify-full"`, besides the system's.
+    pub ca_file: Option<PathBuf>,
+    pub idle_in_transaction: Duration,
+}
+
+/// How a granted PostgreSQL connection is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PostgresTls {
+    /// Plain TCP (or a Unix socket): for a database on the same host or network.
+    Disable,
+    /// TLS required, the server's certificate verified (its name included)
+    /// against `ca_file` and the system's roots.
+    VerifyFull,
+}
+
+impl PostgresGrant {
+    /// The URL with any password replaced by `***`: what logs and errors show.
+    pub fn shown_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl std::fmt::Debug for PostgresGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresGrant")
+            .field("url", &self.shown_url())
+            .field("password_file", &self.password_file)
+            .field("max_connections", &self.max_connections)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`; a
+/// `password=` parameter of a URL or key-value string is masked too.
+pub fn redact_url(url: &str) -> String {
+    let mut shown = url.to_string();
+    if let Some(scheme_end) = shown.find("://") {
+        let rest_start = scheme_end + 3;
+        let authority_end = shown[rest_start..]
+            .find(['/', '?'])
+            .map_or(shown.len(), |end| rest_start + end);
+        if let Some(at) = shown[rest_start..authority_end].rfind('@') {
+            let userinfo = &shown[rest_start..rest_start + at];
+            if let Some(colon) = userinfo.find(':') {
+                shown.replace_range(rest_start + colon + 1..rest_start + at, "***");
+            }
+        }
+    }
+    let mut out = String::with_capacity(shown.len());
+    let mut rest = shown.as_str();
+    while let Some(found) = rest.find("password=") {
+        let value_start = found + "password=".len();
+        out.push_str(&rest[..value_start]);
+        out.push_str("***");
+        let value_end = rest[value_start..]
+            .find(['&', ' '])
+            .map_or(rest.len(), |end| value_start + end);
+        rest = &rest[value_end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A host directory preopened for a plugin under a guest path.
@@ -165,6 +293,18 @@ pub(super) struct RawGrants {
     #[serde(default)]
     http: Vec<Spanned<String>>,
     state: Option<RawStateGrant>,
+    postgres: Option<RawPostgresGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPostgresGrant {
+    url: Spanned<String>,
+    password_file: Option<Spanned<String>>,
+    max_connections: Option<Spanned<u64>>,
+    tls: Option<PostgresTls>,
+    ca_file: Option<Spanned<String>>,
+    idle_in_transaction: Option<Spanned<HumanDuration>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,7 +403,7 @@ impl Checker<'_> {
             MIN_PLUGIN_DEADLINE,
             Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
         );
-        let grants = self.grants(name.get_ref(), plugin.grants);
+        let grants = self.grants(name.get_ref(), plugin.world, plugin.grants);
         let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
             .unwrap_or(serde_json::Value::Object(Default::default()));
         let recycle_after_batches = plugin
@@ -284,7 +424,7 @@ impl Checker<'_> {
         }
     }
 
-    fn grants(&self, plugin: &str, raw: RawGrants) -> Grants {
+    fn grants(&self, plugin: &str, world: World, raw: RawGrants) -> Grants {
         let mut dirs = Vec::new();
         for dir in raw.dirs {
             let host = self.resolve(dir.host.get_ref());
@@ -315,6 +455,75 @@ impl Checker<'_> {
             env: raw.env,
             http,
             state: raw.state.as_ref().map(|grant| self.state_limits(grant)),
+            postgres: raw
+                .postgres
+                .map(|grant| self.postgres_grant(plugin, world, grant)),
+        }
+    }
+
+    /// The URL must parse (its problem is told without the password); the
+    /// files must exist; only a sink holds a transaction to commit.
+    fn postgres_grant(&self, plugin: &str, world: World, raw: RawPostgresGrant) -> PostgresGrant {
+        if world != World::Sink {
+            self.report(
+                raw.url.span().start,
+                format!(
+                    "plugin `{plugin}`: grants.postgres is for sinks (the postgres interface commits with a sink's deliveries), and this plugin is a {}",
+                    world.as_str()
+                ),
+            );
+        }
+        if let Err(err) = raw.url.get_ref().parse::<tokio_postgres::Config>() {
+            self.report(
+                raw.url.span().start,
+                format!(
+                    "plugin `{plugin}`: grants.postgres.url `{}` is not a PostgreSQL connection URL: {err}",
+                    redact_url(raw.url.get_ref())
+                ),
+            );
+        }
+        let file = |key: &str, path: &Option<Spanned<String>>| {
+            path.as_ref().map(|path| {
+                let resolved = self.resolve(path.get_ref());
+                if !resolved.is_file() {
+                    self.report(
+                        path.span().start,
+                        format!(
+                            "plugin `{plugin}`: grants.postgres.{key} {} is not a file",
+                            resolved.display()
+                        ),
+                    );
+                }
+                resolved
+            })
+        };
+        let max_connections = match &raw.max_connections {
+            Some(count) if !(1..=MAX_POSTGRES_CONNECTIONS).contains(count.get_ref()) => {
+                self.report(
+                    count.span().start,
+                    format!(
+                        "grants.postgres.max_connections must be between 1 and {MAX_POSTGRES_CONNECTIONS}"
+                    ),
+                );
+                DEFAULT_POSTGRES_CONNECTIONS
+            }
+            Some(count) => *count.get_ref(),
+            None => DEFAULT_POSTGRES_CONNECTIONS,
+        };
+        let idle_in_transaction = self.duration(
+            "grants.postgres.idle_in_transaction",
+            &raw.idle_in_transaction,
+            (Legacy::Millis, &None),
+            Duration::from_secs(1),
+            DEFAULT_POSTGRES_IDLE_IN_TRANSACTION,
+        );
+        PostgresGrant {
+            password_file: file("password_file", &raw.password_file),
+            ca_file: file("ca_file", &raw.ca_file),
+            url: raw.url.into_inner(),
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            tls: raw.tls.unwrap_or(PostgresTls::Disable),
+            idle_in_transaction,
         }
     }
 

@@ -350,3 +350,49 @@ fn defaults_and_overrides() {
     assert_eq!(config.data_dir, Path::new("./data"));
     assert_eq!(config.stream.prefix, "weir");
 }
+
+#[test]
+fn postgres_grants_are_for_sinks_and_never_show_the_password() {
+    let found = problems(concat!(
+        "[plugins.t]\nwasm = \"t.wasm\"\nworld = \"transform\"\n",
+        "grants.postgres = { url = \"postgres://weir@127.0.0.1/app\" }\n",
+        "[plugins.s]\nwasm = \"s.wasm\"\nworld = \"sink\"\n",
+        "grants.postgres = { url = \"postgres://weir:S3cret@127.0.0.1:notaport/app\", max_connections = 0, password_file = \"nope\" }\n",
+    ));
+    let postgres: Vec<&String> = found
+        .iter()
+        .filter(|p| p.contains("grants.postgres"))
+        .collect();
+    assert_eq!(postgres.len(), 4, "{found:?}");
+    let says = |text: &str| postgres.iter().any(|p| p.contains(text));
+    assert!(
+        says("/etc/weir/weir.toml:4:27: plugin `t`: grants.postgres is for sinks"),
+        "{found:?}"
+    );
+    assert!(
+        says(
+            "grants.postgres.url `postgres://weir:***@127.0.0.1:notaport/app` is not a PostgreSQL connection URL"
+        ),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().all(|p| !p.contains("S3cret")),
+        "a problem shows the password: {found:?}"
+    );
+    assert!(
+        says("8:113: plugin `s`: grants.postgres.password_file /etc/weir/nope is not a file"),
+        "{found:?}"
+    );
+    assert!(
+        says("8:94: grants.postgres.max_connections must be between 1 and 256"),
+        "{found:?}"
+    );
+    assert_eq!(
+        redact_url("postgres://u:p%40ss@db:5432/app?password=x&sslmode=disable"),
+        "postgres://u:***@db:5432/app?password=***&sslmode=disable"
+    );
+    assert_eq!(
+        redact_url("host=db user=u password=secret dbname=app"),
+        "host=db user=u password=*** dbname=app"
+    );
+}

@@ -155,6 +155,7 @@ pub(super) async fn run_unit(
         };
     }
     tracing::debug!(%consumer, "pulling");
+    let lease = lease.claimed(revision);
     match membership.units.run(unit, release.clone(), lease).await {
         Ok(UnitEnd::Drained) => {}
         Ok(UnitEnd::Fenced) => {

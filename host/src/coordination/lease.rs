@@ -30,13 +30,32 @@ pub struct LeaseState {
 pub struct Lease {
     state: watch::Receiver<Option<LeaseState>>,
     term: Option<u64>,
+    /// The revision of the owner record this host's claim of the unit
+    /// wrote: a later claim of the unit, by anyone, writes a higher one,
+    /// so a destination fences an old owner by it (0: no claim, tools).
+    claim: u64,
 }
 
 impl Lease {
     /// The lease as it is now (the term a runner started now holds under).
     pub fn current(state: watch::Receiver<Option<LeaseState>>) -> Lease {
         let term = state.borrow().map(|s| s.term);
-        Lease { state, term }
+        Lease {
+            state,
+            term,
+            claim: 0,
+        }
+    }
+
+    /// The same lease, for the claim written at `revision`.
+    pub fn claimed(mut self, revision: u64) -> Lease {
+        self.claim = revision;
+        self
+    }
+
+    /// The revision of the claim this lease runs under (see [`Lease`]).
+    pub fn claim(&self) -> u64 {
+        self.claim
     }
 
     /// A lease held until `until` and never renewed (tests, tools).

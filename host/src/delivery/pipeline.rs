@@ -18,6 +18,8 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
+use crate::destination::step::COMMIT_RETRY;
+use crate::destination::{Ending, PostgresStep};
 use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
@@ -219,6 +221,10 @@ struct Step {
     plugin: Arc<Plugin>,
     instance: Option<PluginInstance>,
     state: Option<StateStep>,
+    /// The transaction step wrapping a sink granted `postgres`.
+    postgres: Option<PostgresStep>,
+    /// The input rows of the rows given to the last call.
+    given: Vec<usize>,
 }
 
 /// The warm instance of `plugin` in `slot`, or a fresh one.
@@ -247,6 +253,39 @@ impl Step {
     /// lost) the same way again, without a call. False: every row comes
     /// back, nothing is to be called.
     async fn begin(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
+        self.begin_state(flow, verdicts).await && self.begin_postgres(flow, verdicts).await
+    }
+
+    /// The destination step's part of [`Step::begin`]: rows a commit
+    /// applied before are done without a call.
+    async fn begin_postgres(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
+        let Some(postgres) = &mut self.postgres else {
+            return true;
+        };
+        let rows = &flow.rows;
+        let each = (0..rows.len()).map(|row| {
+            let position = rows.position(row);
+            (flow.origins[row], position.sequence, position.attempt)
+        });
+        let applied = match postgres.begin(verdicts.len(), each).await {
+            Ok(applied) => applied,
+            Err(err) => {
+                let reason = err.to_string();
+                for verdict in verdicts {
+                    verdict.merge(Verdict::state_retry(reason.clone()));
+                }
+                return false;
+            }
+        };
+        if applied.iter().any(|&applied| applied) {
+            let fresh: Vec<usize> = (0..applied.len()).filter(|&row| !applied[row]).collect();
+            flow.keep(&fresh);
+        }
+        true
+    }
+
+    /// The stateful step's part of [`Step::begin`].
+    async fn begin_state(&mut self, flow: &mut Flow, verdicts: &mut [Verdict]) -> bool {
         let Some(state) = &mut self.state else {
             return true;
         };
@@ -309,6 +348,10 @@ impl Step {
         if let Some(state) = &mut self.state {
             instance.give_state(state.give(&flow.origins));
         }
+        if let Some(postgres) = &mut self.postgres {
+            instance.give_postgres(postgres.give());
+            self.given.clone_from(&flow.origins);
+        }
         let packed = flow.rows.packed();
         let reply = match self.role {
             Role::Transform => instance
@@ -325,10 +368,21 @@ impl Step {
         if let Some(state) = &mut self.state {
             state.took(instance.take_state());
         }
-        let reply = reply.map_err(|error| self.failed(error))?;
-        let stepped = match read(&reply, &flow.rows) {
+        if let Some(postgres) = &mut self.postgres {
+            postgres.took(instance.take_postgres());
+        }
+        let answered = reply
+            .map_err(|error| self.failed(error))
+            .and_then(|reply| read(&reply, &flow.rows).map_err(|err| self.malformed(err)));
+        let stepped = match answered {
             Ok(stepped) => stepped,
-            Err(err) => return Err(self.malformed(err).into()),
+            Err(failure) => {
+                // Nothing of a failed call is written.
+                if let Some(postgres) = &mut self.postgres {
+                    postgres.abandon().await;
+                }
+                return Err(failure.into());
+            }
         };
         if let Some(observer) = observer {
             observer.answered(&self.plugin, &flow.rows, &stepped);
@@ -339,6 +393,65 @@ impl Step {
     /// Once every input row has its verdict: the stateful step writes the
     /// scopes the call changed; rows whose scope was not written come back.
     async fn finish(&mut self, verdicts: &mut [Verdict], lease: &Lease) -> Result<(), RunError> {
+        // The destination commits first: a row its commit applied is
+        // settled again without a call if the state's write then fails.
+        self.finish_postgres(verdicts, lease).await?;
+        self.finish_state(verdicts, lease).await
+    }
+
+    /// Commits the sink's transaction with the rows it applied, or rolls
+    /// it back and sends every row of the call back.
+    async fn finish_postgres(
+        &mut self,
+        verdicts: &mut [Verdict],
+        lease: &Lease,
+    ) -> Result<(), RunError> {
+        let Some(postgres) = &mut self.postgres else {
+            return Ok(());
+        };
+        let given = std::mem::take(&mut self.given);
+        let retried = given.iter().find_map(|&input| match &verdicts[input] {
+            Verdict::Retry { reason, .. } => Some(reason.clone()),
+            _ => None,
+        });
+        let ending = match retried {
+            Some(reason) => Ending::RollBack(format!(
+                "a row of the call was retried ({reason}): sink `{}` commits all of a call's rows or none",
+                self.plugin.name()
+            )),
+            None => Ending::Commit(
+                given
+                    .iter()
+                    .copied()
+                    .filter(|&input| matches!(verdicts[input], Verdict::Done))
+                    .collect(),
+            ),
+        };
+        match postgres.finish(ending, lease).await {
+            Ok(None) => Ok(()),
+            Ok(Some(reason)) => {
+                for &input in &given {
+                    verdicts[input].merge(Verdict::Retry {
+                        delay: COMMIT_RETRY,
+                        plugin: Some(self.plugin.clone()),
+                        reason: reason.clone(),
+                    });
+                }
+                Ok(())
+            }
+            Err(fenced) => {
+                tracing::warn!(plugin = self.plugin.name(), reason = %fenced, "not committed: the unit is not this host's");
+                Err(RunError::Fenced)
+            }
+        }
+    }
+
+    /// The stateful step's part of [`Step::finish`].
+    async fn finish_state(
+        &mut self,
+        verdicts: &mut [Verdict],
+        lease: &Lease,
+    ) -> Result<(), RunError> {
         let Some(state) = &mut self.state else {
             return Ok(());
         };
@@ -452,6 +565,8 @@ impl PipelineRunner {
                 plugin,
                 instance: None,
                 state: None,
+                postgres: None,
+                given: Vec::new(),
             })
         };
         let mut steps: Vec<Step> = config
@@ -476,6 +591,25 @@ impl PipelineRunner {
         })
     }
 
+    /// The same runner, its sink's statements committed (or, when not
+    /// `commits`, always rolled back: `weir plugin test`) in the ledger of
+    /// `unit` (the unit consumer's name), if the sink is granted `postgres`.
+    pub fn with_destination(mut self, unit: &str, commits: bool) -> PipelineRunner {
+        for step in &mut self.steps {
+            if step.role == Role::Sink
+                && let Some(pool) = &step.plugin.postgres
+            {
+                step.postgres = Some(PostgresStep::new(
+                    pool.clone(),
+                    step.plugin.name(),
+                    unit.to_string(),
+                    commits,
+                ));
+            }
+        }
+        self
+    }
+
     /// The same runner, showing `observer` every step's answer.
     pub fn observed(mut self, observer: Arc<dyn Observer>) -> PipelineRunner {
         self.observer = Some(observer);
@@ -491,9 +625,22 @@ impl PipelineRunner {
         self.steps.iter().any(|step| step.state.is_some())
     }
 
-    /// The unit consumer's ack floor: what a stateful step may forget.
+    /// Whether a step remembers the rows it applied (durable state, a
+    /// destination's ledger), which the unit's ack floor lets it forget.
+    pub fn remembers_applied(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|step| step.state.is_some() || step.postgres.is_some())
+    }
+
+    /// The unit consumer's ack floor: what a stateful step or a
+    /// destination's ledger may forget.
     pub fn set_ack_floor(&mut self, floor: u64) {
         self.stateful().for_each(|state| state.set_ack_floor(floor));
+        self.steps
+            .iter_mut()
+            .filter_map(|step| step.postgres.as_mut())
+            .for_each(|postgres| postgres.set_ack_floor(floor));
     }
 
     /// Rows whose acks the server applied: they never come back, so the

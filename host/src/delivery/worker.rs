@@ -52,7 +52,12 @@ pub enum DeliveryError {
 }
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
-fn runners(generation: &Generation, state: Option<&UnitState>) -> Vec<Option<PipelineRunner>> {
+/// `unit` is the unit consumer's name: a destination's ledger names it.
+fn runners(
+    generation: &Generation,
+    state: Option<&UnitState>,
+    unit: &str,
+) -> Vec<Option<PipelineRunner>> {
     generation
         .config()
         .pipelines
@@ -60,6 +65,7 @@ fn runners(generation: &Generation, state: Option<&UnitState>) -> Vec<Option<Pip
         .map(|pipeline| {
             let plugin = |name: &str| generation.plugin(name).cloned();
             PipelineRunner::new(pipeline, plugin, state.cloned())
+                .map(|runner| runner.with_destination(unit, true))
         })
         .collect()
 }
@@ -97,7 +103,7 @@ impl UnitWorker {
             unit,
             metrics: metrics.clone(),
         });
-        let runners = runners(&pipelines, state.as_ref());
+        let runners = runners(&pipelines, state.as_ref(), &router.unit_consumer(unit));
         let unit_labels = UnitLabels {
             unit: router.unit_consumer(unit),
         };
@@ -252,7 +258,12 @@ impl UnitWorker {
             .iter()
             .flatten()
             .any(PipelineRunner::is_stateful);
-        if stateful {
+        let remembers = self
+            .runners
+            .iter()
+            .flatten()
+            .any(PipelineRunner::remembers_applied);
+        if remembers {
             self.prune_applied().await;
         }
         if let Some(puller) = puller.as_deref_mut()
@@ -269,6 +280,7 @@ impl UnitWorker {
             &self.settings,
             &batch,
             lease,
+            self.unit,
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
@@ -315,7 +327,11 @@ impl UnitWorker {
             return;
         }
         let next = self.generations.borrow_and_update().clone();
-        self.runners = runners(&next, self.state.as_ref());
+        self.runners = runners(
+            &next,
+            self.state.as_ref(),
+            &self.router.unit_consumer(self.unit),
+        );
         if let Some(floor) = self.applied.floor() {
             self.runners
                 .iter_mut()
@@ -386,7 +402,9 @@ async fn run_pipelines(
     settings: &DeliveryConfig,
     batch: &[Message],
     lease: &Lease,
+    unit: Unit,
 ) -> Result<Vec<Verdict>, Fenced> {
+    let unit = router.unit_consumer(unit);
     let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
     let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(batch.len());
     // Batch indexes by pipeline, in batch order.
@@ -423,6 +441,7 @@ async fn run_pipelines(
             pipeline,
             batch,
             decoded: &decoded,
+            unit: &unit,
         };
         async {
             let isolated = isolation::run(runner, &rows, indexes, lease).await;
@@ -483,6 +502,8 @@ struct PipelineRows<'a> {
     pipeline: usize,
     batch: &'a [Message],
     decoded: &'a [Option<Decoded<'a>>],
+    /// The unit consumer's name, for a lane's destination ledger.
+    unit: &'a str,
 }
 
 impl isolation::Rows for PipelineRows<'_> {
@@ -493,6 +514,7 @@ impl isolation::Rows for PipelineRows<'_> {
     fn lane_runner(&self) -> Option<PipelineRunner> {
         let config = self.generation.config().pipelines.get(self.pipeline)?;
         PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None)
+            .map(|runner| runner.with_destination(self.unit, true))
     }
 
     fn isolating(&self, failure: &StepFailure, rows: usize) {

@@ -15,6 +15,8 @@ pub mod sink {
         path: "../wit",
         world: "weir:plugin/sink",
         exports: { default: async },
+        // A statement waits on the database without blocking the executor.
+        imports: { "weir:plugin/postgres": async },
         with: {
             "weir:plugin/types": super::transform::weir::plugin::types,
             "weir:plugin/host": super::transform::weir::plugin::host,

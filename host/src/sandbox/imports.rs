@@ -131,3 +131,91 @@ impl state_api::Host for PluginState {
         Ok(self.state_of(row)?.list(&prefix))
     }
 }
+
+use super::bindings::sink::weir::plugin::postgres as postgres_api;
+
+impl From<postgres_api::Value> for crate::destination::Param {
+    fn from(value: postgres_api::Value) -> crate::destination::Param {
+        use crate::destination::Param;
+        match value {
+            postgres_api::Value::Null => Param::Null,
+            postgres_api::Value::Text(text) => Param::Text(text),
+            postgres_api::Value::Int(int) => Param::Int(int),
+            postgres_api::Value::Float(float) => Param::Float(float),
+            postgres_api::Value::Boolean(boolean) => Param::Bool(boolean),
+            postgres_api::Value::Bytes(bytes) => Param::Bytes(bytes),
+        }
+    }
+}
+
+impl From<crate::destination::StatementError> for postgres_api::Error {
+    fn from(err: crate::destination::StatementError) -> postgres_api::Error {
+        postgres_api::Error {
+            code: err.code,
+            message: err.message,
+            detail: err.detail,
+            constraint: err.constraint,
+            table: err.table,
+            column: err.column,
+            retry: err.retry,
+        }
+    }
+}
+
+impl PluginState {
+    /// The running call's transaction and when the call must end.
+    fn postgres_call(&mut self) -> Option<(&mut crate::destination::PgCall, tokio::time::Instant)> {
+        let ends = tokio::time::Instant::from_std(self.call_ends);
+        self.postgres.as_mut().map(|call| (call, ends))
+    }
+
+    fn no_postgres(&self) -> postgres_api::Error {
+        crate::destination::StatementError {
+            message: format!(
+                "plugin `{}` has no postgres outside a deliver call, or no `grants.postgres` in its TOML",
+                self.plugin.name()
+            ),
+            ..Default::default()
+        }
+        .into()
+    }
+}
+
+/// The `postgres` interface: every statement runs in the call's transaction
+/// (see `crate::destination`).
+impl postgres_api::Host for PluginState {
+    async fn execute(
+        &mut self,
+        statement: String,
+        params: Vec<postgres_api::Value>,
+    ) -> Result<u64, postgres_api::Error> {
+        let params: Vec<_> = params.into_iter().map(Into::into).collect();
+        let Some((call, ends)) = self.postgres_call() else {
+            return Err(self.no_postgres());
+        };
+        Ok(call.execute(ends, &statement, &params).await?)
+    }
+
+    async fn query(
+        &mut self,
+        statement: String,
+        params: Vec<postgres_api::Value>,
+    ) -> Result<Vec<Vec<Option<String>>>, postgres_api::Error> {
+        let params: Vec<_> = params.into_iter().map(Into::into).collect();
+        let Some((call, ends)) = self.postgres_call() else {
+            return Err(self.no_postgres());
+        };
+        Ok(call.query(ends, &statement, &params).await?)
+    }
+
+    async fn copy_in(
+        &mut self,
+        statement: String,
+        data: Vec<u8>,
+    ) -> Result<u64, postgres_api::Error> {
+        let Some((call, ends)) = self.postgres_call() else {
+            return Err(self.no_postgres());
+        };
+        Ok(call.copy_in(ends, &statement, data).await?)
+    }
+}

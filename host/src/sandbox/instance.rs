@@ -79,6 +79,8 @@ pub struct Plugin {
     pub(super) counter_names: Mutex<std::collections::HashSet<String>>,
     /// The process's pauses, taken off this plugin's deadlines.
     pub(super) pauses: Arc<super::Pauses>,
+    /// The database of its `grants.postgres`, if any.
+    pub postgres: Option<Arc<crate::destination::PgPool>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -165,6 +167,7 @@ impl Plugin {
             call_ends: std::time::Instant::now(),
             paused_before: Duration::ZERO,
             state: None,
+            postgres: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
@@ -263,6 +266,16 @@ impl PluginInstance {
     /// Takes back what [`PluginInstance::give_state`] gave, with the call's writes.
     pub fn take_state(&mut self) -> Option<crate::state::batch::BatchState> {
         self.store.data_mut().state.take()
+    }
+
+    /// Hands the next call the transaction its `postgres` statements run in.
+    pub fn give_postgres(&mut self, call: crate::destination::PgCall) {
+        self.store.data_mut().postgres = Some(call);
+    }
+
+    /// Takes back what [`PluginInstance::give_postgres`] gave, after the call.
+    pub fn take_postgres(&mut self) -> Option<crate::destination::PgCall> {
+        self.store.data_mut().postgres.take()
     }
 
     /// Linear memory the instance has now, in bytes.
@@ -521,6 +534,9 @@ pub struct PluginState {
     /// The state a call of a plugin granted `state` may use; `None` outside
     /// such a call, and always for a plugin without the grant.
     pub(super) state: Option<crate::state::batch::BatchState>,
+    /// The transaction a call of a sink granted `postgres` writes in;
+    /// `None` outside such a call, and always without the grant.
+    pub(super) postgres: Option<crate::destination::PgCall>,
 }
 
 /// A plugin's stderr, of which only the tail is kept: enough to quote a

@@ -114,6 +114,9 @@ pub enum LoadError {
         dir: String,
         reason: String,
     },
+    /// Its `grants.postgres` cannot be used (the message names the plugin).
+    #[error(transparent)]
+    Postgres(#[from] crate::destination::PoolError),
     // Not a `source`: the message already says it, and a printer that
     // walks the chain would say it twice.
     #[error("plugin `{plugin}`: init failed: {error}")]
@@ -188,6 +191,10 @@ impl Sandbox {
                 state
             })?;
             bindings::transform::weir::plugin::state::add_to_linker::<
+                PluginState,
+                HasSelf<PluginState>,
+            >(&mut linker, |state| state)?;
+            bindings::sink::weir::plugin::postgres::add_to_linker::<
                 PluginState,
                 HasSelf<PluginState>,
             >(&mut linker, |state| state)?;
@@ -365,6 +372,10 @@ impl Sandbox {
                 });
             }
         }
+        let postgres = match &config.grants.postgres {
+            Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
+            None => None,
+        };
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -381,6 +392,7 @@ impl Sandbox {
             },
             counter_names: Default::default(),
             pauses: self.pauses.clone(),
+            postgres,
         });
         let smoke_test = loaded
             .instantiate()

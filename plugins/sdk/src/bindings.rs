@@ -59,5 +59,7 @@ pub mod router {
     });
 }
 
+/// PostgreSQL, imported by the `sink` world alone.
+pub use sink::weir::plugin::postgres;
 /// The host's imports, shared by every world.
 pub use transform::weir::plugin::host;

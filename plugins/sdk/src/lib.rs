@@ -48,14 +48,18 @@
 //! hash that never changes, for what a plugin stores or sends: a sink
 //! dropping replays keys a row by its tenant, table and
 //! [`sequence`](Row::sequence), and may compare a hash of its payload.
+//! A sink granted PostgreSQL writes through [`postgres`], in the host's
+//! transaction of the call.
 //!
 //! Modules import one another without a cycle: `bindings` (the generated
 //! WIT bindings), `slot`, `settings`, `packed`, `answer` and `hash` import
 //! no other module; `log` and `rows` build on them; the world modules
-//! (`transform`, `sink`, `budget`, `router`) on those.
+//! (`transform`, `sink`, `budget`, `router`) on those; `state` and
+//! `postgres` wrap imports of `bindings` alone.
 
 pub mod budget;
 pub mod log;
+pub mod postgres;
 pub mod router;
 pub mod rows;
 pub mod sink;

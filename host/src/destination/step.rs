@@ -1,0 +1,220 @@
+//! The destination step: what wraps the call of a sink granted
+//! `grants.postgres`, as `state::step` wraps a stateful plugin's. Before
+//! the batch enters the pipeline it asks the ledger which of its
+//! redelivered rows were applied before (they are acked again without a
+//! call); around the call it hands the sink its transaction; once every
+//! row has its verdict it commits the transaction with the rows it applied,
+//! fenced by the unit's claim, or rolls it back and sends the call's rows
+//! back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::coordination::Lease;
+
+use super::call::PgCall;
+use super::ledger::{CommitError, Ledger};
+use super::pool::PgPool;
+
+/// How soon a call's rows come back when its transaction did not commit.
+pub const COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// The ledger could not be read: every row comes back.
+#[derive(Debug, thiserror::Error)]
+#[error("sink `{sink}`: cannot read which rows were applied: {reason}")]
+pub struct Unreadable {
+    pub sink: String,
+    pub reason: String,
+}
+
+/// The unit is not this host's any more: nothing of the batch may be answered.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Fenced(pub String);
+
+/// How a call's transaction ends.
+pub enum Ending {
+    /// Every row of the call has its verdict and none is retried: commit,
+    /// recording these input rows (indexes into the batch) as applied.
+    Commit(Vec<usize>),
+    /// A row of the call is retried: nothing of it is written.
+    RollBack(String),
+}
+
+/// A sink's transactions on one unit (see the module).
+pub struct PostgresStep {
+    pool: Arc<PgPool>,
+    ledger: Ledger,
+    /// False for `weir plugin test`: every transaction is rolled back.
+    commits: bool,
+    /// The unit consumer's ack floor as last read, and the one the ledger
+    /// was last pruned to.
+    floor: u64,
+    pruned: u64,
+    /// This batch: each input row's sequence.
+    sequences: Vec<u64>,
+    call: Option<PgCall>,
+}
+
+impl PostgresStep {
+    /// `sink` names the plugin; `unit` its unit (the consumer's name).
+    pub fn new(pool: Arc<PgPool>, sink: &str, unit: String, commits: bool) -> PostgresStep {
+        PostgresStep {
+            pool,
+            ledger: Ledger {
+                sink: sink.to_string(),
+                unit,
+            },
+            commits,
+            floor: 0,
+            pruned: 0,
+            sequences: Vec::new(),
+            call: None,
+        }
+    }
+
+    pub fn set_ack_floor(&mut self, floor: u64) {
+        self.floor = self.floor.max(floor);
+    }
+
+    /// Before a batch of `inputs` rows enters the pipeline: for each row
+    /// (its input row, `sequence`, `attempt`), whether a commit applied it
+    /// before. Only a redelivered row can have been: a first delivery
+    /// costs no query.
+    pub async fn begin(
+        &mut self,
+        inputs: usize,
+        rows: impl Iterator<Item = (usize, u64, u32)>,
+    ) -> Result<Vec<bool>, Unreadable> {
+        self.sequences.clear();
+        self.sequences.resize(inputs, 0);
+        let mut given = Vec::new();
+        for (input, sequence, attempt) in rows {
+            if let Some(slot) = self.sequences.get_mut(input) {
+                *slot = sequence;
+            }
+            given.push((sequence, attempt));
+        }
+        let rows = given;
+        let again: Vec<u64> = rows
+            .iter()
+            .filter(|(_, attempt)| *attempt > 1)
+            .map(|(sequence, _)| *sequence)
+            .collect();
+        if again.is_empty() {
+            return Ok(vec![false; rows.len()]);
+        }
+        let unreadable = |reason: String| Unreadable {
+            sink: self.ledger.sink.clone(),
+            reason,
+        };
+        let client = self.pool.ready_client().await.map_err(|failure| {
+            unreadable(super::error::StatementError::from(failure).to_string())
+        })?;
+        let applied = self
+            .ledger
+            .applied_among(&client, &again)
+            .await
+            .map_err(|err| unreadable(err.to_string()))?;
+        Ok(rows
+            .iter()
+            .map(|(sequence, _)| applied.contains(sequence))
+            .collect())
+    }
+
+    /// For the sink's call: its transaction, begun by its first statement.
+    pub fn give(&mut self) -> PgCall {
+        PgCall::new(self.pool.clone())
+    }
+
+    /// After the call: its transaction, for [`PostgresStep::finish`].
+    pub fn took(&mut self, call: Option<PgCall>) {
+        self.call = call;
+    }
+
+    /// Once the call's rows have their verdicts: commits (while `lease`
+    /// holds) or rolls back. `Ok(Some(reason))`: every row of the call
+    /// comes back.
+    pub async fn finish(
+        &mut self,
+        ending: Ending,
+        lease: &Lease,
+    ) -> Result<Option<String>, Fenced> {
+        let Some(mut call) = self.call.take() else {
+            return Ok(None);
+        };
+        if !call.began() {
+            return Ok(None);
+        }
+        if let Some(reason) = call.doomed() {
+            return Ok(Some(format!(
+                "sink `{}`: its transaction cannot commit: {reason}",
+                self.ledger.sink
+            )));
+        }
+        let Some(client) = call.take_connection() else {
+            return Ok(Some(format!(
+                "sink `{}`: its connection was lost",
+                self.ledger.sink
+            )));
+        };
+        let applied = match ending {
+            Ending::RollBack(reason) => {
+                roll_back(client).await;
+                return Ok(Some(reason));
+            }
+            Ending::Commit(_) if !self.commits => {
+                roll_back(client).await;
+                return Ok(None);
+            }
+            Ending::Commit(inputs) => inputs
+                .iter()
+                .filter_map(|&input| self.sequences.get(input).copied())
+                .collect::<Vec<u64>>(),
+        };
+        if !lease.held() {
+            roll_back(client).await;
+            return Err(Fenced(format!(
+                "sink `{}`: the lease ran out before COMMIT",
+                self.ledger.sink
+            )));
+        }
+        let floor = (self.floor > self.pruned).then_some(self.floor);
+        match self
+            .ledger
+            .commit(&client, lease.claim(), &applied, floor)
+            .await
+        {
+            Ok(()) => {
+                if let Some(floor) = floor {
+                    self.pruned = floor;
+                }
+                Ok(None)
+            }
+            Err(err @ CommitError::Fenced { .. }) => {
+                roll_back(client).await;
+                Err(Fenced(format!("sink `{}`: {err}", self.ledger.sink)))
+            }
+            Err(err) => {
+                roll_back(client).await;
+                Ok(Some(format!("sink `{}`: {err}", self.ledger.sink)))
+            }
+        }
+    }
+
+    /// The call failed (a trap, a malformed answer): nothing of it is written.
+    pub async fn abandon(&mut self) {
+        if let Some(mut call) = self.call.take()
+            && let Some(client) = call.take_connection()
+        {
+            roll_back(client).await;
+        }
+    }
+}
+
+/// Ends the connection's transaction; one that cannot is not pooled again.
+async fn roll_back(client: deadpool_postgres::Object) {
+    if client.batch_execute("ROLLBACK").await.is_err() {
+        drop(deadpool_postgres::Object::take(client));
+    }
+}
