@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use weir::config::{Config, Overrides};
-use weir::delivery::batch::Batch;
+use weir::delivery::Batch;
 use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 use weir_json::{Object, RawValue};

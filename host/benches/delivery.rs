@@ -32,9 +32,8 @@ use bytes::Bytes;
 use futures::stream::StreamExt;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::nats::embedded::EmbeddedNats;
-use weir::topology::manifest::Manifest;
-use weir::topology::route::{Names, Unit};
+use weir::nats::EmbeddedNats;
+use weir::topology::{Manifest, Names, Unit};
 
 use support::{
     CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median, print_figure,

@@ -37,7 +37,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::topology::route::Names;
+use weir::topology::Names;
 
 use support::{TENANT, Table, env_count, post, print_figure, publish_pipelined, wait_claimed};
 

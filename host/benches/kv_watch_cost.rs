@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use weir::config::SyncPolicy;
-use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
 use weir::nats::kv::{BucketOptions, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
+use weir::nats::{EmbeddedNats, EmbeddedOptions};
 
 use support::print_figure;
 

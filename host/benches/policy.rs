@@ -21,8 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weir::config::{Config, Overrides};
-use weir::ingest::policy::{Admit, Placement, Policies};
-use weir::ingest::usage::{Queued, Usage};
+use weir::ingest::{Admit, Placement, Policies, Queued, Usage};
 use weir::sandbox::{Plugin, Sandbox};
 use weir::telemetry::Metrics;
 

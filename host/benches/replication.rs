@@ -21,9 +21,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
-use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
-use weir::topology::manifest::Manifest;
-use weir::topology::route::Names;
+use weir::nats::{EmbeddedNats, EmbeddedOptions};
+use weir::topology::{Manifest, Names};
 
 use support::{TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined};
 

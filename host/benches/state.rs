@@ -25,11 +25,10 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
-use weir::nats::embedded::EmbeddedNats;
+use weir::nats::EmbeddedNats;
 use weir::nats::kv::{KvError, NatsKv};
-use weir::state::store::StateStore;
-use weir::topology::manifest::Manifest;
-use weir::topology::route::Names;
+use weir::state::StateStore;
+use weir::topology::{Manifest, Names};
 
 use support::{
     API_KEY, TENANT, Table, drain_rate, env_count, median, print_figure, publish_pipelined,

@@ -22,7 +22,7 @@ pub mod topology;
 pub mod coordination;
 pub mod delivery;
 pub mod sandbox;
-pub mod destination;
+pub(crate) mod destination;
 pub mod state;
 pub mod reload;
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::ServerAddr;
 use weir::config::SyncPolicy;
-use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
-use weir::topology::route::Names;
+use weir::nats::{EmbeddedNats, EmbeddedOptions};
+use weir::topology::Names;
 
 use crate::support::{Host, eventually, free_port, plugins_dir};
 

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use weir::host::StartError;
-use weir::nats::connection::ConnectError;
+use weir::nats::ConnectError;
 
 use crate::nats_auth::{operator::operator_mode, tls::tls_files};
 use crate::support::{

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use weir::delivery::dead_letter::headers;
+use weir::delivery::headers;
 
 use crate::support::{Nats, TestHost, backlog, base_config, eventually, orders, read_stream};
 

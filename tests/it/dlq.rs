@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_nats::jetstream;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-use weir::delivery::dead_letter::{DeadLetters, LetterFilter, StoredLetter};
-use weir::topology::route::Names;
+use weir::delivery::{DeadLetters, LetterFilter, StoredLetter};
+use weir::topology::Names;
 
 use crate::support::{Nats, TestHost, WEIR, base_config, eventually};
 

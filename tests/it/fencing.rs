@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
 use weir::coordination::{OwnerRecord, OwnerState, owner_key};
-use weir::ops::status::StatusReport;
-use weir::topology::route::Names;
+use weir::ops::StatusReport;
+use weir::topology::Names;
 
 use crate::support::{
     ACME_KEY, Host, Nats, PARTITIONS, PRODUCERS, SHARDS, WrittenRow, all_tables, balanced,

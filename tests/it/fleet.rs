@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use weir::ops::status::StatusReport;
+use weir::ops::StatusReport;
 
 use crate::support::{
     ACME_KEY, Host, Nats, PRODUCERS, TABLES, TestHost, all_tables, balanced, by_id, delivered,

@@ -499,10 +499,8 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     use async_nats::jetstream;
     use bytes::Bytes;
     use weir::config::Config;
-    use weir::ingest::policy::Placement;
-    use weir::ingest::publish::{Ids, PublishError, Publisher};
-    use weir::topology::manifest::Manifest;
-    use weir::topology::route::{Names, Unit};
+    use weir::ingest::{Ids, Placement, PublishError, Publisher};
+    use weir::topology::{Manifest, Names, Unit};
 
     let nats = Nats::start();
     let config = base_config(nats.url(), "").replace(

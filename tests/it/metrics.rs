@@ -287,7 +287,7 @@ async fn metrics_served_match_the_documented_table_and_count_a_run() {
 fn a_severity_label_is_lowercase() {
     use prometheus_client::registry::Registry;
     use weir::telemetry::{Metrics, SeverityLabels};
-    use weir::topology::manifest::Severity;
+    use weir::topology::Severity;
     let metrics = Metrics::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);

@@ -168,7 +168,7 @@ async fn a_broken_wasm_is_refused_and_the_running_version_keeps_delivering() {
     let nats = Nats::start();
     let (_plugins, wasm) = own_chaos_copy();
     let host = TestHost::start(&base_config(nats.url(), &tagged_pipeline(&wasm, "v1"))).await;
-    let version = |report: &weir::ops::status::StatusReport| {
+    let version = |report: &weir::ops::StatusReport| {
         report
             .plugins
             .iter()

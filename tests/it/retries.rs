@@ -6,9 +6,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use weir::delivery::dead_letter::{DeadLetters, LetterFilter};
-use weir::ops::status::StatusReport;
-use weir::topology::route::Names;
+use weir::delivery::{DeadLetters, LetterFilter};
+use weir::ops::StatusReport;
+use weir::topology::Names;
 
 use crate::support::{
     ACME_KEY, Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,

@@ -264,8 +264,7 @@ fn rss_kib() -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaking_warm_instance_is_recycled_and_host_memory_stays_flat_over_100_000_batches() {
-    use weir::delivery::batch::{Batch, Position};
-    use weir::delivery::pipeline::{PipelineRunner, Verdict};
+    use weir::delivery::{Batch, PipelineRunner, Position, Verdict};
     use weir::sandbox::Sandbox;
 
     let dir = tempfile::tempdir().unwrap();

@@ -4,12 +4,11 @@
 
 use weir::config::{Config, Overrides};
 use weir::coordination::Lease;
-use weir::delivery::batch::{Batch, Position};
-use weir::delivery::pipeline::{PipelineRunner, RunError, Verdict};
+use weir::delivery::{Batch, PipelineRunner, Position, RunError, Verdict};
 use weir::nats::kv::{BucketOptions, NatsKv};
 use weir::sandbox::Sandbox;
-use weir::state::store::{StateStore, UnitState, scope_key};
-use weir::topology::route::{Names, Unit};
+use weir::state::{StateStore, UnitState, scope_key};
+use weir::topology::{Names, Unit};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

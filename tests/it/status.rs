@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weir::ops::status::{FleetTotals, ReasonCount, StatusReport};
+use weir::ops::{FleetTotals, ReasonCount, StatusReport};
 
 use crate::support::{
     ACME_KEY, Host, Nats, TestHost, WEIR, balanced, base_config, eventually, fleet_config,

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use weir::host::embedded_url_file;
-use weir::nats::connection::connect;
-use weir::ops::status::StatusReport;
+use weir::nats::connect;
+use weir::ops::StatusReport;
 
 use crate::support::{ACME_KEY, Host, Nats, base_config, eventually, output, read_stream};
 

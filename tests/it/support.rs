@@ -13,9 +13,9 @@ use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use weir::config::{Config, Overrides, SyncPolicy};
 use weir::host::RunningHost;
-use weir::nats::embedded::{EmbeddedNats, EmbeddedOptions};
-use weir::ops::status::StatusReport;
-use weir::topology::route::{Names, Unit};
+use weir::nats::{EmbeddedNats, EmbeddedOptions};
+use weir::ops::StatusReport;
+use weir::topology::{Names, Unit};
 
 /// The `weir` binary, for tests that run real processes.
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
@@ -343,7 +343,7 @@ pub async fn dead_letter_reasons(nats: &Nats, count: usize) -> Vec<String> {
                     letter
                         .headers
                         .as_ref()
-                        .and_then(|h| h.get(weir::delivery::dead_letter::headers::REASON))
+                        .and_then(|h| h.get(weir::delivery::headers::REASON))
                         .map(|v| v.to_string())
                         .unwrap_or_default()
                 })

@@ -10,8 +10,7 @@ use async_nats::jetstream::{self, stream};
 
 use weir::config::Config;
 use weir::host::StartError;
-use weir::topology::manifest::{Manifest, TopologyError};
-use weir::topology::route::Names;
+use weir::topology::{Manifest, Names, TopologyError};
 
 use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
 

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use weir::config::{Config, Overrides};
-use weir::delivery::batch::Batch;
+use weir::delivery::Batch;
 use weir::sandbox::{PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 

@@ -29,19 +29,18 @@ pub fn row(id: u64) -> Vec<u8> {
 /// Rows `0..count` as delivery hands them to a plugin, packed `batch` rows
 /// at a time: tenant `acme`, table `orders`, the payload of [`row`], first
 /// delivery.
-pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::batch::Batch> {
+pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::Batch> {
     let ids: Vec<u64> = (0..count as u64).collect();
     ids.chunks(batch)
         .map(|ids| {
-            let mut packed =
-                weir::delivery::batch::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
+            let mut packed = weir::delivery::Batch::with_capacity(ids.len(), ids.len() * ROW_BYTES);
             for &id in ids {
                 packed.push(
                     TENANT,
                     "orders",
                     &row(id),
                     [],
-                    weir::delivery::batch::Position {
+                    weir::delivery::Position {
                         sequence: id + 1,
                         attempt: 1,
                     },
@@ -58,9 +57,9 @@ pub fn plugin_batches(count: usize, batch: usize) -> Vec<weir::delivery::batch::
 pub fn masked_by_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut weir::sandbox::PluginInstance,
-    input: &weir::delivery::batch::Batch,
+    input: &weir::delivery::Batch,
 ) -> Vec<Vec<u8>> {
-    use weir::delivery::batch::{Answer, Batch, Outcome};
+    use weir::delivery::{Answer, Batch, Outcome};
     let transformed = runtime
         .block_on(instance.transform(input.packed()))
         .expect("the masking plugin runs");
@@ -236,8 +235,8 @@ pub async fn raw_consumer(
 
 /// A nats-server of the bench's own, storing in `dir`, with nats-server's
 /// default durability (`sync = "always"` is ~30x slower: docs/deployment.md, "Durability").
-pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::EmbeddedNats {
-    let options = weir::nats::embedded::EmbeddedOptions {
+pub async fn start_nats(dir: &std::path::Path) -> weir::nats::EmbeddedNats {
+    let options = weir::nats::EmbeddedOptions {
         binary: None,
         data_dir: dir.to_path_buf(),
         sync: weir::config::SyncPolicy::Periodic,
@@ -245,7 +244,7 @@ pub async fn start_nats(dir: &std::path::Path) -> weir::nats::embedded::Embedded
         extra_config: String::new(),
         password: None,
     };
-    tokio::task::spawn_blocking(move || weir::nats::embedded::EmbeddedNats::start(&options))
+    tokio::task::spawn_blocking(move || weir::nats::EmbeddedNats::start(&options))
         .await
         .expect("start task")
         .expect("nats-server >= 2.14 on PATH (bash .ci/setup installs it)")
@@ -402,7 +401,7 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
 pub fn time_plugin(
     runtime: &tokio::runtime::Runtime,
     instance: &mut weir::sandbox::PluginInstance,
-    batches: &[weir::delivery::batch::Batch],
+    batches: &[weir::delivery::Batch],
     calls: usize,
 ) -> std::time::Duration {
     runtime.block_on(async {
@@ -427,7 +426,7 @@ pub async fn drain_rate(
     expected: u64,
     poll: std::time::Duration,
     timeout: std::time::Duration,
-) -> (f64, weir::ops::status::RowCounts) {
+) -> (f64, weir::ops::RowCounts) {
     let drain = async {
         // The host's workers start pulling before `start` returns; the rate
         // counts only rows delivered after the first delivery was seen.

@@ -3,9 +3,7 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use time::OffsetDateTime;
-use weir::delivery::dead_letter::{
-    DeadLetters, LetterFilter, SinceError, StoredLetter, parse_since,
-};
+use weir::delivery::{DeadLetters, LetterFilter, SinceError, StoredLetter, parse_since};
 
 use super::target::{FleetTarget, router_of};
 

@@ -137,10 +137,10 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<plugin_test::PluginFailed>() {
             return 6;
         }
-        if cause.is::<weir::nats::connection::ConnectError>() {
+        if cause.is::<weir::nats::ConnectError>() {
             return 4;
         }
-        if cause.is::<weir::topology::manifest::TopologyError>()
+        if cause.is::<weir::topology::TopologyError>()
             || cause.is::<weir::sandbox::LoadError>()
             || cause.is::<Refused>()
         {

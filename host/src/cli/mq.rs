@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use weir::config::{Config, Overrides};
-use weir::topology::manifest::{Manifest, ManifestFile, Mismatch, Severity};
-use weir::topology::permissions::Permissions;
+use weir::topology::{Manifest, ManifestFile, Mismatch, Permissions, Severity};
 
 use super::target::{NatsArgs, router_of};
 
@@ -79,15 +78,14 @@ impl MqCommand {
                     "no NATS to apply to: pass --nats-url (or set NATS_URL or [nats] url); the embedded server creates its own topology",
                 )?;
                 let client =
-                    weir::nats::connection::connect(&url, &config.nats.auth, &Default::default())
-                        .await?;
+                    weir::nats::connect(&url, &config.nats.auth, &Default::default()).await?;
                 let js = async_nats::jetstream::new(client.clone());
                 let manifest = manifest_of(&config, None);
                 let before = manifest.verify(&js).await;
                 manifest.create(&js).await?;
                 let after = manifest.verify(&js).await;
                 report_changes(&before, &after, &manifest);
-                weir::nats::connection::close(&client, std::time::Duration::from_secs(5))
+                weir::nats::close(&client, std::time::Duration::from_secs(5))
                     .await
                     .ok();
                 let left: Vec<String> = after
@@ -175,7 +173,7 @@ fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
 
 /// Bytes as `[stream] max_bytes` takes them: 1024, 64K, 500GB, 2GiB, 1T.
 fn parse_bytes(text: &str) -> Result<i64, String> {
-    let bytes = weir::config::units::parse_size(text)?;
+    let bytes = weir::config::parse_size(text)?;
     i64::try_from(bytes)
         .ok()
         .filter(|bytes| *bytes > 0)

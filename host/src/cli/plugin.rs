@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use weir::config::Config;
 use weir::reload::releases::{self, Release, RollbackTo};
-use weir::topology::route::Names;
+use weir::topology::Names;
 
 use super::target::{FleetTarget, router_of};
 

@@ -4,9 +4,7 @@
 
 use std::path::PathBuf;
 
-use weir::sandbox::cache::Origin;
-use weir::sandbox::inspect::Inspection;
-use weir::sandbox::{WIT_VERSION, megabytes};
+use weir::sandbox::{Inspection, Origin, WIT_VERSION, megabytes};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {

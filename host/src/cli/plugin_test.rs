@@ -11,14 +11,15 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use weir::config::{Config, Overrides, PluginConfig};
 use weir::coordination::Lease;
-use weir::delivery::batch::{Batch, Position};
 use weir::delivery::isolation::{self, ISOLATION_LANES};
-use weir::delivery::pipeline::{Observer, PipelineRunner, RowOutcome, Stepped};
+use weir::delivery::{Batch, Observer, PipelineRunner, Position, RowOutcome, Stepped};
 use weir::ingest::ndjson::{self, Fields, Line};
-use weir::sandbox::bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
-use weir::sandbox::{CallError, FailureKind, Plugin, Sandbox};
-use weir::state::store::{ScopeStore, UnitState};
-use weir::topology::route::Unit;
+use weir::sandbox::{
+    Admission, CallError, Decision, FailureKind, Plugin, Route, Sandbox, TableRoute, Topology,
+    Usage,
+};
+use weir::state::{ScopeStore, UnitState};
+use weir::topology::Unit;
 use weir::world::World;
 
 /// Instances `weir plugin test` needs at once: one per lane of a
@@ -349,7 +350,7 @@ impl TestArgs {
                     queued_bytes: bytes,
                     recent_rows: rows,
                     recent_bytes: bytes,
-                    window_ms: u32::try_from(weir::ingest::usage::RATE_WINDOW.as_millis())
+                    window_ms: u32::try_from(weir::ingest::RATE_WINDOW.as_millis())
                         .unwrap_or(u32::MAX),
                 },
                 tenant_settings: self.tenant_settings.clone(),
@@ -573,7 +574,7 @@ impl isolation::Rows for FileRows<'_> {
     }
 
     // Each failing row is reported on its own; the isolation is not news.
-    fn isolating(&self, _: &weir::delivery::pipeline::StepFailure, _: usize) {}
+    fn isolating(&self, _: &weir::delivery::StepFailure, _: usize) {}
 }
 
 /// Each row's outcome, as the plugin answered it, by line.

@@ -1,7 +1,7 @@
 //! `weir state`: the durable state plugins keep (`grants.state`).
 
 use weir::nats::kv::{KvError, NatsKv};
-use weir::state::store::StateStore;
+use weir::state::StateStore;
 
 use super::target::{FleetTarget, router_of};
 

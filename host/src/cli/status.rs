@@ -6,7 +6,7 @@ use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use weir::client::fetch_status;
-use weir::ops::status::{StatusReport, known};
+use weir::ops::{StatusReport, known};
 
 use super::target::HostTarget;
 

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use weir::client::{default_url, fetch_status};
 use weir::config::{Config, NatsAuth, Overrides};
 use weir::host::embedded_url_file;
-use weir::topology::route::Names;
+use weir::topology::Names;
 
 /// A running host's HTTP address: `--url`, else the config's `listen`,
 /// else weir's default listen address.
@@ -79,8 +79,7 @@ impl FleetTarget {
                 url
             }
         };
-        let client =
-            weir::nats::connection::connect(&url, &config.nats.auth, &Default::default()).await?;
+        let client = weir::nats::connect(&url, &config.nats.auth, &Default::default()).await?;
         Ok((config, client))
     }
 }

@@ -1,7 +1,9 @@
 //! `weir tenant`: the per-tenant settings budget policies read.
 
 use weir::config::Config;
-use weir::ingest::tenants;
+use weir::ingest::{
+    all_tenant_settings, check_tenant_settings, set_tenant_settings, tenant_settings,
+};
 
 use super::target::{FleetTarget, router_of};
 
@@ -60,7 +62,7 @@ impl TenantCommand {
                 // written that no budget would read.
                 let config = Config::load(&fleet.config, &Default::default())?;
                 configured(&config, &fleet, &tenant)?;
-                let checked = tenants::check_tenant_settings(&config, &settings)?;
+                let checked = check_tenant_settings(&config, &settings)?;
                 for warning in checked.warnings() {
                     eprintln!("weir: warning: tenant {tenant}: {warning}");
                 }
@@ -68,33 +70,26 @@ impl TenantCommand {
                     return Err(refusal.into());
                 }
                 let (config, client) = fleet.connect().await?;
-                tenants::set_tenant_settings(
-                    &client,
-                    &router_of(&config),
-                    &tenant,
-                    Some(&settings),
-                )
-                .await?;
+                set_tenant_settings(&client, &router_of(&config), &tenant, Some(&settings)).await?;
                 client.flush().await?;
                 println!("tenant {tenant}: settings are now {settings}");
             }
             TenantCommand::Unset { fleet, tenant } => {
                 let (config, client) = fleet.connect().await?;
                 configured(&config, &fleet, &tenant)?;
-                tenants::set_tenant_settings(&client, &router_of(&config), &tenant, None).await?;
+                set_tenant_settings(&client, &router_of(&config), &tenant, None).await?;
                 client.flush().await?;
                 println!("tenant {tenant}: settings removed");
             }
             TenantCommand::Get { fleet, tenant } => {
                 let (config, client) = fleet.connect().await?;
                 configured(&config, &fleet, &tenant)?;
-                let settings =
-                    tenants::tenant_settings(&client, &router_of(&config), &tenant).await?;
+                let settings = tenant_settings(&client, &router_of(&config), &tenant).await?;
                 println!("{tenant}: {}", settings.as_deref().unwrap_or(NONE_SET));
             }
             TenantCommand::List { fleet } => {
                 let (config, client) = fleet.connect().await?;
-                let mut stored = tenants::all_tenant_settings(&client, &router_of(&config)).await?;
+                let mut stored = all_tenant_settings(&client, &router_of(&config)).await?;
                 let width = config
                     .tenants
                     .iter()

@@ -5,6 +5,11 @@
 //! `tenants`, `plugins`, `pipelines`, `policies`): its raw form, its
 //! validated type, its named defaults and its keys with their reload class
 //! ([`keys`]). `checker` holds what the sections share.
+//!
+//! Exported: `Config`, `ConfigError`, `Overrides`, and of the sections only
+//! what the binary, tests and benches name (`Pipeline`, `PluginConfig`,
+//! `NatsAuth`, `SyncPolicy`, three defaults, `user_compile_cache_dir`,
+//! `parse_size`); the rest is the crate's.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -17,7 +22,7 @@ use toml::Spanned;
 mod checker;
 mod coordination;
 mod delivery;
-pub mod keys;
+pub(crate) mod keys;
 use keys::{Key, Reload};
 mod nats;
 mod pipelines;
@@ -26,19 +31,24 @@ mod policies;
 mod stream;
 mod tenants;
 mod top;
-pub mod units;
+mod units;
 
 use crate::world::World;
-pub use checker::MAX_NAME_BYTES;
-pub use coordination::*;
-pub use delivery::*;
-pub use nats::*;
-pub use pipelines::*;
-pub use plugins::*;
-pub use policies::*;
-pub use stream::*;
-pub use tenants::*;
-pub use top::*;
+// The crate reads every section's types; the outside only those named.
+pub(crate) use coordination::*;
+pub(crate) use delivery::*;
+pub(crate) use nats::*;
+pub use nats::{NatsAuth, SyncPolicy};
+pub use pipelines::Pipeline;
+pub use plugins::PluginConfig;
+pub(crate) use plugins::*;
+pub(crate) use policies::*;
+pub(crate) use stream::*;
+pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
+pub(crate) use tenants::*;
+pub(crate) use top::*;
+pub use top::{DEFAULT_COMPILE_CACHE_MAX_BYTES, user_compile_cache_dir};
+pub use units::parse_size;
 
 use checker::Checker;
 use coordination::RawCoordination;

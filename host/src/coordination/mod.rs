@@ -30,11 +30,15 @@
 //! Architecture invariant: a unit is pulled only by the host whose claim is
 //! recorded in `owners.`, and a claim is taken only from a `released`
 //! record or from an owner that is no longer a member.
+//!
+//! Exported: what this file defines (`Coordination`, `Membership`,
+//! `UnitRunner`, the owner records and keys, …), the `Lease` a worker
+//! holds and the `assign`ment every host computes.
 
-pub mod assignment;
+mod assignment;
 mod claim;
 mod lease;
-pub mod takeover;
+mod takeover;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -53,11 +57,13 @@ use tokio_util::sync::CancellationToken;
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::telemetry::Metrics;
 use crate::topology::route::{Names, Unit};
+pub use assignment::assign;
 use claim::{
     TaskDone, UnitContext, UnitWork, Written, claim, drop_claim, orphaned_claim, run_unit,
 };
+pub use lease::Lease;
+use lease::LeaseState;
 use lease::renew;
-pub use lease::{Lease, LeaseState};
 
 /// Key prefix of member keys.
 pub const MEMBERS: &str = "members.";

@@ -4,11 +4,25 @@
 //! [`dead_letter`] then ack (`settle` plans it from the verdicts, `settler`
 //! carries the plan out).
 
-pub mod batch;
-pub mod dead_letter;
+//!
+//! Exported: the batch a pipeline is given (`Batch`, `Position`, `Answer`,
+//! `Outcome`), the pipeline runner and its verdicts (`PipelineRunner`,
+//! `Verdict`, `RowOutcome`, `Stepped`, `StepFailure`, `RunError`,
+//! `Observer`), the dead letters (`DeadLetters`, `LetterFilter`,
+//! `StoredLetter`, `parse_since`, `SinceError`, their `headers`), the
+//! `Workers` a host runs, and [`isolation`] (a failing row found by
+//! halving) as a module: its `run` and `Rows` are named through it.
+
+pub(crate) mod batch;
+pub(crate) mod dead_letter;
 pub mod isolation;
-pub mod pipeline;
-pub mod pull;
+mod pipeline;
+mod pull;
 mod settle;
 mod settler;
-pub mod worker;
+pub(crate) mod worker;
+
+pub use batch::{Answer, Batch, Outcome, Position};
+pub use dead_letter::{DeadLetters, LetterFilter, SinceError, StoredLetter, headers, parse_since};
+pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped, Verdict};
+pub use worker::Workers;

@@ -138,7 +138,7 @@ pub struct Puller {
 }
 
 impl Puller {
-    /// Subscribes the inbox; no request is sent before [`Puller::next`].
+    /// Subscribes the inbox; no request is sent before [`Puller::next_until`].
     pub async fn open(
         js: jetstream::Context,
         stream: String,
@@ -181,15 +181,6 @@ impl Puller {
             delivered_at_open,
             last_reply: None,
         })
-    }
-
-    /// The next row, pulling as needed; waits as long as there is none.
-    pub async fn next(&mut self) -> Message {
-        loop {
-            if let Some(row) = self.next_until(None).await {
-                return row;
-            }
-        }
     }
 
     /// The next row if one arrives before `deadline` (`None`: whenever).

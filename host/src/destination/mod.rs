@@ -10,11 +10,11 @@
 //! - [`step`]: the pipeline step wrapping the sink's call (skip rows applied
 //!   before, commit or roll back once the rows have their verdicts).
 
-pub mod call;
-pub mod error;
-pub mod ledger;
-pub mod pool;
-pub mod step;
+mod call;
+mod error;
+mod ledger;
+mod pool;
+pub(crate) mod step;
 
 pub use call::{Param, PgCall};
 pub use error::StatementError;

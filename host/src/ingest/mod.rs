@@ -4,11 +4,25 @@
 //! router, and [`publish`] stores every row in its partition stream before
 //! the 202.
 
-pub mod listener;
-pub mod front_door;
-pub mod idempotency;
+//!
+//! Exported: the tenant's policies and what they decide (`Policies`,
+//! `Admit`, `Placement`), the publisher (`Publisher`, `Ids`,
+//! `PublishError`), the usage ledger (`Ledger`, `Usage`, `Queued`,
+//! `RATE_WINDOW`), the tenant settings calls `weir tenant` makes, and
+//! [`ndjson`] as a module (its `split` is named through it).
+
+pub(crate) mod listener;
+pub(crate) mod front_door;
+pub(crate) mod idempotency;
 pub mod ndjson;
-pub mod policy;
-pub mod publish;
-pub mod tenants;
-pub mod usage;
+mod policy;
+pub(crate) mod publish;
+mod tenants;
+pub(crate) mod usage;
+
+pub use policy::{Admit, Placement, Policies};
+pub use publish::{Ids, PublishError, Publisher};
+pub use tenants::{
+    all_tenant_settings, check_tenant_settings, set_tenant_settings, tenant_settings,
+};
+pub use usage::{Ledger, Queued, RATE_WINDOW, Usage};

@@ -2,11 +2,18 @@
 //! the embedded default server, JetStream API helpers, ack subjects and the
 //! KV watches and writes coordination needs.
 
-pub mod ack;
-pub mod connection;
-pub mod embedded;
-pub mod error;
-pub mod jetstream;
+//!
+//! Exported: `connect` and `close` (and `ConnectError`), the embedded
+//! server (`EmbeddedNats`, `EmbeddedOptions`), and [`kv`] as a module: its
+//! `NatsKv`, `MemoryKv`, `Watch`, `Entry`… are named through it.
+
+pub(crate) mod ack;
+pub(crate) mod connection;
+pub(crate) mod embedded;
+mod error;
+pub(crate) mod jetstream;
 pub mod kv;
 
-pub use error::NatsError;
+pub use connection::{ConnectError, close, connect};
+pub use embedded::{EmbeddedNats, EmbeddedOptions};
+pub(crate) use error::NatsError;

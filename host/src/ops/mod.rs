@@ -2,6 +2,13 @@
 //! beside the front door (status, metrics, health, admin reload) and the
 //! live page at `/`.
 
-pub mod http;
-pub mod page;
-pub mod status;
+//!
+//! Exported: the status report and its parts (`StatusReport`,
+//! `FleetTotals`, `ReasonCount`, `RowCounts`), how it shows an unknown
+//! count (`known`) and the backlog of every unit (`unit_backlogs`).
+
+pub(crate) mod http;
+pub(crate) mod page;
+pub(crate) mod status;
+
+pub use status::{FleetTotals, ReasonCount, RowCounts, StatusReport, known, unit_backlogs};

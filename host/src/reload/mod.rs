@@ -10,8 +10,12 @@
 //! usual; nothing is acked twice or lost. A refused reload (invalid TOML, a
 //! plugin that does not compile, misses its world or traps in `init`)
 //! changes nothing: the running generation keeps serving.
+//!
+//! Exported: the `Generation` of pipelines a worker runs, and
+//! [`releases`] as a module: its `push`, `check`, `rollback`, `wait_for`…
+//! are named through it.
 
-pub mod generation;
+pub(crate) mod generation;
 pub mod releases;
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,7 +32,7 @@ use crate::ingest::front_door::Gate;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::telemetry::{Metrics, ReloadLabels};
 use crate::topology::route::Names;
-use generation::Generation;
+pub use generation::Generation;
 use releases::Release;
 
 /// How often the watched files are looked at.

@@ -21,16 +21,20 @@ use crate::config::PluginConfig;
 use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 use crate::world::World;
 
-pub mod bindings;
-pub mod cache;
+pub(crate) mod bindings;
+mod cache;
 mod http;
 mod imports;
-pub mod inspect;
+mod inspect;
 mod instance;
 mod worlds;
 
-use cache::{CompileCache, Origin};
-pub use instance::{CallError, FailureKind, Plugin, PluginInstance, PluginState};
+pub use bindings::{Admission, Decision, Route, TableRoute, Topology, Usage};
+use cache::CompileCache;
+pub use cache::Origin;
+pub use inspect::Inspection;
+use instance::PluginState;
+pub use instance::{CallError, FailureKind, Plugin, PluginInstance};
 use worlds::PluginPre;
 
 use bindings::transform::weir::plugin::host::{self as host_api};

@@ -6,8 +6,14 @@
 //! wraps the granted plugin's call (`step`) and the pruning of the rows
 //! that cannot come back (`prune`).
 
-pub mod batch;
-pub mod prune;
-pub mod scope;
-pub mod step;
-pub mod store;
+//!
+//! Exported: the store (`StateStore`, `UnitState`, `ScopeStore`) and a
+//! scope's key in the bucket (`scope_key`).
+
+pub(crate) mod batch;
+pub(crate) mod prune;
+pub(crate) mod scope;
+pub(crate) mod step;
+pub(crate) mod store;
+
+pub use store::{ScopeStore, StateStore, UnitState, scope_key};

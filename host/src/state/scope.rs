@@ -27,7 +27,7 @@ pub enum StateError {
 }
 
 /// What a plugin's grant allows one scope to hold (`grants.state`).
-pub use crate::config::StateLimits as Limits;
+pub(crate) use crate::config::StateLimits as Limits;
 
 /// What each key costs in `max_bytes` beyond its key and value: the two
 /// lengths it is stored with, so `max_bytes` bounds the stored value.

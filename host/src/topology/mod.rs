@@ -2,7 +2,15 @@
 //! subjects and the default route ([`route`]), the streams, consumers and
 //! buckets described once ([`manifest`]), and the NATS user a host needs
 //! ([`permissions`]).
+//!
+//! Exported: the names and units (`Names`, `Unit`), the manifest and what
+//! checking it finds (`Manifest`, `ManifestFile`, `Mismatch`, `Severity`,
+//! `TopologyError`) and the host's NATS `Permissions`.
 
-pub mod manifest;
-pub mod permissions;
-pub mod route;
+pub(crate) mod manifest;
+mod permissions;
+pub(crate) mod route;
+
+pub use manifest::{Manifest, ManifestFile, Mismatch, Severity, TopologyError};
+pub use permissions::Permissions;
+pub use route::{Names, Unit};

@@ -8,7 +8,7 @@
 //!
 //! - prefixes are token-wise (`plugins.` covers `plugins.a`; `plugins`
 //!   without the dot is the exact key) and folded before they reach the
-//!   server, which refuses overlapping filters — see [`fold_prefixes`];
+//!   server, which refuses overlapping filters — see `prefix::fold_prefixes`;
 //! - an empty prefix list watches nothing and creates no consumer — never
 //!   the whole bucket;
 //! - a watch starts from the current value of every key (deletes included),
@@ -40,7 +40,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use memory::MemoryKv;
 pub use nats::{BucketOptions, NatsKv};
-pub use prefix::{covers, filter_subject, fold_prefixes};
 
 /// What a change did to its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +153,11 @@ pub enum KvError {
 /// Following keys. One implementation per store; logic built on it is
 /// tested against [`MemoryKv`].
 pub trait KvWatch {
-    /// Follows every key under any of `prefixes` (see [`fold_prefixes`] for
-    /// what a prefix covers) from `start`. One server consumer per watch,
-    /// whatever the number of prefixes; none for an empty list, which
-    /// delivers [`WatchEvent::CaughtUp`] and then nothing.
+    /// Follows every key under any of `prefixes` (see
+    /// `prefix::fold_prefixes` for what a prefix covers) from `start`. One
+    /// server consumer per watch, whatever the number of prefixes; none for
+    /// an empty list, which delivers [`WatchEvent::CaughtUp`] and then
+    /// nothing.
     fn watch_prefixes<P: AsRef<str> + Sync>(
         &self,
         prefixes: &[P],
