@@ -280,7 +280,7 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
             if let Some(reason) = letter
                 .headers
                 .as_ref()
-                .and_then(|h| h.get(weir::delivery::dead_letter::headers::REASON))
+                .and_then(|h| h.get(weir::delivery::headers::REASON))
             {
                 reasons.insert(reason.to_string());
             }
