@@ -308,3 +308,164 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
     let logs: String = hosts.iter().map(Host::log).collect();
     assert!(!logs.contains("panicked"), "a host panicked");
 }
+
+/// The owner of the fleet's only unit, as `observer` sees it.
+async fn owner_of_the_unit(observer: &Host) -> Option<String> {
+    let report = observer.status().await?;
+    report.units.first()?.owner.clone()
+}
+
+/// Backends of `weir` waiting on a lock while inserting into `fenced`.
+async fn inserts_waiting(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'weir' \
+         AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"fenced\"%'",
+        &[],
+    )
+    .await
+    .expect("read pg_stat_activity")
+    .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_taken_over() {
+    let pg = tokio::task::block_in_place(PgServer::start);
+    let db = pg.client().await;
+    db.batch_execute(
+        "CREATE TABLE fenced (id bigint NOT NULL, tbl text NOT NULL, seq bigint NOT NULL)",
+    )
+    .await
+    .expect("create table");
+    let nats = Nats::start();
+    // One unit, so the frozen host's rows are the ones taken over; a
+    // deadline long enough that the blocked call is still running when
+    // the host is frozen and thawed.
+    let config = |id: &str| {
+        fleet_host_config(nats.url(), id, 3, &pg.url())
+            .replace(
+                &format!(
+                    "partitions = {}\nshards = {}\n",
+                    crate::support::PARTITIONS,
+                    crate::support::SHARDS
+                ),
+                "partitions = 1\nshards = 1\n",
+            )
+            .replace("table = \"rows\"", "table = \"fenced\"")
+            .replace(
+                "world = \"sink\"\nsettings = { table",
+                "world = \"sink\"\ndeadline = \"60s\"\nsettings = { table",
+            )
+    };
+    let first = Host::spawn_with("h1", config("h1"));
+    let start = Instant::now();
+    while owner_of_the_unit(&first).await.as_deref() != Some("h1") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "h1 does not own the unit: {:?}\n{}",
+            first.status().await.map(|s| s.units),
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = Host::spawn_with("h2", config("h2"));
+    eventually(
+        Duration::from_secs(60),
+        "h2 is a member, h1 keeps the unit",
+        || async {
+            let report = second.status().await?;
+            let members = report
+                .fleet
+                .members
+                .iter()
+                .filter(|m| m.id == "h1" || m.id == "h2")
+                .count();
+            (members == 2 && report.units.first()?.owner.as_deref() == Some("h1")).then_some(())
+        },
+    )
+    .await;
+
+    // The table is locked: h1's insert waits inside its deliver call.
+    let mut locker = pg.client().await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("LOCK TABLE fenced IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the table");
+    let body: String = (0..10)
+        .map(|id| format!("{{\"id\":{id},\"seq\":{id},\"email\":\"u{id}@example.com\"}}\n"))
+        .collect();
+    let http = reqwest::Client::new();
+    let response = http
+        .post(format!("{}/v1/ingest/t0", second.url))
+        .bearer_auth(crate::support::ACME_KEY)
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 202);
+    eventually(
+        Duration::from_secs(30),
+        "h1's insert waits on the lock",
+        || async { (inserts_waiting(&db).await == 1).then_some(()) },
+    )
+    .await;
+
+    // Frozen inside the call, past its member TTL: h2 takes the unit over
+    // and its insert of the same rows waits on the lock too.
+    signal(&first, libc::SIGSTOP);
+    eventually(Duration::from_secs(60), "h2 took the unit over", || async {
+        (owner_of_the_unit(&second).await? == "h2").then_some(())
+    })
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "h2's insert waits on the lock",
+        || async { (inserts_waiting(&db).await == 2).then_some(()) },
+    )
+    .await;
+    lock.commit().await.expect("release the lock");
+    eventually(Duration::from_secs(30), "h2 committed the rows", || async {
+        (count(&db, "fenced").await == 10).then_some(())
+    })
+    .await;
+
+    // Thawed, h1's call returns with its insert done in its transaction:
+    // its commit is refused and nothing is written twice.
+    signal(&first, libc::SIGCONT);
+    // (It steps down at once, abandoning the call: its connection closes
+    // and the database rolls the transaction back, long before the
+    // server's own `idle_in_transaction` would end it.)
+    eventually(
+        Duration::from_secs(10),
+        "h1's transaction rolled back",
+        || async {
+            let log = first.log();
+            let abandoned = log.contains("stepping down")
+                && log.contains("a call's transaction was abandoned before its commit");
+            let open: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'weir' \
+                 AND state = 'idle in transaction'",
+                    &[],
+                )
+                .await
+                .expect("read pg_stat_activity")
+                .get(0);
+            (abandoned && open == 0).then_some(())
+        },
+    )
+    .await;
+    let client = nats.client().await;
+    eventually(Duration::from_secs(60), "every row settled", || async {
+        (backlog(&client).await == (0, 0, 0)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(count(&db, "fenced").await, 10, "a row was written twice");
+    let distinct: i64 = db
+        .query_one("SELECT count(DISTINCT id) FROM fenced", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(distinct, 10);
+    drop(locker);
+}

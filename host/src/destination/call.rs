@@ -82,9 +82,11 @@ impl PgCall {
         self.doomed.as_deref()
     }
 
-    /// The connection and whether its transaction began, for the commit.
-    pub(crate) fn take_connection(&mut self) -> Option<deadpool_postgres::Object> {
-        self.client.take()
+    /// The connection, its transaction open, for the commit.
+    pub(crate) fn take_connection(&mut self) -> Option<OpenTransaction> {
+        self.client
+            .take()
+            .map(|client| OpenTransaction(Some(client)))
     }
 
     /// Runs one statement; the rows it affected.
@@ -255,6 +257,48 @@ impl PgCall {
             drop(deadpool_postgres::Object::take(client));
         }
         error
+    }
+}
+
+/// A connection inside a transaction: back to the pool only once the
+/// transaction ended ([`OpenTransaction::ended`]); dropped before (a
+/// worker aborted mid-commit), its connection is closed, never pooled.
+pub(crate) struct OpenTransaction(Option<deadpool_postgres::Object>);
+
+impl OpenTransaction {
+    pub(crate) fn client(&self) -> Option<&deadpool_postgres::Object> {
+        self.0.as_ref()
+    }
+
+    /// COMMIT or ROLLBACK went through: the connection is clean again.
+    pub(crate) fn ended(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+/// A call dropped with its transaction open (its worker aborted, its
+/// batch abandoned) must not hand that transaction to the pool's next
+/// user, who would commit it: the connection is closed instead, and the
+/// server rolls it back.
+impl Drop for PgCall {
+    fn drop(&mut self) {
+        if self.began
+            && let Some(client) = self.client.take()
+        {
+            tracing::info!(
+                database = %self.pool.shown,
+                "a call's transaction was abandoned before its commit: its connection is closed and the database rolls it back"
+            );
+            drop(deadpool_postgres::Object::take(client));
+        }
     }
 }
 

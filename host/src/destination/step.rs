@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::coordination::Lease;
 
-use super::call::PgCall;
+use super::call::{OpenTransaction, PgCall};
 use super::ledger::{CommitError, Ledger};
 use super::pool::PgPool;
 
@@ -183,7 +183,7 @@ impl PostgresStep {
                 self.ledger.sink
             )));
         }
-        let Some(client) = call.take_connection() else {
+        let Some(open) = call.take_connection() else {
             return Ok(Finished::Again(format!(
                 "sink `{}`: its connection was lost",
                 self.ledger.sink
@@ -191,11 +191,11 @@ impl PostgresStep {
         };
         let applied = match ending {
             Ending::RollBack(reason) => {
-                roll_back(client).await;
+                roll_back(open).await;
                 return Ok(Finished::RolledBack(reason));
             }
             Ending::Commit(_) if !self.commits => {
-                roll_back(client).await;
+                roll_back(open).await;
                 return Ok(Finished::Committed);
             }
             Ending::Commit(inputs) => inputs
@@ -204,30 +204,37 @@ impl PostgresStep {
                 .collect::<Vec<u64>>(),
         };
         if !lease.held() {
-            roll_back(client).await;
+            roll_back(open).await;
             return Err(Fenced(format!(
                 "sink `{}`: the lease ran out before COMMIT",
                 self.ledger.sink
             )));
         }
         let floor = (self.floor > self.pruned).then_some(self.floor);
+        let Some(client) = open.client() else {
+            return Ok(Finished::Again(format!(
+                "sink `{}`: its connection was lost",
+                self.ledger.sink
+            )));
+        };
         match self
             .ledger
-            .commit(&client, lease.claim(), &applied, floor)
+            .commit(client, lease.claim(), &applied, floor)
             .await
         {
             Ok(()) => {
+                open.ended();
                 if let Some(floor) = floor {
                     self.pruned = floor;
                 }
                 Ok(Finished::Committed)
             }
             Err(err @ CommitError::Fenced { .. }) => {
-                roll_back(client).await;
+                roll_back(open).await;
                 Err(Fenced(format!("sink `{}`: {err}", self.ledger.sink)))
             }
             Err(err) => {
-                roll_back(client).await;
+                roll_back(open).await;
                 Ok(Finished::Again(format!(
                     "sink `{}`: {err}",
                     self.ledger.sink
@@ -239,16 +246,20 @@ impl PostgresStep {
     /// The call failed (a trap, a malformed answer): nothing of it is written.
     pub async fn abandon(&mut self) {
         if let Some(mut call) = self.call.take()
-            && let Some(client) = call.take_connection()
+            && let Some(open) = call.take_connection()
         {
-            roll_back(client).await;
+            roll_back(open).await;
         }
     }
 }
 
 /// Ends the connection's transaction; one that cannot is not pooled again.
-async fn roll_back(client: deadpool_postgres::Object) {
-    if client.batch_execute("ROLLBACK").await.is_err() {
-        drop(deadpool_postgres::Object::take(client));
+async fn roll_back(open: OpenTransaction) {
+    let rolled_back = match open.client() {
+        Some(client) => client.batch_execute("ROLLBACK").await.is_ok(),
+        None => false,
+    };
+    if rolled_back {
+        open.ended();
     }
 }
