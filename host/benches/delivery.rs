@@ -26,7 +26,6 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use async_nats::Subject;
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures::stream::StreamExt;
@@ -37,7 +36,7 @@ use weir::topology::{Manifest, Names, Unit};
 
 use support::{
     CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median, print_figure,
-    publish_pipelined,
+    publish_pipelined, subjects, tables_covering,
 };
 
 /// Counts every allocation of this process: the delivery path's
@@ -422,38 +421,6 @@ fn rss_kib() -> u64 {
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(0)
-}
-
-/// The first table names `events_0`, `events_1`, … of which one routes to
-/// each shard of a one-partition topology with `shards` shards.
-/// One table per unit of `router`'s topology, each routed to its own unit.
-fn tables_covering(router: &Names) -> Vec<String> {
-    let units = router.units();
-    let mut by_shard: Vec<Option<String>> = vec![None; units.len()];
-    for index in 0.. {
-        let table = format!("events_{index}");
-        let unit = router.route(TENANT, &table);
-        let shard = units
-            .iter()
-            .position(|u| *u == unit)
-            .expect("a routed unit exists");
-        by_shard[shard].get_or_insert(table);
-        if by_shard.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    by_shard.into_iter().flatten().collect()
-}
-
-/// Each table's row subject, its shard picked by `shard_of`.
-fn subjects(router: &Names, tables: &[String], unit_of: impl Fn(&str) -> Unit) -> Vec<Subject> {
-    tables
-        .iter()
-        .map(|table| {
-            let unit = unit_of(table);
-            Subject::from(router.subject(unit, TENANT, table))
-        })
-        .collect()
 }
 
 /// Waits until every acked row has left a work-queue stream, so the next

@@ -454,3 +454,46 @@ pub async fn drain_rate(
         .await
         .expect("the host drains its stream in time")
 }
+
+/// One table per unit of `router`'s topology, each routed to its own unit.
+pub fn tables_covering(router: &weir::topology::Names) -> Vec<String> {
+    let units = router.units();
+    let mut by_shard: Vec<Option<String>> = vec![None; units.len()];
+    for index in 0.. {
+        let table = format!("events_{index}");
+        let unit = router.route(TENANT, &table);
+        let shard = units
+            .iter()
+            .position(|u| *u == unit)
+            .expect("a routed unit exists");
+        by_shard[shard].get_or_insert(table);
+        if by_shard.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    by_shard.into_iter().flatten().collect()
+}
+
+/// Each table's row subject, its shard picked by `shard_of`.
+pub fn subjects(
+    router: &weir::topology::Names,
+    tables: &[String],
+    unit_of: impl Fn(&str) -> weir::topology::Unit,
+) -> Vec<async_nats::Subject> {
+    tables
+        .iter()
+        .map(|table| {
+            let unit = unit_of(table);
+            async_nats::Subject::from(router.subject(unit, TENANT, table))
+        })
+        .collect()
+}
+
+/// A free loopback port (the PostgreSQL harness shared with the tests asks
+/// for one as `crate::support::free_port`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
