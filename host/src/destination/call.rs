@@ -59,6 +59,8 @@ pub struct PgCall {
     savepoint: bool,
     /// Why the call cannot commit, once a statement said so.
     doomed: Option<String>,
+    /// The first statement and its BEGIN are on their way.
+    first_in_flight: bool,
 }
 
 impl PgCall {
@@ -69,6 +71,7 @@ impl PgCall {
             began: false,
             savepoint: false,
             doomed: None,
+            first_in_flight: false,
         }
     }
 
@@ -147,18 +150,23 @@ impl PgCall {
         sql: &str,
         data: Vec<u8>,
     ) -> Result<u64, StatementError> {
-        let client = self.ready(ends).await?;
-        let copied = within(ends, async {
-            let sink = client.copy_in::<_, Bytes>(sql).await?;
-            futures::pin_mut!(sink);
-            sink.send(Bytes::from(data)).await?;
-            sink.finish().await
+        let prelude = self.open(ends).await?;
+        let client = self.client.as_ref().ok_or_else(no_connection)?;
+        let both = within(ends, async {
+            Ok::<_, tokio_postgres::Error>(tokio::join!(client.batch_execute(prelude), async {
+                let sink = client.copy_in::<_, Bytes>(sql).await?;
+                futures::pin_mut!(sink);
+                sink.send(Bytes::from(data)).await?;
+                sink.finish().await
+            }))
         })
         .await;
+        let copied = self.opened(both)?;
         self.settle(ends, copied).await
     }
 
-    /// Runs `run` on the prepared `sql` after this statement's savepoint.
+    /// Runs `run` on the prepared `sql` right behind this statement's
+    /// savepoint, in one round trip (see [`PgCall::open`]).
     async fn statement<T>(
         &mut self,
         ends: Instant,
@@ -171,27 +179,32 @@ impl PgCall {
         )
             -> futures::future::BoxFuture<'a, Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StatementError> {
-        let client = self.ready(ends).await?;
+        let prelude = self.open(ends).await?;
+        let client = self.client.as_ref().ok_or_else(no_connection)?;
         let types: Vec<Type> = params.iter().map(Param::sql_type).collect();
-        let result = within(ends, async {
-            let statement = client.prepare_typed_cached(sql, &types).await?;
-            run(client, &statement, params).await
+        let both = within(ends, async {
+            Ok::<_, tokio_postgres::Error>(tokio::join!(client.batch_execute(prelude), async {
+                let statement = client.prepare_typed_cached(sql, &types).await?;
+                run(client, &statement, params).await
+            }))
         })
         .await;
+        let result = self.opened(both)?;
         self.settle(ends, result).await
     }
 
-    /// The connection with this statement's savepoint set (and the
-    /// transaction begun, for the first statement).
-    async fn ready(&mut self, ends: Instant) -> Result<&deadpool_postgres::Object, StatementError> {
+    /// The connection (from the pool, the first time) and what must run
+    /// before this statement: its savepoint, and for the first statement
+    /// the transaction's BEGIN. The caller sends both at once, and the
+    /// server runs them in order.
+    async fn open(&mut self, ends: Instant) -> Result<&'static str, StatementError> {
         if let Some(reason) = &self.doomed {
             return Err(StatementError::doomed(format!(
                 "the call's transaction cannot commit: {reason}"
             )));
         }
         if self.client.is_none() {
-            let client = within(ends, self.pool.ready_client()).await;
-            match client {
+            match within(ends, self.pool.ready_client()).await {
                 Ok(client) => self.client = Some(client),
                 Err(err) => return Err(self.doom(err)),
             }
@@ -201,18 +214,41 @@ impl PgCall {
             (true, true) => "RELEASE SAVEPOINT weir_statement; SAVEPOINT weir_statement",
             (true, false) => SAVEPOINT,
         };
-        let Some(client) = &self.client else {
-            return Err(StatementError::doomed("no connection"));
-        };
-        let begun = within(ends, async { client.batch_execute(prelude).await }).await;
-        if let Err(err) = begun {
-            return Err(self.doom(err));
-        }
+        // Begun as soon as the BEGIN may have reached the server: a call
+        // dropped while waiting must close its connection, not pool it.
+        let first = !self.began;
         self.began = true;
         self.savepoint = true;
-        self.client
-            .as_ref()
-            .ok_or_else(|| StatementError::doomed("no connection"))
+        self.first_in_flight = first;
+        Ok(prelude)
+    }
+
+    /// The statement's result once its prelude ran; a prelude that failed
+    /// (the connection lost) dooms the call.
+    fn opened<T>(
+        &mut self,
+        both: Result<
+            (
+                Result<(), tokio_postgres::Error>,
+                Result<T, tokio_postgres::Error>,
+            ),
+            Failure,
+        >,
+    ) -> Result<Result<T, Failure>, StatementError> {
+        let (begun, done) = match both {
+            Ok(both) => both,
+            Err(late) => return Err(self.doom(late)),
+        };
+        if let Err(err) = begun {
+            if done.is_ok() && self.first_in_flight {
+                // Only a lost connection fails a BEGIN, and then the
+                // statement too: said loudly should it ever not.
+                tracing::error!("a statement ran while its transaction's BEGIN failed");
+            }
+            return Err(self.doom(err));
+        }
+        self.first_in_flight = false;
+        Ok(done.map_err(Failure::Db))
     }
 
     /// A statement's result: an error of the statement alone is undone to
@@ -349,4 +385,8 @@ impl<'a> FromSql<'a> for AsText {
     fn accepts(_: &Type) -> bool {
         true
     }
+}
+
+fn no_connection() -> StatementError {
+    StatementError::doomed("the call's connection is gone")
 }

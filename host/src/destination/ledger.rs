@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 
+use deadpool_postgres::ClientWrapper;
 use tokio_postgres::Client;
 
 /// Created once per pool, under an advisory lock so hosts starting
@@ -51,9 +52,16 @@ ON CONFLICT (sink, unit) DO UPDATE SET claim = EXCLUDED.claim, committed_at = no
 WHERE weir_units.claim <= EXCLUDED.claim
 RETURNING claim";
 
+/// Records the applied rows unless one of them was applied meanwhile (no
+/// row inserted). It runs after [`FENCE`], so its snapshot, taken once the
+/// unit's row lock is held, sees any commit that lock waited for.
 const RECORD: &str = "
 INSERT INTO weir_applied (sink, unit, first_seq, last_seq, seqs, claim)
-VALUES ($1, $2, $3, $4, $5, $6)";
+SELECT $1::text, $2::text, $3::int8, $4::int8, $5::int8[], $6::int8
+WHERE NOT EXISTS (
+    SELECT 1 FROM weir_applied a, unnest(a.seqs) AS s
+    WHERE a.sink = $1 AND a.unit = $2 AND a.last_seq >= $3 AND a.first_seq <= $4 AND s = ANY($5)
+)";
 
 /// Rows below the unit consumer's ack floor never come back.
 const PRUNE: &str = "DELETE FROM weir_applied WHERE sink = $1 AND unit = $2 AND last_seq < $3";
@@ -129,51 +137,61 @@ impl Ledger {
     /// forgets rows below `floor`), and commits.
     pub(crate) async fn commit(
         &self,
-        client: &Client,
+        client: &ClientWrapper,
         claim: u64,
         applied: &[u64],
         floor: Option<u64>,
     ) -> Result<(), CommitError> {
         let db = |err: tokio_postgres::Error| CommitError::Db(err.to_string());
-        let claim_i64 = as_i64(claim);
-        let fenced = client
-            .query_opt(FENCE, &[&self.sink, &self.unit, &claim_i64])
-            .await
-            .map_err(db)?;
+        let claim = as_i64(claim);
+        let seqs: Vec<i64> = applied.iter().copied().map(as_i64).collect();
+        let (first, last) = bounds(&seqs);
+        let (fence, record, prune) = futures::try_join!(
+            client.prepare_cached(FENCE),
+            client.prepare_cached(RECORD),
+            client.prepare_cached(PRUNE),
+        )
+        .map_err(db)?;
+        let floor = floor.map(as_i64);
+        let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&self.sink, &self.unit, &claim];
+        // One round trip: the server runs them in order, the record's
+        // snapshot after the fence's lock.
+        let (fenced, recorded, _) = futures::try_join!(
+            client.query_opt(&fence, &fence_params),
+            async {
+                if seqs.is_empty() {
+                    return Ok(1);
+                }
+                client
+                    .execute(
+                        &record,
+                        &[&self.sink, &self.unit, &first, &last, &seqs, &claim],
+                    )
+                    .await
+            },
+            async {
+                match &floor {
+                    Some(floor) => {
+                        client
+                            .execute(&prune, &[&self.sink, &self.unit, floor])
+                            .await
+                    }
+                    None => Ok(0),
+                }
+            },
+        )
+        .map_err(db)?;
         if fenced.is_none() {
             return Err(CommitError::Fenced {
                 unit: self.unit.clone(),
-                claim,
+                claim: u64::try_from(claim).unwrap_or(0),
             });
         }
-        if !applied.is_empty() {
-            let seqs: Vec<i64> = applied.iter().copied().map(as_i64).collect();
-            let (first, last) = bounds(&seqs);
-            let meanwhile = client
-                .query(
-                    APPLIED_AMONG,
-                    &[&self.sink, &self.unit, &first, &last, &seqs],
-                )
-                .await
-                .map_err(db)?;
-            if !meanwhile.is_empty() {
-                return Err(CommitError::AppliedMeanwhile {
-                    unit: self.unit.clone(),
-                });
-            }
-            client
-                .execute(
-                    RECORD,
-                    &[&self.sink, &self.unit, &first, &last, &seqs, &claim_i64],
-                )
-                .await
-                .map_err(db)?;
-        }
-        if let Some(floor) = floor {
-            client
-                .execute(PRUNE, &[&self.sink, &self.unit, &as_i64(floor)])
-                .await
-                .map_err(db)?;
+        if recorded == 0 {
+            return Err(CommitError::AppliedMeanwhile {
+                unit: self.unit.clone(),
+            });
         }
         client.batch_execute("COMMIT").await.map_err(db)
     }
