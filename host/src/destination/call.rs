@@ -161,7 +161,7 @@ impl PgCall {
             }))
         })
         .await;
-        let copied = self.opened(both)?;
+        let copied = self.opened(both);
         self.settle(ends, copied).await
     }
 
@@ -189,7 +189,7 @@ impl PgCall {
             }))
         })
         .await;
-        let result = self.opened(both)?;
+        let result = self.opened(both);
         self.settle(ends, result).await
     }
 
@@ -225,30 +225,19 @@ impl PgCall {
 
     /// The statement's result once its prelude ran; a prelude that failed
     /// (the connection lost) dooms the call.
-    fn opened<T>(
-        &mut self,
-        both: Result<
-            (
-                Result<(), tokio_postgres::Error>,
-                Result<T, tokio_postgres::Error>,
-            ),
-            Failure,
-        >,
-    ) -> Result<Result<T, Failure>, StatementError> {
-        let (begun, done) = match both {
-            Ok(both) => both,
-            Err(late) => return Err(self.doom(late)),
-        };
+    fn opened<T>(&mut self, both: Sent<T>) -> Result<T, Failure> {
+        let (begun, done) = both?;
         if let Err(err) = begun {
             if done.is_ok() && self.first_in_flight {
                 // Only a lost connection fails a BEGIN, and then the
                 // statement too: said loudly should it ever not.
                 tracing::error!("a statement ran while its transaction's BEGIN failed");
             }
-            return Err(self.doom(err));
+            let reason = self.doom(err).to_string();
+            return Err(Failure::Lost(reason));
         }
         self.first_in_flight = false;
-        Ok(done.map_err(Failure::Db))
+        done.map_err(Failure::Db)
     }
 
     /// A statement's result: an error of the statement alone is undone to
@@ -386,6 +375,15 @@ impl<'a> FromSql<'a> for AsText {
         true
     }
 }
+
+/// A statement and its prelude, as they came back.
+type Sent<T> = Result<
+    (
+        Result<(), tokio_postgres::Error>,
+        Result<T, tokio_postgres::Error>,
+    ),
+    Failure,
+>;
 
 fn no_connection() -> StatementError {
     StatementError::doomed("the call's connection is gone")

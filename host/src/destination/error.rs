@@ -70,6 +70,8 @@ pub enum Failure {
     Db(tokio_postgres::Error),
     /// No connection could be had from the pool.
     Pool(String),
+    /// The call's connection was lost (and the call doomed) on the way.
+    Lost(String),
     /// The call's deadline passed first.
     Late,
 }
@@ -79,6 +81,7 @@ impl Failure {
         match self {
             Failure::Db(db) => StatementError::from_db(db),
             Failure::Pool(reason) => StatementError::doomed(format!("postgres: {reason}")),
+            Failure::Lost(reason) => StatementError::doomed(reason.clone()),
             Failure::Late => {
                 StatementError::doomed("the call's deadline passed waiting for the database")
             }
