@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use weir::host::StartError;
@@ -420,4 +420,234 @@ async fn a_js_error_refuses_the_plugin_in_init_and_dead_letters_its_row_in_row()
     .await;
     assert_eq!(lines, vec!["{\"id\":1,\"name\":\"ann\"}"]);
     host.shutdown().await;
+}
+
+/// A Python sink POSTing each batch through `wasi:http` (the bindings
+/// componentize-py generates for `sink-http`), one request per batch;
+/// a failed request dead-letters the batch with its error code.
+const HTTP_SINK_APP: &str = r#"import weir_plugin as weir
+from wit_world.imports import outgoing_handler, wasi_http_types as types
+from componentize_py_types import Err
+
+
+def post(authority, body):
+    headers = types.Fields.from_list([
+        ("content-type", b"application/x-ndjson"),
+        ("content-length", str(len(body)).encode()),
+    ])
+    request = types.OutgoingRequest(headers)
+    request.set_method(types.Method_Post())
+    request.set_scheme(types.Scheme_Http())
+    request.set_authority(authority)
+    request.set_path_with_query("/ingest")
+    outgoing = request.body()
+    future = outgoing_handler.handle(request, None)
+    try:
+        with outgoing.write() as stream:
+            for start in range(0, len(body), 4096):
+                stream.blocking_write_and_flush(body[start:start + 4096])
+        types.OutgoingBody.finish(outgoing, None)
+    except Err:
+        pass  # a refused request closes its body: the response says why
+    with future.subscribe() as ready:
+        ready.block()
+    answer = future.get().value
+    if isinstance(answer, Err):
+        raise RuntimeError(repr(answer.value))
+    return answer.value.status()
+
+
+class Plugin(weir.Sink):
+    def init(self, settings):
+        self.authority = settings["authority"]
+
+    def batch(self, rows):
+        body = b"".join(row.payload + b"\n" for row in rows)
+        try:
+            status = post(self.authority, body)
+        except Exception as error:
+            return [weir.dead_letter("HTTP request failed: %r" % (error,)) for _ in rows]
+        if status >= 300:
+            return [weir.retry(100) for _ in rows]
+        return [weir.ok() for _ in rows]
+
+
+WitWorld = weir.export(Plugin)
+"#;
+
+/// The same sink in JavaScript, on the `wasi:http` imports as componentize-js
+/// binds them (synchronous: `fetch` would return a promise weir never awaits).
+const HTTP_SINK_JS: &str = r#"import * as weir from "./weir/index.js";
+import { handle } from "wasi:http/outgoing-handler@0.2.12";
+import { Fields, OutgoingRequest, OutgoingBody } from "wasi:http/types@0.2.12";
+
+const encoder = new TextEncoder();
+
+function post(authority, body) {
+  const request = new OutgoingRequest(Fields.fromList([
+    ["content-type", encoder.encode("application/x-ndjson")],
+    ["content-length", encoder.encode(String(body.length))],
+  ]));
+  request.setMethod({ tag: "post" });
+  request.setScheme({ tag: "HTTP" });
+  request.setAuthority(authority);
+  request.setPathWithQuery("/ingest");
+  const outgoing = request.body();
+  const future = handle(request, undefined);
+  try {
+    const stream = outgoing.write();
+    for (let start = 0; start < body.length; start += 4096) {
+      stream.blockingWriteAndFlush(body.subarray(start, start + 4096));
+    }
+    stream[Symbol.dispose]();
+    OutgoingBody.finish(outgoing, undefined);
+  } catch {
+    // A refused request closes its body: the response says why.
+  }
+  future.subscribe().block();
+  const answer = future.get();
+  if (answer.tag === "err") throw new Error("the response was taken already");
+  if (answer.val.tag === "err") throw new Error(JSON.stringify(answer.val.val));
+  return answer.val.val.status();
+}
+
+export const { init, deliver } = weir.sink({
+  init(settings) {
+    this.authority = settings.authority;
+  },
+  batch(rows) {
+    const body = encoder.encode(rows.map((row) => row.text() + "\n").join(""));
+    let status;
+    try {
+      status = post(this.authority, body);
+    } catch (error) {
+      return rows.map(() => weir.deadLetter(`HTTP request failed: ${error.message ?? error}`));
+    }
+    if (status >= 300) return rows.map(() => weir.retry(100));
+    return rows.map(() => weir.ok());
+  },
+});
+"#;
+
+/// A sink project in `lang` whose code is `code`, built for `sink-http`
+/// with weir's `plugins/wasi-http` WIT: its `.wasm`.
+fn built_http_sink(lang: &str, code: &str) -> PathBuf {
+    let name = format!("http-{lang}");
+    let dir = scaffold(&name, lang, "sink");
+    let (file, from, to) = match lang {
+        "python" => ("app.py", "-w sink ", "-w sink-http "),
+        _ => ("plugin.js", "-n sink -d http fetch-event", "-n sink-http"),
+    };
+    std::fs::write(dir.join(file), code).expect("write the plugin's code");
+    let build = std::fs::read_to_string(dir.join("build.sh")).expect("build.sh");
+    assert!(build.contains(from), "{lang} build.sh: {build}");
+    std::fs::write(dir.join("build.sh"), build.replace(from, to)).expect("build.sh");
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/wasi-http");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(wit.join("http.wit"))
+        .arg(wit.join("deps"))
+        .arg(dir.join("wit"))
+        .status()
+        .expect("cp runs");
+    assert!(copied.success(), "copy {}", wit.display());
+    run_script(&dir, "build.sh");
+    let wasm = dir.join(format!("{name}.wasm"));
+    assert!(wasm.is_file(), "{} was not built", wasm.display());
+    wasm
+}
+
+/// An endpoint on 127.0.0.1 answering 200 to every POST, keeping the bodies.
+async fn recording_endpoint() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let app = axum::Router::new()
+        .route(
+            "/ingest",
+            axum::routing::post(
+                |axum::extract::State(bodies): axum::extract::State<Arc<Mutex<Vec<String>>>>,
+                 body: String| async move {
+                    bodies.lock().unwrap().push(body);
+                    "ok"
+                },
+            ),
+        )
+        .with_state(bodies.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the endpoint");
+    let addr = listener.local_addr().expect("endpoint address");
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("endpoint serves");
+    });
+    (addr, bodies)
+}
+
+/// A Python or JS sink reaches a granted endpoint through `wasi:http`, and
+/// the same component without `grants.http` is refused every request.
+async fn an_http_sink_posts_through_its_grant_and_is_refused_without(lang: &'static str) {
+    let code = if lang == "python" {
+        HTTP_SINK_APP
+    } else {
+        HTTP_SINK_JS
+    };
+    let wasm = tokio::task::spawn_blocking(move || built_http_sink(lang, code))
+        .await
+        .expect("build");
+    let (addr, bodies) = recording_endpoint().await;
+    let mut extra = String::new();
+    for (table, grant) in [
+        ("granted", format!("grants.http = [\"{addr}\"]\n")),
+        ("ungranted", String::new()),
+    ] {
+        extra.push_str(&format!(
+            "\n[plugins.{table}]\nwasm = \"{}\"\nworld = \"sink\"\nsettings = {{ authority = \"{addr}\" }}\n{grant}\n\
+             [[pipelines]]\ntables = [\"{table}\"]\nsink = \"{table}\"\n",
+            wasm.display()
+        ));
+    }
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let lines: Vec<&str> = ROWS
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    for table in ["granted", "ungranted"] {
+        let response = host.ingest(table, ROWS).await;
+        assert_eq!(response.status(), 202, "{lang} {table}");
+    }
+    let got = eventually(Duration::from_secs(30), "the rows posted", || async {
+        let got: Vec<String> = bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|body| body.lines().map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        (got.len() >= lines.len()).then_some(got)
+    })
+    .await;
+    assert_eq!(got, lines, "{lang}: the rows the endpoint received");
+    let reasons = dead_letter_reasons(&nats, lines.len()).await;
+    assert_eq!(reasons.len(), lines.len(), "{lang}: {reasons:?}");
+    for reason in &reasons {
+        let plain: String = reason
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        assert!(
+            reason.contains("HTTP request failed") && plain.contains("httprequestdenied"),
+            "{lang}: {reason}"
+        );
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_sink_posts_through_its_http_grant_and_is_refused_without() {
+    an_http_sink_posts_through_its_grant_and_is_refused_without("python").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_js_sink_posts_through_its_http_grant_and_is_refused_without() {
+    an_http_sink_posts_through_its_grant_and_is_refused_without("js").await;
 }

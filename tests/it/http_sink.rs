@@ -1,10 +1,12 @@
 //! The HTTP sink against a local endpoint: batches arrive as NDJSON, 5xx
 //! answers are retried (each row under the same key, to drop a replay), 4xx
 //! dead-lettered, ungranted hosts denied, and a
-//! `wasi:http` plugin without `grants.http` loaded, its every request denied.
+//! `wasi:http` plugin without `grants.http` loaded, its every request denied;
+//! batches share a few keep-alive connections rather than one each.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +39,8 @@ struct Script {
 struct Endpoint {
     addr: SocketAddr,
     script: Arc<Mutex<Script>>,
+    /// TCP connections accepted so far.
+    accepted: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -54,12 +58,22 @@ impl Endpoint {
             .await
             .expect("bind the test endpoint");
         let addr = listener.local_addr().expect("endpoint address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let listener = Counting {
+            inner: listener,
+            accepted: accepted.clone(),
+        };
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
                 .await
                 .expect("test endpoint serves");
         });
-        Endpoint { addr, script, task }
+        Endpoint {
+            addr,
+            script,
+            accepted,
+            task,
+        }
     }
 
     fn url(&self) -> String {
@@ -81,6 +95,27 @@ impl Endpoint {
             }
         }
         lines
+    }
+}
+
+/// A listener that counts the connections it accepts.
+struct Counting {
+    inner: tokio::net::TcpListener,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl axum::serve::Listener for Counting {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let accepted = axum::serve::Listener::accept(&mut self.inner).await;
+        self.accepted.fetch_add(1, Ordering::SeqCst);
+        accepted
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
     }
 }
 
@@ -351,5 +386,43 @@ async fn a_wasi_http_plugin_without_grants_http_loads_and_every_request_is_denie
         );
     }
     assert!(endpoint.received().is_empty(), "{:?}", endpoint.received());
+    host.shutdown().await;
+}
+
+/// Batches one after another reuse the plugin's keep-alive connections: the
+/// endpoint accepts a few (at most one per instance that ran), not one per
+/// batch as before pooling.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_reuse_a_few_keep_alive_connections_instead_of_one_each() {
+    const BATCHES: usize = 120;
+    let nats = Nats::start();
+    let endpoint = Endpoint::start(&[], 200).await;
+    let grant = format!("[\"{}\"]", endpoint.addr);
+    let extra = http_pipeline(&endpoint.url(), &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    // One row at a time, each posted before the next is ingested: each is
+    // a batch of its own.
+    for id in 0..BATCHES {
+        let response = host.ingest("events", orders(id, 1)).await;
+        assert_eq!(response.status(), 202);
+        eventually(Duration::from_secs(30), "the row posted", || async {
+            (endpoint.delivered_lines().len() == id + 1).then_some(())
+        })
+        .await;
+    }
+    settled(&nats).await;
+
+    let requests = endpoint.received().len();
+    let accepted = endpoint.accepted.load(Ordering::SeqCst);
+    assert!(requests >= BATCHES, "{requests} requests");
+    println!(
+        "http sink: {requests} batches over {accepted} TCP connections ({:.1} per 1,000 batches)",
+        accepted as f64 * 1000.0 / requests as f64
+    );
+    assert!(
+        accepted <= 8,
+        "{accepted} connections for {requests} batches: not kept alive"
+    );
     host.shutdown().await;
 }

@@ -1,9 +1,59 @@
 //! Outbound HTTP for plugins with `grants.http`: each request must go to a
-//! granted authority, within what is left of the call's deadline.
+//! granted authority, within what is left of the call's deadline, over a
+//! keep-alive connection of the plugin version's pool.
 
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use wasmtime_wasi_http::{RequestOptions, WasiBody, WasiHttpHooks};
+
+/// An idle connection is closed after this long: shorter than most servers'
+/// own keep-alive timeouts (nginx 75 s, Go 90 s), so that it is rarely the
+/// server that closes it first.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle connections kept per authority: one per instance a plugin usually
+/// runs at once; more than this are closed when their request completes.
+pub(crate) const MAX_IDLE_PER_AUTHORITY: usize = 32;
+
+/// One plugin version's keep-alive connections, per authority (the client
+/// keys its pool by scheme and authority), shared by all its instances.
+pub(crate) type HttpPool = Client<hyper_rustls::HttpsConnector<HttpConnector>, WasiBody>;
+
+/// The pool of a plugin version: plain HTTP or TLS (trusting the roots
+/// `wasmtime_wasi_http`'s own client trusts), HTTP/1 with keep-alive.
+/// `connect_timeout` bounds a TCP connect; each request's own bounds are
+/// applied around it by [`HttpGate`]. Fails only if ring's TLS provider
+/// lacks rustls's default protocol versions.
+pub(crate) fn pool(connect_timeout: Duration) -> Result<HttpPool, rustls::Error> {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    // A request is one or two small writes: Nagle would hold the second.
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(connect_timeout));
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .pool_max_idle_per_host(MAX_IDLE_PER_AUTHORITY)
+        .pool_timer(TokioTimer::new())
+        .build(connector))
+}
 
 /// Lets a plugin's outbound HTTP request out only to an authority in its
 /// `grants.http`, and never for longer than what is left of its call.
@@ -13,6 +63,8 @@ pub(super) struct HttpGate {
     pub(super) allowed: Vec<String>,
     /// The running call's deadline (a copy of `PluginState::call_ends`).
     pub(super) call_ends: Instant,
+    /// The plugin version's connections; `None` without `grants.http`.
+    pub(super) pool: Option<HttpPool>,
 }
 
 pub(super) type ResponseFuture = Box<
@@ -38,14 +90,18 @@ impl HttpGate {
         Some(format!("{}:{port}", authority.host().to_ascii_lowercase()))
     }
 
+    /// What is left of the running call (at least a millisecond).
+    fn left(&self) -> Duration {
+        self.call_ends
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    }
+
     /// The guest's timeouts, none longer than what is left of the call: a
     /// call blocked in the host on a response is not interrupted by the
     /// epoch, so these are what keep it within its deadline.
     pub(super) fn bounded(&self, options: Option<RequestOptions>) -> RequestOptions {
-        let left = self
-            .call_ends
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
+        let left = self.left();
         let bound = |asked: Option<Duration>| Some(asked.map_or(left, |asked| asked.min(left)));
         let options = options.unwrap_or_default();
         RequestOptions {
@@ -77,14 +133,109 @@ impl WasiHttpHooks for HttpGate {
             );
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         }
+        let Some(pool) = self.pool.clone() else {
+            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        };
         let options = self.bounded(options);
+        // A pooled request may connect first or not: its head must come
+        // within connect + first-byte, and never after the call's end.
+        let head_within = options
+            .connect_timeout
+            .unwrap_or_default()
+            .saturating_add(options.first_byte_timeout.unwrap_or_default())
+            .min(self.left());
+        let between_bytes = options
+            .between_bytes_timeout
+            .unwrap_or_default()
+            .max(Duration::from_nanos(1));
         Box::new(async move {
-            let (response, io) =
-                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
-            Ok((
-                response.map(WasiBody::new),
-                Box::new(io) as Box<dyn Future<Output = _> + Send>,
-            ))
+            let response = tokio::time::timeout(head_within, pool.request(request))
+                .await
+                .map_err(|_| wasmtime_wasi_http::Error::ConnectionReadTimeout)?
+                .map_err(send_error)?;
+            let mut timeout = tokio::time::interval(between_bytes);
+            timeout.reset();
+            let response =
+                response.map(|incoming| WasiBody::new(BoundedBody { incoming, timeout }));
+            // The pool drives the connection: nothing is left for the caller to await.
+            let io = async { Ok(()) };
+            Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })
+    }
+}
+
+/// What the guest sees of a failed pooled request.
+fn send_error(err: hyper_util::client::legacy::Error) -> wasmtime_wasi_http::Error {
+    use std::error::Error as _;
+    use wasmtime_wasi_http::Error;
+    let mut source = err.source();
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => Error::ConnectionRefused,
+                std::io::ErrorKind::TimedOut => Error::ConnectionTimeout,
+                kind => Error::Connect(std::io::Error::new(kind, err.to_string())),
+            };
+        }
+        if cause.downcast_ref::<rustls::Error>().is_some() {
+            return Error::TlsProtocolError;
+        }
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+            return if hyper.is_timeout() {
+                Error::HttpResponseTimeout
+            } else if hyper.is_incomplete_message() || hyper.is_canceled() || hyper.is_closed() {
+                Error::ConnectionTerminated
+            } else {
+                Error::HttpProtocolError
+            };
+        }
+        source = cause.source();
+    }
+    if err.is_connect() {
+        Error::DestinationUnavailable
+    } else {
+        Error::HttpProtocolError
+    }
+}
+
+/// A response body that fails when no frame comes within `timeout` of the
+/// last one (the guest's between-bytes bound, at most its call's end).
+struct BoundedBody {
+    incoming: hyper::body::Incoming,
+    timeout: tokio::time::Interval,
+}
+
+impl hyper::body::Body for BoundedBody {
+    type Data = bytes::Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        match Pin::new(&mut self.incoming).poll_frame(cx) {
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(if err.is_timeout() {
+                wasmtime_wasi_http::Error::HttpResponseTimeout
+            } else {
+                wasmtime_wasi_http::Error::from(err)
+            }))),
+            Poll::Ready(Some(Ok(frame))) => {
+                self.timeout.reset();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                ready!(self.timeout.poll_tick(cx));
+                Poll::Ready(Some(Err(wasmtime_wasi_http::Error::ConnectionReadTimeout)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.incoming.size_hint()
     }
 }

@@ -81,6 +81,8 @@ pub struct Plugin {
     pub(super) pauses: Arc<super::Pauses>,
     /// The database of its `grants.postgres`, if any.
     pub postgres: Option<Arc<crate::destination::PgPool>>,
+    /// Keep-alive connections of its `grants.http`, shared by its instances.
+    pub(super) http_pool: Option<super::http::HttpPool>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -156,6 +158,7 @@ impl Plugin {
                 plugin: self.config.name.clone(),
                 allowed: self.config.grants.http.clone(),
                 call_ends: Instant::now(),
+                pool: self.http_pool.clone(),
             },
             table: ResourceTable::new(),
             limits: Limiter {

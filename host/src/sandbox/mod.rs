@@ -376,6 +376,15 @@ impl Sandbox {
             Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
             None => None,
         };
+        // A connect never usefully outlasts a call.
+        let http_pool = match config.grants.http.is_empty() {
+            true => None,
+            false => Some(http::pool(config.deadline).map_err(|err| LoadError::Grant {
+                plugin: config.name.clone(),
+                dir: "grants.http".to_string(),
+                reason: format!("no TLS client: {err}"),
+            })?),
+        };
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -393,6 +402,7 @@ impl Sandbox {
             counter_names: Default::default(),
             pauses: self.pauses.clone(),
             postgres,
+            http_pool,
         });
         let smoke_test = loaded
             .instantiate()

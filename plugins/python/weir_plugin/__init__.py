@@ -633,10 +633,20 @@ class _World:
         _PLUGIN.append(plugin)
 
 
+def _wit_types():
+    """weir's `types` interface: componentize-py names it `weir_plugin_types`
+    when the world imports another `types` too (wasi:http's)."""
+    try:
+        from wit_world.imports import weir_plugin_types as types
+    except ImportError:
+        from wit_world.imports import types
+    return types
+
+
 class _TransformWorld(_World):
     def transform(self, rows):
         def run():
-            from wit_world.imports.types import Transformed
+            Transformed = _wit_types().Transformed
 
             unpacked = unpack(rows)
             outcomes = _instance().batch(unpacked)
@@ -648,7 +658,7 @@ class _TransformWorld(_World):
 class _SinkWorld(_World):
     def deliver(self, rows):
         def run():
-            from wit_world.imports.types import Delivered
+            Delivered = _wit_types().Delivered
 
             unpacked = unpack(rows)
             outcomes = _instance().batch(unpacked)
