@@ -263,17 +263,38 @@ async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and
     faults.push("nats-server restarted after 2 s");
     pause().await;
 
+    // The load goes on until the target holds 100k rows, however fast
+    // this machine takes them.
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    eventually(Duration::from_secs(300), "100k rows published", || async {
+        let mut audit = js.get_stream("AUDIT").await.ok()?;
+        let stored = audit.info().await.ok()?.state.messages;
+        (stored >= 100_000).then_some(())
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let mut accepted = BTreeSet::new();
     for producer in producers {
         accepted.extend(producer.await.expect("producer"));
     }
     let load = started.elapsed();
-    let client = nats.client().await;
-    eventually(Duration::from_secs(120), "every row settled", || async {
-        (backlog(&client).await == (0, 0, 0)).then_some(())
-    })
-    .await;
+    let waiting = Instant::now();
+    while backlog(&client).await != (0, 0, 0) {
+        if waiting.elapsed() > Duration::from_secs(120) {
+            // What the hosts said of it, before failing.
+            for host in &hosts {
+                let log = host.log();
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+                    .collect();
+                println!("{}", lines[lines.len().saturating_sub(15)..].join("\n"));
+            }
+            panic!("rows not settled after 120 s: {:?}", backlog(&client).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let messages = read_all(&client, "AUDIT").await;
     let mut by_id: BTreeMap<u64, usize> = BTreeMap::new();

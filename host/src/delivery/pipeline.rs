@@ -734,14 +734,14 @@ impl PipelineRunner {
             match self.run_once(rows.clone(), lease).await {
                 Ok(verdicts) => {
                     if let Some(since) = waiting_since {
-                        tracing::info!(waited = ?since.elapsed(), "the sink's database takes the batch again");
+                        tracing::info!(waited = ?since.elapsed(), "the sink's destination takes the batch again");
                     }
                     return Ok(verdicts);
                 }
                 Err(Attempt::Stop(err)) => return Err(err),
                 Err(Attempt::Again(reason)) => {
                     if waiting_since.is_none() {
-                        tracing::warn!(%reason, "the sink's database cannot take the batch; it waits and runs again");
+                        tracing::warn!(%reason, "the sink's destination cannot take the batch; it waits and runs again");
                         waiting_since = Some(tokio::time::Instant::now());
                     }
                     tokio::time::sleep(pause).await;

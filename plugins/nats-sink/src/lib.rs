@@ -11,7 +11,7 @@
 //! |----------------|---------|---------|-----------------------------------------------------------------|
 //! | `subject`      | string  | —       | subject template: `audit.{tenant}.{table}`, `orders.{customer.id}` |
 //! | `headers`      | table   | none    | headers added to every message, name → value                    |
-//! | `keep_headers` | bool    | `true`  | send the row's own headers with its message                     |
+//! | `keep_headers` | bool    | `true`  | send the row's own headers with its message (not `Nats-…`: the host's) |
 //! | `payload`      | string  | none    | send this field of the payload instead of the whole row          |
 //!
 //! In `subject`, `{tenant}` and `{table}` are the row's; any other

@@ -11,7 +11,7 @@
 //!   PubAck; a publish that fails makes the batch run again;
 //! - each message carries a `Nats-Msg-Id` from its row's partition
 //!   stream, the row's sequence and its index among the row's publishes
-//!   (one a plugin sets is replaced), so a JetStream target drops a
+//!   (every `Nats-…` header a plugin sets is dropped), so a JetStream target drops a
 //!   redelivered row's copies within its `duplicate_window`.
 //!
 //! Outside wasm (a plugin's own tests) there is no host: publishes are
