@@ -32,6 +32,7 @@ fn main() {
             ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),
             ("WINDOW", "weir_window.wasm"),
             ("POSTGRES_SINK", "weir_postgres_sink.wasm"),
+            ("NATS_SINK", "weir_nats_sink.wasm"),
         ],
     };
     guests::build_all(&repo, &[plugins], "plugins.rs");

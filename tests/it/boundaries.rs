@@ -16,6 +16,8 @@ const MAY_USE_NATS: &[&str] = &[
     "coordination",
     "ingest",
     "delivery",
+    // A sink granted `nats` publishes through the host's connection.
+    "destination",
     "reload",
     "ops",
     "host",

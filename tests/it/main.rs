@@ -21,6 +21,7 @@ mod http_sink;
 mod kv;
 mod logs;
 mod metrics;
+mod nats_sink;
 mod operator;
 mod plugin_tools;
 mod policies;

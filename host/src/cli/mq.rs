@@ -103,10 +103,9 @@ impl MqCommand {
             MqCommand::Permissions { config } => {
                 let config = Config::load(&config, &Overrides::default())?;
                 let manifest = manifest_of(&config, None);
-                print_json(&serde_json::to_value(Permissions::for_host(
-                    &router_of(&config),
-                    &manifest,
-                ))?)
+                let permissions = Permissions::for_host(&router_of(&config), &manifest)
+                    .with_grants(config.plugins.values());
+                print_json(&serde_json::to_value(permissions)?)
             }
         }
     }

@@ -77,6 +77,7 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
     plugin.extend(fields_of::<plugins::RawGrants>("grants."));
     plugin.extend(fields_of::<plugins::RawStateGrant>("grants.state."));
     plugin.extend(fields_of::<plugins::RawPostgresGrant>("grants.postgres."));
+    plugin.extend(fields_of::<plugins::RawNatsGrant>("grants.nats."));
     BTreeMap::from([
         ("", top),
         ("nats", fields_of::<nats::RawNats>("")),

@@ -244,7 +244,7 @@ impl Checker<'_> {
             raw.admin_api_keys_file.as_ref(),
             &tenant_keys,
         );
-        let plugins = self.plugins(raw.plugins, &places.plugins_dir);
+        let plugins = self.plugins(raw.plugins, &places.plugins_dir, &stream.prefix);
         let pipelines = self.pipelines(raw.pipelines, &plugins);
         let policies = self.policies(raw.policies, &plugins);
         let limits = self.limits(

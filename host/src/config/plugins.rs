@@ -131,6 +131,19 @@ pub(super) const KEYS: &[Key] = &[
         Fallback::Time(DEFAULT_POSTGRES_IDLE_IN_TRANSACTION),
         Reload::Hot,
     ),
+    Key::new("plugins.NAME", "grants.nats", Fallback::Off, Reload::Hot),
+    Key::new(
+        "plugins.NAME",
+        "grants.nats.publish",
+        Fallback::Required,
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "grants.nats.jetstream",
+        Fallback::Bool(true),
+        Reload::Hot,
+    ),
 ];
 
 /// One plugin as named in the TOML. Compared on reload: a changed entry
@@ -177,6 +190,72 @@ pub struct Grants {
     /// A PostgreSQL database a sink writes through the host (the WIT
     /// `postgres` interface); `None`: every statement is refused.
     pub postgres: Option<PostgresGrant>,
+    /// NATS subjects a sink publishes to through the host's connection
+    /// (the WIT `nats` interface); `None`: every publish is refused.
+    pub nats: Option<NatsGrant>,
+}
+
+/// `grants.nats`: the subjects a sink may publish to, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsGrant {
+    /// Subject patterns (`*` and `>` wildcards), none reaching weir's own
+    /// subjects, `$` system subjects or `_INBOX`.
+    pub publish: Vec<String>,
+    /// Await a JetStream PubAck per message (true), or publish on core
+    /// NATS and flush (false: at most once to absent subscribers).
+    pub jetstream: bool,
+}
+
+impl NatsGrant {
+    /// Whether `subject` (a publish subject, no wildcards) is granted.
+    pub fn allows(&self, subject: &str) -> bool {
+        self.publish
+            .iter()
+            .any(|pattern| subject_matches(pattern, subject))
+    }
+}
+
+/// Whether the NATS `pattern` (`*` one token, `>` the rest) matches `subject`.
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for wanted in pattern.split('.') {
+        match (wanted, tokens.next()) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(_)) => {}
+            (wanted, Some(token)) if wanted == token => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
+/// Why `text` is not a NATS subject: empty tokens, whitespace, or (unless
+/// `wildcards`) a `*` or `>`; `>` only as the last token.
+pub fn subject_problem(text: &str, wildcards: bool) -> Option<&'static str> {
+    if text.is_empty() {
+        return Some("is empty");
+    }
+    let tokens: Vec<&str> = text.split('.').collect();
+    for (index, token) in tokens.iter().enumerate() {
+        if token.is_empty() {
+            return Some("has an empty token (a leading, trailing or doubled `.`)");
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Some("holds whitespace");
+        }
+        let wildcard = *token == "*" || *token == ">";
+        if wildcard && !wildcards {
+            return Some("holds a wildcard (`*` or `>`): a message goes to one subject");
+        }
+        if !wildcard && (token.contains('*') || token.contains('>')) {
+            return Some("holds `*` or `>` inside a token (a wildcard is a whole token)");
+        }
+        if *token == ">" && index + 1 != tokens.len() {
+            return Some("has `>` before its last token");
+        }
+    }
+    None
 }
 
 /// `grants.postgres`: where the host connects for a sink, and how.
@@ -294,6 +373,14 @@ pub(super) struct RawGrants {
     http: Vec<Spanned<String>>,
     state: Option<RawStateGrant>,
     postgres: Option<RawPostgresGrant>,
+    nats: Option<RawNatsGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNatsGrant {
+    publish: Spanned<Vec<Spanned<String>>>,
+    jetstream: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -356,20 +443,28 @@ pub fn parse_authority(text: &str) -> Result<String, String> {
 
 impl Checker<'_> {
     /// The plugins by name, each `wasm` looked up in `plugins_dir`.
+    /// `prefix` is weir's own subjects' (`[stream] prefix`), out of any grant's reach.
     pub(super) fn plugins(
         &self,
         raw: BTreeMap<Spanned<String>, RawPlugin>,
         plugins_dir: &Path,
+        prefix: &str,
     ) -> BTreeMap<String, PluginConfig> {
         raw.into_iter()
             .map(|(name, plugin)| {
-                let plugin = self.plugin(name, plugin, plugins_dir);
+                let plugin = self.plugin(name, plugin, plugins_dir, prefix);
                 (plugin.name.clone(), plugin)
             })
             .collect()
     }
 
-    fn plugin(&self, name: Spanned<String>, plugin: RawPlugin, plugins_dir: &Path) -> PluginConfig {
+    fn plugin(
+        &self,
+        name: Spanned<String>,
+        plugin: RawPlugin,
+        plugins_dir: &Path,
+        prefix: &str,
+    ) -> PluginConfig {
         self.check_token("plugin", &name);
         let wasm = plugins_dir.join(plugin.wasm.get_ref());
         if !wasm.is_file() {
@@ -403,7 +498,7 @@ impl Checker<'_> {
             MIN_PLUGIN_DEADLINE,
             Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
         );
-        let grants = self.grants(name.get_ref(), plugin.world, plugin.grants);
+        let grants = self.grants(name.get_ref(), plugin.world, plugin.grants, prefix);
         let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
             .unwrap_or(serde_json::Value::Object(Default::default()));
         let recycle_after_batches = plugin
@@ -424,7 +519,7 @@ impl Checker<'_> {
         }
     }
 
-    fn grants(&self, plugin: &str, world: World, raw: RawGrants) -> Grants {
+    fn grants(&self, plugin: &str, world: World, raw: RawGrants, prefix: &str) -> Grants {
         let mut dirs = Vec::new();
         for dir in raw.dirs {
             let host = self.resolve(dir.host.get_ref());
@@ -458,6 +553,58 @@ impl Checker<'_> {
             postgres: raw
                 .postgres
                 .map(|grant| self.postgres_grant(plugin, world, grant)),
+            nats: raw
+                .nats
+                .map(|grant| self.nats_grant(plugin, world, grant, prefix)),
+        }
+    }
+
+    /// Each pattern must be a valid subject (wildcards allowed) out of
+    /// weir's own subjects, the system's (`$…`) and replies (`_INBOX`): a
+    /// grant reaches the subjects it names, never weir's streams.
+    fn nats_grant(&self, plugin: &str, world: World, raw: RawNatsGrant, prefix: &str) -> NatsGrant {
+        if world != World::Sink {
+            self.report(
+                raw.publish.span().start,
+                format!(
+                    "plugin `{plugin}`: grants.nats is for sinks (its publishes are sent with a sink's deliveries), and this plugin is a {}",
+                    world.as_str()
+                ),
+            );
+        }
+        if raw.publish.get_ref().is_empty() {
+            self.report(
+                raw.publish.span().start,
+                format!("plugin `{plugin}`: grants.nats.publish names no subject"),
+            );
+        }
+        let mut publish = Vec::new();
+        for pattern in raw.publish.into_inner() {
+            let text = pattern.get_ref();
+            let first = text.split('.').next().unwrap_or_default();
+            let problem = subject_problem(text, true).map(str::to_string).or_else(|| {
+                (first.starts_with('$') || first == "_INBOX")
+                    .then(|| "reaches NATS's own subjects (`$…`, `_INBOX`)".to_string())
+                    .or_else(|| {
+                        matches!(first, "*" | ">")
+                            .then(|| format!("reaches weir's own subjects (`{prefix}.…`): begin it with a literal token"))
+                    })
+                    .or_else(|| {
+                        (first == prefix)
+                            .then(|| format!("reaches weir's own subjects (`{prefix}.…`)"))
+                    })
+            });
+            match problem {
+                Some(problem) => self.report(
+                    pattern.span().start,
+                    format!("plugin `{plugin}`: grants.nats.publish entry `{text}` {problem}"),
+                ),
+                None => publish.push(pattern.into_inner()),
+            }
+        }
+        NatsGrant {
+            publish,
+            jetstream: raw.jetstream.unwrap_or(true),
         }
     }
 

@@ -396,3 +396,62 @@ fn postgres_grants_are_for_sinks_and_never_show_the_password() {
         "host=db user=u password=*** dbname=app"
     );
 }
+
+#[test]
+fn nats_grants_are_for_sinks_and_never_reach_weirs_own_subjects() {
+    let found = problems(concat!(
+        "[plugins.t]\nwasm = \"t.wasm\"\nworld = \"transform\"\n",
+        "grants.nats = { publish = [\"audit.>\"] }\n",
+        "[plugins.s]\nwasm = \"s.wasm\"\nworld = \"sink\"\n",
+        "grants.nats = { publish = [\"audit.>\", \"weir.in.x\", \">\", \"*.x\", \"$JS.API.>\", \"_INBOX.x\", \"a.>.b\", \"a..b\", \"a b\", \"a.b*\"] }\n",
+        "[plugins.e]\nwasm = \"e.wasm\"\nworld = \"sink\"\n",
+        "grants.nats = { publish = [] }\n",
+    ));
+    let nats: Vec<&String> = found.iter().filter(|p| p.contains("grants.nats")).collect();
+    let says = |text: &str| nats.iter().any(|p| p.contains(text));
+    assert!(
+        says("4:27: plugin `t`: grants.nats is for sinks"),
+        "{found:?}"
+    );
+    assert!(
+        says("plugin `e`: grants.nats.publish names no subject"),
+        "{found:?}"
+    );
+    for (entry, problem) in [
+        ("weir.in.x", "reaches weir's own subjects (`weir.…`)"),
+        (">", "reaches weir's own subjects"),
+        ("*.x", "reaches weir's own subjects"),
+        ("$JS.API.>", "reaches NATS's own subjects"),
+        ("_INBOX.x", "reaches NATS's own subjects"),
+        ("a.>.b", "has `>` before its last token"),
+        ("a..b", "has an empty token"),
+        ("a b", "holds whitespace"),
+        ("a.b*", "holds `*` or `>` inside a token"),
+    ] {
+        assert!(
+            says(&format!(
+                "plugin `s`: grants.nats.publish entry `{entry}` {problem}"
+            )),
+            "{entry}: {found:?}"
+        );
+    }
+    assert!(!says("entry `audit.>`"), "{found:?}");
+    assert_eq!(nats.len(), 11, "{found:?}");
+
+    let grant = NatsGrant {
+        publish: vec!["audit.>".into(), "orders.*.created".into(), "one".into()],
+        jetstream: true,
+    };
+    for allowed in ["audit.x", "audit.x.y", "orders.7.created", "one"] {
+        assert!(grant.allows(allowed), "{allowed}");
+    }
+    for refused in [
+        "audit",
+        "orders.7.created.x",
+        "orders.created",
+        "one.two",
+        "x.audit.y",
+    ] {
+        assert!(!grant.allows(refused), "{refused}");
+    }
+}

@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
-use crate::destination::{Ending, Finished, PostgresStep};
+use crate::destination::{Ending, Finished, PostgresStep, PublishStep, Publisher};
 use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
@@ -240,6 +240,8 @@ struct Step {
     state: Option<StateStep>,
     /// The transaction step wrapping a sink granted `postgres`.
     postgres: Option<PostgresStep>,
+    /// The publishes of a sink granted `nats`.
+    nats: Option<PublishStep>,
     /// The input rows of the rows given to the last call.
     given: Vec<usize>,
 }
@@ -368,6 +370,11 @@ impl Step {
             instance.give_postgres(postgres.give());
             self.given.clone_from(&flow.origins);
         }
+        if let Some(nats) = &mut self.nats {
+            let rows = &flow.rows;
+            let each = (0..rows.len()).map(|row| (flow.origins[row], rows.position(row).sequence));
+            instance.give_nats(nats.give(verdicts.len(), each));
+        }
         let packed = flow.rows.packed();
         let reply = match self.role {
             Role::Transform => instance
@@ -387,6 +394,9 @@ impl Step {
         if let Some(postgres) = &mut self.postgres {
             postgres.took(instance.take_postgres());
         }
+        if let Some(nats) = &mut self.nats {
+            nats.took(instance.take_nats());
+        }
         let answered = reply
             .map_err(|error| self.failed(error))
             .and_then(|reply| read(&reply, &flow.rows).map_err(|err| self.malformed(err)));
@@ -396,6 +406,9 @@ impl Step {
                 // Nothing of a failed call is written.
                 if let Some(postgres) = &mut self.postgres {
                     postgres.abandon().await;
+                }
+                if let Some(nats) = &mut self.nats {
+                    nats.abandon();
                 }
                 return Err(failure.into());
             }
@@ -409,8 +422,11 @@ impl Step {
     /// Once every input row has its verdict: the stateful step writes the
     /// scopes the call changed; rows whose scope was not written come back.
     async fn finish(&mut self, verdicts: &mut [Verdict], lease: &Lease) -> Result<(), Attempt> {
-        // The destination commits first: a row its commit applied is
+        // The destinations commit first: a row its commit applied is
         // settled again without a call if the state's write then fails.
+        // Publishes go before the transaction: a row the ledger holds is
+        // not called again, and a publish sent twice is dropped by its id.
+        self.finish_nats(verdicts, lease).await?;
         self.finish_postgres(verdicts, lease).await?;
         Ok(self.finish_state(verdicts, lease).await?)
     }
@@ -454,6 +470,22 @@ impl Step {
             Ok(Finished::Again(reason)) => Err(Attempt::Again(reason)),
             Err(fenced) => {
                 tracing::warn!(plugin = self.plugin.name(), reason = %fenced, "not committed: the unit is not this host's");
+                Err(RunError::Fenced.into())
+            }
+        }
+    }
+
+    /// Sends the sink's publishes of the rows delivered and waits for them.
+    async fn finish_nats(&mut self, verdicts: &[Verdict], lease: &Lease) -> Result<(), Attempt> {
+        let Some(nats) = &mut self.nats else {
+            return Ok(());
+        };
+        let delivered = |input: usize| matches!(verdicts.get(input), Some(Verdict::Done));
+        match nats.finish(delivered, lease).await {
+            Ok(Finished::Again(reason)) => Err(Attempt::Again(reason)),
+            Ok(_) => Ok(()),
+            Err(fenced) => {
+                tracing::warn!(plugin = self.plugin.name(), reason = %fenced, "not published: the unit is not this host's");
                 Err(RunError::Fenced.into())
             }
         }
@@ -579,6 +611,7 @@ impl PipelineRunner {
                 instance: None,
                 state: None,
                 postgres: None,
+                nats: None,
                 given: Vec::new(),
             })
         };
@@ -619,6 +652,20 @@ impl PipelineRunner {
                     commits,
                 ));
             }
+            if step.role == Role::Sink
+                && let Some(grant) = &step.plugin.config.grants.nats
+            {
+                step.nats = Some(PublishStep::new(step.plugin.name(), grant.clone(), commits));
+            }
+        }
+        self
+    }
+
+    /// The same runner, its sink's publishes (if granted `nats`) sent
+    /// through `publisher`.
+    pub fn with_publisher(mut self, publisher: &Publisher) -> PipelineRunner {
+        for nats in self.steps.iter_mut().filter_map(|step| step.nats.as_mut()) {
+            nats.set_publisher(publisher.clone());
         }
         self
     }
@@ -669,7 +716,11 @@ impl PipelineRunner {
     /// connection was lost), the batch waits and runs again, as long as the
     /// lease holds: an outage delays rows, it does not use up their deliveries.
     pub async fn run(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, RunError> {
-        if !self.steps.iter().any(|step| step.postgres.is_some()) {
+        if !self
+            .steps
+            .iter()
+            .any(|step| step.postgres.is_some() || step.nats.is_some())
+        {
             return match self.run_once(rows, lease).await {
                 Ok(verdicts) => Ok(verdicts),
                 Err(Attempt::Stop(err)) => Err(err),
@@ -683,14 +734,14 @@ impl PipelineRunner {
             match self.run_once(rows.clone(), lease).await {
                 Ok(verdicts) => {
                     if let Some(since) = waiting_since {
-                        tracing::info!(waited = ?since.elapsed(), "the sink's database takes the batch again");
+                        tracing::info!(waited = ?since.elapsed(), "the sink's destination takes the batch again");
                     }
                     return Ok(verdicts);
                 }
                 Err(Attempt::Stop(err)) => return Err(err),
                 Err(Attempt::Again(reason)) => {
                     if waiting_since.is_none() {
-                        tracing::warn!(%reason, "the sink's database cannot take the batch; it waits and runs again");
+                        tracing::warn!(%reason, "the sink's destination cannot take the batch; it waits and runs again");
                         waiting_since = Some(tokio::time::Instant::now());
                     }
                     tokio::time::sleep(pause).await;

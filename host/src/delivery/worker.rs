@@ -30,6 +30,7 @@ use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
+use crate::destination::Publisher;
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::nats::kv::NatsKv;
@@ -52,11 +53,13 @@ pub enum DeliveryError {
 }
 
 /// A fresh runner (its own instances) for every pipeline of a generation, by index.
-/// `unit` is the unit consumer's name: a destination's ledger names it.
+/// `unit` is the unit consumer's name: a destination's ledger names it;
+/// `publisher` is where a sink granted `nats` publishes.
 fn runners(
     generation: &Generation,
     state: Option<&UnitState>,
     unit: &str,
+    publisher: &Publisher,
 ) -> Vec<Option<PipelineRunner>> {
     generation
         .config()
@@ -64,8 +67,11 @@ fn runners(
         .iter()
         .map(|pipeline| {
             let plugin = |name: &str| generation.plugin(name).cloned();
-            PipelineRunner::new(pipeline, plugin, state.cloned())
-                .map(|runner| runner.with_destination(unit, true))
+            PipelineRunner::new(pipeline, plugin, state.cloned()).map(|runner| {
+                runner
+                    .with_destination(unit, true)
+                    .with_publisher(publisher)
+            })
         })
         .collect()
 }
@@ -85,6 +91,8 @@ pub struct UnitWorker {
     metrics: Metrics,
     state: Option<UnitState>,
     applied: AppliedPruning,
+    /// The host's connection as a sink granted `nats` publishes on it.
+    publisher: Publisher,
 }
 
 impl UnitWorker {
@@ -103,7 +111,13 @@ impl UnitWorker {
             unit,
             metrics: metrics.clone(),
         });
-        let runners = runners(&pipelines, state.as_ref(), &router.unit_consumer(unit));
+        let publisher = Publisher::new(js.clone(), router.partition_stream(unit.partition));
+        let runners = runners(
+            &pipelines,
+            state.as_ref(),
+            &router.unit_consumer(unit),
+            &publisher,
+        );
         let unit_labels = UnitLabels {
             unit: router.unit_consumer(unit),
         };
@@ -126,6 +140,7 @@ impl UnitWorker {
             metrics,
             state,
             applied: AppliedPruning::default(),
+            publisher,
         }
     }
 
@@ -280,7 +295,10 @@ impl UnitWorker {
             &self.settings,
             &batch,
             lease,
-            self.unit,
+            Destinations {
+                unit: self.unit,
+                publisher: &self.publisher,
+            },
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
@@ -331,6 +349,7 @@ impl UnitWorker {
             &next,
             self.state.as_ref(),
             &self.router.unit_consumer(self.unit),
+            &self.publisher,
         );
         if let Some(floor) = self.applied.floor() {
             self.runners
@@ -391,6 +410,13 @@ impl UnitWorker {
 
 pub use crate::delivery::isolation::ISOLATION_LANES;
 
+/// The unit a batch's rows belong to and the connection its sinks publish
+/// on: what a lane's destinations are made with.
+struct Destinations<'a> {
+    unit: Unit,
+    publisher: &'a Publisher,
+}
+
 /// Runs each pipeline's rows of a batch. When a plugin call fails, the
 /// failing rows are found (`delivery::isolation`) and retried alone (with
 /// backoff; past `max_deliveries` dead-lettered with the failure as their
@@ -402,9 +428,10 @@ async fn run_pipelines(
     settings: &DeliveryConfig,
     batch: &[Message],
     lease: &Lease,
-    unit: Unit,
+    destinations: Destinations<'_>,
 ) -> Result<Vec<Verdict>, Fenced> {
-    let unit = router.unit_consumer(unit);
+    let unit = router.unit_consumer(destinations.unit);
+    let publisher = destinations.publisher;
     let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
     let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(batch.len());
     // Batch indexes by pipeline, in batch order.
@@ -442,6 +469,7 @@ async fn run_pipelines(
             batch,
             decoded: &decoded,
             unit: &unit,
+            publisher,
         };
         async {
             let isolated = isolation::run(runner, &rows, indexes, lease).await;
@@ -504,6 +532,7 @@ struct PipelineRows<'a> {
     decoded: &'a [Option<Decoded<'a>>],
     /// The unit consumer's name, for a lane's destination ledger.
     unit: &'a str,
+    publisher: &'a Publisher,
 }
 
 impl isolation::Rows for PipelineRows<'_> {
@@ -513,8 +542,13 @@ impl isolation::Rows for PipelineRows<'_> {
 
     fn lane_runner(&self) -> Option<PipelineRunner> {
         let config = self.generation.config().pipelines.get(self.pipeline)?;
-        PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None)
-            .map(|runner| runner.with_destination(self.unit, true))
+        PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None).map(
+            |runner| {
+                runner
+                    .with_destination(self.unit, true)
+                    .with_publisher(self.publisher)
+            },
+        )
     }
 
     fn isolating(&self, failure: &StepFailure, rows: usize) {

@@ -219,3 +219,25 @@ impl postgres_api::Host for PluginState {
         Ok(call.copy_in(ends, &statement, data).await?)
     }
 }
+
+use super::bindings::sink::weir::plugin::nats as nats_api;
+
+/// The `nats` interface: a publish is checked against the grant and kept
+/// until the call's rows have their verdicts (see `crate::destination`).
+impl nats_api::Host for PluginState {
+    fn publish(
+        &mut self,
+        row: u32,
+        subject: String,
+        headers: Vec<(String, String)>,
+        payload: Vec<u8>,
+    ) -> Result<(), String> {
+        match &mut self.nats {
+            Some(call) => call.publish(row, subject, headers, payload),
+            None => Err(format!(
+                "plugin `{}` has no nats outside a deliver call, or no `grants.nats` in its TOML",
+                self.plugin.name()
+            )),
+        }
+    }
+}

@@ -171,6 +171,7 @@ impl Plugin {
             paused_before: Duration::ZERO,
             state: None,
             postgres: None,
+            nats: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
@@ -279,6 +280,16 @@ impl PluginInstance {
     /// Takes back what [`PluginInstance::give_postgres`] gave, after the call.
     pub fn take_postgres(&mut self) -> Option<crate::destination::PgCall> {
         self.store.data_mut().postgres.take()
+    }
+
+    /// Hands the next call the buffer its `nats` publishes go to.
+    pub fn give_nats(&mut self, call: crate::destination::PublishCall) {
+        self.store.data_mut().nats = Some(call);
+    }
+
+    /// Takes back what [`PluginInstance::give_nats`] gave, with the call's publishes.
+    pub fn take_nats(&mut self) -> Option<crate::destination::PublishCall> {
+        self.store.data_mut().nats.take()
     }
 
     /// Linear memory the instance has now, in bytes.
@@ -540,6 +551,9 @@ pub struct PluginState {
     /// The transaction a call of a sink granted `postgres` writes in;
     /// `None` outside such a call, and always without the grant.
     pub(super) postgres: Option<crate::destination::PgCall>,
+    /// What a call of a sink granted `nats` publishes; `None` outside such
+    /// a call, and always without the grant.
+    pub(super) nats: Option<crate::destination::PublishCall>,
 }
 
 /// A plugin's stderr, of which only the tail is kept: enough to quote a

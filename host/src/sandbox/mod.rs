@@ -198,6 +198,10 @@ impl Sandbox {
                 PluginState,
                 HasSelf<PluginState>,
             >(&mut linker, |state| state)?;
+            bindings::sink::weir::plugin::nats::add_to_linker::<PluginState, HasSelf<PluginState>>(
+                &mut linker,
+                |state| state,
+            )?;
             Ok(linker)
         };
         let linker = base_linker().map_err(SandboxError::Engine)?;

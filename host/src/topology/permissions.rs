@@ -1,11 +1,13 @@
 //! The least-privilege NATS permissions a weir host needs, derived from the
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
 //! its streams and consumers, pull and ack its durables, hand a pin over,
-//! coordinate through its KV bucket, fetch plugins pushed to the fleet —
-//! and nothing that creates, deletes or purges a stream.
+//! coordinate through its KV bucket, fetch plugins pushed to the fleet,
+//! publish to the subjects its sinks are granted (`grants.nats`) — and
+//! nothing that creates, deletes or purges a stream.
 
 use serde::Serialize;
 
+use crate::config::PluginConfig;
 use crate::topology::manifest::Manifest;
 use crate::topology::route::Names;
 
@@ -108,6 +110,26 @@ impl Permissions {
             },
         }
     }
+
+    /// The same, with the subjects `plugins` are granted to publish to
+    /// (`grants.nats.publish`). Their PubAcks come back on `_INBOX.>`,
+    /// already allowed.
+    pub fn with_grants<'a>(
+        mut self,
+        plugins: impl IntoIterator<Item = &'a PluginConfig>,
+    ) -> Permissions {
+        for plugin in plugins {
+            let Some(grant) = &plugin.grants.nats else {
+                continue;
+            };
+            for subject in &grant.publish {
+                if !self.publish.allow.contains(subject) {
+                    self.publish.allow.push(subject.clone());
+                }
+            }
+        }
+        self
+    }
 }
 
 #[cfg(test)]
@@ -160,5 +182,37 @@ mod tests {
             permissions.subscribe.allow,
             ["_INBOX.>", "weir.usage.accepts"]
         );
+        // No plugin is granted a publish: no subject outside weir's.
+        let granted = permissions.clone().with_grants(config.plugins.values());
+        assert_eq!(granted, permissions);
+    }
+
+    #[test]
+    fn a_host_may_publish_where_its_sinks_are_granted_and_nowhere_else() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("s.wasm"), b"").unwrap();
+        let toml = format!(
+            "plugins_dir = \"{}\"\n[stream]\npartitions = 1\n\
+             [plugins.a]\nwasm = \"s.wasm\"\nworld = \"sink\"\n\
+             grants.nats = {{ publish = [\"audit.>\", \"orders.*.created\"] }}\n\
+             [plugins.b]\nwasm = \"s.wasm\"\nworld = \"sink\"\n\
+             grants.nats = {{ publish = [\"audit.>\"], jetstream = false }}\n\
+             [plugins.c]\nwasm = \"s.wasm\"\nworld = \"sink\"\n",
+            dir.path().display()
+        );
+        let config = Config::parse(Path::new("w.toml"), &toml, &Overrides::default()).unwrap();
+        let router = Names::new("weir", 1, 4);
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        let bare = Permissions::for_host(&router, &manifest);
+        let granted = bare.clone().with_grants(config.plugins.values());
+        let added: Vec<&String> = granted
+            .publish
+            .allow
+            .iter()
+            .filter(|subject| !bare.publish.allow.contains(subject))
+            .collect();
+        assert_eq!(added, ["audit.>", "orders.*.created"]);
+        // PubAcks are replies: nothing to subscribe to besides the inboxes.
+        assert_eq!(granted.subscribe, bare.subscribe);
     }
 }

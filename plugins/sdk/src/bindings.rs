@@ -59,7 +59,8 @@ pub mod router {
     });
 }
 
-/// PostgreSQL, imported by the `sink` world alone.
+/// NATS subjects and PostgreSQL, imported by the `sink` world alone.
+pub use sink::weir::plugin::nats;
 pub use sink::weir::plugin::postgres;
 /// The host's imports, shared by every world.
 pub use transform::weir::plugin::host;

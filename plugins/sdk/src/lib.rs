@@ -49,16 +49,18 @@
 //! dropping replays keys a row by its tenant, table and
 //! [`sequence`](Row::sequence), and may compare a hash of its payload.
 //! A sink granted PostgreSQL writes through [`postgres`], in the host's
-//! transaction of the call.
+//! transaction of the call; one granted NATS subjects publishes through
+//! [`nats`], sent once its rows are delivered.
 //!
 //! Modules import one another without a cycle: `bindings` (the generated
 //! WIT bindings), `slot`, `settings`, `packed`, `answer` and `hash` import
 //! no other module; `log` and `rows` build on them; the world modules
-//! (`transform`, `sink`, `budget`, `router`) on those; `state` and
-//! `postgres` wrap imports of `bindings` alone.
+//! (`transform`, `sink`, `budget`, `router`) on those; `state`,
+//! `postgres` and `nats` wrap imports of `bindings` alone.
 
 pub mod budget;
 pub mod log;
+pub mod nats;
 pub mod postgres;
 pub mod router;
 pub mod rows;

@@ -1,0 +1,353 @@
+//! The NATS sink end to end (issue #34): rows posted to the front door are
+//! published by the shipped `nats-sink`, through the host's own connection
+//! and the sink's `grants.nats`, into a JetStream stream of the test's on
+//! the same nats-server. Counted at the destination by the rows' ids:
+//! every accepted row exactly once, its headers kept, a subject outside
+//! the grant refused, across host crashes, stops and freezes and a NATS
+//! restart under load (the message ids make the target drop the copies a
+//! redelivery publishes again).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+use weir::topology::{Names, Unit};
+
+use crate::support::{
+    Host, Nats, PRODUCERS, TestHost, backlog, balanced, base_config, dead_letter_reasons,
+    eventually, fleet_config, orders, produce,
+};
+
+/// The target: stream `AUDIT` on `audit.>`, dropping a message id seen
+/// within the last two minutes (longer than every fault below).
+async fn audit_stream(client: &async_nats::Client) {
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: "AUDIT".into(),
+            subjects: vec!["audit.>".into()],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("create the target stream");
+}
+
+/// Every message of stream `name`, read in pages.
+async fn read_all(client: &async_nats::Client, name: &str) -> Vec<jetstream::Message> {
+    let js = jetstream::new(client.clone());
+    let mut stream = js.get_stream(name).await.expect("target stream");
+    let count = stream.info().await.expect("stream info").state.messages as usize;
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::All,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("reader consumer");
+    let mut found = Vec::with_capacity(count);
+    while found.len() < count {
+        let mut page = reader
+            .fetch()
+            .max_messages((count - found.len()).min(10_000))
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await
+            .expect("fetch");
+        let before = found.len();
+        while let Some(message) = page.next().await {
+            found.push(message.expect("message"));
+        }
+        assert!(
+            found.len() > before,
+            "stream {name}: a page came back empty"
+        );
+    }
+    found
+}
+
+/// A message's row id (the `id` field of its JSON payload) and its `Nats-Msg-Id`.
+fn id_of(message: &jetstream::Message) -> (u64, String) {
+    let row: serde_json::Value = serde_json::from_slice(&message.payload).expect("a JSON row");
+    let id = row["id"].as_u64().expect("an id");
+    let msg_id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    (id, msg_id)
+}
+
+/// Waits until every row is settled (nothing pending, unacked or stored).
+async fn settled(nats: &Nats) {
+    let client = nats.client().await;
+    eventually(Duration::from_secs(60), "every row settled", || async {
+        (backlog(&client).await == (0, 0, 0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_are_published_once_with_their_headers_and_a_subject_outside_the_grant_is_refused() {
+    let nats = Nats::start();
+    let client = nats.client().await;
+    audit_stream(&client).await;
+    let extra = r#"
+[plugins.bus]
+wasm = "weir_nats_sink.wasm"
+world = "sink"
+settings = { subject = "audit.{tenant}.{table}.{id}", headers = { source = "weir" } }
+grants.nats = { publish = ["audit.>"] }
+
+[plugins.leak]
+wasm = "weir_nats_sink.wasm"
+world = "sink"
+settings = { subject = "other.{table}" }
+grants.nats = { publish = ["audit.>"] }
+
+[[pipelines]]
+tables = ["events"]
+sink = "bus"
+
+[[pipelines]]
+tables = ["leaks"]
+sink = "leak"
+"#;
+    let config = base_config(nats.url(), extra).replace(
+        "[stream]\ncreate = true",
+        "[stream]\ncreate = true\npartitions = 1",
+    );
+    let host = TestHost::start(&config).await;
+
+    let response = host.ingest("events", orders(0, 200)).await;
+    assert_eq!(response.status(), 202);
+    // A row with a header of its own, stored as the front door would.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("trace", "t-1");
+    let subject = Names::new("weir", 1, 1).subject(
+        Unit {
+            partition: 0,
+            shard: 0,
+        },
+        "acme",
+        "events",
+    );
+    jetstream::new(client.clone())
+        .publish_with_headers(subject, headers, r#"{"id":1000}"#.into())
+        .await
+        .expect("publish a row")
+        .await
+        .expect("stored");
+    let response = host.ingest("leaks", orders(0, 2)).await;
+    assert_eq!(response.status(), 202);
+    settled(&nats).await;
+
+    let messages = read_all(&client, "AUDIT").await;
+    let mut by_id: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut msg_ids = BTreeSet::new();
+    for message in &messages {
+        let (id, msg_id) = id_of(message);
+        *by_id.entry(id).or_default() += 1;
+        assert!(msg_id.starts_with("weir_in_0:"), "{msg_id}");
+        msg_ids.insert(msg_id);
+        assert_eq!(message.subject.as_str(), format!("audit.acme.events.{id}"));
+        let headers = message.headers.as_ref().expect("headers");
+        assert_eq!(headers.get("source").map(|v| v.as_str()), Some("weir"));
+    }
+    let expected: BTreeSet<u64> = (0..200).chain([1000]).collect();
+    assert_eq!(by_id.keys().copied().collect::<BTreeSet<_>>(), expected);
+    assert!(by_id.values().all(|&n| n == 1), "a row published twice");
+    assert_eq!(msg_ids.len(), messages.len());
+    let traced = messages
+        .iter()
+        .find(|m| id_of(m).0 == 1000)
+        .and_then(|m| m.headers.as_ref())
+        .and_then(|h| h.get("trace"))
+        .map(|v| v.to_string());
+    assert_eq!(
+        traced.as_deref(),
+        Some("t-1"),
+        "the row's header was not kept"
+    );
+
+    let reasons = dead_letter_reasons(&nats, 2).await;
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    for reason in &reasons {
+        assert!(
+            reason.contains("subject `other.leaks` is not in its grants.nats.publish (audit.>)"),
+            "{reason}"
+        );
+    }
+    host.shutdown().await;
+}
+
+/// A fleet host whose sink is the NATS sink publishing every row to
+/// `audit.<table>`.
+fn fleet_host_config(nats_url: &str, id: &str, ttl_secs: u64) -> String {
+    // The row's id is its message id at the front door: a publish it
+    // retries (its answer lost in a fault) stores nothing twice.
+    let mut config = fleet_config(nats_url, id, 0, ttl_secs)
+        .replace("sink = \"files\"", "sink = \"bus\"")
+        .replace(
+            "max_body_bytes = 1048576",
+            "max_body_bytes = 1048576\nidempotency_field = \"id\"",
+        );
+    config.push_str(
+        r#"
+[plugins.bus]
+wasm = "weir_nats_sink.wasm"
+world = "sink"
+settings = { subject = "audit.{table}" }
+grants.nats = { publish = ["audit.>"] }
+"#,
+    );
+    config
+}
+
+/// SIGTERM, wait for the host to finish, start it again (same directory).
+fn stop_and_restart(host: &mut Host) {
+    host.terminate();
+    let _ = host.child.wait();
+    let (child, url) = Host::run(host.dir.path());
+    host.child = child;
+    host.url = url;
+}
+
+fn signal(host: &Host, signal: libc::c_int) {
+    unsafe { libc::kill(host.child.id() as libc::pid_t, signal) };
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and_nats_faults() {
+    let mut nats = Nats::start();
+    audit_stream(&nats.client().await).await;
+    let ttl = 3;
+    let ids = ["h1", "h2", "h3"];
+    let mut hosts: Vec<Host> = ids
+        .iter()
+        .map(|id| Host::spawn_with(id, fleet_host_config(nats.url(), id, ttl)))
+        .collect();
+    balanced(&hosts[0], &ids).await;
+
+    // Producers post to h1, which no fault touches; the faults hit the
+    // others, which own two thirds of the units.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|producer| tokio::spawn(produce(hosts[0].url.clone(), producer, stop.clone())))
+        .collect();
+    let started = Instant::now();
+    let pause = || tokio::time::sleep(Duration::from_secs(5));
+    pause().await;
+    let mut faults = Vec::new();
+
+    hosts[1].crash_and_restart();
+    faults.push("SIGKILL h2, restarted");
+    pause().await;
+
+    tokio::task::block_in_place(|| stop_and_restart(&mut hosts[2]));
+    faults.push("SIGTERM h3, restarted");
+    pause().await;
+
+    signal(&hosts[1], libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(ttl * 3)).await;
+    signal(&hosts[1], libc::SIGCONT);
+    faults.push("SIGSTOP h2 past its member TTL, SIGCONT");
+    pause().await;
+
+    tokio::task::block_in_place(|| nats.restart(Duration::from_secs(2)));
+    faults.push("nats-server restarted after 2 s");
+    pause().await;
+
+    // The load goes on until the target holds 100k rows, however fast
+    // this machine takes them.
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    eventually(Duration::from_secs(300), "100k rows published", || async {
+        let mut audit = js.get_stream("AUDIT").await.ok()?;
+        let stored = audit.info().await.ok()?.state.messages;
+        (stored >= 100_000).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut accepted = BTreeSet::new();
+    for producer in producers {
+        accepted.extend(producer.await.expect("producer"));
+    }
+    let load = started.elapsed();
+    let waiting = Instant::now();
+    while backlog(&client).await != (0, 0, 0) {
+        if waiting.elapsed() > Duration::from_secs(120) {
+            // What the hosts said of it, before failing.
+            for host in &hosts {
+                let log = host.log();
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+                    .collect();
+                println!("{}", lines[lines.len().saturating_sub(15)..].join("\n"));
+            }
+            panic!("rows not settled after 120 s: {:?}", backlog(&client).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let messages = read_all(&client, "AUDIT").await;
+    let mut by_id: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut msg_ids = BTreeSet::new();
+    for message in &messages {
+        let (id, msg_id) = id_of(message);
+        *by_id.entry(id).or_default() += 1;
+        msg_ids.insert(msg_id);
+    }
+    let twice: Vec<u64> = by_id
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    let published: BTreeSet<u64> = by_id.keys().copied().collect();
+    let lost: Vec<&u64> = accepted.difference(&published).collect();
+    // A row whose answer the front door lost is stored and published
+    // without being counted as accepted.
+    let extra: Vec<&u64> = published.difference(&accepted).collect();
+    let dead_letters = crate::support::read_stream(&client, "weir_dlq").await.len();
+    println!(
+        "nats fleet: {} rows accepted in {:.1} s, {} messages in the target, {} distinct ids, \
+         {} distinct message ids, {} published twice, {} lost, {} not accepted, {} dead letters; faults: {}",
+        accepted.len(),
+        load.as_secs_f64(),
+        messages.len(),
+        published.len(),
+        msg_ids.len(),
+        twice.len(),
+        lost.len(),
+        extra.len(),
+        dead_letters,
+        faults.join("; ")
+    );
+    assert!(
+        accepted.len() >= 100_000,
+        "only {} rows accepted",
+        accepted.len()
+    );
+    assert!(
+        twice.is_empty(),
+        "{} ids published twice: {:?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
+    assert!(
+        lost.is_empty(),
+        "{} accepted ids not published: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    assert_eq!(msg_ids.len(), messages.len());
+    assert_eq!(dead_letters, 0);
+    let logs: String = hosts.iter().map(Host::log).collect();
+    assert!(!logs.contains("panicked"), "a host panicked");
+}
