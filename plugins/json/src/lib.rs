@@ -21,6 +21,8 @@
 //! assert_eq!(out, br#"{"id":1,"email":"***"}"#);
 //! ```
 
+pub mod fields;
+
 use std::borrow::Cow;
 use std::fmt;
 

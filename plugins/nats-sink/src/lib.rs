@@ -31,14 +31,12 @@
 //! Counter: `messages_published` (messages handed to the host; it sends
 //! them once their rows are delivered).
 
-mod fields;
-
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use weir_plugin::{Deliveries, Delivery, Row, Rows, Sink};
 
-use fields::{Field, Object};
+use weir_json::fields::{Field, Payload as Object};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -63,7 +63,6 @@
 // small on wasm32, over clippy's limit only in the native tests.
 #![allow(clippy::result_large_err)]
 
-mod fields;
 mod names;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -72,8 +71,8 @@ use serde::Deserialize;
 use weir_plugin::postgres::{self, Error, Value};
 use weir_plugin::{Deliveries, Delivery, Row, Rows, Sink};
 
-use fields::{Field, Object};
 use names::{Template, quote};
+use weir_json::fields::{Field, Payload as Object};
 
 /// How long the host waits before a batch the database could not take
 /// comes back.

@@ -1,4 +1,5 @@
-//! Where a value lies in a row's JSON payload, and reading it out
+//! Where a value lies in a row's JSON payload (a column's for the postgres
+//! sink, a subject token's for the NATS sink), and reading it out
 //! as the producer wrote it (its JSON text, not a re-encoding: a number
 //! keeps every digit).
 
@@ -39,7 +40,7 @@ impl Field {
 
     /// The field's JSON text in `payload`, a JSON object; `None` if a key is
     /// missing, or names into a value that is neither an object nor an array.
-    pub fn get<'a>(&self, payload: &Object<'a>) -> Option<&'a RawValue> {
+    pub fn get<'a>(&self, payload: &Payload<'a>) -> Option<&'a RawValue> {
         let Some((first, rest)) = self.keys.split_first() else {
             return Some(payload.whole);
         };
@@ -52,14 +53,14 @@ impl Field {
 }
 
 /// A payload read as a JSON object, its members' text borrowed from it.
-pub struct Object<'a> {
+pub struct Payload<'a> {
     whole: &'a RawValue,
     members: HashMap<String, &'a RawValue>,
 }
 
-impl<'a> Object<'a> {
+impl<'a> Payload<'a> {
     /// `payload` as a JSON object, or why it is not one.
-    pub fn parse(payload: &'a [u8]) -> Result<Object<'a>, String> {
+    pub fn parse(payload: &'a [u8]) -> Result<Payload<'a>, String> {
         let whole: &RawValue =
             serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
         if !whole.get().starts_with('{') {
@@ -67,7 +68,7 @@ impl<'a> Object<'a> {
         }
         let members = serde_json::from_str(whole.get())
             .map_err(|e| format!("payload is not a JSON object: {e}"))?;
-        Ok(Object { whole, members })
+        Ok(Payload { whole, members })
     }
 }
 
@@ -96,7 +97,7 @@ mod tests {
     use super::*;
 
     fn get(spec: &str, payload: &str) -> Option<String> {
-        let object = Object::parse(payload.as_bytes()).unwrap();
+        let object = Payload::parse(payload.as_bytes()).unwrap();
         Field::parse(spec)
             .unwrap()
             .get(&object)
@@ -144,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_payload_must_be_an_object() {
-        let reason = |payload: &str| Object::parse(payload.as_bytes()).err();
+        let reason = |payload: &str| Payload::parse(payload.as_bytes()).err();
         assert_eq!(reason("{}\n"), None);
         assert_eq!(
             reason("[1]").as_deref(),
