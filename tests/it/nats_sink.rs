@@ -8,17 +8,15 @@
 //! redelivery publishes again).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use weir::topology::{Names, Unit};
 
+use crate::destination_faults::{LoadedFleet, sink_fleet_config};
 use crate::support::{
-    Host, Nats, PRODUCERS, TestHost, backlog, balanced, base_config, dead_letter_reasons,
-    eventually, fleet_config, orders, produce,
+    Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
 };
 
 /// The target: stream `AUDIT` on `audit.>`, dropping a message id seen
@@ -188,80 +186,25 @@ sink = "leak"
 
 /// A fleet host whose sink is the NATS sink publishing every row to
 /// `audit.<table>`.
-fn fleet_host_config(nats_url: &str, id: &str, ttl_secs: u64) -> String {
-    // The row's id is its message id at the front door: a publish it
-    // retries (its answer lost in a fault) stores nothing twice.
-    let mut config = fleet_config(nats_url, id, 0, ttl_secs)
-        .replace("sink = \"files\"", "sink = \"bus\"")
-        .replace(
-            "max_body_bytes = 1048576",
-            "max_body_bytes = 1048576\nidempotency_field = \"id\"",
-        );
-    config.push_str(
-        r#"
+fn fleet_host_config(nats_url: &str, id: &str) -> String {
+    let plugin = r#"
 [plugins.bus]
 wasm = "weir_nats_sink.wasm"
 world = "sink"
 settings = { subject = "audit.{table}" }
 grants.nats = { publish = ["audit.>"] }
-"#,
-    );
-    config
-}
-
-/// SIGTERM, wait for the host to finish, start it again (same directory).
-fn stop_and_restart(host: &mut Host) {
-    host.terminate();
-    let _ = host.child.wait();
-    let (child, url) = Host::run(host.dir.path());
-    host.child = child;
-    host.url = url;
-}
-
-fn signal(host: &Host, signal: libc::c_int) {
-    unsafe { libc::kill(host.child.id() as libc::pid_t, signal) };
+"#;
+    sink_fleet_config(nats_url, id, "bus", plugin)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and_nats_faults() {
     let mut nats = Nats::start();
     audit_stream(&nats.client().await).await;
-    let ttl = 3;
-    let ids = ["h1", "h2", "h3"];
-    let mut hosts: Vec<Host> = ids
-        .iter()
-        .map(|id| Host::spawn_with(id, fleet_host_config(nats.url(), id, ttl)))
-        .collect();
-    balanced(&hosts[0], &ids).await;
-
-    // Producers post to h1, which no fault touches; the faults hit the
-    // others, which own two thirds of the units.
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|producer| tokio::spawn(produce(hosts[0].url.clone(), producer, stop.clone())))
-        .collect();
-    let started = Instant::now();
-    let pause = || tokio::time::sleep(Duration::from_secs(5));
-    pause().await;
-    let mut faults = Vec::new();
-
-    hosts[1].crash_and_restart();
-    faults.push("SIGKILL h2, restarted");
-    pause().await;
-
-    tokio::task::block_in_place(|| stop_and_restart(&mut hosts[2]));
-    faults.push("SIGTERM h3, restarted");
-    pause().await;
-
-    signal(&hosts[1], libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(ttl * 3)).await;
-    signal(&hosts[1], libc::SIGCONT);
-    faults.push("SIGSTOP h2 past its member TTL, SIGCONT");
-    pause().await;
-
+    let mut fleet = LoadedFleet::start(|id| fleet_host_config(nats.url(), id)).await;
+    fleet.host_faults().await;
     tokio::task::block_in_place(|| nats.restart(Duration::from_secs(2)));
-    faults.push("nats-server restarted after 2 s");
-    pause().await;
+    fleet.after("nats-server restarted after 2 s").await;
 
     // The load goes on until the target holds 100k rows, however fast
     // this machine takes them.
@@ -273,17 +216,12 @@ async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and
         (stored >= 100_000).then_some(())
     })
     .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut accepted = BTreeSet::new();
-    for producer in producers {
-        accepted.extend(producer.await.expect("producer"));
-    }
-    let load = started.elapsed();
+    let (accepted, load) = fleet.stop_load().await;
     let waiting = Instant::now();
     while backlog(&client).await != (0, 0, 0) {
         if waiting.elapsed() > Duration::from_secs(120) {
             // What the hosts said of it, before failing.
-            for host in &hosts {
+            for host in &fleet.hosts {
                 let log = host.log();
                 let lines: Vec<&str> = log
                     .lines()
@@ -327,7 +265,7 @@ async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and
         lost.len(),
         extra.len(),
         dead_letters,
-        faults.join("; ")
+        fleet.faults.join("; ")
     );
     assert!(
         accepted.len() >= 100_000,
@@ -348,6 +286,6 @@ async fn every_accepted_row_is_in_the_target_stream_exactly_once_across_host_and
     );
     assert_eq!(msg_ids.len(), messages.len());
     assert_eq!(dead_letters, 0);
-    let logs: String = hosts.iter().map(Host::log).collect();
+    let logs: String = fleet.hosts.iter().map(Host::log).collect();
     assert!(!logs.contains("panicked"), "a host panicked");
 }

@@ -7,14 +7,12 @@
 //! freezes, a NATS restart and a PostgreSQL restart under load.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::destination_faults::{LoadedFleet, signal, sink_fleet_config};
 use crate::postgres_support::{PgServer, count};
 use crate::support::{
-    Host, Nats, PRODUCERS, TestHost, backlog, balanced, base_config, dead_letter_reasons,
-    eventually, fleet_config, orders, produce,
+    Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
 };
 
 /// The postgres sink as plugin `db` for table `events`, writing table
@@ -113,16 +111,8 @@ async fn rows_land_in_postgres_once_and_a_constraint_violation_is_a_dead_letter_
 
 /// A fleet host whose sink is the postgres sink writing table `rows`
 /// (no unique key: a row written twice would be counted twice).
-fn fleet_host_config(nats_url: &str, id: &str, ttl_secs: u64, pg_url: &str) -> String {
-    // The row's id is its message id: a publish the front door retries
-    // (its answer lost in a fault) stores nothing twice.
-    let mut config = fleet_config(nats_url, id, 0, ttl_secs)
-        .replace("sink = \"files\"", "sink = \"db\"")
-        .replace(
-            "max_body_bytes = 1048576",
-            "max_body_bytes = 1048576\nidempotency_field = \"id\"",
-        );
-    config.push_str(&format!(
+fn fleet_host_config(nats_url: &str, id: &str, pg_url: &str) -> String {
+    let plugin = format!(
         r#"
 [plugins.db]
 wasm = "weir_postgres_sink.wasm"
@@ -130,21 +120,8 @@ world = "sink"
 settings = {{ table = "rows", columns = {{ id = "id", seq = "seq" }}, table_column = "tbl" }}
 grants.postgres = {{ url = "{pg_url}" }}
 "#
-    ));
-    config
-}
-
-/// SIGTERM, wait for the host to finish, start it again (same directory).
-fn stop_and_restart(host: &mut Host) {
-    host.terminate();
-    let _ = host.child.wait();
-    let (child, url) = Host::run(host.dir.path());
-    host.child = child;
-    host.url = url;
-}
-
-fn signal(host: &Host, signal: libc::c_int) {
-    unsafe { libc::kill(host.child.id() as libc::pid_t, signal) };
+    );
+    sink_fleet_config(nats_url, id, "db", &plugin)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -157,50 +134,19 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
     .await
     .expect("create table");
     let mut nats = Nats::start();
-    let ttl = 3;
-    let ids = ["h1", "h2", "h3"];
-    let mut hosts: Vec<Host> = ids
-        .iter()
-        .map(|id| Host::spawn_with(id, fleet_host_config(nats.url(), id, ttl, &pg.url())))
-        .collect();
-    balanced(&hosts[0], &ids).await;
-
-    // Producers post to h1, which no fault touches; the faults hit the
-    // others, which own two thirds of the units.
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|producer| tokio::spawn(produce(hosts[0].url.clone(), producer, stop.clone())))
-        .collect();
-    let started = Instant::now();
-    let pause = || tokio::time::sleep(Duration::from_secs(5));
-    pause().await;
-    let mut faults = Vec::new();
-
-    hosts[1].crash_and_restart();
-    faults.push("SIGKILL h2, restarted");
-    pause().await;
-
-    tokio::task::block_in_place(|| stop_and_restart(&mut hosts[2]));
-    faults.push("SIGTERM h3, restarted");
-    pause().await;
-
-    signal(&hosts[1], libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(ttl * 3)).await;
-    signal(&hosts[1], libc::SIGCONT);
-    faults.push("SIGSTOP h2 past its member TTL, SIGCONT");
-    pause().await;
+    let mut fleet = LoadedFleet::start(|id| fleet_host_config(nats.url(), id, &pg.url())).await;
+    fleet.host_faults().await;
 
     tokio::task::block_in_place(|| {
         pg.kill();
         std::thread::sleep(Duration::from_secs(2));
         pg.start_again();
     });
-    faults.push("PostgreSQL killed (immediate), restarted after 2 s");
-    pause().await;
-
+    fleet
+        .after("PostgreSQL killed (immediate), restarted after 2 s")
+        .await;
     tokio::task::block_in_place(|| nats.restart(Duration::from_secs(2)));
-    faults.push("nats-server restarted after 2 s");
-    pause().await;
+    fleet.after("nats-server restarted after 2 s").await;
 
     // The load goes on until 100k rows are in, however busy the machine.
     let db = pg.client().await;
@@ -214,12 +160,7 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
     })
     .await;
 
-    stop.store(true, Ordering::Relaxed);
-    let mut accepted = BTreeSet::new();
-    for producer in producers {
-        accepted.extend(producer.await.expect("producer"));
-    }
-    let load = started.elapsed();
+    let (accepted, load) = fleet.stop_load().await;
     let client = nats.client().await;
     eventually(Duration::from_secs(120), "every row settled", || async {
         (backlog(&client).await == (0, 0, 0)).then_some(())
@@ -249,7 +190,7 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
         twice.len(),
         lost.len(),
         dead_letters,
-        faults.join("; ")
+        fleet.faults.join("; ")
     );
     if !twice.is_empty() || dead_letters > 0 {
         let overlaps = db
@@ -316,7 +257,7 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
         &lost[..lost.len().min(10)]
     );
     assert_eq!(count(&db, "rows").await as usize, ids_written.len());
-    let logs: String = hosts.iter().map(Host::log).collect();
+    let logs: String = fleet.hosts.iter().map(Host::log).collect();
     assert!(!logs.contains("panicked"), "a host panicked");
 }
 
@@ -352,7 +293,7 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
     // deadline long enough that the blocked call is still running when
     // the host is frozen and thawed.
     let config = |id: &str| {
-        fleet_host_config(nats.url(), id, 3, &pg.url())
+        fleet_host_config(nats.url(), id, &pg.url())
             .replace(
                 &format!(
                     "partitions = {}\nshards = {}\n",
