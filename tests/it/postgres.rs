@@ -320,23 +320,36 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let second = Host::spawn_with("h2", config("h2"));
-    eventually(
-        Duration::from_secs(60),
-        "h2 is a member, h1 keeps the unit",
+    // Both members, and the unit's owner the same a second apart (the
+    // assignment may hand it to h2): that owner is frozen, the other takes over.
+    let settled_owner = || async {
+        let report = second.status().await?;
+        let members = report
+            .fleet
+            .members
+            .iter()
+            .filter(|m| m.id == "h1" || m.id == "h2")
+            .count();
+        (members == 2).then_some(())?;
+        report.units.first()?.owner.clone()
+    };
+    let owner_id = eventually(
+        Duration::from_secs(120),
+        "h2 is a member and the unit settled",
         || async {
-            let report = second.status().await?;
-            let members = report
-                .fleet
-                .members
-                .iter()
-                .filter(|m| m.id == "h1" || m.id == "h2")
-                .count();
-            (members == 2 && report.units.first()?.owner.as_deref() == Some("h1")).then_some(())
+            let before = settled_owner().await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            (settled_owner().await? == before).then_some(before)
         },
     )
     .await;
+    let (owner, other) = if owner_id == "h1" {
+        (&first, &second)
+    } else {
+        (&second, &first)
+    };
 
-    // The table is locked: h1's insert waits inside its deliver call.
+    // The table is locked: the owner's insert waits inside its deliver call.
     let mut locker = pg.client().await;
     let lock = locker.transaction().await.expect("begin");
     lock.batch_execute("LOCK TABLE fenced IN ACCESS EXCLUSIVE MODE")
@@ -347,7 +360,7 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
         .collect();
     let http = reqwest::Client::new();
     let response = http
-        .post(format!("{}/v1/ingest/t0", second.url))
+        .post(format!("{}/v1/ingest/t0", other.url))
         .bearer_auth(crate::support::ACME_KEY)
         .body(body)
         .send()
@@ -363,9 +376,9 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
 
     // Frozen inside the call, past its member TTL: h2 takes the unit over
     // and its insert of the same rows waits on the lock too.
-    signal(&first, libc::SIGSTOP);
+    signal(owner, libc::SIGSTOP);
     eventually(Duration::from_secs(60), "h2 took the unit over", || async {
-        (owner_of_the_unit(&second).await? == "h2").then_some(())
+        (owner_of_the_unit(other).await? == other.id).then_some(())
     })
     .await;
     eventually(
@@ -382,13 +395,13 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
 
     // Thawed, h1's call returns with its insert done in its transaction:
     // its commit is refused and nothing is written twice.
-    signal(&first, libc::SIGCONT);
+    signal(owner, libc::SIGCONT);
     // (It steps down at once, abandoning the call: its connection closes
     // and the database rolls the transaction back, long before the
     // server's own `idle_in_transaction` would end it.)
     let thawed = Instant::now();
     loop {
-        let log = first.log();
+        let log = owner.log();
         let abandoned = log.contains("stepping down")
             && log.contains("a call's transaction was abandoned before its commit");
         let open: i64 = db
