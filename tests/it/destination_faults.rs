@@ -111,3 +111,30 @@ impl LoadedFleet {
         (accepted, self.started.elapsed())
     }
 }
+
+/// What both destination fault tests promise: at least 100k rows went in,
+/// none reached the destination twice (`twice`), none accepted is missing
+/// (`lost`), and no host panicked. `what` is how a row reached it.
+pub fn assert_exactly_once<T: std::fmt::Debug>(
+    what: &str,
+    accepted: usize,
+    twice: &[T],
+    lost: &[&u64],
+    hosts: &[Host],
+) {
+    assert!(accepted >= 100_000, "only {accepted} rows accepted");
+    assert!(
+        twice.is_empty(),
+        "{} ids {what} twice: {:?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
+    assert!(
+        lost.is_empty(),
+        "{} accepted ids not {what}: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    let logs: String = hosts.iter().map(Host::log).collect();
+    assert!(!logs.contains("panicked"), "a host panicked");
+}

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::destination_faults::{LoadedFleet, signal, sink_fleet_config};
+use crate::destination_faults::{LoadedFleet, assert_exactly_once, signal, sink_fleet_config};
 use crate::postgres_support::{PgServer, count};
 use crate::support::{
     Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
@@ -239,26 +239,8 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
         }
         println!("dead letter reasons: {reasons:?}");
     }
-    assert!(
-        accepted.len() >= 100_000,
-        "only {} rows accepted",
-        accepted.len()
-    );
-    assert!(
-        twice.is_empty(),
-        "{} ids written twice: {:?}",
-        twice.len(),
-        &twice[..twice.len().min(10)]
-    );
-    assert!(
-        lost.is_empty(),
-        "{} accepted ids not written: {:?}",
-        lost.len(),
-        &lost[..lost.len().min(10)]
-    );
+    assert_exactly_once("written", accepted.len(), &twice, &lost, &fleet.hosts);
     assert_eq!(count(&db, "rows").await as usize, ids_written.len());
-    let logs: String = fleet.hosts.iter().map(Host::log).collect();
-    assert!(!logs.contains("panicked"), "a host panicked");
 }
 
 /// The owner of the fleet's only unit, as `observer` sees it.
