@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::nats::NatsError;
-use crate::nats::jetstream::is_delivery_header;
+use crate::nats::jetstream::is_nats_header;
 use crate::topology::route::Names;
 
 /// Header names a dead letter carries. The original row's headers are kept
@@ -89,8 +89,10 @@ impl DeadLetters {
 
 fn letter_headers(letter: &DeadLetter<'_>) -> HeaderMap {
     let mut headers = HeaderMap::new();
+    // The row's own headers, not those NATS acted on as it was stored and
+    // delivered (the letter has its own message id).
     for (name, values) in letter.original_headers.iter().flat_map(|h| h.iter()) {
-        if !is_delivery_header(name.as_ref()) {
+        if !is_nats_header(name.as_ref()) {
             for value in values {
                 headers.append(name.clone(), value.as_str());
             }
@@ -341,12 +343,13 @@ impl Fetched {
         }
     }
 
-    /// The row's own headers: the letter's minus weir's and the server's.
+    /// The row's own headers: the letter's minus weir's and NATS's (the
+    /// letter's message id; the replay has its own).
     fn original_headers(&self) -> HeaderMap {
         let mut original = HeaderMap::new();
         for (name, values) in self.headers.iter().flat_map(|h| h.iter()) {
             let text: &str = name.as_ref();
-            if !text.starts_with("Weir-") && !is_delivery_header(text) {
+            if !text.starts_with("Weir-") && !is_nats_header(text) {
                 for value in values {
                     original.append(name.clone(), value.as_str());
                 }
@@ -589,6 +592,41 @@ impl DeadLetters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_letter_keeps_the_rows_headers_but_not_those_nats_stored_it_with() {
+        let mut original = HeaderMap::new();
+        original.insert("trace", "t-1");
+        original.insert("Nats-Msg-Id", "acme:7");
+        original.insert("Nats-Batch-Id", "b-1");
+        original.insert("Nats-Batch-Sequence", "3");
+        original.insert("Nats-Expected-Stream", "weir_in_0");
+        original.insert("Nats-Pin-Id", "pin");
+        let letter = DeadLetter {
+            tenant: "acme".into(),
+            table: "orders".into(),
+            reason: "no",
+            plugin: None,
+            deliveries: 1,
+            stream: "weir_in_0",
+            sequence: 7,
+            payload: Bytes::new(),
+            original_headers: Some(&original),
+        };
+        let headers = letter_headers(&letter);
+        let names: Vec<String> = headers.iter().map(|(name, _)| name.to_string()).collect();
+        assert_eq!(headers.get("trace").map(|v| v.as_str()), Some("t-1"));
+        assert!(
+            names
+                .iter()
+                .all(|name| !name.to_ascii_lowercase().starts_with("nats-")),
+            "{names:?}"
+        );
+        assert_eq!(
+            headers.get(headers::TENANT).map(|v| v.as_str()),
+            Some("acme")
+        );
+    }
 
     #[test]
     fn reasons_become_one_bounded_line() {

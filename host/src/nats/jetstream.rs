@@ -30,6 +30,16 @@ pub fn is_delivery_header(name: &str) -> bool {
     name.eq_ignore_ascii_case(async_nats::header::NATS_PIN_ID.as_ref())
 }
 
+/// Whether header `name` is NATS's own (`Nats-Msg-Id`, `Nats-Batch-…`,
+/// `Nats-Expected-…`, the pin): JetStream acts on it when a message is
+/// published, so a stored row's copy says how weir stored the row and must
+/// not go along when the row is published elsewhere (an atomic batch's
+/// headers make a publish to a stream without atomic publish fail).
+pub fn is_nats_header(name: &str) -> bool {
+    name.get(..5)
+        .is_some_and(|start| start.eq_ignore_ascii_case("nats-"))
+}
+
 /// Releases a unit consumer's pin: a waiting pull of another client is
 /// served at once.
 pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), NatsError> {
