@@ -6,10 +6,12 @@
 //! constraint a dead letter naming it, across host crashes, stops and
 //! freezes, a NATS restart and a PostgreSQL restart under load.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::destination_faults::{LoadedFleet, assert_exactly_once, signal, sink_fleet_config};
+use crate::destination_faults::{
+    AMOUNT_LIMIT, LoadedFleet, assert_exactly_once, signal, sink_fleet_config, violates,
+};
 use crate::postgres_support::{PgServer, count};
 use crate::support::{
     Host, Nats, TestHost, backlog, base_config, dead_letter_reasons, eventually, orders,
@@ -109,32 +111,39 @@ async fn rows_land_in_postgres_once_and_a_constraint_violation_is_a_dead_letter_
     host.shutdown().await;
 }
 
-/// A fleet host whose sink is the postgres sink writing table `rows`
-/// (no unique key: a row written twice would be counted twice).
-fn fleet_host_config(nats_url: &str, id: &str, pg_url: &str) -> String {
+/// A fleet host whose sink is the postgres sink with `settings`.
+fn fleet_host_config(nats_url: &str, id: &str, pg_url: &str, settings: &str) -> String {
     let plugin = format!(
         r#"
 [plugins.db]
 wasm = "weir_postgres_sink.wasm"
 world = "sink"
-settings = {{ table = "rows", columns = {{ id = "id", seq = "seq" }}, table_column = "tbl" }}
+settings = {settings}
 grants.postgres = {{ url = "{pg_url}" }}
 "#
     );
     sink_fleet_config(nats_url, id, "db", &plugin)
 }
 
+/// The load test's sink settings: table `rows` (no unique key: a row
+/// written twice would be counted twice), with the row's tenant and table.
+const LOAD_SETTINGS: &str = r#"{ table = "rows", columns = { id = "id", seq = "seq", amount = "amount" }, tenant_column = "tenant", table_column = "tbl" }"#;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_database_faults() {
     let mut pg = tokio::task::block_in_place(PgServer::start);
     let db = pg.client().await;
-    db.batch_execute(
-        "CREATE TABLE rows (id bigint NOT NULL, tbl text NOT NULL, seq bigint NOT NULL)",
-    )
+    // One row in a thousand breaks the CHECK: a statement that violates a
+    // constraint, under load, through every fault.
+    db.batch_execute(&format!(
+        "CREATE TABLE rows (id bigint NOT NULL, tenant text NOT NULL, tbl text NOT NULL, \
+         seq bigint NOT NULL, amount integer CONSTRAINT amount_below_limit CHECK (amount < {AMOUNT_LIMIT}))"
+    ))
     .await
     .expect("create table");
     let mut nats = Nats::start();
-    let mut fleet = LoadedFleet::start(|id| fleet_host_config(nats.url(), id, &pg.url())).await;
+    let mut fleet =
+        LoadedFleet::start(|id| fleet_host_config(nats.url(), id, &pg.url(), LOAD_SETTINGS)).await;
     fleet.host_faults().await;
 
     tokio::task::block_in_place(|| {
@@ -162,37 +171,66 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
 
     let (accepted, load) = fleet.stop_load().await;
     let client = nats.client().await;
-    eventually(Duration::from_secs(120), "every row settled", || async {
-        (backlog(&client).await == (0, 0, 0)).then_some(())
-    })
-    .await;
+    fleet.settled(&client).await;
 
-    let written: Vec<(i64, i64)> = db
-        .query("SELECT id, count(*) FROM rows GROUP BY id", &[])
+    let found: BTreeMap<(String, u64), usize> = db
+        .query(
+            "SELECT tenant, id, count(*) FROM rows GROUP BY tenant, id",
+            &[],
+        )
         .await
         .expect("read rows")
         .iter()
-        .map(|row| (row.get(0), row.get(1)))
+        .map(|row| {
+            let (tenant, id, n): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            ((tenant, id as u64), n as usize)
+        })
         .collect();
-    let twice: Vec<i64> = written
+    // The rows that break the CHECK are expected as dead letters, the
+    // others in the table.
+    let refused: BTreeSet<(&str, u64)> = accepted
         .iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(id, _)| *id)
+        .flat_map(|(tenant, ids)| ids.iter().map(move |id| (*tenant, *id)))
+        .filter(|(_, id)| violates(*id))
         .collect();
-    let ids_written: BTreeSet<u64> = written.iter().map(|(id, _)| *id as u64).collect();
-    let lost: Vec<&u64> = accepted.difference(&ids_written).collect();
-    let dead_letters = crate::support::read_stream(&client, "weir_dlq").await.len();
+    let mut expected = accepted.clone();
+    for ids in expected.values_mut() {
+        ids.retain(|id| !violates(*id));
+    }
+    let total: usize = accepted.values().map(BTreeSet::len).sum();
+
+    let letters = crate::support::read_stream(&client, "weir_dlq").await;
+    let mut lettered: BTreeMap<(String, u64), usize> = BTreeMap::new();
+    let mut reasons = BTreeSet::new();
+    for letter in &letters {
+        let header = |name: &str| {
+            letter
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.to_string())
+                .unwrap_or_default()
+        };
+        let row: serde_json::Value =
+            serde_json::from_slice(&letter.payload).expect("a dead letter's row is JSON");
+        let id = row["id"].as_u64().expect("a dead letter's row has an id");
+        *lettered
+            .entry((header(weir::delivery::headers::TENANT), id))
+            .or_default() += 1;
+        reasons.insert(header(weir::delivery::headers::REASON));
+    }
     println!(
-        "postgres fleet: {} rows accepted in {:.1} s, {} distinct ids written, {} written twice, {} lost, {} dead letters; faults: {}",
-        accepted.len(),
+        "postgres fleet: {total} rows accepted in {:.1} s, {} of them breaking the CHECK; \
+         {} rows written ({} distinct tenant+id); {} dead letters ({} distinct rows); faults: {}",
         load.as_secs_f64(),
-        ids_written.len(),
-        twice.len(),
-        lost.len(),
-        dead_letters,
+        refused.len(),
+        found.values().sum::<usize>(),
+        found.len(),
+        letters.len(),
+        lettered.len(),
         fleet.faults.join("; ")
     );
-    if !twice.is_empty() || dead_letters > 0 {
+    if found.values().any(|&n| n > 1) {
         let overlaps = db
             .query(
                 "SELECT a.unit, s, count(*), array_agg(a.claim) FROM weir_applied a, unnest(a.seqs) s \
@@ -201,46 +239,46 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
             )
             .await
             .expect("read the ledger");
-        let doubled = db
-            .query(
-                "SELECT r.id, r.tbl, r.tx, r.at::text, (SELECT count(*) FROM weir_applied a WHERE a.tx = r.tx), \
-                 (SELECT string_agg(a.unit || ' ' || a.claim || ' ' || array_length(a.seqs, 1), ',') FROM weir_applied a WHERE a.tx = r.tx) \
-                 FROM rows r WHERE r.id IN (SELECT id FROM rows GROUP BY id HAVING count(*) > 1) ORDER BY r.id, r.at LIMIT 8",
-                &[],
-            )
-            .await
-            .expect("read doubled rows");
-        for row in doubled {
-            let (id, tbl, tx, at, records, what): (i64, String, i64, String, i64, Option<String>) = (
-                row.get(0),
-                row.get(1),
-                row.get(2),
-                row.get(3),
-                row.get(4),
-                row.get(5),
-            );
-            println!("twice: id {id} {tbl} tx {tx} at {at}: {records} ledger records ({what:?})");
-        }
         for row in overlaps {
             let (unit, seq, n, claims): (String, i64, i64, Vec<i64>) =
                 (row.get(0), row.get(1), row.get(2), row.get(3));
             println!("ledger: {unit} seq {seq} applied {n} times, claims {claims:?}");
         }
-        let letters = crate::support::read_stream(&client, "weir_dlq").await;
-        let mut reasons = BTreeSet::new();
-        for letter in letters.iter().take(2000) {
-            if let Some(reason) = letter
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(weir::delivery::headers::REASON))
-            {
-                reasons.insert(reason.to_string());
-            }
-        }
-        println!("dead letter reasons: {reasons:?}");
     }
-    assert_exactly_once("written", accepted.len(), &twice, &lost, &fleet.hosts);
-    assert_eq!(count(&db, "rows").await as usize, ids_written.len());
+    assert_exactly_once("written", total, &expected, &found, &fleet.hosts);
+
+    // Every accepted row that breaks the CHECK is a dead letter naming it,
+    // none is in the table, and no other row is a dead letter. (A row a
+    // host dead-lettered and could not ack before a fault is lettered
+    // again when redelivered: the letters count deliveries, not rows.)
+    assert!(!refused.is_empty(), "no accepted row broke the CHECK");
+    for reason in &reasons {
+        assert!(
+            reason.contains("amount_below_limit") && reason.contains("23514"),
+            "a dead letter does not name the constraint: {reason}"
+        );
+    }
+    let missing: Vec<&(&str, u64)> = refused
+        .iter()
+        .filter(|(tenant, id)| !lettered.contains_key(&(tenant.to_string(), *id)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} rows breaking the CHECK are no dead letters: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let wrongly: Vec<&(String, u64)> = lettered.keys().filter(|(_, id)| !violates(*id)).collect();
+    assert!(
+        wrongly.is_empty(),
+        "rows dead-lettered that break no constraint: {wrongly:?}"
+    );
+    let written_anyway: Vec<&(String, u64)> =
+        found.keys().filter(|(_, id)| violates(*id)).collect();
+    assert!(
+        written_anyway.is_empty(),
+        "rows breaking the CHECK were written: {written_anyway:?}"
+    );
 }
 
 /// The owner of the fleet's only unit, as `observer` sees it.
@@ -261,6 +299,10 @@ async fn inserts_waiting(db: &tokio_postgres::Client) -> i64 {
     .get(0)
 }
 
+/// The frozen-host test's sink settings: table `fenced`.
+const FENCED_SETTINGS: &str =
+    r#"{ table = "fenced", columns = { id = "id", seq = "seq" }, table_column = "tbl" }"#;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_taken_over() {
     let pg = tokio::task::block_in_place(PgServer::start);
@@ -275,7 +317,7 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
     // deadline long enough that the blocked call is still running when
     // the host is frozen and thawed.
     let config = |id: &str| {
-        fleet_host_config(nats.url(), id, &pg.url())
+        fleet_host_config(nats.url(), id, &pg.url(), FENCED_SETTINGS)
             .replace(
                 &format!(
                     "partitions = {}\nshards = {}\n",
@@ -284,7 +326,6 @@ async fn a_host_frozen_inside_a_deliver_call_cannot_commit_after_its_unit_was_ta
                 ),
                 "partitions = 1\nshards = 1\n",
             )
-            .replace("table = \"rows\"", "table = \"fenced\"")
             .replace(
                 "world = \"sink\"\nsettings = { table",
                 "world = \"sink\"\ndeadline = \"60s\"\nsettings = { table",
