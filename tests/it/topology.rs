@@ -229,7 +229,8 @@ async fn a_topology_of_the_old_default_is_refused_by_name_and_its_rows_kept() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_stream() {
-    let config_for = |url: &str| operator_config(url);
+    // With a sink granted a JetStream publish: its subjects and PubAcks too.
+    let config_for = |url: &str| format!("{}{AUDIT_SINK}", operator_config(url));
     let permissions = weir_mq("permissions", &config_for("nats://127.0.0.1:1"), &[]);
     // A second user lacks one subject weir needs.
     let mut partial = permissions.clone();
@@ -251,8 +252,30 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
     let config = config_for(&weir_url);
     apply_manifests(&admin, &config).await;
 
+    // The target stream is the operator's (the manifests only note it).
+    jetstream::new(admin.clone())
+        .create_stream(jetstream::stream::Config {
+            name: "AUDIT".into(),
+            subjects: vec!["audit.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
+    let response = host.ingest("events", "{\"id\":1}\n").await;
+    assert_eq!(response.status(), 202);
+    eventually(
+        Duration::from_secs(20),
+        "a row published to AUDIT",
+        || async {
+            let js = jetstream::new(admin.clone());
+            let mut audit = js.get_stream("AUDIT").await.ok()?;
+            (audit.info().await.ok()?.state.messages == 1).then_some(())
+        },
+    )
+    .await;
     let letters = host.ingest("orders", "{\"no_id\":true}\n").await;
     assert_eq!(letters.status(), 202);
     eventually(Duration::from_secs(20), "a dead letter stored", || async {
@@ -300,6 +323,71 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
     assert!(
         js.get_stream("weir_in_0").await.is_ok(),
         "the stream is still there"
+    );
+}
+
+/// The NATS sink publishing table `events` to `audit.<table>`.
+const AUDIT_SINK: &str = r#"
+[plugins.bus]
+wasm = "weir_nats_sink.wasm"
+world = "sink"
+settings = { subject = "audit.{table}" }
+grants.nats = { publish = ["audit.>"] }
+
+[[pipelines]]
+tables = ["events"]
+sink = "bus"
+"#;
+
+#[test]
+fn manifests_note_the_stream_a_granted_jetstream_publish_needs_and_create_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let core = AUDIT_SINK
+        .replace("[plugins.bus]", "[plugins.wire]")
+        .replace("audit.>\"] }", "wire.>\"], jetstream = false }")
+        .replace("audit.{table}", "wire.{table}")
+        .replace(
+            "tables = [\"events\"]\nsink = \"bus\"",
+            "tables = [\"wires\"]\nsink = \"wire\"",
+        );
+    let config = format!(
+        "{}{AUDIT_SINK}{core}",
+        operator_config("nats://127.0.0.1:1")
+    );
+    std::fs::write(&path, config).unwrap();
+    let output = Command::new(WEIR)
+        .args(["mq", "manifests", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "note: plugin `bus` publishes to audit.> through JetStream (grants.nats): \
+             a stream of yours, not in these manifests, must take these subjects"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("note: plugin `wire` publishes to wire.> on core NATS"),
+        "{stderr}"
+    );
+    let manifests: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("stdout is the manifests' JSON");
+    let subjects: Vec<&str> = manifests["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|stream| stream["subjects"].as_array().unwrap())
+        .filter_map(|subject| subject.as_str())
+        .collect();
+    assert!(
+        subjects
+            .iter()
+            .all(|s| !s.starts_with("audit") && !s.starts_with("wire")),
+        "{subjects:?}"
     );
 }
 

@@ -70,7 +70,12 @@ impl MqCommand {
                     (Some(dir), ManifestFormat::Nack) => write_files(&dir, &manifest.nack_files()),
                     (None, ManifestFormat::Nats) => print_json(&manifest.to_json()),
                     (None, ManifestFormat::Nack) => print_json(&manifest.to_nack()),
+                }?;
+                // On stderr: stdout stays the JSON an operator applies.
+                for note in publish_notes(&config) {
+                    eprintln!("{note}");
                 }
+                Ok(())
             }
             MqCommand::Apply { config, nats } => {
                 let config = Config::load(&config, &nats.overrides())?;
@@ -109,6 +114,32 @@ impl MqCommand {
             }
         }
     }
+}
+
+/// What each sink's `grants.nats` needs that the manifests do not hold:
+/// a JetStream target is the operator's stream, never created by weir.
+fn publish_notes(config: &Config) -> Vec<String> {
+    config
+        .plugins
+        .iter()
+        .filter_map(|(name, plugin)| {
+            let grant = plugin.grants.nats.as_ref()?;
+            let subjects = grant.publish.join(", ");
+            Some(if grant.jetstream {
+                format!(
+                    "note: plugin `{name}` publishes to {subjects} through JetStream \
+                     (grants.nats): a stream of yours, not in these manifests, must take \
+                     these subjects; a duplicate_window longer than your longest outage \
+                     stores each row once"
+                )
+            } else {
+                format!(
+                    "note: plugin `{name}` publishes to {subjects} on core NATS \
+                     (grants.nats.jetstream = false): no stream needed"
+                )
+            })
+        })
+        .collect()
 }
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
