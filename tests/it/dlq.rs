@@ -510,3 +510,42 @@ async fn replay_without_a_filter_asks_and_off_a_terminal_refuses_unless_told_yes
     assert_eq!(letters.library.count().await.unwrap(), 0);
     assert_eq!(stored().await, queued + 3, "every row back in its unit");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_stored_in_an_atomic_batch_is_dead_lettered_without_its_batch_headers() {
+    let nats = Nats::start();
+    // Rows keyed by a field go to their partition as atomic batches, and
+    // are stored with the batch's `Nats-Batch-*` headers.
+    let text = base_config(nats.url(), EXTRA).replace(
+        "max_body_bytes = 1048576",
+        "max_body_bytes = 1048576\nidempotency_field = \"id\"",
+    );
+    let host = TestHost::start(&text).await;
+    let body: String = (0..3).map(|id| format!("{{\"id\":{id}}}\n")).collect();
+    let response = host.ingest("refunds", body).await;
+    assert_eq!(response.status(), 202);
+    let client = nats.client().await;
+    let letters = eventually(Duration::from_secs(30), "three dead letters", || async {
+        let letters = crate::support::read_stream(&client, "weir_dlq").await;
+        (letters.len() == 3).then_some(letters)
+    })
+    .await;
+    for letter in &letters {
+        let headers = letter.headers.as_ref().expect("a letter has headers");
+        let reason = headers
+            .get(weir::delivery::headers::REASON)
+            .map(|v| v.to_string());
+        assert!(
+            reason.as_deref().is_some_and(|r| r.contains(MISSING_TS)),
+            "{reason:?}"
+        );
+        let names: Vec<String> = headers.iter().map(|(name, _)| name.to_string()).collect();
+        assert!(
+            !names
+                .iter()
+                .any(|name| name.to_ascii_lowercase().starts_with("nats-batch")),
+            "{names:?}"
+        );
+    }
+    host.shutdown().await;
+}
