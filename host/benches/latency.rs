@@ -14,6 +14,12 @@
 //!    published pipelined and stamped at its last PubAck; a pull consumer
 //!    stamps each row as it receives it (and acks it).
 //!
+//! 4. Pooling: the same as 2, at the same offered rates, through a second
+//!    host whose HTTP sink has `http_keep_alive = false` (a fresh TCP
+//!    connection per request, as before outbound HTTP was pooled). For
+//!    both hosts, the TCP connections the endpoint accepted per 1,000
+//!    batches (POSTs) it received during each phase.
+//!
 //! The host runs the default topology (4 partitions of one shard), a
 //! pass-through transform and the HTTP sink (`plugins/http-sink`). Every
 //! row must arrive, or the bench fails. `cargo bench -p weir --bench
@@ -144,12 +150,59 @@ fn row_id(line: &[u8]) -> Option<u64> {
     std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
 }
 
-/// The endpoint weir's HTTP sink posts to: stamps every row as it arrives.
-async fn start_endpoint(stamps: Arc<Stamps>) -> std::net::SocketAddr {
+/// What the endpoint counted: POSTs (batches) and TCP connections accepted.
+#[derive(Default)]
+struct Counts {
+    requests: AtomicUsize,
+    connections: AtomicUsize,
+}
+
+impl Counts {
+    fn now(&self) -> (usize, usize) {
+        (
+            self.requests.load(Ordering::SeqCst),
+            self.connections.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Connections accepted per 1,000 batches since `before` (a [`Counts::now`]).
+    fn sockets_per_1000_batches_since(&self, before: (usize, usize)) -> f64 {
+        let (requests, connections) = self.now();
+        let batches = requests.saturating_sub(before.0).max(1);
+        connections.saturating_sub(before.1) as f64 * 1000.0 / batches as f64
+    }
+}
+
+/// A listener that counts the connections it accepts.
+struct Counting {
+    inner: tokio::net::TcpListener,
+    counts: Arc<Counts>,
+}
+
+impl axum::serve::Listener for Counting {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let accepted = axum::serve::Listener::accept(&mut self.inner).await;
+        self.counts.connections.fetch_add(1, Ordering::SeqCst);
+        accepted
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// The endpoint weir's HTTP sink posts to: stamps every row as it arrives,
+/// and counts requests and connections.
+async fn start_endpoint(stamps: Arc<Stamps>, counts: Arc<Counts>) -> std::net::SocketAddr {
+    let requests = counts.clone();
     let app = axum::Router::new().route(
         "/rows",
         axum::routing::post(move |body: Bytes| {
             let stamps = stamps.clone();
+            requests.requests.fetch_add(1, Ordering::SeqCst);
             async move {
                 let ids = body
                     .split(|b| *b == b'\n')
@@ -168,8 +221,45 @@ async fn start_endpoint(stamps: Arc<Stamps>) -> std::net::SocketAddr {
         .await
         .expect("bind the endpoint");
     let addr = listener.local_addr().expect("endpoint address");
+    let listener = Counting {
+        inner: listener,
+        counts,
+    };
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
+}
+
+/// A host of the default topology on `nats_url` into weir's HTTP sink
+/// posting to `endpoint`, with `plugin_extra` in the sink's table, its
+/// units claimed.
+async fn start_host(
+    nats_url: &str,
+    dir: &std::path::Path,
+    name: &str,
+    endpoint: std::net::SocketAddr,
+    plugin_extra: &str,
+) -> RunningHost {
+    let sink = format!(
+        "wasm = {:?}\nworld = \"sink\"\nsettings = {{ url = \"http://{endpoint}/rows\" }}\ngrants.http = [\"{endpoint}\"]\n{plugin_extra}",
+        weir_test_artifacts::HTTP_SINK
+    );
+    let text = support::pass_through_config_into(
+        nats_url,
+        &dir.join(name),
+        support::DEFAULT_LAYOUT,
+        &[TABLE.into()],
+        &sink,
+    );
+    let config = Config::parse(
+        &dir.join(format!("{name}.toml")),
+        &text,
+        &Overrides::default(),
+    )
+    .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let units = (support::DEFAULT_LAYOUT.0 * support::DEFAULT_LAYOUT.1) as usize;
+    let host = RunningHost::start(config).await.expect("weir host starts");
+    support::wait_claimed(&host, units).await;
+    host
 }
 
 /// Offers requests of rows from `first` at `rows_per_sec` for `window`,
@@ -226,33 +316,9 @@ async fn run(rows: usize, window: Duration) {
     let js = jetstream::new(client.clone());
 
     let stamps = Stamps::new();
-    let endpoint = start_endpoint(stamps.clone()).await;
-
-    let config_path = dir.path().join("weir.toml");
-    // The default topology, into weir's HTTP sink.
-    let sink = format!(
-        "wasm = {:?}\nworld = \"sink\"\nsettings = {{ url = \"http://{endpoint}/rows\" }}\ngrants.http = [\"{endpoint}\"]\n",
-        weir_test_artifacts::HTTP_SINK
-    );
-    let text = support::pass_through_config_into(
-        server.url(),
-        &dir.path().join("data"),
-        support::DEFAULT_LAYOUT,
-        &[TABLE.into()],
-        &sink,
-    );
-    let config = Config::parse(&config_path, &text, &Overrides::default())
-        .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
-    let units = (support::DEFAULT_LAYOUT.0 * support::DEFAULT_LAYOUT.1) as usize;
-    let host = RunningHost::start(config).await.expect("weir host starts");
-    let deadline = Instant::now() + ARRIVAL_TIMEOUT;
-    while host.status().fleet().owners.len() < units {
-        assert!(
-            Instant::now() < deadline,
-            "the host never claimed its units"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counts = Arc::new(Counts::default());
+    let endpoint = start_endpoint(stamps.clone(), counts.clone()).await;
+    let host = start_host(server.url(), dir.path(), "pooled", endpoint, "").await;
     let url = format!("http://{}/v1/ingest/{TABLE}", host.http_addr());
     let http = reqwest::Client::new();
 
@@ -310,21 +376,18 @@ async fn run(rows: usize, window: Duration) {
         "p50 ms",
         "p99 ms",
         "max ms",
+        "sockets / 1,000 batches",
     ]);
     let mut first = rows as u64;
     let mut arrived = rows;
+    let mut pooled = Vec::new();
     for (share, label) in LOADS {
         let rate = share * max_rows_per_sec;
-        let weir_ids = offer(first, rate, window, |ids| {
-            let (http, url, stamps) = (http.clone(), url.clone(), stamps.clone());
-            async move {
-                post(&http, &url, body(ids.clone())).await;
-                stamps.accept(ids);
-            }
-        })
-        .await;
+        let before = counts.now();
+        let weir_ids = offer_weir(&http, &url, &stamps, first, rate, window).await;
         arrived += weir_ids.clone().count();
         stamps.all_arrived(arrived, "weir").await;
+        let sockets = counts.sockets_per_1000_batches_since(before);
         first = weir_ids.end;
 
         let raw_ids = offer(first, rate, window, |ids| {
@@ -351,16 +414,6 @@ async fn run(rows: usize, window: Duration) {
 
         let weir = measure(&stamps, weir_ids);
         let raw = measure(&stamps, raw_ids);
-        for (path, m) in [("weir 202 → sink", &weir), ("raw PubAck → consumer", &raw)] {
-            table.push(vec![
-                label.replace("pct", " %"),
-                format!("{rate:.0}"),
-                path.to_string(),
-                format!("{:.2}", m.p50),
-                format!("{:.2}", m.p99),
-                format!("{:.2}", m.max),
-            ]);
-        }
         print_figure(BENCH, &format!("p50_ms_at_{label}"), weir.p50);
         print_figure(BENCH, &format!("p99_ms_at_{label}"), weir.p99);
         print_figure(BENCH, &format!("max_ms_at_{label}"), weir.max);
@@ -372,8 +425,80 @@ async fn run(rows: usize, window: Duration) {
             &format!("ratio_p99_to_raw_at_{label}"),
             weir.p99 / raw.p99.max(f64::MIN_POSITIVE),
         );
+        print_figure(
+            BENCH,
+            &format!("sockets_per_1000_batches_at_{label}"),
+            sockets,
+        );
+        pooled.push((rate, weir, sockets, raw));
     }
     reader.abort();
+    host.shutdown().await;
+
+    // 4. The same loads through a host whose sink connects for every request.
+    let host = start_host(
+        server.url(),
+        dir.path(),
+        "no-keep-alive",
+        endpoint,
+        "http_keep_alive = false\n",
+    )
+    .await;
+    let url = format!("http://{}/v1/ingest/{TABLE}", host.http_addr());
+    for ((_, label), (rate, pooled_weir, pooled_sockets, raw)) in LOADS.iter().zip(&pooled) {
+        let rate = *rate;
+        let before = counts.now();
+        let ids = offer_weir(&http, &url, &stamps, first, rate, window).await;
+        arrived += ids.clone().count();
+        stamps.all_arrived(arrived, "weir without keep-alive").await;
+        let sockets = counts.sockets_per_1000_batches_since(before);
+        first = ids.end;
+        let unpooled = measure(&stamps, ids);
+        print_figure(
+            BENCH,
+            &format!("no_keep_alive_p50_ms_at_{label}"),
+            unpooled.p50,
+        );
+        print_figure(
+            BENCH,
+            &format!("no_keep_alive_p99_ms_at_{label}"),
+            unpooled.p99,
+        );
+        print_figure(
+            BENCH,
+            &format!("no_keep_alive_max_ms_at_{label}"),
+            unpooled.max,
+        );
+        print_figure(
+            BENCH,
+            &format!("no_keep_alive_sockets_per_1000_batches_at_{label}"),
+            sockets,
+        );
+        let load = label.replace("pct", " %");
+        for (path, m, sockets) in [
+            (
+                "weir 202 → sink, pooled",
+                pooled_weir,
+                format!("{pooled_sockets:.1}"),
+            ),
+            (
+                "weir 202 → sink, http_keep_alive = false",
+                &unpooled,
+                format!("{sockets:.1}"),
+            ),
+            ("raw PubAck → consumer", raw, "—".to_string()),
+        ] {
+            table.push(vec![
+                load.clone(),
+                format!("{rate:.0}"),
+                path.to_string(),
+                format!("{:.2}", m.p50),
+                format!("{:.2}", m.p99),
+                format!("{:.2}", m.max),
+                sockets,
+            ]);
+        }
+    }
     table.print();
     let targets: Vec<String> = TARGET_P99_MS
         .iter()
@@ -384,4 +509,23 @@ async fn run(rows: usize, window: Duration) {
         targets.join(", ")
     );
     host.shutdown().await;
+}
+
+/// Offers weir's front door requests at `rate` for `window` from row `first`.
+async fn offer_weir(
+    http: &reqwest::Client,
+    url: &str,
+    stamps: &Arc<Stamps>,
+    first: u64,
+    rate: f64,
+    window: Duration,
+) -> std::ops::Range<u64> {
+    offer(first, rate, window, |ids| {
+        let (http, url, stamps) = (http.clone(), url.to_string(), stamps.clone());
+        async move {
+            post(&http, &url, body(ids.clone())).await;
+            stamps.accept(ids);
+        }
+    })
+    .await
 }

@@ -49,7 +49,7 @@ const BENCHES: &[(&str, &str)] = &[
     ),
     (
         "latency",
-        "202 to sink (weir's HTTP sink posting to the bench) at 10 % and 50 % of the measured maximum, against PubAck to a raw pull consumer at the same offered rates; default topology",
+        "202 to sink (weir's HTTP sink posting to the bench) at 10 % and 50 % of the measured maximum, against PubAck to a raw pull consumer at the same offered rates, and through a host whose sink has `http_keep_alive = false` (no pooling); TCP connections per 1,000 batches; default topology",
     ),
     (
         "replication",
@@ -58,6 +58,14 @@ const BENCHES: &[(&str, &str)] = &[
     (
         "state",
         "the window plugin's tallies in durable state (grants.state, written with each batch's acks) against the same plugin keeping them in instance memory; one unit",
+    ),
+    (
+        "postgres",
+        "rows into PostgreSQL through weir's postgres-sink (one transaction per batch with weir's ledger) against a native tokio-postgres client sending the same bulk statements alone, and against a native async-nats pull consumer doing them and acking after COMMIT; same connection count",
+    ),
+    (
+        "nats_sink",
+        "rows into a JetStream stream through weir's nats-sink against a raw async-nats publisher sending the same rows with the same Nats-Msg-Ids, PubAcks pipelined",
     ),
 ];
 
@@ -69,6 +77,7 @@ const TARGETS: &[&str] = &[
     "≤ 2 allocations per row on the delivery path outside the plugin",
     "front door ≥ 100,000 rows/s with 1000-row requests; p99 ≤ 50 ms at half that load",
     "202 to sink p99 ≤ 20 ms at 10 % load and ≤ 100 ms at 50 % load, within 2 × the raw path's p99",
+    "rows into PostgreSQL through weir ≥ 0.8 × a native consumer doing the same bulk statements over the same connections",
 ];
 
 /// Which way a figure must go to meet its target.
@@ -132,11 +141,13 @@ const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
     ("latency", "p99_ms_at_50pct", Goal::AtMost(100.0)),
     ("latency", "ratio_p99_to_raw_at_10pct", Goal::AtMost(2.0)),
     ("latency", "ratio_p99_to_raw_at_50pct", Goal::AtMost(2.0)),
+    ("postgres", "weir_over_native_consumer", Goal::AtLeast(0.8)),
 ];
 
 /// Units a figure's name may carry, most specific first; figures are
 /// charted together when they share one.
 const UNITS: &[&str] = &[
+    "sockets_per_1000_batches",
     "alloc_bytes_per_row",
     "allocs_per_row",
     "publish_rows_per_sec",
@@ -266,6 +277,7 @@ fn lower_is_better(name: &str) -> bool {
         "messages",
         "requests",
         "consumers",
+        "sockets",
         "to_native",
         "to_raw_at",
     ];

@@ -2,7 +2,8 @@
 //! answers are retried (each row under the same key, to drop a replay), 4xx
 //! dead-lettered, ungranted hosts denied, and a
 //! `wasi:http` plugin without `grants.http` loaded, its every request denied;
-//! batches share a few keep-alive connections rather than one each.
+//! batches share a few keep-alive connections rather than one each, unless
+//! `http_keep_alive = false` gives each request a connection of its own.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -389,21 +390,16 @@ async fn a_wasi_http_plugin_without_grants_http_loads_and_every_request_is_denie
     host.shutdown().await;
 }
 
-/// Batches one after another reuse the plugin's keep-alive connections: the
-/// endpoint accepts a few (at most one per instance that ran), not one per
-/// batch as before pooling.
-#[tokio::test(flavor = "multi_thread")]
-async fn batches_reuse_a_few_keep_alive_connections_instead_of_one_each() {
-    const BATCHES: usize = 120;
+/// Posts `batches` rows one at a time, each posted before the next is
+/// ingested (each a batch of its own), through the HTTP sink with
+/// `plugin_extra` in its plugin table: (requests, TCP connections accepted).
+async fn connections_for_batches(batches: usize, plugin_extra: &str) -> (usize, usize) {
     let nats = Nats::start();
     let endpoint = Endpoint::start(&[], 200).await;
-    let grant = format!("[\"{}\"]", endpoint.addr);
+    let grant = format!("[\"{}\"]\n{plugin_extra}", endpoint.addr);
     let extra = http_pipeline(&endpoint.url(), &grant);
     let host = TestHost::start(&base_config(nats.url(), &extra)).await;
-
-    // One row at a time, each posted before the next is ingested: each is
-    // a batch of its own.
-    for id in 0..BATCHES {
+    for id in 0..batches {
         let response = host.ingest("events", orders(id, 1)).await;
         assert_eq!(response.status(), 202);
         eventually(Duration::from_secs(30), "the row posted", || async {
@@ -412,17 +408,41 @@ async fn batches_reuse_a_few_keep_alive_connections_instead_of_one_each() {
         .await;
     }
     settled(&nats).await;
-
     let requests = endpoint.received().len();
     let accepted = endpoint.accepted.load(Ordering::SeqCst);
-    assert!(requests >= BATCHES, "{requests} requests");
+    assert!(requests >= batches, "{requests} requests");
     println!(
-        "http sink: {requests} batches over {accepted} TCP connections ({:.1} per 1,000 batches)",
+        "http sink ({}): {requests} batches over {accepted} TCP connections ({:.1} per 1,000 batches)",
+        if plugin_extra.is_empty() {
+            "pooled"
+        } else {
+            plugin_extra
+        },
         accepted as f64 * 1000.0 / requests as f64
     );
+    host.shutdown().await;
+    (requests, accepted)
+}
+
+/// Batches one after another reuse the plugin's keep-alive connections: the
+/// endpoint accepts a few (at most one per instance that ran), not one per
+/// batch as before pooling.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_reuse_a_few_keep_alive_connections_instead_of_one_each() {
+    let (requests, accepted) = connections_for_batches(120, "").await;
     assert!(
         accepted <= 8,
         "{accepted} connections for {requests} batches: not kept alive"
     );
-    host.shutdown().await;
+}
+
+/// `http_keep_alive = false` turns the pool off: every request comes over
+/// a connection of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_keep_alive_every_batch_opens_a_connection_of_its_own() {
+    let (requests, accepted) = connections_for_batches(40, "http_keep_alive = false").await;
+    assert_eq!(
+        accepted, requests,
+        "{accepted} connections for {requests} requests: some were reused"
+    );
 }

@@ -91,6 +91,12 @@ pub(super) const KEYS: &[Key] = &[
     Key::new("plugins.NAME", "grants.http", Fallback::Empty, Reload::Hot),
     Key::new(
         "plugins.NAME",
+        "http_keep_alive",
+        Fallback::Bool(true),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
         "grants.postgres",
         Fallback::Off,
         Reload::Hot,
@@ -163,6 +169,9 @@ pub struct PluginConfig {
     pub recycle_after_batches: u64,
     /// ... or once its linear memory has grown this much since `init`.
     pub recycle_after_growth_bytes: usize,
+    /// Whether its `grants.http` requests reuse pooled keep-alive
+    /// connections; `false`: a fresh connection per request, closed after.
+    pub http_keep_alive: bool,
     pub grants: Grants,
 }
 
@@ -358,6 +367,7 @@ pub(super) struct RawPlugin {
     recycle_after_batches: Option<u64>,
     recycle_after_growth: Option<Spanned<Size>>,
     recycle_after_growth_mb: Option<Spanned<u32>>,
+    http_keep_alive: Option<bool>,
     #[serde(default)]
     grants: RawGrants,
 }
@@ -515,6 +525,7 @@ impl Checker<'_> {
             recycle_after_batches,
             recycle_after_growth_bytes: usize::try_from(recycle_after_growth_bytes)
                 .unwrap_or(usize::MAX),
+            http_keep_alive: plugin.http_keep_alive.unwrap_or(true),
             grants,
         }
     }

@@ -1,6 +1,7 @@
 //! Outbound HTTP for plugins with `grants.http`: each request must go to a
 //! granted authority, within what is left of the call's deadline, over a
-//! keep-alive connection of the plugin version's pool.
+//! keep-alive connection of the plugin version's pool (or, with
+//! `http_keep_alive = false`, a connection of its own).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -26,9 +27,10 @@ pub(crate) type HttpPool = Client<hyper_rustls::HttpsConnector<HttpConnector>, W
 /// The pool of a plugin version: plain HTTP or TLS (trusting the roots
 /// `wasmtime_wasi_http`'s own client trusts), HTTP/1 with keep-alive.
 /// `connect_timeout` bounds a TCP connect; each request's own bounds are
-/// applied around it by [`HttpGate`]. Fails only if ring's TLS provider
-/// lacks rustls's default protocol versions.
-pub(crate) fn pool(connect_timeout: Duration) -> Result<HttpPool, rustls::Error> {
+/// applied around it by [`HttpGate`]. Without `keep_alive` nothing is kept
+/// idle, which turns hyper's pool off: each request connects anew. Fails
+/// only if ring's TLS provider lacks rustls's default protocol versions.
+pub(crate) fn pool(connect_timeout: Duration, keep_alive: bool) -> Result<HttpPool, rustls::Error> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     // A request is one or two small writes: Nagle would hold the second.
@@ -50,7 +52,11 @@ pub(crate) fn pool(connect_timeout: Duration) -> Result<HttpPool, rustls::Error>
         .wrap_connector(tcp);
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(IDLE_TIMEOUT)
-        .pool_max_idle_per_host(MAX_IDLE_PER_AUTHORITY)
+        .pool_max_idle_per_host(if keep_alive {
+            MAX_IDLE_PER_AUTHORITY
+        } else {
+            0
+        })
         .pool_timer(TokioTimer::new())
         .build(connector))
 }
@@ -65,6 +71,9 @@ pub(super) struct HttpGate {
     pub(super) call_ends: Instant,
     /// The plugin version's connections; `None` without `grants.http`.
     pub(super) pool: Option<HttpPool>,
+    /// `false` (`http_keep_alive = false`): each request says
+    /// `Connection: close`, so the server does not hold the socket either.
+    pub(super) keep_alive: bool,
 }
 
 pub(super) type ResponseFuture = Box<
@@ -115,7 +124,7 @@ impl HttpGate {
 impl WasiHttpHooks for HttpGate {
     fn send_request(
         &mut self,
-        request: axum::http::Request<WasiBody>,
+        mut request: axum::http::Request<WasiBody>,
         options: Option<RequestOptions>,
         fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> ResponseFuture {
@@ -136,6 +145,12 @@ impl WasiHttpHooks for HttpGate {
         let Some(pool) = self.pool.clone() else {
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         };
+        if !self.keep_alive {
+            request.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         let options = self.bounded(options);
         // A pooled request may connect first or not: its head must come
         // within connect + first-byte, and never after the call's end.

@@ -159,6 +159,7 @@ impl Plugin {
                 allowed: self.config.grants.http.clone(),
                 call_ends: Instant::now(),
                 pool: self.http_pool.clone(),
+                keep_alive: self.config.http_keep_alive,
             },
             table: ResourceTable::new(),
             limits: Limiter {

@@ -381,14 +381,17 @@ impl Sandbox {
             None => None,
         };
         // A connect never usefully outlasts a call.
-        let http_pool = match config.grants.http.is_empty() {
-            true => None,
-            false => Some(http::pool(config.deadline).map_err(|err| LoadError::Grant {
-                plugin: config.name.clone(),
-                dir: "grants.http".to_string(),
-                reason: format!("no TLS client: {err}"),
-            })?),
-        };
+        let http_pool =
+            match config.grants.http.is_empty() {
+                true => None,
+                false => Some(http::pool(config.deadline, config.http_keep_alive).map_err(
+                    |err| LoadError::Grant {
+                        plugin: config.name.clone(),
+                        dir: "grants.http".to_string(),
+                        reason: format!("no TLS client: {err}"),
+                    },
+                )?),
+            };
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
