@@ -102,6 +102,8 @@ fn latency_buckets() -> Histogram {
 pub struct Metrics {
     /// Rows JetStream acknowledged at the front door.
     pub rows_accepted: Counter,
+    /// Bad lines the front door wrote to the dead-letter stream.
+    pub rows_dead_lettered_at_ingest: Counter,
     /// Rows whose pipeline finished and that were acked.
     pub rows_delivered: Counter,
     /// Rows acked after being written to the dead-letter stream.
@@ -183,6 +185,7 @@ impl Default for Metrics {
             .set(1);
         Metrics {
             rows_accepted: Counter::default(),
+            rows_dead_lettered_at_ingest: Counter::default(),
             rows_delivered: Counter::default(),
             rows_dead_lettered: Counter::default(),
             dead_letters: Family::default(),
@@ -244,6 +247,11 @@ impl Metrics {
             "rows_accepted",
             "Rows acknowledged by JetStream at the front door",
             self.rows_accepted.clone(),
+        );
+        weir.register(
+            "ingest_rows_dead_lettered",
+            "Bad lines the front door wrote to the dead-letter stream (bad_lines = dead-letter)",
+            self.rows_dead_lettered_at_ingest.clone(),
         );
         weir.register(
             "rows_delivered",

@@ -227,6 +227,7 @@ fn listed(output: &Output) -> Vec<StoredLetter> {
                 plugin_version: None,
                 deliveries: value["deliveries"].as_u64().unwrap_or_default(),
                 row_sequence: value["row_sequence"].as_u64().unwrap_or_default(),
+                line: value["line"].as_u64(),
                 payload: text("payload"),
             }
         })

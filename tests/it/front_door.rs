@@ -638,3 +638,322 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
         );
     }
 }
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+fn zstd(bytes: &[u8]) -> Vec<u8> {
+    zstd::stream::encode_all(bytes, 3).unwrap()
+}
+
+/// Bodies come gzip- or zstd-compressed, and as a JSON array of objects
+/// besides NDJSON; the decompressed size counts against `max_body_bytes`
+/// (a bomb is a 413, nothing stored), an unknown encoding is a 415, and a
+/// bad element of an array is named by its position.
+#[tokio::test(flavor = "multi_thread")]
+async fn compressed_and_array_bodies_are_accepted_and_bombs_refused() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let post = |encoding: Option<&'static str>, json: bool, body: Vec<u8>| {
+        let mut request = host
+            .http
+            .post(host.url("/v1/ingest/orders"))
+            .bearer_auth(ACME_KEY)
+            .body(body);
+        if let Some(encoding) = encoding {
+            request = request.header("content-encoding", encoding);
+        }
+        if json {
+            request = request.header("content-type", "application/json; charset=utf-8");
+        }
+        async move { error_of(request.send().await.unwrap()).await }
+    };
+
+    let (status, body) = post(Some("gzip"), false, gzip(orders(0, 100).as_bytes())).await;
+    assert_eq!(
+        (status, body["accepted"].as_u64()),
+        (202, Some(100)),
+        "{body}"
+    );
+    let (status, body) = post(Some("zstd"), false, zstd(orders(100, 100).as_bytes())).await;
+    assert_eq!(
+        (status, body["accepted"].as_u64()),
+        (202, Some(100)),
+        "{body}"
+    );
+    let array = |start: usize, count: usize| -> Vec<u8> {
+        let text = orders(start, count);
+        let rows: Vec<&str> = text.lines().collect();
+        format!("[\n  {}\n]", rows.join(",\n  ")).into_bytes()
+    };
+    let (status, body) = post(None, true, array(200, 3)).await;
+    assert_eq!(
+        (status, body["accepted"].as_u64()),
+        (202, Some(3)),
+        "{body}"
+    );
+    let (status, body) = post(Some("gzip"), true, gzip(&array(203, 50))).await;
+    assert_eq!(
+        (status, body["accepted"].as_u64()),
+        (202, Some(50)),
+        "{body}"
+    );
+
+    // Refused, each naming what and where; none of it is stored.
+    let (status, body) = post(None, true, b"[{\"id\":-1}, [1], {\"id\":-2}]".to_vec()).await;
+    assert_eq!((status, body["line"].as_u64()), (400, Some(2)), "{body}");
+    assert_eq!(body["error"], "row 2: a row must be a JSON object");
+    let (status, body) = post(None, true, b"[{\"id\":-1},\n {\"id\": oops}]".to_vec()).await;
+    assert_eq!((status, body["line"].as_u64()), (400, Some(2)), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("row 2: invalid JSON array"),
+        "{body}"
+    );
+    let (status, body) = post(Some("br"), false, orders(0, 1).into_bytes()).await;
+    assert_eq!(status, 415, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("`br`"), "{body}");
+    let (status, body) = post(Some("gzip"), false, orders(0, 1).into_bytes()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("not valid gzip"),
+        "{body}"
+    );
+    // 64 MiB of one byte: kilobytes compressed, 64 times the 1 MiB limit.
+    let bomb = vec![b' '; 64 << 20];
+    for (encoding, compressed) in [("gzip", gzip(&bomb)), ("zstd", zstd(&bomb))] {
+        assert!(
+            compressed.len() < 1 << 20,
+            "{encoding}: {}",
+            compressed.len()
+        );
+        let (status, body) = post(Some(encoding), false, compressed).await;
+        assert_eq!(status, 413, "{encoding}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("decompresses to more than the limit of 1048576 bytes"),
+            "{body}"
+        );
+    }
+
+    drained(&nats.client().await).await;
+    let mut ids: Vec<i64> = host
+        .sink_lines("orders")
+        .iter()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..253).collect::<Vec<i64>>(),
+        "each accepted row once, no refused one"
+    );
+    host.shutdown().await;
+}
+
+/// A body over `max_body_bytes` gets a 413 that a client sending it whole
+/// before reading (Python's `http.client`) reads, instead of a broken
+/// pipe: the host reads and drops the rest (up to a bound) before
+/// answering. Both with a `Content-Length` (refused before the body) and
+/// chunked (refused once the limit is passed).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_over_the_limit_gets_a_413_python_http_client_reads() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let port = host.url("").rsplit(':').next().unwrap().to_string();
+    let script = r#"
+import http.client, sys
+port, key = int(sys.argv[1]), sys.argv[2]
+row = b'{"id": 1, "pad": "' + b'x' * 80 + b'"}\n'
+body = row * (16 * 1024 * 1024 // len(row))
+headers = {"Authorization": "Bearer " + key}
+for chunked in (False, True):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    payload = iter([body[i:i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    conn.request("POST", "/v1/ingest/orders", body=payload, headers=headers, encode_chunked=chunked)
+    answer = conn.getresponse()
+    print(answer.status, answer.read().decode())
+    conn.close()
+"#;
+    let output = tokio::process::Command::new("python3")
+        .args(["-c", script, &port, ACME_KEY])
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers: Vec<&str> = stdout.lines().collect();
+    assert_eq!(answers.len(), 2, "{stdout}");
+    for answer in answers {
+        assert!(
+            answer.starts_with("413 ") && answer.contains("larger than the limit of 1048576 bytes"),
+            "{answer}"
+        );
+    }
+    let client = nats.client().await;
+    assert_eq!(backlog(&client).await.2, 0, "nothing was stored");
+    host.shutdown().await;
+}
+
+/// The dead letters in the stream: (line, reason, payload), by line.
+async fn ingest_letters(client: &async_nats::Client) -> Vec<(u64, String, String)> {
+    use weir::delivery::headers;
+    let mut letters: Vec<(u64, String, String)> = crate::support::read_stream(client, "weir_dlq")
+        .await
+        .iter()
+        .map(|letter| {
+            let header = |name: &str| {
+                letter
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.to_string())
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                (header(headers::TENANT), header(headers::TABLE)),
+                ("acme".into(), "orders".into())
+            );
+            (
+                header(headers::LINE).parse().unwrap(),
+                header(headers::REASON),
+                String::from_utf8_lossy(&letter.payload).into_owned(),
+            )
+        })
+        .collect();
+    letters.sort();
+    letters
+}
+
+/// With `bad_lines = "dead-letter"` a request's good rows are stored and
+/// each bad line goes to the dead-letter stream with its line number and
+/// reason, the answer saying how many of each and which; `Weir-Bad-Lines`
+/// picks the other way per request; a retry stores nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_lines_go_to_the_dead_letter_stream_when_the_table_says_so() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "bad_lines = \"dead-letter\"\n")).await;
+    let body = format!(
+        "{}{{\"id\": oops}}\n{}not json\n\n{}[7]\n",
+        orders(0, 3),
+        orders(3, 2),
+        orders(5, 1)
+    );
+    let post = |body: String, headers: &[(&'static str, &'static str)]| {
+        let mut request = host
+            .http
+            .post(host.url("/v1/ingest/orders"))
+            .bearer_auth(ACME_KEY)
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move { error_of(request.send().await.unwrap()).await }
+    };
+    let (status, answer) = post(body.clone(), &[("Idempotency-Key", "bad-1")]).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        (
+            answer["accepted"].as_u64(),
+            answer["duplicates"].as_u64(),
+            answer["dead_lettered"].as_u64()
+        ),
+        (Some(6), Some(0), Some(3)),
+        "{answer}"
+    );
+    let lines: Vec<u64> = answer["bad_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|bad| bad["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, [4, 7, 10], "{answer}");
+    assert!(
+        answer["bad_lines"][0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("line 4: invalid JSON"),
+        "{answer}"
+    );
+    // The same request again: nothing stored twice, letters included.
+    let (status, again) = post(body.clone(), &[("Idempotency-Key", "bad-1")]).await;
+    assert_eq!(status, 202, "{again}");
+    assert_eq!(
+        (
+            again["accepted"].as_u64(),
+            again["duplicates"].as_u64(),
+            again["dead_lettered"].as_u64()
+        ),
+        (Some(6), Some(6), Some(3)),
+        "{again}"
+    );
+    // Per request, the other way: all or nothing, as before.
+    let (status, refused) = post(body.clone(), &[("Weir-Bad-Lines", "refuse")]).await;
+    assert_eq!(
+        (status, refused["line"].as_u64()),
+        (400, Some(4)),
+        "{refused}"
+    );
+    let (status, refused) = post(body, &[("Weir-Bad-Lines", "maybe")]).await;
+    assert_eq!(status, 400, "{refused}");
+    // Numbered from the line the client says its body starts at.
+    let (status, answer) = post(
+        format!("{}{{\"id\":\n", orders(6, 2)),
+        &[("Weir-First-Line", "1001")],
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["bad_lines"][0]["line"], 1003, "{answer}");
+
+    let client = nats.client().await;
+    let letters = ingest_letters(&client).await;
+    let seen: Vec<(u64, &str)> = letters
+        .iter()
+        .map(|(line, _, payload)| (*line, payload.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (4, "{\"id\": oops}"),
+            (7, "not json"),
+            (10, "[7]"),
+            (1003, "{\"id\":")
+        ],
+        "one letter per bad line, the line as sent"
+    );
+    assert!(
+        letters[2]
+            .1
+            .contains("line 10: a row must be a JSON object"),
+        "{letters:?}"
+    );
+    drained(&client).await;
+    let mut ids: Vec<u64> = host
+        .sink_lines("orders")
+        .iter()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..8).collect::<Vec<u64>>(), "every good row once");
+    host.shutdown().await;
+}

@@ -554,6 +554,7 @@ impl FileRows<'_> {
             tables: vec![self.args.table().to_string()],
             transforms,
             sink,
+            bad_lines: Default::default(),
         };
         let runner = PipelineRunner::new(&pipeline, |_| Some(self.plugin.clone()), state)?;
         // A sink granted `postgres` runs its statements for real, and

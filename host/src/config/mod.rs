@@ -39,7 +39,7 @@ pub(crate) use coordination::*;
 pub(crate) use delivery::*;
 pub(crate) use nats::*;
 pub use nats::{NatsAuth, SyncPolicy};
-pub use pipelines::Pipeline;
+pub use pipelines::{BadLines, Pipeline};
 pub use plugins::PluginConfig;
 pub(crate) use plugins::*;
 pub(crate) use policies::*;

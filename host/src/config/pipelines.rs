@@ -15,7 +15,36 @@ pub(super) const KEYS: &[Key] = &[
     Key::new("pipelines", "tables", Fallback::Required, Reload::Hot),
     Key::new("pipelines", "transforms", Fallback::Empty, Reload::Hot),
     Key::new("pipelines", "sink", Fallback::Off, Reload::Hot),
+    Key::new(
+        "pipelines",
+        "bad_lines",
+        Fallback::Text("refuse"),
+        Reload::Hot,
+    ),
 ];
+
+/// What the front door does with a request's rows that are not JSON
+/// objects (or not UTF-8, or carry an unusable key field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BadLines {
+    /// The whole request is refused (400), nothing stored.
+    #[default]
+    Refuse,
+    /// The good rows are stored, each bad one goes to the dead-letter
+    /// stream with its line number and reason.
+    DeadLetter,
+}
+
+impl BadLines {
+    /// The setting as written in the config and the `Weir-Bad-Lines` header.
+    pub fn parse(text: &str) -> Option<BadLines> {
+        match text.trim() {
+            "refuse" => Some(BadLines::Refuse),
+            "dead-letter" => Some(BadLines::DeadLetter),
+            _ => None,
+        }
+    }
+}
 
 /// Which tables go through which plugins, in order.
 #[derive(Debug, Clone)]
@@ -23,6 +52,7 @@ pub struct Pipeline {
     pub tables: Vec<String>,
     pub transforms: Vec<String>,
     pub sink: Option<String>,
+    pub bad_lines: BadLines,
 }
 
 /// One `[[pipelines]]` table as written in the file.
@@ -33,6 +63,7 @@ pub(super) struct RawPipeline {
     #[serde(default)]
     transforms: Vec<Spanned<String>>,
     sink: Option<Spanned<String>>,
+    bad_lines: Option<Spanned<String>>,
 }
 
 impl Checker<'_> {
@@ -61,6 +92,19 @@ impl Checker<'_> {
                 }
             }
             self.check_steps(index, &pipeline, plugins);
+            let bad_lines = match &pipeline.bad_lines {
+                None => BadLines::Refuse,
+                Some(text) => BadLines::parse(text.get_ref()).unwrap_or_else(|| {
+                    self.report(
+                        text.span().start,
+                        format!(
+                            "bad_lines must be \"refuse\" or \"dead-letter\", not \"{}\"",
+                            text.get_ref()
+                        ),
+                    );
+                    BadLines::Refuse
+                }),
+            };
             pipelines.push(Pipeline {
                 tables: pipeline
                     .tables
@@ -73,6 +117,7 @@ impl Checker<'_> {
                     .map(Spanned::into_inner)
                     .collect(),
                 sink: pipeline.sink.map(Spanned::into_inner),
+                bad_lines,
             });
         }
         pipelines

@@ -18,21 +18,10 @@ use crate::nats::NatsError;
 use crate::nats::jetstream::is_nats_header;
 use crate::topology::route::Names;
 
-/// Header names a dead letter carries. The original row's headers are kept
-/// beside them unchanged.
-pub mod headers {
-    pub const TENANT: &str = "Weir-Tenant";
-    pub const TABLE: &str = "Weir-Table";
-    pub const REASON: &str = "Weir-Reason";
-    pub const PLUGIN: &str = "Weir-Plugin";
-    pub const PLUGIN_VERSION: &str = "Weir-Plugin-Version";
-    pub const DELIVERIES: &str = "Weir-Deliveries";
-    pub const SEQUENCE: &str = "Weir-Sequence";
-}
-
-/// Longest reason kept: a plugin's reason is its own text, so bound it;
-/// room for a failed call's message and the guest's stderr it quotes (4 KiB).
-const MAX_REASON_BYTES: usize = 8192;
+/// Header names a dead letter carries (shared with the front door, which
+/// dead-letters bad lines).
+pub use crate::topology::route::letter_headers as headers;
+use crate::topology::route::letter_headers::header_safe;
 
 /// One row on its way to the dead-letter stream.
 #[derive(Debug)]
@@ -108,22 +97,6 @@ fn letter_headers(letter: &DeadLetter<'_>) -> HeaderMap {
     headers.insert(headers::DELIVERIES, letter.deliveries.to_string().as_str());
     headers.insert(headers::SEQUENCE, letter.sequence.to_string().as_str());
     headers
-}
-
-/// A header value is one line: fold line breaks and bound its length.
-fn header_safe(text: &str) -> String {
-    let mut folded: String = text
-        .chars()
-        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
-        .collect();
-    if folded.len() > MAX_REASON_BYTES {
-        let mut cut = MAX_REASON_BYTES;
-        while !folded.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        folded.truncate(cut);
-    }
-    folded
 }
 
 /// Which dead letters `weir dlq list|replay|purge` act on. Tenant, table and
@@ -244,8 +217,12 @@ pub struct StoredLetter {
     pub plugin: Option<String>,
     pub plugin_version: Option<String>,
     pub deliveries: u64,
-    /// The row's sequence in its partition stream when it died.
+    /// The row's sequence in its partition stream when it died (0 for a
+    /// bad line the front door dead-lettered: it was never stored).
     pub row_sequence: u64,
+    /// A bad line's number in the request the front door took it from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
     /// The original row (lossy UTF-8 for display).
     pub payload: String,
 }
@@ -333,6 +310,7 @@ impl Fetched {
             plugin_version: header(headers::PLUGIN_VERSION),
             deliveries: number(headers::DELIVERIES),
             row_sequence: number(headers::SEQUENCE),
+            line: header(headers::LINE).and_then(|v| v.parse().ok()),
             payload: String::from_utf8_lossy(&payload).into_owned(),
         };
         Fetched {
@@ -631,7 +609,10 @@ mod tests {
     #[test]
     fn reasons_become_one_bounded_line() {
         assert_eq!(header_safe("a\r\nb"), "a  b");
-        assert_eq!(header_safe(&"é".repeat(5000)).len(), MAX_REASON_BYTES);
+        assert_eq!(
+            header_safe(&"é".repeat(5000)).len(),
+            crate::topology::route::letter_headers::MAX_REASON_BYTES
+        );
     }
 
     #[test]
@@ -672,6 +653,7 @@ mod tests {
             plugin_version: None,
             deliveries: 1,
             row_sequence: 1,
+            line: None,
             payload: String::new(),
         }
     }

@@ -1,6 +1,6 @@
-//! The front door: `POST /v1/ingest/{table}` with NDJSON. The tenant comes
-//! from the API key, never from anything else the client sends; a 202 means
-//! JetStream stored every row.
+//! The front door: `POST /v1/ingest/{table}` with NDJSON or a JSON array,
+//! plain, gzip or zstd. The tenant comes from the API key, never from
+//! anything else the client sends; a 202 means JetStream stored every row.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -15,16 +15,16 @@ use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use serde::Serialize;
-use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::Config;
+use crate::config::{BadLines, Pipeline};
 use crate::ingest::idempotency::{Claim, ClaimError, RequestKeys};
 use crate::ingest::ndjson;
 use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
-use crate::ingest::publish::{Ids, PublishError, Published, Publisher};
+use crate::ingest::publish::{BadRow, Ids, PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
 use crate::telemetry::{CodeLabels, Metrics};
@@ -48,6 +48,11 @@ const MIN_BODY_RATE: usize = 256 << 10;
 /// client gets its answer rather than a reset connection.
 const DISCARD_BYTES: usize = 4 << 20;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
+/// The same for a body over the limit: a client that sends it all before
+/// reading (Python's `http.client`) would otherwise see a broken pipe
+/// instead of its 413. Past this, the connection is closed unread.
+const DISCARD_OVERSIZED_BYTES: usize = 64 << 20;
+const DISCARD_OVERSIZED_TIME: Duration = Duration::from_secs(10);
 /// Unknown keys one address may present within `FAILED_KEYS_WINDOW`;
 /// past that it is answered 429 without its key being looked at until the
 /// window ends: guessing keys is slowed to a crawl.
@@ -134,7 +139,7 @@ impl FrontDoor {
 
 /// An error answer: a status and a JSON body `{"error": ..., "line": ...}`.
 #[derive(Debug, Serialize)]
-struct Refusal {
+pub(crate) struct Refusal {
     #[serde(skip)]
     status: StatusCode,
     error: String,
@@ -224,7 +229,12 @@ async fn ingest(
         match before_the_body(&door, &gate, &table, &headers, peer) {
             Ok(admitted) => accept(&door, &gate, &table, &headers, admitted, body).await,
             Err(refusal) => {
-                discard(body).await;
+                // A client that waits for `100 Continue` sends no body:
+                // reading it would ask for one.
+                if !expects_continue(&headers) {
+                    let mut body = body;
+                    discard(&mut body, refusal.status).await;
+                }
                 Err(refusal)
             }
         }
@@ -232,14 +242,7 @@ async fn ingest(
     .instrument(span.clone())
     .await;
     let response = match answer {
-        Ok(published) => (
-            StatusCode::ACCEPTED,
-            axum::Json(json!({
-                "accepted": published.stored,
-                "duplicates": published.duplicates,
-            })),
-        )
-            .into_response(),
+        Ok(answer) => (StatusCode::ACCEPTED, axum::Json(answer)).into_response(),
         Err(refusal) => {
             let code = refusal.status.as_u16();
             door.metrics
@@ -297,12 +300,8 @@ fn before_the_body<'g>(
         }
     })?;
     tracing::Span::current().record("tenant", tenant);
-    if gate.config.pipeline_for(table).is_none() {
-        return Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            format!("no pipeline takes table `{table}`"),
-        ));
-    }
+    check_table(gate, table)?;
+    let kind = BodyKind::of(headers)?;
     let limit = gate.config.max_body_bytes;
     let announced = headers
         .get(header::CONTENT_LENGTH)
@@ -312,7 +311,13 @@ fn before_the_body<'g>(
         return Err(body_too_large(limit));
     }
     let expected = announced.unwrap_or(limit);
-    let permits = u32::try_from(expected.max(1)).unwrap_or(u32::MAX);
+    // A compressed body is held twice: as sent, and decompressed (at most
+    // the limit).
+    let held = match kind.encoding {
+        Encoding::Identity => expected,
+        _ => expected.saturating_add(limit),
+    };
+    let permits = u32::try_from(held.max(1)).unwrap_or(u32::MAX);
     let reading = door
         .body_bytes
         .clone()
@@ -342,12 +347,27 @@ fn body_too_large(limit: usize) -> Refusal {
 /// Reads and drops what a refused client is still sending (a little, for a
 /// short while), so it reads its answer instead of a reset connection;
 /// nothing of it is kept.
-async fn discard(body: Body) {
-    let mut body = Limited::new(body, DISCARD_BYTES);
-    let _ = tokio::time::timeout(DISCARD_TIME, async {
-        while let Some(Ok(_)) = body.frame().await {}
+async fn discard(body: &mut Body, status: StatusCode) {
+    let (bound, time) = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        (DISCARD_OVERSIZED_BYTES, DISCARD_OVERSIZED_TIME)
+    } else {
+        (DISCARD_BYTES, DISCARD_TIME)
+    };
+    let mut read = 0;
+    let _ = tokio::time::timeout(time, async {
+        while read < bound
+            && let Some(Ok(frame)) = body.frame().await
+        {
+            read += frame.data_ref().map_or(0, Bytes::len);
+        }
     })
     .await;
+}
+
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 async fn accept(
@@ -357,99 +377,382 @@ async fn accept(
     headers: &HeaderMap,
     admitted: Admitted<'_>,
     body: Body,
-) -> Result<Published, Refusal> {
+) -> Result<Answer, Refusal> {
     let tenant = admitted.tenant;
     let (body, _reading) = read_body(gate, admitted, body).await?;
-    let rows = split_rows(door, gate, &body)?;
-    let request_key = idempotency_key(headers)?;
-    // Rows with their own keys may be stored already whatever the request.
-    let mut fresh = rows.iter().all(|row| row.key.is_none());
-    if let Some(key) = request_key {
-        let claim = claim_key(door, tenant, table, key, &body).await?;
-        fresh &= claim == Claim::First;
-        // A retry after a lost answer: every row is stored already.
-        if claim == Claim::Stored {
-            return Ok(Published {
-                stored: rows.len(),
-                duplicates: rows.len(),
-                accepts: Vec::new(),
-            });
+    door.process(gate, tenant, table, headers, body).await
+}
+
+impl FrontDoor {
+    /// One request, from its tenant (already authenticated), table, headers
+    /// and body as received to its answer: decoded, split, checked, admitted,
+    /// routed and stored. Every door (HTTP today) goes through here, so the
+    /// rules are the same whichever way rows come in.
+    pub(crate) async fn process(
+        &self,
+        gate: &Gate,
+        tenant: &str,
+        table: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Answer, Refusal> {
+        let door = self;
+        let pipeline = check_table(gate, table)?;
+        let kind = BodyKind::of(headers)?;
+        let bad_lines = bad_lines_mode(headers, pipeline.bad_lines)?;
+        let first_line = first_line(headers)?;
+        let body = decode(kind.encoding, body, gate.config.max_body_bytes).await?;
+        let split = split_rows(door, gate, kind.format, &body, bad_lines, first_line)?;
+        let request_key = idempotency_key(headers)?;
+        let ids = MessageIds::new(tenant, table, request_key);
+        let (outgoing, mut bad) = Outgoing::new(&ids, split, bad_lines)?;
+        bad.sort_by_key(|row| row.line);
+        // Rows with their own keys may be stored already whatever the request.
+        let mut fresh = outgoing.keyed == 0;
+        if let Some(key) = request_key {
+            let claim = claim_key(door, tenant, table, key, &body).await?;
+            fresh &= claim == Claim::First;
+            // A retry after a lost answer: every row (and letter) is stored
+            // already.
+            if claim == Claim::Stored {
+                let rows = outgoing.rows.len();
+                return Ok(Answer::new(rows, rows, bad_lines, &bad));
+            }
+        }
+        let mut published = Published::default();
+        if !outgoing.rows.is_empty() {
+            published = door
+                .store_rows(gate, tenant, table, outgoing, fresh)
+                .await?;
+        }
+        if !bad.is_empty() {
+            door.publisher
+                .publish_letters(tenant, table, &bad)
+                .await
+                .map_err(|err| publish_refusal(err, &[]))?;
+            door.metrics
+                .rows_dead_lettered_at_ingest
+                .inc_by(bad.len() as u64);
+        }
+        if let Some(key) = request_key {
+            // Off the answer's path: without the record a retry publishes again.
+            let keys = door.request_keys.clone();
+            let (tenant, table, key) = (tenant.to_string(), table.to_string(), key.to_string());
+            tokio::spawn(async move { keys.stored(&tenant, &table, &key, &body).await });
+        }
+        Ok(Answer::new(
+            published.stored,
+            published.duplicates,
+            bad_lines,
+            &bad,
+        ))
+    }
+
+    /// Admits, routes and stores a request's good rows.
+    async fn store_rows(
+        &self,
+        gate: &Gate,
+        tenant: &str,
+        table: &str,
+        outgoing: Outgoing,
+        fresh: bool,
+    ) -> Result<Published, Refusal> {
+        let door = self;
+        let amount = Queued {
+            rows: outgoing.rows.len() as u64,
+            bytes: outgoing.rows.iter().map(|(p, _)| p.len() as u64).sum(),
+        };
+        let _reservation = admit(door, gate, tenant, table, amount).await?;
+        let placement = gate
+            .policies
+            .place(tenant, table, || outgoing.route_keys)
+            .await
+            .map_err(Refusal::policy_failed)?;
+        // A router may spread a request's rows over many units: named only
+        // when they all go to one.
+        if let Placement::Table(unit) = &placement {
+            tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
+        }
+        let numbers = outgoing.numbers;
+        let mut published = door
+            .publisher
+            .publish(
+                tenant,
+                table,
+                &placement,
+                outgoing.rows,
+                if fresh { Ids::Fresh } else { Ids::MaybeStored },
+            )
+            .await
+            .map_err(|err| publish_refusal(err, &numbers))?;
+        door.metrics
+            .rows_accepted
+            .inc_by((published.stored - published.duplicates) as u64);
+        door.ledger.accepted(std::mem::take(&mut published.accepts));
+        Ok(published)
+    }
+}
+
+/// The request header that chooses, for this request, what bad lines do.
+const BAD_LINES_HEADER: &str = "weir-bad-lines";
+/// The request header that numbers the body's first line (default 1), so
+/// that a client sending a file in pieces (`weir send`) gets answers and
+/// dead letters that name the file's lines.
+const FIRST_LINE_HEADER: &str = "weir-first-line";
+/// Bad lines an answer lists at most (it counts them all).
+const MAX_LISTED_BAD_LINES: usize = 1000;
+
+/// The table's `bad_lines`, unless the request's header says otherwise.
+fn bad_lines_mode(headers: &HeaderMap, table: BadLines) -> Result<BadLines, Refusal> {
+    let Some(value) = headers.get(BAD_LINES_HEADER) else {
+        return Ok(table);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(BadLines::parse)
+        .ok_or_else(|| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "Weir-Bad-Lines must be `refuse` or `dead-letter`; nothing was stored",
+            )
+        })
+}
+
+fn first_line(headers: &HeaderMap) -> Result<usize, Refusal> {
+    let Some(value) = headers.get(FIRST_LINE_HEADER) else {
+        return Ok(1);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .filter(|line| (1..=usize::MAX / 2).contains(line))
+        .ok_or_else(|| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "Weir-First-Line must be a line number from 1; nothing was stored",
+            )
+        })
+}
+
+/// A 202's body: rows stored (`duplicates` of them stored before), and
+/// with `bad_lines = "dead-letter"` how many lines went to the dead-letter
+/// stream and which (the first `MAX_LISTED_BAD_LINES`).
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Answer {
+    pub accepted: usize,
+    pub duplicates: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_lettered: Option<usize>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_lines: Vec<BadLineAnswer>,
+}
+
+/// One dead-lettered line, as the answer names it.
+#[derive(Debug, Serialize)]
+pub(crate) struct BadLineAnswer {
+    pub line: usize,
+    pub error: String,
+}
+
+impl Answer {
+    fn new(accepted: usize, duplicates: usize, mode: BadLines, bad: &[BadRow]) -> Answer {
+        Answer {
+            accepted,
+            duplicates,
+            dead_lettered: (mode == BadLines::DeadLetter).then_some(bad.len()),
+            bad_lines: bad
+                .iter()
+                .take(MAX_LISTED_BAD_LINES)
+                .map(|row| BadLineAnswer {
+                    line: row.line,
+                    error: row.reason.clone(),
+                })
+                .collect(),
         }
     }
-    let outgoing = Outgoing::new(&MessageIds::new(tenant, table, request_key), rows)?;
-    let amount = Queued {
-        rows: outgoing.rows.len() as u64,
-        bytes: outgoing.rows.iter().map(|(p, _)| p.len() as u64).sum(),
+}
+
+/// 404 unless a pipeline takes `table`.
+fn check_table<'g>(gate: &'g Gate, table: &str) -> Result<&'g Pipeline, Refusal> {
+    match gate.config.pipeline_for(table) {
+        Some(pipeline) => Ok(pipeline),
+        None => Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            format!("no pipeline takes table `{table}`"),
+        )),
+    }
+}
+
+/// `Content-Encoding` values a body may be sent in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Identity,
+    Gzip,
+    Zstd,
+}
+
+/// How a request's body is written, from its headers: its encoding and
+/// whether it is NDJSON or a JSON array.
+#[derive(Debug, Clone, Copy)]
+struct BodyKind {
+    encoding: Encoding,
+    format: ndjson::Format,
+}
+
+impl BodyKind {
+    fn of(headers: &HeaderMap) -> Result<BodyKind, Refusal> {
+        let encoding = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
+            None => Encoding::Identity,
+            Some(Ok(value)) => match value.trim().to_ascii_lowercase().as_str() {
+                "" | "identity" => Encoding::Identity,
+                "gzip" | "x-gzip" => Encoding::Gzip,
+                "zstd" => Encoding::Zstd,
+                _ => return Err(unsupported_encoding(value)),
+            },
+            Some(Err(_)) => return Err(unsupported_encoding("(not text)")),
+        };
+        // `application/json` is an array of objects; anything else (none,
+        // `application/x-ndjson`, `text/plain`) is NDJSON, as before.
+        let format = match headers.get(header::CONTENT_TYPE).map(|v| v.to_str()) {
+            Some(Ok(value))
+                if value
+                    .split(';')
+                    .next()
+                    .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json")) =>
+            {
+                ndjson::Format::JsonArray
+            }
+            _ => ndjson::Format::Ndjson,
+        };
+        Ok(BodyKind { encoding, format })
+    }
+}
+
+fn unsupported_encoding(value: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!(
+            "Content-Encoding `{value}` is not supported: send gzip, zstd or none; nothing was stored"
+        ),
+    )
+}
+
+/// The largest zstd window a body may ask for (32 MiB): the memory one
+/// decompression holds, whatever the frame announces.
+const ZSTD_WINDOW_LOG_MAX: u32 = 25;
+
+/// The body decompressed, never past `limit` bytes: a body that would grow
+/// larger (a decompression bomb) is a 413 once `limit + 1` bytes came out.
+async fn decode(encoding: Encoding, body: Bytes, limit: usize) -> Result<Bytes, Refusal> {
+    if encoding == Encoding::Identity {
+        return Ok(body);
+    }
+    // CPU-bound: off the runtime's threads.
+    tokio::task::spawn_blocking(move || decode_blocking(encoding, &body, limit))
+        .await
+        .map_err(|err| {
+            Refusal::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("decompression failed: {err}"),
+            )
+        })?
+}
+
+fn decode_blocking(encoding: Encoding, body: &[u8], limit: usize) -> Result<Bytes, Refusal> {
+    use std::io::Read as _;
+    let (name, reader): (&str, Box<dyn std::io::Read>) = match encoding {
+        Encoding::Identity => return Ok(Bytes::copy_from_slice(body)),
+        Encoding::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(body))),
+        Encoding::Zstd => {
+            let mut decoder = zstd::stream::read::Decoder::with_buffer(body)
+                .map_err(|err| bad_encoding("zstd", &err))?;
+            decoder
+                .window_log_max(ZSTD_WINDOW_LOG_MAX)
+                .map_err(|err| bad_encoding("zstd", &err))?;
+            ("zstd", Box::new(decoder))
+        }
     };
-    let _reservation = admit(door, gate, tenant, table, amount).await?;
-    let placement = gate
-        .policies
-        .place(tenant, table, || outgoing.route_keys)
-        .await
-        .map_err(Refusal::policy_failed)?;
-    // A router may spread a request's rows over many units: named only
-    // when they all go to one.
-    if let Placement::Table(unit) = &placement {
-        tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
+    let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
+    reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|err| bad_encoding(name, &err))?;
+    if out.len() > limit {
+        return Err(Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the {name} body decompresses to more than the limit of {limit} bytes; send it in smaller requests; nothing was stored"
+            ),
+        ));
     }
-    let numbers = outgoing.numbers;
-    let mut published = door
-        .publisher
-        .publish(
-            tenant,
-            table,
-            &placement,
-            outgoing.rows,
-            if fresh { Ids::Fresh } else { Ids::MaybeStored },
-        )
-        .await
-        .map_err(|err| publish_refusal(err, &numbers))?;
-    door.metrics
-        .rows_accepted
-        .inc_by((published.stored - published.duplicates) as u64);
-    door.ledger.accepted(std::mem::take(&mut published.accepts));
-    if let Some(key) = request_key {
-        // Off the answer's path: without the record a retry publishes again.
-        let keys = door.request_keys.clone();
-        let (tenant, table, key) = (tenant.to_string(), table.to_string(), key.to_string());
-        tokio::spawn(async move { keys.stored(&tenant, &table, &key, &body).await });
-    }
-    Ok(published)
+    Ok(Bytes::from(out))
+}
+
+fn bad_encoding(name: &str, err: &std::io::Error) -> Refusal {
+    Refusal::new(
+        StatusCode::BAD_REQUEST,
+        format!("the body is not valid {name}: {err}; nothing was stored"),
+    )
 }
 
 /// The body's rows, each checked before the first is published (all or
 /// nothing): NDJSON objects, at least one, none past `max_payload`.
-fn split_rows(door: &FrontDoor, gate: &Gate, body: &Bytes) -> Result<Vec<ndjson::Line>, Refusal> {
+fn split_rows(
+    door: &FrontDoor,
+    gate: &Gate,
+    format: ndjson::Format,
+    body: &Bytes,
+    mode: BadLines,
+    first_line: usize,
+) -> Result<ndjson::Split, Refusal> {
     let fields = ndjson::Fields {
         key: gate.config.idempotency_field.as_deref(),
         route: gate.config.policies.routing_field.as_deref(),
     };
-    let rows = ndjson::split(body, fields).map_err(|bad| Refusal {
+    let bad_line = |bad: ndjson::BadLine| Refusal {
         line: Some(bad.line),
         ..Refusal::new(StatusCode::BAD_REQUEST, bad.to_string())
-    })?;
-    if rows.is_empty() {
+    };
+    let refuse = mode == BadLines::Refuse;
+    let mut split = ndjson::split_body(body, format, fields, refuse).map_err(bad_line)?;
+    // Only an NDJSON body's lines are numbered from the header's line.
+    if format == ndjson::Format::Ndjson && first_line > 1 {
+        let offset = first_line - 1;
+        split.rows.iter_mut().for_each(|row| row.number += offset);
+        split.bad.iter_mut().for_each(|bad| bad.line += offset);
+    }
+    if refuse && let Some(bad) = split.bad.first() {
+        return Err(bad_line(bad.clone()));
+    }
+    if split.rows.is_empty() && split.bad.is_empty() {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the body holds no rows",
         ));
     }
-    // A row past `max_payload` would fail mid-request.
+    // A row past `max_payload` would fail mid-request (a bad one too: its
+    // letter could not be stored either).
     let max_row = door.publisher.max_row_bytes();
-    if let Some(row) = rows.iter().find(|row| row.payload.len() > max_row) {
+    let too_large = split
+        .rows
+        .iter()
+        .map(|row| (row.number, row.payload.len()))
+        .chain(split.bad.iter().map(|bad| (bad.line, bad.payload.len())))
+        .find(|(_, length)| *length > max_row);
+    if let Some((line, length)) = too_large {
         return Err(Refusal {
-            line: Some(row.number),
+            line: Some(line),
             ..Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "line {}: the row is {} bytes, larger than the {max_row} bytes NATS stores; nothing was stored",
-                    row.number,
-                    row.payload.len()
+                    "line {line}: the row is {length} bytes, larger than the {max_row} bytes NATS stores; nothing was stored"
                 ),
             )
         });
     }
-    Ok(rows)
+    Ok(split)
 }
 
 /// Binds the request's `Idempotency-Key` to its body, fleet-wide.
@@ -477,30 +780,62 @@ struct Outgoing {
     numbers: Vec<usize>,
     rows: Vec<(Bytes, Option<String>)>,
     route_keys: Vec<Option<String>>,
+    /// Rows with their own idempotency key.
+    keyed: usize,
 }
 
 impl Outgoing {
-    fn new(ids: &MessageIds<'_>, lines: Vec<ndjson::Line>) -> Result<Outgoing, Refusal> {
+    /// The rows with their message ids, and the bad lines on their way to
+    /// the dead-letter stream (with `mode` dead-letter; else the first bad
+    /// line refuses the request).
+    fn new(
+        ids: &MessageIds<'_>,
+        split: ndjson::Split,
+        mode: BadLines,
+    ) -> Result<(Outgoing, Vec<BadRow>), Refusal> {
+        let lines = split.rows;
         let mut outgoing = Outgoing {
             numbers: Vec::with_capacity(lines.len()),
             rows: Vec::with_capacity(lines.len()),
             route_keys: Vec::with_capacity(lines.len()),
+            keyed: 0,
         };
-        for (index, row) in lines.into_iter().enumerate() {
-            let id = ids
-                .for_row(index, row.key.as_deref())
-                .map_err(|reason| Refusal {
+        let mut bad: Vec<BadRow> = split
+            .bad
+            .into_iter()
+            .map(|line| BadRow {
+                message_id: ids.for_bad_line(line.line),
+                line: line.line,
+                reason: line.to_string(),
+                payload: line.payload,
+            })
+            .collect();
+        for row in lines {
+            let index = outgoing.rows.len();
+            let reason = match ids.for_row(index, row.key.as_deref()) {
+                Ok(id) => {
+                    outgoing.keyed += usize::from(row.key.is_some());
+                    outgoing.numbers.push(row.number);
+                    outgoing.route_keys.push(row.route_key);
+                    outgoing.rows.push((row.payload, id));
+                    continue;
+                }
+                Err(reason) => format!("line {}: {reason}", row.number),
+            };
+            if mode == BadLines::Refuse {
+                return Err(Refusal {
                     line: Some(row.number),
-                    ..Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("line {}: {reason}", row.number),
-                    )
-                })?;
-            outgoing.numbers.push(row.number);
-            outgoing.route_keys.push(row.route_key);
-            outgoing.rows.push((row.payload, id));
+                    ..Refusal::new(StatusCode::BAD_REQUEST, reason)
+                });
+            }
+            bad.push(BadRow {
+                message_id: ids.for_bad_line(row.number),
+                line: row.number,
+                reason,
+                payload: row.payload,
+            });
         }
-        Ok(outgoing)
+        Ok((outgoing, bad))
     }
 }
 
@@ -544,24 +879,40 @@ fn publish_refusal(err: PublishError, numbers: &[usize]) -> Refusal {
 async fn read_body(
     gate: &Gate,
     admitted: Admitted<'_>,
-    body: Body,
+    mut body: Body,
 ) -> Result<(Bytes, OwnedSemaphorePermit), Refusal> {
     let limit = gate.config.max_body_bytes;
     let deadline = BODY_TIMEOUT + Duration::from_secs((admitted.expected / MIN_BODY_RATE) as u64);
-    let read = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
+    let mut collected = Vec::with_capacity(admitted.expected.min(limit));
+    let read = tokio::time::timeout(deadline, async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|err| {
+                Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {err}"),
+                )
+            })?;
+            if let Some(data) = frame.data_ref() {
+                if collected.len() + data.len() > limit {
+                    return Err(body_too_large(limit));
+                }
+                collected.extend_from_slice(data);
+            }
+        }
+        Ok(())
+    })
+    .await;
     match read {
         Err(_) => Err(Refusal::new(
             StatusCode::REQUEST_TIMEOUT,
             format!("the body did not arrive within {deadline:?}; nothing was stored"),
         )),
-        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(body_too_large(limit))
+        Ok(Err(refusal)) => {
+            drop(collected);
+            discard(&mut body, refusal.status).await;
+            Err(refusal)
         }
-        Ok(Err(err)) => Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            format!("cannot read the body: {err}"),
-        )),
-        Ok(Ok(collected)) => Ok((collected.to_bytes(), admitted.reading)),
+        Ok(Ok(())) => Ok((Bytes::from(collected), admitted.reading)),
     }
 }
 
@@ -646,6 +997,12 @@ impl<'a> MessageIds<'a> {
             (None, Some(request)) => Ok(Some(format!("{}.r.{request}.{index}", self.scope))),
             (None, None) => Ok(None),
         }
+    }
+
+    /// A bad line's letter is stored once per request key and line.
+    fn for_bad_line(&self, line: usize) -> Option<String> {
+        self.request_key
+            .map(|request| format!("{}.r.{request}.bad.{line}", self.scope))
     }
 }
 

@@ -1,7 +1,8 @@
-//! Splitting an NDJSON body into rows: each keeps its line number (for a
-//! 400 that names it) and shares the body's buffer (no copy per row). One
-//! pass over each line both checks it is a JSON object and, when asked,
-//! picks out the row's idempotency and routing fields.
+//! Splitting a body into rows: NDJSON (each row keeps its line number) or a
+//! JSON array of objects (each keeps its position in the array), every row
+//! sharing the body's buffer (no copy per row). One pass over each row both
+//! checks it is a JSON object and, when asked, picks out the row's
+//! idempotency and routing fields.
 
 use std::fmt;
 
@@ -29,39 +30,226 @@ pub struct Fields<'f> {
     pub route: Option<&'f str>,
 }
 
-/// The first line that is not a JSON object.
+/// A line (or array element) that is not a JSON object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {reason}")]
+#[error("{} {line}: {reason}", if *.in_array { "row" } else { "line" })]
 pub struct BadLine {
+    /// 1-based: the line of an NDJSON body, the element of an array.
     pub line: usize,
     pub reason: String,
+    /// The bad row's bytes as sent (empty when the array itself broke).
+    pub payload: Bytes,
+    /// The body was a JSON array: `line` counts its elements.
+    pub in_array: bool,
+}
+
+/// How a body holds its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line.
+    Ndjson,
+    /// One JSON array of objects (`Content-Type: application/json`).
+    JsonArray,
+}
+
+/// A body's rows and its bad rows, each in body order.
+#[derive(Debug, Default)]
+pub struct Split {
+    pub rows: Vec<Line>,
+    pub bad: Vec<BadLine>,
 }
 
 /// Splits `body` into rows. Blank lines are skipped; a `\r` before `\n` is
 /// dropped. `fields` names top-level fields whose values (string or
 /// number) become the row's keys.
 pub fn split(body: &Bytes, fields: Fields<'_>) -> Result<Vec<Line>, BadLine> {
-    let mut lines = Vec::new();
+    let split = split_body(body, Format::Ndjson, fields, true)?;
+    match split.bad.into_iter().next() {
+        Some(bad) => Err(bad),
+        None => Ok(split.rows),
+    }
+}
+
+/// Splits `body` in `format` into its rows and its bad rows; with
+/// `first_bad_only`, stops at the first bad row (a request refused whole
+/// needs no more). Only an array whose syntax breaks is an error: past it
+/// there is no telling where the next element starts.
+pub fn split_body(
+    body: &Bytes,
+    format: Format,
+    fields: Fields<'_>,
+    first_bad_only: bool,
+) -> Result<Split, BadLine> {
+    match format {
+        Format::Ndjson => Ok(split_lines(body, fields, first_bad_only)),
+        Format::JsonArray => split_array(body, fields, first_bad_only),
+    }
+}
+
+fn split_lines(body: &Bytes, fields: Fields<'_>, first_bad_only: bool) -> Split {
+    let mut split = Split::default();
     let mut start = 0;
     for (index, line) in body.split(|b| *b == b'\n').enumerate() {
         let end = start + line.len();
         let trimmed = line.strip_suffix(b"\r").unwrap_or(line);
         if !trimmed.iter().all(u8::is_ascii_whitespace) {
             let number = index + 1;
-            let (key, route_key) = scan(trimmed, fields).map_err(|reason| BadLine {
-                line: number,
-                reason,
-            })?;
-            lines.push(Line {
-                number,
-                payload: body.slice(start..start + trimmed.len()),
-                key,
-                route_key,
-            });
+            let payload = body.slice(start..start + trimmed.len());
+            match scan(trimmed, fields) {
+                Ok((key, route_key)) => split.rows.push(Line {
+                    number,
+                    payload,
+                    key,
+                    route_key,
+                }),
+                Err(reason) => {
+                    split.bad.push(BadLine {
+                        line: number,
+                        reason,
+                        payload,
+                        in_array: false,
+                    });
+                    if first_bad_only {
+                        break;
+                    }
+                }
+            }
         }
         start = end + 1;
     }
-    Ok(lines)
+    split
+}
+
+/// A JSON array's elements, each checked as a row is. The array is read
+/// for its elements' extents only (borrowed, not parsed into values).
+fn split_array(body: &Bytes, fields: Fields<'_>, first_bad_only: bool) -> Result<Split, BadLine> {
+    // The whole body is checked once: a row must be text, and an element's
+    // position is all an error inside it could name.
+    if let Err(err) = std::str::from_utf8(body) {
+        let at = err.valid_up_to();
+        let row = count_elements_before(&body[..at]);
+        return Err(array_broken(
+            row,
+            format!("not valid UTF-8 (at byte {} of the body)", at + 1),
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let extents = ArrayExtents::default()
+        .deserialize(&mut deserializer)
+        .and_then(|extents| deserializer.end().map(|()| extents));
+    let extents = match extents {
+        Ok(extents) => extents,
+        Err(err) => {
+            let at = byte_offset(body, err.line(), err.column());
+            let row = count_elements_before(&body[..at.min(body.len())]);
+            return Err(array_broken(row, format!("invalid JSON array: {err}")));
+        }
+    };
+    let mut split = Split::default();
+    let base = body.as_ptr() as usize;
+    for (index, (address, length)) in extents.0.into_iter().enumerate() {
+        let number = index + 1;
+        let start = address.wrapping_sub(base);
+        let Some(payload) = start
+            .checked_add(length)
+            .filter(|end| *end <= body.len())
+            .map(|end| body.slice(start..end))
+        else {
+            return Err(array_broken(number, "an element outside the body".into()));
+        };
+        match scan(&payload, fields) {
+            Ok((key, route_key)) => split.rows.push(Line {
+                number,
+                payload,
+                key,
+                route_key,
+            }),
+            Err(reason) => {
+                split.bad.push(BadLine {
+                    line: number,
+                    reason,
+                    payload,
+                    in_array: true,
+                });
+                if first_bad_only {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(split)
+}
+
+fn array_broken(row: usize, reason: String) -> BadLine {
+    BadLine {
+        line: row.max(1),
+        reason,
+        payload: Bytes::new(),
+        in_array: true,
+    }
+}
+
+/// The byte offset of serde_json's 1-based line and column.
+fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
+    let line_start: usize = body
+        .split(|b| *b == b'\n')
+        .take(line.saturating_sub(1))
+        .map(|l| l.len() + 1)
+        .sum();
+    line_start + column.saturating_sub(1)
+}
+
+/// Which element (1-based) the byte at the end of `prefix` falls in: the
+/// top-level commas before it, outside strings, plus one.
+fn count_elements_before(prefix: &[u8]) -> usize {
+    let (mut depth, mut in_string, mut escaped, mut commas) = (0usize, false, false, 0);
+    for &byte in prefix {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' if depth == 1 => commas += 1,
+            _ => {}
+        }
+    }
+    commas + 1
+}
+
+/// Each element's address and length: borrowed from the body, so its
+/// address less the body's is its offset.
+#[derive(Default)]
+struct ArrayExtents(Vec<(usize, usize)>);
+
+impl<'de> DeserializeSeed<'de> for ArrayExtents {
+    type Value = ArrayExtents;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ArrayExtents {
+    type Value = ArrayExtents;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array of objects")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while let Some(raw) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+            self.0.push((raw.get().as_ptr() as usize, raw.get().len()));
+        }
+        Ok(self)
+    }
 }
 
 /// The values of a row's idempotency and routing fields.
@@ -243,5 +431,80 @@ mod tests {
         );
         let bad = split(&Bytes::from_static(b"{\"user\":{}}"), fields).unwrap_err();
         assert!(bad.reason.contains("routing key"), "{bad}");
+    }
+
+    #[test]
+    fn an_array_body_gives_each_element_its_position_and_names_a_bad_one() {
+        let body = Bytes::from_static(
+            b" [ {\"id\":\"a\"},\n{\"id\": [1, 2]} , [1], \"x\" ,{\"b\":{\"c\":\"]\"}} ] ",
+        );
+        let id = Fields {
+            key: Some("id"),
+            route: None,
+        };
+        let split = split_body(&body, Format::JsonArray, id, false).unwrap();
+        let rows: Vec<(usize, &[u8])> = split
+            .rows
+            .iter()
+            .map(|l| (l.number, &l.payload[..]))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (1, &b"{\"id\":\"a\"}"[..]),
+                (5, &b"{\"b\":{\"c\":\"]\"}}"[..])
+            ]
+        );
+        let bad: Vec<String> = split.bad.iter().map(ToString::to_string).collect();
+        assert_eq!(bad.len(), 3, "{bad:?}");
+        assert!(
+            bad[0].starts_with("row 2: invalid JSON: field `id`"),
+            "{bad:?}"
+        );
+        assert_eq!(bad[1], "row 3: a row must be a JSON object");
+        assert_eq!(&split.bad[2].payload[..], b"\"x\"");
+        let first = split_body(&body, Format::JsonArray, id, true).unwrap();
+        assert_eq!((first.rows.len(), first.bad.len()), (1, 1));
+
+        // A broken array cannot be split further: named by the element.
+        let broken = Bytes::from_static(b"[{\"a\":1},{\"b\":\"x,\"},\n{\"c\": nope}]");
+        let bad = split_body(&broken, Format::JsonArray, id, false).unwrap_err();
+        assert_eq!(bad.line, 3, "{bad}");
+        assert!(
+            bad.to_string().starts_with("row 3: invalid JSON array"),
+            "{bad}"
+        );
+        let bad = split_body(
+            &Bytes::from_static(b"{\"a\":1}"),
+            Format::JsonArray,
+            id,
+            false,
+        )
+        .unwrap_err();
+        assert!(bad.reason.contains("a JSON array of objects"), "{bad}");
+        let bad = split_body(
+            &Bytes::from_static(b"[{\"a\":\"\xff\"}]"),
+            Format::JsonArray,
+            id,
+            false,
+        )
+        .unwrap_err();
+        assert!(bad.reason.contains("not valid UTF-8"), "{bad}");
+        assert!(
+            split_body(&Bytes::from_static(b"[]"), Format::JsonArray, id, false)
+                .unwrap()
+                .rows
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn every_bad_line_is_found_when_asked() {
+        let body = Bytes::from_static(b"{\"a\":1}\nnope\n{\"b\":2}\n[3]\n");
+        let split = split_body(&body, Format::Ndjson, Fields::default(), false).unwrap();
+        let lines: Vec<usize> = split.rows.iter().map(|l| l.number).collect();
+        let bad: Vec<(usize, &[u8])> = split.bad.iter().map(|b| (b.line, &b.payload[..])).collect();
+        assert_eq!(lines, vec![1, 3]);
+        assert_eq!(bad, vec![(2, &b"nope"[..]), (4, &b"[3]"[..])]);
     }
 }

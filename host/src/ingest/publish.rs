@@ -423,6 +423,87 @@ impl Publisher {
     }
 }
 
+/// A bad line on its way to the dead-letter stream.
+#[derive(Debug, Clone)]
+pub struct BadRow {
+    /// Its number in the request (line, or position in an array).
+    pub line: usize,
+    /// Why it was not stored, naming its line.
+    pub reason: String,
+    pub payload: Bytes,
+    /// Makes a retried request's letter stored once.
+    pub message_id: Option<String>,
+}
+
+/// Letters written at once.
+const LETTERS_IN_FLIGHT: usize = 256;
+
+async fn store_letter(
+    js: jetstream::Context,
+    subject: async_nats::Subject,
+    line: usize,
+    message: PublishMessage,
+) -> Result<(), PublishError> {
+    let failed = |err: String| {
+        PublishError::Unavailable(format!(
+            "cannot store the dead letter of line {line}: {err}"
+        ))
+    };
+    js.send_publish(subject, message)
+        .await
+        .map_err(|err| failed(err.to_string()))?
+        .await
+        .map_err(|err| failed(err.to_string()))?;
+    Ok(())
+}
+
+impl Publisher {
+    /// Writes each bad line to the dead-letter stream (tenant, table,
+    /// reason and line number in its headers, the line as sent as its
+    /// payload) and waits until all are stored.
+    pub async fn publish_letters(
+        &self,
+        tenant: &str,
+        table: &str,
+        rows: &[BadRow],
+    ) -> Result<(), PublishError> {
+        use crate::topology::route::letter_headers as names;
+        if !self.connected() {
+            return Err(PublishError::Unavailable("not connected".into()));
+        }
+        let subject = async_nats::Subject::from(self.router.dead_letter_subject(tenant, table));
+        // Owned messages and futures: a stream of futures borrowing the rows
+        // would not be `Send` for every lifetime (rustc's higher-ranked
+        // limitation), and the front door's handler must be.
+        let messages: Vec<(usize, PublishMessage)> = rows
+            .iter()
+            .map(|row| {
+                let mut headers = HeaderMap::new();
+                headers.insert(names::TENANT, tenant);
+                headers.insert(names::TABLE, table);
+                headers.insert(names::REASON, names::header_safe(&row.reason).as_str());
+                headers.insert(names::LINE, row.line.to_string().as_str());
+                let mut message = PublishMessage::build()
+                    .payload(row.payload.clone())
+                    .headers(headers);
+                if let Some(id) = &row.message_id {
+                    message = message.message_id(id);
+                }
+                (row.line, message)
+            })
+            .collect();
+        let sends = messages.into_iter().map(|(line, message)| {
+            let (js, subject) = (self.js.clone(), subject.clone());
+            async move { store_letter(js, subject, line, message).await }
+        });
+        let mut stored = futures::stream::iter(sends).buffer_unordered(LETTERS_IN_FLIGHT);
+        while let Some(result) = stored.next().await {
+            result?;
+        }
+        Ok(())
+    }
+}
+
 impl Publisher {
     /// A fast batch of all the unit's rows: stored as they arrive, each row
     /// sent with a reply subject that names the batch, its sequence and

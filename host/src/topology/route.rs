@@ -27,6 +27,41 @@ const KEY_SEPARATOR: u8 = 0xff;
 /// Escapes a byte in an encoded subject token: `~` + two hex digits.
 const ESCAPE: char = '~';
 
+/// Header names a dead letter carries, whoever writes it (delivery for a
+/// row its pipeline gave up on, the front door for a bad line). The
+/// original row's headers are kept beside them unchanged.
+pub mod letter_headers {
+    pub const TENANT: &str = "Weir-Tenant";
+    pub const TABLE: &str = "Weir-Table";
+    pub const REASON: &str = "Weir-Reason";
+    pub const PLUGIN: &str = "Weir-Plugin";
+    pub const PLUGIN_VERSION: &str = "Weir-Plugin-Version";
+    pub const DELIVERIES: &str = "Weir-Deliveries";
+    pub const SEQUENCE: &str = "Weir-Sequence";
+    /// The bad line's number in its request (front-door letters only).
+    pub const LINE: &str = "Weir-Line";
+
+    /// Longest reason kept: a plugin's reason is its own text, so bound it;
+    /// room for a failed call's message and the guest's stderr it quotes (4 KiB).
+    pub const MAX_REASON_BYTES: usize = 8192;
+
+    /// A header value is one line: fold line breaks and bound its length.
+    pub fn header_safe(text: &str) -> String {
+        let mut folded: String = text
+            .chars()
+            .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+            .collect();
+        if folded.len() > MAX_REASON_BYTES {
+            let mut cut = MAX_REASON_BYTES;
+            while !folded.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            folded.truncate(cut);
+        }
+        folded
+    }
+}
+
 /// One shard's slice of a partition stream: what a durable consumer pulls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Unit {
