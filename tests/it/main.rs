@@ -28,6 +28,7 @@ mod plugin_tools;
 mod policies;
 mod postgres;
 mod postgres_support;
+mod readiness;
 mod reload;
 mod retries;
 mod stops;

@@ -15,6 +15,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one server of the list may take to answer.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 const RETRY_EVERY: Duration = Duration::from_millis(250);
+/// The longest wait between reconnect attempts once a connection is lost
+/// (async-nats' default grows to 4 s): a host is ready again within about
+/// this long of its server coming back.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// Permission violations remembered for the boot report.
 const MAX_REMEMBERED_REFUSALS: usize = 32;
 
@@ -121,7 +125,8 @@ pub async fn connect(
             }
         })
         .name("weir")
-        .connection_timeout(ATTEMPT_TIMEOUT);
+        .connection_timeout(ATTEMPT_TIMEOUT)
+        .reconnect_delay_callback(reconnect_delay);
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
         // Each attempt tries every server of the list once.
@@ -151,6 +156,12 @@ pub async fn connect(
             _ => tokio::time::sleep(RETRY_EVERY).await,
         }
     }
+}
+
+/// Doubling from 1 ms per attempt up to `MAX_RECONNECT_DELAY`.
+fn reconnect_delay(attempts: usize) -> Duration {
+    let exponent = u32::try_from(attempts).unwrap_or(u32::MAX).min(16);
+    Duration::from_millis(2_u64.pow(exponent) / 2).min(MAX_RECONNECT_DELAY)
 }
 
 fn is_tls_failure(reason: &str) -> bool {
