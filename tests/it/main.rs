@@ -33,6 +33,7 @@ mod reload;
 mod retries;
 mod stops;
 mod sandbox;
+mod secrets;
 mod status;
 mod send;
 mod state;
