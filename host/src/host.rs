@@ -39,6 +39,7 @@ use crate::nats::embedded::{
 use crate::nats::kv::NatsKv;
 use crate::ops::http::Ops;
 use crate::ops::page::Page;
+use crate::ops::readiness::Readiness;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
 use crate::reload::releases::ReleaseFollower;
@@ -102,6 +103,7 @@ struct Connected {
     client: async_nats::Client,
     js: jetstream::Context,
     router: Names,
+    readiness: Readiness,
 }
 
 impl RunningHost {
@@ -124,6 +126,7 @@ impl RunningHost {
             client,
             js,
             router,
+            readiness,
         } = Self::connect(&config, &metrics, &shutdown, &mut tasks).await?;
 
         // Sandbox: the first generation of plugins.
@@ -195,7 +198,9 @@ impl RunningHost {
             status: status.clone(),
             generations: generations.subscribe(),
             reloads: reload_requests,
+            readiness: readiness.clone(),
         };
+
         let page = Page::new(status.clone(), generations.subscribe());
         let routes = front_door.router().merge(ops.router()).merge(page.router());
         tasks.push(tokio::spawn(listener::serve(
@@ -272,12 +277,19 @@ impl RunningHost {
             config.stream.shards,
         );
         let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        let readiness = Readiness::new(client.clone());
+        tasks.push(tokio::spawn(
+            readiness.clone().probe(router.clone(), shutdown.clone()),
+        ));
         if embedded.is_some() || config.stream.create {
             manifest.create(&js).await?;
         } else {
             verify_topology(&manifest, &js, &refusals, metrics).await?;
             let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(recheck_topology(manifest, js, metrics, stop)));
+            let ready = readiness.clone();
+            tasks.push(tokio::spawn(recheck_topology(
+                manifest, js, metrics, ready, stop,
+            )));
         }
         Ok(Connected {
             embedded,
@@ -285,6 +297,7 @@ impl RunningHost {
             client,
             js,
             router,
+            readiness,
         })
     }
 
@@ -548,11 +561,13 @@ fn record_mismatches(metrics: &Metrics, mismatches: &[Mismatch]) {
 }
 
 /// Verifies the topology again every period: an operator's change after
-/// boot shows up in the logs and the `weir_topology_mismatches` metric.
+/// boot shows up in the logs, the `weir_topology_mismatches` metric and
+/// `/readyz` (a required difference makes the host not ready).
 async fn recheck_topology(
     manifest: Manifest,
     js: jetstream::Context,
     metrics: Metrics,
+    readiness: Readiness,
     shutdown: CancellationToken,
 ) {
     let mut last: Vec<Mismatch> = Vec::new();
@@ -564,6 +579,13 @@ async fn recheck_topology(
         let found = manifest.verify(&js).await;
         if found != last {
             record_mismatches(&metrics, &found);
+            readiness.set_topology(
+                found
+                    .iter()
+                    .filter(|m| m.severity == Severity::Required)
+                    .map(ToString::to_string)
+                    .collect(),
+            );
             last = found;
         }
     }

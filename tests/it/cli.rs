@@ -330,6 +330,25 @@ fn weir_check_compiles_and_links_every_plugin_against_its_world() {
     assert!(!sink_as_transform.status.success(), "{stderr}");
     assert!(stderr.contains("validate"), "{stderr}");
     assert!(stderr.contains("transform"), "{stderr}");
+    // At the plugin's `world` key.
+    let world = at(&path, "world = \"transform\"", 8);
+    assert!(
+        stderr.contains(&format!("{world}: plugin `validate`")),
+        "not at {world}:\n{stderr}"
+    );
+
+    // A grant's missing directory, at the grant's `host`.
+    let missing_dir = check(base_config("nats://127.0.0.1:1", "").replace(
+        "grants.dirs = [{ host = \"out\", guest = \"/out\", writable = true }]",
+        "grants.dirs = [{ host = \"does-not-exist\", guest = \"/out\" }]",
+    ));
+    let stderr = String::from_utf8_lossy(&missing_dir.stderr);
+    assert!(!missing_dir.status.success(), "{stderr}");
+    let host = at(&path, "\"does-not-exist\"", 0);
+    assert!(
+        stderr.contains(&format!("{host}: plugin `files`: grant of")),
+        "not at {host}:\n{stderr}"
+    );
 
     let plugins = dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
@@ -345,7 +364,75 @@ fn weir_check_compiles_and_links_every_plugin_against_its_world() {
     ));
     let stderr = String::from_utf8_lossy(&not_wasm.stderr);
     assert!(!not_wasm.status.success(), "{stderr}");
-    assert!(stderr.contains("validate"), "{stderr}");
+    // At the plugin's `wasm` key.
+    let wasm = at(&path, "\"weir_validator.wasm\"", 0);
+    assert!(
+        stderr.contains(&format!("{wasm}: plugin `validate`")),
+        "not at {wasm}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("not a valid WebAssembly component"),
+        "{stderr}"
+    );
+}
+
+/// `path:line:col` of the first line of the file at `path` holding
+/// `needle`, at `skip` characters into it.
+fn at(path: &Path, needle: &str, skip: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let (number, line) = text
+        .lines()
+        .enumerate()
+        .find(|(_, line)| line.contains(needle))
+        .unwrap_or_else(|| panic!("`{needle}` is not in the config"));
+    let column = line[..line.find(needle).unwrap_or(0)].chars().count() + skip + 1;
+    format!("{}:{}:{column}", path.display(), number + 1)
+}
+
+/// A file with four mistakes — a bad duration, an unknown key, a bad size,
+/// an unknown plugin — and an unknown world: one `weir check` names all
+/// five, each at its position, and nothing else.
+#[test]
+fn weir_check_reports_every_mistake_of_a_file_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let text = base_config("nats://127.0.0.1:1", "")
+        .replace("max_body_bytes = 1048576", "max_body_bytes = \"a lot\"")
+        .replace(
+            "batch_wait_ms = 5\n",
+            "batch_wait = \"soon\"\nbatch_rowz = 100\n",
+        )
+        .replace("world = \"sink\"", "world = \"sinkk\"")
+        .replace("transforms = [\"validate\"]", "transforms = [\"ghost\"]");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(WEIR)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stderr}");
+    assert!(!output.status.success(), "{stderr}");
+    for (needle, skip, what) in [
+        ("max_body_bytes = ", 17, "`a lot` is not a size"),
+        ("batch_wait = ", 13, "`soon` is not a duration"),
+        ("batch_rowz", 0, "unknown field `batch_rowz`"),
+        ("world = \"sinkk\"", 8, "unknown world `sinkk`"),
+        ("transforms = [\"ghost\"]", 14, "unknown plugin `ghost`"),
+    ] {
+        let position = at(&path, needle, skip);
+        assert!(
+            stderr
+                .lines()
+                .any(|line| line.starts_with(&format!("{position}: ")) && line.contains(what)),
+            "no `{what}` at {position}:\n{stderr}"
+        );
+    }
+    let problems = stderr
+        .lines()
+        .filter(|line| line.starts_with(&path.display().to_string()))
+        .count();
+    assert_eq!(problems, 5, "one line per problem:\n{stderr}");
 }
 
 /// The embedded nats-server lets in only weir: a client without the

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use weir::config::{Config, Overrides};
+use weir::config::{Config, Overrides, PluginConfig, Problem};
+use weir::sandbox::LoadError;
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -24,12 +25,12 @@ impl CheckArgs {
         let mut failures = Vec::new();
         for plugin in config.plugins.values() {
             if let Err(err) = sandbox.load(plugin).await {
-                failures.push(err.to_string());
+                failures.push(at_its_line(&config, plugin, &err));
             }
         }
         if !failures.is_empty() {
             for failure in &failures {
-                eprintln!("{}: {failure}", config.source.display());
+                eprintln!("{failure}");
             }
             return Err(super::Refused(format!(
                 "{} of {} plugins cannot run",
@@ -47,4 +48,32 @@ impl CheckArgs {
         );
         Ok(())
     }
+}
+
+/// A plugin that cannot be loaded, at the line of the key it comes from:
+/// the component at `wasm`, its world at `world`, a grant's directory at
+/// its `host`, anything else at the plugin's table.
+pub fn at_its_line(config: &Config, plugin: &PluginConfig, err: &LoadError) -> Problem {
+    let message = err.to_string();
+    let Some(places) = config.plugin_places.get(&plugin.name) else {
+        return Problem {
+            file: config.source.clone(),
+            line: 1,
+            column: 1,
+            message,
+        };
+    };
+    let place = match err {
+        LoadError::Read { .. } | LoadError::Compile { .. } | LoadError::Link { .. } => &places.wasm,
+        LoadError::WrongWorld { .. } | LoadError::WrongVersion { .. } => &places.world,
+        LoadError::Grant { dir, .. } => plugin
+            .grants
+            .dirs
+            .iter()
+            .position(|grant| grant.host.display().to_string() == *dir)
+            .and_then(|at| places.dirs.get(at))
+            .unwrap_or(&places.table),
+        _ => &places.table,
+    };
+    place.problem(message)
 }

@@ -45,6 +45,9 @@ pub(super) struct Checker<'a> {
     base_dir: PathBuf,
     text: &'a str,
     problems: RefCell<Vec<Problem>>,
+    /// Plugins whose `world` names no world (already reported): their uses
+    /// are not checked against the stand-in.
+    pub(super) unknown_world: RefCell<std::collections::HashSet<String>>,
 }
 
 impl<'a> Checker<'a> {
@@ -59,6 +62,7 @@ impl<'a> Checker<'a> {
             base_dir,
             text,
             problems: Default::default(),
+            unknown_world: Default::default(),
         }
     }
 
@@ -76,9 +80,22 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Every problem reported so far, in the order found.
+    /// The position of `offset`, kept for later problems.
+    pub(super) fn place(&self, offset: usize) -> super::Place {
+        let problem = self.problem(offset, String::new());
+        super::Place {
+            file: problem.file,
+            line: problem.line,
+            column: problem.column,
+        }
+    }
+
+    /// Every problem reported so far, in the file's order (serde's are
+    /// found before the checker's).
     pub(super) fn take_problems(&self) -> Vec<Problem> {
-        self.problems.take()
+        let mut problems = self.problems.take();
+        problems.sort_by_key(|problem| (problem.line, problem.column));
+        problems
     }
 
     pub(super) fn report(&self, offset: usize, message: impl Into<String>) {
@@ -116,6 +133,17 @@ impl<'a> Checker<'a> {
                 );
                 Vec::new()
             }
+        }
+    }
+
+    /// Reports an API key with whitespace around it: requests' keys are
+    /// trimmed, so it could never match.
+    pub(super) fn check_key_whitespace(&self, what: &str, key: &Spanned<String>) {
+        if key.get_ref().trim() != key.get_ref() {
+            self.report(
+                key.span().start,
+                format!("{what} has whitespace around it: it could never match a request's key"),
+            );
         }
     }
 

@@ -40,8 +40,8 @@ pub(crate) use delivery::*;
 pub(crate) use nats::*;
 pub use nats::{NatsAuth, SyncPolicy};
 pub use pipelines::{BadLines, Pipeline};
-pub use plugins::PluginConfig;
 pub(crate) use plugins::*;
+pub use plugins::{PluginConfig, PluginPlaces};
 pub(crate) use policies::*;
 pub(crate) use stream::*;
 pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
@@ -113,6 +113,26 @@ impl fmt::Display for Problem {
     }
 }
 
+/// A position in a config file, for a problem found after it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl Place {
+    /// `message` as a problem at this place.
+    pub fn problem(&self, message: impl Into<String>) -> Problem {
+        Problem {
+            file: self.file.clone(),
+            line: self.line,
+            column: self.column,
+            message: message.into(),
+        }
+    }
+}
+
 /// The validated configuration a host runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -139,6 +159,8 @@ pub struct Config {
     pub tenants: Vec<Tenant>,
     pub plugins_dir: PathBuf,
     pub plugins: BTreeMap<String, PluginConfig>,
+    /// Where each plugin is written, by name.
+    pub plugin_places: BTreeMap<String, PluginPlaces>,
     pub pipelines: Vec<Pipeline>,
     pub policies: Policies,
     /// The plugin instance pool's size as the operator set it; `None`: sized
@@ -206,13 +228,10 @@ impl Config {
     /// relative paths.
     pub fn parse(path: &Path, text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
         let checker = Checker::new(path, text);
-        let raw: RawConfig = toml::from_str(text).map_err(|err| {
-            let offset = err.span().map(|span| span.start).unwrap_or(0);
-            ConfigError::Invalid(Problems(vec![
-                checker.problem(offset, err.message().trim_end().to_string()),
-            ]))
-        })?;
-        checker.validate(raw, overrides)
+        match deserialize_all::<RawConfig>(&checker, text) {
+            Some(raw) => checker.validate(raw, overrides),
+            None => Err(ConfigError::Invalid(Problems(checker.take_problems()))),
+        }
     }
 
     /// The pipeline that takes `table`, if any.
@@ -220,6 +239,121 @@ impl Config {
         self.pipelines
             .iter()
             .find(|pipeline| pipeline.tables.iter().any(|t| t == table))
+    }
+}
+
+/// At most this many entries are taken out of a document: past that, the
+/// file is not worth reading further.
+const MAX_REMOVED_ENTRIES: usize = 100;
+
+/// Deserializes `text`, every problem serde finds reported in `checker`:
+/// serde stops at the first, so the entry it names is taken out of the
+/// document and the rest deserialized again, until it passes. What follows
+/// (validation) then runs on the rest, so one run names every problem.
+/// `None`: the file is not TOML, or an entry could not be taken out.
+fn deserialize_all<'i, T: serde::Deserialize<'i>>(checker: &Checker, text: &'i str) -> Option<T> {
+    let mut document = match toml::de::DeTable::parse(text) {
+        Ok(document) => document,
+        Err(err) => {
+            let offset = err.span().map_or(0, |span| span.start);
+            checker.report(offset, err.message().trim_end());
+            return None;
+        }
+    };
+    // Entries taken out, by (table span, key): a required key taken out
+    // makes its table fail as "missing field", which is no second problem.
+    let mut removed: Vec<(Span, String)> = Vec::new();
+    for _ in 0..MAX_REMOVED_ENTRIES {
+        let err = match T::deserialize(toml::de::Deserializer::from(document.clone())) {
+            Ok(value) => return Some(value),
+            Err(err) => err,
+        };
+        let message = err.message().trim_end().to_string();
+        let Some(span) = err.span() else {
+            checker.report(0, message);
+            return None;
+        };
+        let consequence = removed.iter().any(|(table, key)| {
+            *table == span && message.starts_with(&format!("missing field `{key}`"))
+        });
+        if !consequence {
+            checker.report(span.start, message);
+        }
+        let (whole, root) = (document.span(), document.get_mut());
+        match take_out(root, whole, &span) {
+            Some(taken) => removed.push(taken),
+            None => return None,
+        }
+    }
+    checker.report(0, "too many problems: stopped reading here");
+    None
+}
+
+type Span = std::ops::Range<usize>;
+
+/// Takes the entry of `table` (spanning `whole`, at any depth) whose key or
+/// value is at `span` out of the document, else the innermost one holding
+/// `span`; its table's span and key (empty for an array's item).
+fn take_out(table: &mut toml::de::DeTable<'_>, whole: Span, span: &Span) -> Option<(Span, String)> {
+    take_out_where(table, whole.clone(), &|at: &Span| at == span).or_else(|| {
+        take_out_where(table, whole, &|at: &Span| {
+            at.start <= span.start && span.end <= at.end
+        })
+    })
+}
+
+/// The first entry (depth first, innermost) at a span `matches` accepts,
+/// taken out.
+fn take_out_where(
+    table: &mut toml::de::DeTable<'_>,
+    whole: Span,
+    matches: &dyn Fn(&Span) -> bool,
+) -> Option<(Span, String)> {
+    let mut target = None;
+    for (key, value) in table.iter_mut() {
+        let value_span = value.span();
+        if let Some(inner) = take_out_of_value(value.get_mut(), value_span.clone(), matches) {
+            return Some(inner);
+        }
+        if matches(&key.span()) || matches(&value_span) {
+            target = Some(key.clone());
+            break;
+        }
+    }
+    let key = target?;
+    // Keys compare by name, not span: this is the one entry of that name.
+    table.remove(&key);
+    Some((whole, key.get_ref().to_string()))
+}
+
+/// [`take_out_where`] within a table or an array value.
+fn take_out_of_value(
+    value: &mut toml::de::DeValue<'_>,
+    whole: Span,
+    matches: &dyn Fn(&Span) -> bool,
+) -> Option<(Span, String)> {
+    use toml::de::DeValue;
+    match value {
+        DeValue::Table(table) => take_out_where(table, whole, matches),
+        DeValue::Array(array) => {
+            for item in array.as_mut().iter_mut() {
+                let item_span = item.span();
+                if let DeValue::Table(table) = item.get_mut()
+                    && let Some(inner) = take_out_where(table, item_span, matches)
+                {
+                    return Some(inner);
+                }
+            }
+            let at = array.iter().position(|item| matches(&item.span()))?;
+            *array = array
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| *index != at)
+                .map(|(_, item)| item.clone())
+                .collect();
+            Some((whole, String::new()))
+        }
+        _ => None,
     }
 }
 
@@ -244,7 +378,8 @@ impl Checker<'_> {
             raw.admin_api_keys_file.as_ref(),
             &tenant_keys,
         );
-        let plugins = self.plugins(raw.plugins, &places.plugins_dir, &stream.prefix);
+        let (plugins, plugin_places) =
+            self.plugins(raw.plugins, &places.plugins_dir, &stream.prefix);
         let pipelines = self.pipelines(raw.pipelines, &plugins);
         let policies = self.policies(raw.policies, &plugins);
         let limits = self.limits(
@@ -274,6 +409,7 @@ impl Checker<'_> {
             tenants,
             plugins_dir: places.plugins_dir,
             plugins,
+            plugin_places,
             pipelines,
             policies,
             max_plugin_instances: limits.max_plugin_instances,

@@ -59,7 +59,8 @@ pub struct Pipeline {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPipeline {
-    tables: Vec<Spanned<String>>,
+    /// Spanned as a whole: an empty list is reported where it is written.
+    tables: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     transforms: Vec<Spanned<String>>,
     sink: Option<Spanned<String>>,
@@ -75,10 +76,13 @@ impl Checker<'_> {
         let mut table_owner: HashMap<String, usize> = HashMap::new();
         let mut pipelines = Vec::new();
         for (index, pipeline) in raw.into_iter().enumerate() {
-            if pipeline.tables.is_empty() {
-                self.report(0, format!("pipeline #{} takes no tables", index + 1));
+            if pipeline.tables.get_ref().is_empty() {
+                self.report(
+                    pipeline.tables.span().start,
+                    format!("pipeline #{} takes no tables", index + 1),
+                );
             }
-            for table in &pipeline.tables {
+            for table in pipeline.tables.get_ref() {
                 self.check_name("table", table);
                 if let Some(other) = table_owner.insert(table.get_ref().clone(), index) {
                     self.report(
@@ -108,6 +112,7 @@ impl Checker<'_> {
             pipelines.push(Pipeline {
                 tables: pipeline
                     .tables
+                    .into_inner()
                     .into_iter()
                     .map(Spanned::into_inner)
                     .collect(),
@@ -172,15 +177,20 @@ impl Checker<'_> {
                 used.span().start,
                 format!("{user} uses unknown plugin `{}`", used.get_ref()),
             ),
-            Some(plugin) if plugin.world != world => self.report(
-                used.span().start,
-                format!(
-                    "plugin `{}` is a {} but is used here as a {}",
-                    used.get_ref(),
-                    plugin.world.as_str(),
-                    world.as_str()
-                ),
-            ),
+            Some(plugin)
+                if plugin.world != world
+                    && !self.unknown_world.borrow().contains(used.get_ref()) =>
+            {
+                self.report(
+                    used.span().start,
+                    format!(
+                        "plugin `{}` is a {} but is used here as a {}",
+                        used.get_ref(),
+                        plugin.world.as_str(),
+                        world.as_str()
+                    ),
+                )
+            }
             Some(_) => {}
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::Place;
 use super::World;
 use super::checker::{Checker, Legacy};
 use super::keys::{Fallback, Key, Reload};
@@ -173,6 +174,20 @@ pub struct PluginConfig {
     /// connections; `false`: a fresh connection per request, closed after.
     pub http_keep_alive: bool,
     pub grants: Grants,
+}
+
+/// Where a plugin's table and keys are written: a problem found when the
+/// plugin is loaded (not a component, the wrong world, a grant's missing
+/// directory) is reported at its line. Kept apart from [`PluginConfig`],
+/// which a reload compares: moving a line reloads nothing.
+#[derive(Debug, Clone)]
+pub struct PluginPlaces {
+    /// The `[plugins.NAME]` table's name.
+    pub table: Place,
+    pub wasm: Place,
+    pub world: Place,
+    /// Each `grants.dirs` entry's `host`, in order.
+    pub dirs: Vec<Place>,
 }
 
 /// What `grants.state` allows one scope (a plugin's state of one tenant's
@@ -357,7 +372,9 @@ pub struct DirGrant {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPlugin {
     wasm: Spanned<String>,
-    world: World,
+    /// Checked here, not by serde: an unknown world is one problem among
+    /// the others, at its position.
+    world: Spanned<String>,
     #[serde(default)]
     settings: Option<toml::Table>,
     memory: Option<Spanned<Size>>,
@@ -459,13 +476,29 @@ impl Checker<'_> {
         raw: BTreeMap<Spanned<String>, RawPlugin>,
         plugins_dir: &Path,
         prefix: &str,
-    ) -> BTreeMap<String, PluginConfig> {
-        raw.into_iter()
-            .map(|(name, plugin)| {
-                let plugin = self.plugin(name, plugin, plugins_dir, prefix);
-                (plugin.name.clone(), plugin)
-            })
-            .collect()
+    ) -> (
+        BTreeMap<String, PluginConfig>,
+        BTreeMap<String, PluginPlaces>,
+    ) {
+        let mut plugins = BTreeMap::new();
+        let mut places = BTreeMap::new();
+        for (name, plugin) in raw {
+            let at = PluginPlaces {
+                table: self.place(name.span().start),
+                wasm: self.place(plugin.wasm.span().start),
+                world: self.place(plugin.world.span().start),
+                dirs: plugin
+                    .grants
+                    .dirs
+                    .iter()
+                    .map(|dir| self.place(dir.host.span().start))
+                    .collect(),
+            };
+            let plugin = self.plugin(name, plugin, plugins_dir, prefix);
+            places.insert(plugin.name.clone(), at);
+            plugins.insert(plugin.name.clone(), plugin);
+        }
+        (plugins, places)
     }
 
     fn plugin(
@@ -508,7 +541,8 @@ impl Checker<'_> {
             MIN_PLUGIN_DEADLINE,
             Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
         );
-        let grants = self.grants(name.get_ref(), plugin.world, plugin.grants, prefix);
+        let world = self.world(&name, &plugin.world);
+        let grants = self.grants(name.get_ref(), world, plugin.grants, prefix);
         let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
             .unwrap_or(serde_json::Value::Object(Default::default()));
         let recycle_after_batches = plugin
@@ -518,7 +552,7 @@ impl Checker<'_> {
         PluginConfig {
             name: name.into_inner(),
             wasm,
-            world: plugin.world,
+            world,
             settings,
             memory_bytes: usize::try_from(memory_bytes).unwrap_or(usize::MAX),
             deadline,
@@ -528,6 +562,26 @@ impl Checker<'_> {
             http_keep_alive: plugin.http_keep_alive.unwrap_or(true),
             grants,
         }
+    }
+
+    /// The world `written` names; an unknown one is reported at its position
+    /// and the plugin's uses are not checked against it (no second problem).
+    fn world(&self, name: &Spanned<String>, written: &Spanned<String>) -> World {
+        World::named(written.get_ref()).unwrap_or_else(|| {
+            self.report(
+                written.span().start,
+                format!(
+                    "plugin `{}`: unknown world `{}` (one of: {})",
+                    name.get_ref(),
+                    written.get_ref(),
+                    World::names()
+                ),
+            );
+            self.unknown_world
+                .borrow_mut()
+                .insert(name.get_ref().clone());
+            World::Transform
+        })
     }
 
     fn grants(&self, plugin: &str, world: World, raw: RawGrants, prefix: &str) -> Grants {

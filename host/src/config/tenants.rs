@@ -60,6 +60,7 @@ impl Checker<'_> {
                 );
             }
             for key in &keys {
+                self.check_key_whitespace("this api key", key);
                 if key.get_ref().len() < MIN_API_KEY_CHARS {
                     self.report(key.span().start, "an api key must be at least 8 characters");
                 }

@@ -198,9 +198,9 @@ fn api_keys_can_come_from_files_kept_out_of_the_toml() {
         panic!("a missing keys file is refused");
     };
     assert!(
-        found[0]
-            .to_string()
-            .contains(":4:17: cannot read keys file"),
+        found
+            .iter()
+            .any(|problem| problem.to_string().contains(":4:17: cannot read keys file")),
         "{found:?}"
     );
 }
@@ -309,7 +309,12 @@ fn http_grants_are_host_port_authorities() {
 #[test]
 fn unknown_grant_is_refused() {
     let found = problems("[plugins.h]\nwasm = \"h.wasm\"\nworld = \"sink\"\ngrants.htp = []\n");
-    assert!(found[0].contains("unknown field `htp`"), "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains(":4:8: unknown field `htp`")),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -454,4 +459,98 @@ fn nats_grants_are_for_sinks_and_never_reach_weirs_own_subjects() {
     ] {
         assert!(!grant.allows(refused), "{refused}");
     }
+}
+
+/// Four mistakes and a bad world, each a kind serde alone stops at (a bad
+/// duration, an unknown key, a bad size) or the checker finds (an unknown
+/// plugin, an unknown world): one run reports all five, each where it is.
+const FIVE_MISTAKES: &str = r#"listen = "127.0.0.1:1"
+max_body_bytes = "lots"
+
+[delivery]
+batch_rowz = 3
+batch_wait = "soon"
+
+[[tenants]]
+name = "acme"
+api_keys = ["acme-key-123"]
+
+[plugins.files]
+wasm = "s.wasm"
+world = "sinkk"
+
+[[pipelines]]
+tables = ["orders"]
+transforms = ["ghost"]
+sink = "files"
+"#;
+
+#[test]
+fn every_mistake_of_a_file_is_reported_in_one_run_at_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::fs::write(dir.path().join("plugins").join("s.wasm"), b"").unwrap();
+    let found = match Config::parse(
+        &dir.path().join("weir.toml"),
+        FIVE_MISTAKES,
+        &Overrides::default(),
+    ) {
+        Err(ConfigError::Invalid(problems)) => problems.to_string(),
+        other => panic!("expected problems, got {other:?}"),
+    };
+    println!("{found}");
+    let lines: Vec<&str> = found.lines().collect();
+    let at = |position: &str, what: &str| {
+        assert!(
+            lines.iter().any(
+                |line| line.contains(&format!("weir.toml:{position}: ")) && line.contains(what)
+            ),
+            "no `{what}` at {position}:\n{found}"
+        );
+    };
+    at("2:18", "lots");
+    at("5:1", "unknown field `batch_rowz`");
+    at("6:14", "soon");
+    at("14:9", "unknown world `sinkk`");
+    at("18:15", "unknown plugin `ghost`");
+    assert_eq!(
+        lines.len(),
+        5,
+        "one line per problem, nothing else:\n{found}"
+    );
+}
+
+#[test]
+fn an_empty_pipeline_is_reported_at_its_line() {
+    let found = problems("listen = \"127.0.0.1:1\"\n\n[[pipelines]]\ntables = []\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("weir.toml:4:10: pipeline #1 takes no tables"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn api_keys_with_whitespace_around_them_are_refused() {
+    let found = problems(concat!(
+        "admin_api_keys = [\"admin-key-123 \"]\n",
+        "[[tenants]]\nname = \"acme\"\napi_keys = [\" acme-key-123\", \"acme-key-456\"]\n",
+    ));
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].contains(":1:19: this admin api key has whitespace"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].contains(":4:13: this api key has whitespace"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_required_key_that_is_wrong_is_one_problem_not_two() {
+    // `tables` is required: taking it out must not add "missing field".
+    let found = problems("[[pipelines]]\ntables = \"orders\"\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains(":2:10: "), "{found:?}");
 }

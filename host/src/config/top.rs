@@ -212,6 +212,7 @@ impl Checker<'_> {
         keys.extend(self.keys_from_file(file));
         let mut admin_api_keys = Vec::new();
         for key in keys {
+            self.check_key_whitespace("this admin api key", &key);
             if key.get_ref().len() < MIN_API_KEY_CHARS {
                 self.report(
                     key.span().start,

@@ -15,6 +15,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one server of the list may take to answer.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 const RETRY_EVERY: Duration = Duration::from_millis(250);
+/// The longest wait between reconnect attempts once a connection is lost
+/// (async-nats' default grows to 4 s): a host is ready again within about
+/// this long of its server coming back.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// Permission violations remembered for the boot report.
 const MAX_REMEMBERED_REFUSALS: usize = 32;
 
@@ -99,6 +103,12 @@ pub async fn connect(
         });
     }
     let options = login_options(&servers, auth).await?;
+    // The client logs the addresses it connects to (at DEBUG): it gets them
+    // without credentials, which went into `options` above.
+    let servers = servers
+        .into_iter()
+        .map(without_credentials)
+        .collect::<Result<Vec<_>, _>>()?;
     let refusals = refusals.clone();
     let options = options
         .event_callback(move |event| {
@@ -121,7 +131,8 @@ pub async fn connect(
             }
         })
         .name("weir")
-        .connection_timeout(ATTEMPT_TIMEOUT);
+        .connection_timeout(ATTEMPT_TIMEOUT)
+        .reconnect_delay_callback(reconnect_delay);
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
         // Each attempt tries every server of the list once.
@@ -151,6 +162,35 @@ pub async fn connect(
             _ => tokio::time::sleep(RETRY_EVERY).await,
         }
     }
+}
+
+/// `address` with no user, password or token in it.
+fn without_credentials(
+    address: async_nats::ServerAddr,
+) -> Result<async_nats::ServerAddr, ConnectError> {
+    if address.username().is_none() && address.password().is_none() {
+        return Ok(address);
+    }
+    let mut url = address.into_inner();
+    let cleared = url.set_username("").and_then(|()| url.set_password(None));
+    let shown = redact(url.as_str());
+    cleared
+        .map_err(|()| ConnectError::Setting {
+            what: format!("url `{shown}`"),
+            reason: "cannot take the credentials out of it".to_string(),
+        })
+        .and_then(|()| {
+            async_nats::ServerAddr::from_url(url).map_err(|err| ConnectError::Setting {
+                what: format!("url `{shown}`"),
+                reason: err.to_string(),
+            })
+        })
+}
+
+/// Doubling from 1 ms per attempt up to `MAX_RECONNECT_DELAY`.
+fn reconnect_delay(attempts: usize) -> Duration {
+    let exponent = u32::try_from(attempts).unwrap_or(u32::MAX).min(16);
+    Duration::from_millis(2_u64.pow(exponent) / 2).min(MAX_RECONNECT_DELAY)
 }
 
 fn is_tls_failure(reason: &str) -> bool {
@@ -241,7 +281,23 @@ pub async fn close(client: &async_nats::Client, within: Duration) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{redact, without_credentials};
+
+    #[test]
+    fn addresses_handed_to_the_client_carry_no_credentials() {
+        for (url, bare) in [
+            (
+                "nats://weiru:S3cret@127.0.0.1:4222",
+                "nats://127.0.0.1:4222",
+            ),
+            ("tls://T0ken@nats.example:4443", "tls://nats.example:4443"),
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        ] {
+            let address: async_nats::ServerAddr = url.parse().unwrap();
+            let stripped = without_credentials(address).unwrap();
+            assert_eq!(stripped.into_inner().as_str(), bare);
+        }
+    }
 
     #[test]
     fn passwords_and_tokens_never_show() {

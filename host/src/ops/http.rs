@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
+use crate::ops::readiness::Readiness;
 use crate::ops::status::StatusSource;
 use crate::reload::ReloadRequests;
 use crate::reload::generation::Generation;
@@ -27,6 +28,7 @@ pub struct Ops {
     /// The running generation: its `admin_api_keys` guard the admin API.
     pub generations: watch::Receiver<Arc<Generation>>,
     pub reloads: ReloadRequests,
+    pub readiness: Readiness,
 }
 
 impl Ops {
@@ -95,15 +97,11 @@ async fn admin_reload(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Respon
     }
 }
 
+/// 200 while this host can store a row; 503 with the reason otherwise.
 async fn readyz(State(ops): State<Arc<Ops>>) -> Response {
-    if ops.status.nats_connected() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        refusal(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NATS is not connected",
-            true,
-        )
+    match ops.readiness.not_ready_because() {
+        None => (StatusCode::OK, "ready").into_response(),
+        Some(reason) => refusal(StatusCode::SERVICE_UNAVAILABLE, &reason, true),
     }
 }
 

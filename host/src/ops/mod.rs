@@ -9,6 +9,7 @@
 
 pub(crate) mod http;
 pub(crate) mod page;
+pub(crate) mod readiness;
 pub(crate) mod status;
 
 pub use status::{FleetTotals, ReasonCount, RowCounts, StatusReport, known, unit_backlogs};

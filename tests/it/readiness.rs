@@ -1,0 +1,103 @@
+//! `/readyz` says whether this host can store a row: 503 with the reason
+//! within 2 s of its nats-server freezing (SIGSTOP) or dying (SIGKILL), 200
+//! again within 2 s of it coming back.
+
+use std::time::{Duration, Instant};
+
+use crate::support::{Nats, TestHost, base_config};
+
+/// How soon after a change `/readyz` must say so.
+const WITHIN: Duration = Duration::from_secs(2);
+
+/// Polls `/readyz` until it answers `status`; the time it took and the body.
+async fn readyz_becomes(host: &TestHost, status: u16, what: &str) -> (Duration, String) {
+    let started = Instant::now();
+    loop {
+        let answer = host
+            .http
+            .get(host.url("/readyz"))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await;
+        if let Ok(answer) = answer
+            && answer.status() == status
+        {
+            let body = answer.text().await.unwrap_or_default();
+            println!(
+                "{what}: /readyz {status} after {:?}: {body}",
+                started.elapsed()
+            );
+            return (started.elapsed(), body);
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "{what}: /readyz did not answer {status} within {WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `signal` to the server and waits until the kernel has acted on it
+/// (`kill` only queues it).
+async fn signal_and_wait(pid: u32, signal: libc::c_int, state: impl Fn(Option<char>) -> bool) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: kill(2) on the test's own nats-server child.
+    unsafe { libc::kill(pid, signal) };
+    let started = Instant::now();
+    loop {
+        let now = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let after = stat.rsplit_once(')')?.1.to_string();
+                after.split_whitespace().next()?.chars().next()
+            });
+        if state(now) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "signal {signal} not taken"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_503_with_the_reason_while_nats_is_frozen_or_dead_and_200_once_back() {
+    let mut nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    readyz_becomes(&host, 200, "running").await;
+
+    // Frozen: the client still counts itself connected; JetStream does
+    // not answer.
+    let pid = nats.server.pid();
+    signal_and_wait(pid, libc::SIGSTOP, |state| state == Some('T')).await;
+    let (_, body) = readyz_becomes(&host, 503, "frozen").await;
+    assert!(
+        body.contains("has not answered a JetStream request"),
+        "{body}"
+    );
+    signal_and_wait(pid, libc::SIGCONT, |state| state != Some('T')).await;
+    readyz_becomes(&host, 200, "thawed").await;
+
+    // Dead: the connection closes.
+    signal_and_wait(pid, libc::SIGKILL, |state| {
+        matches!(state, None | Some('Z'))
+    })
+    .await;
+    let (_, body) = readyz_becomes(&host, 503, "killed").await;
+    assert!(body.contains("NATS is not connected"), "{body}");
+    // The next server on the same port and storage; `restart` returns
+    // once it accepts connections.
+    tokio::task::block_in_place(|| nats.restart(Duration::ZERO));
+    readyz_becomes(&host, 200, "restarted").await;
+
+    // Rows are stored again.
+    assert_eq!(
+        host.ingest("orders", crate::support::orders(0, 1))
+            .await
+            .status(),
+        202
+    );
+    host.shutdown().await;
+}
