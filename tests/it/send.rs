@@ -115,26 +115,40 @@ async fn sending_the_same_file_twice_stores_it_once_and_reports_duplicates() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_bad_line_mid_file_is_named_by_file_and_line_and_stops_the_send() {
-    let nats = Nats::start();
-    let host = TestHost::start(&base_config(nats.url(), "")).await;
+/// A file with a bad line at 1234, in chunks of 200 lines.
+fn file_with_a_bad_line(host: &TestHost) -> (std::path::PathBuf, String) {
     let file = host.dir.path().join("rows.ndjson");
-    // Line 1234 is broken; chunks of 200 lines: lines 1-1200 go through,
-    // the chunk of lines 1201-1400 is refused.
     let mut text_rows = orders(0, 1233);
     text_rows.push_str("{\"id\": broken\n");
     text_rows.push_str(&orders(2000, 1766));
     std::fs::write(&file, text_rows).unwrap();
-    let file_arg = file.to_str().expect("a UTF-8 temp path");
+    let file_arg = file.to_str().expect("a UTF-8 temp path").to_string();
+    (file, file_arg)
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn with_fail_fast_a_bad_line_mid_file_is_named_by_file_and_line_and_stops_the_send() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    // Line 1234 is broken; chunks of 200 lines: lines 1-1200 go through,
+    // the chunk of lines 1201-1400 is refused.
+    let (_file, file_arg) = file_with_a_bad_line(&host);
     let output = weir_send(
         &host.url(""),
-        &["-t", "orders", "--chunk-rows", "200", "-j", "2", file_arg],
+        &[
+            "-t",
+            "orders",
+            "--chunk-rows",
+            "200",
+            "-j",
+            "2",
+            "--fail-fast",
+            &file_arg,
+        ],
         b"",
     )
     .await;
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(5));
     assert!(output.stdout.is_empty(), "{}", text(&output.stdout));
     let stderr = text(&output.stderr);
     assert!(
@@ -148,6 +162,137 @@ async fn a_bad_line_mid_file_is_named_by_file_and_line_and_stops_the_send() {
     // Nothing was sent past the chunks in flight when the refusal came.
     let stored = accepted(&host).await;
     assert!((1200..2800).contains(&stored), "{stored} rows stored");
+    host.shutdown().await;
+}
+
+/// By default a refused chunk is said (file:line) and the rest of the file
+/// still goes; the summary counts it and the exit code says it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_chunk_is_reported_and_the_rest_of_the_file_is_sent() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    let (_file, file_arg) = file_with_a_bad_line(&host);
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--chunk-rows", "200", "-j", "2", &file_arg],
+        b"",
+    )
+    .await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(5), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "2800 rows accepted, 0 duplicates, 1 chunk refused (200 rows not stored), in "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:1234: refused (400): invalid JSON")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "1 chunk refused (200 rows not stored): {file_arg}:1234"
+        )),
+        "the closing error names where: {stderr}"
+    );
+    assert_eq!(accepted(&host).await, 2800, "every other chunk was stored");
+    host.shutdown().await;
+}
+
+/// With the table's bad lines dead-lettered, `weir send` stores every good
+/// row and names each dead-lettered line by the file's line number, as do
+/// the letters themselves (`Weir-Line`).
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_lettered_lines_are_named_by_file_and_line() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "bad_lines = \"dead-letter\"\n")).await;
+    let (_file, file_arg) = file_with_a_bad_line(&host);
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--chunk-rows", "200", &file_arg],
+        b"",
+    )
+    .await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("2999 rows accepted, 0 duplicates, 1 line dead-lettered, in "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:1234: invalid JSON"))
+            && stderr.contains("dead-lettered"),
+        "{stderr}"
+    );
+    let letters = crate::support::read_stream(&nats.client().await, "weir_dlq").await;
+    let lines: Vec<String> = letters
+        .iter()
+        .filter_map(|l| {
+            l.headers
+                .as_ref()?
+                .get(weir::delivery::headers::LINE)
+                .map(|v| v.to_string())
+        })
+        .collect();
+    assert_eq!(lines, ["1234"]);
+    assert_eq!(accepted(&host).await, 2999);
+    host.shutdown().await;
+}
+
+/// With NATS down the host answers 503 to every chunk: `--timeout 5`
+/// stops the send with the host's answer within about that long, instead
+/// of waiting for ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_nats_down_a_send_gives_up_at_its_timeout_saying_why() {
+    let mut nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    nats.server.stop();
+    eventually(Duration::from_secs(10), "/readyz says 503", || async {
+        let ready = host.http.get(host.url("/readyz")).send().await.ok()?;
+        (ready.status() == 503).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--timeout", "5"],
+        orders(0, 10).as_bytes(),
+    )
+    .await;
+    let took = started.elapsed();
+    let stderr = text(&output.stderr);
+    println!("weir send --timeout 5 with NATS down: {took:?}");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("gave up after"), "{stderr}");
+    assert!(
+        stderr.contains("503") && stderr.contains("NATS"),
+        "the reason: {stderr}"
+    );
+    assert!(
+        stderr.contains("retrying in"),
+        "it said what it waited for: {stderr}"
+    );
+    // The bound of the option, not a performance figure: 5 s and a margin
+    // for starting the process on a loaded machine.
+    assert!(took < Duration::from_secs(9), "took {took:?}");
+
+    // And the retry limit: one retry is two requests, whatever the time.
+    let started = Instant::now();
+    let output = weir_send(
+        &host.url(""),
+        &["-t", "orders", "--retries", "1"],
+        orders(0, 10).as_bytes(),
+    )
+    .await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("gave up after 2 attempts"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
     host.shutdown().await;
 }
 
