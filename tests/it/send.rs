@@ -24,9 +24,11 @@ async fn weir_send(url: &str, args: &[&str], stdin: &[u8]) -> Output {
     // says why.
     let _ = pipe.write_all(stdin).await;
     drop(pipe);
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+    // A hang guard, not a speed check: the million-row run takes about a
+    // minute on a loaded debug build.
+    tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
         .await
-        .expect("weir send finishes within a minute")
+        .expect("weir send finishes within five minutes")
         .expect("weir send's output")
 }
 
@@ -357,4 +359,79 @@ async fn a_429_is_retried_after_retry_after_ms_with_the_same_key() {
         "waited {waited:?}"
     );
     server.abort();
+}
+
+/// #38's acceptance run: 1,000,001 lines with 3 bad ones through `weir
+/// send` to a table that dead-letters bad lines: 3 letters naming the
+/// file's lines, and every other row stored exactly once (the partition
+/// streams' sequences count every row ever stored, delivered or not).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_million_rows_with_three_bad_lines_through_weir_send() {
+    const LINES: usize = 1_000_001;
+    const BAD: [usize; 3] = [2, 500_000, 1_000_001];
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "bad_lines = \"dead-letter\"\n")).await;
+    let file = host.dir.path().join("million.ndjson");
+    let mut rows = String::with_capacity(LINES * 64);
+    for line in 1..=LINES {
+        if BAD.contains(&line) {
+            rows.push_str("{\"id\": not json}\n");
+        } else {
+            rows.push_str(&orders(line, 1));
+        }
+    }
+    std::fs::write(&file, rows).unwrap();
+    let file_arg = file.to_str().expect("a UTF-8 temp path");
+    let started = Instant::now();
+    let output = weir_send(&host.url(""), &["-t", "orders", "-j", "4", file_arg], b"").await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    println!(
+        "1,000,001 lines through weir send in {:?}: {stdout}",
+        started.elapsed()
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("999998 rows accepted, 0 duplicates, 3 lines dead-lettered, in "),
+        "{stdout}"
+    );
+    for line in BAD {
+        assert!(
+            stderr.contains(&format!("{file_arg}:{line}: invalid JSON")),
+            "{stderr}"
+        );
+    }
+    let client = nats.client().await;
+    let mut lines: Vec<u64> = crate::support::read_stream(&client, "weir_dlq")
+        .await
+        .iter()
+        .filter_map(|l| {
+            l.headers
+                .as_ref()?
+                .get(weir::delivery::headers::LINE)?
+                .as_str()
+                .parse()
+                .ok()
+        })
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        BAD.map(|line| line as u64),
+        "one letter per bad line"
+    );
+    let mut stored = 0;
+    for mut stream in crate::support::partition_streams(&client).await {
+        stored += stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence;
+    }
+    assert_eq!(
+        stored,
+        (LINES - BAD.len()) as u64,
+        "every good row stored once"
+    );
+    host.shutdown().await;
 }
