@@ -29,8 +29,14 @@ pub const DEFAULT_CHUNK_ROWS: usize = 1000;
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 /// Requests in flight at once unless told otherwise.
 pub const DEFAULT_CONCURRENCY: usize = 4;
-/// Requests one chunk gets in all (waits for 429/503 included).
-const MAX_ATTEMPTS: u32 = 30;
+/// Requests one chunk gets in all (waits for 429/503 included), unless
+/// told otherwise (`--retries`).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 30;
+/// How long one chunk may take, retries and waits included, unless told
+/// otherwise (`--timeout`).
+pub const DEFAULT_CHUNK_TIMEOUT: Duration = Duration::from_secs(300);
+/// Dead-lettered lines a summary names at most (it counts them all).
+const MAX_NAMED_LINES: usize = 100;
 /// Connection errors, 408 and 5xx answers (other than 503) one chunk may meet
 /// before it gives up: these are not the server saying "later".
 const MAX_TRANSIENT_FAILURES: u32 = 5;
@@ -93,13 +99,27 @@ pub enum SendError {
         message: String,
         sent: Sent,
     },
-    /// The server kept saying "later" (or failing) past the attempts allowed.
-    #[error("{place}: gave up after {attempts} attempts, the last answered {last}{sent}")]
+    /// The server kept saying "later" (or failing) past the attempts or
+    /// the time allowed.
+    #[error(
+        "{place}: gave up after {} in {seconds:.1} s, the last answered {last}{sent}",
+        plural(*attempts as usize, "attempt", "attempts")
+    )]
     GaveUp {
         place: Place,
         attempts: u32,
-        last: String,
+        seconds: f32,
+        /// Boxed: keeps the error small (clippy's `result_large_err`).
+        last: Box<str>,
         sent: Sent,
+    },
+    /// Every chunk was offered, and the server refused some (4xx): the rest
+    /// were stored.
+    #[error("{} refused ({rows} rows not stored): {}", plural(*count, "chunk", "chunks"), .places.join(", "))]
+    PartlyRefused {
+        count: usize,
+        rows: u64,
+        places: Vec<String>,
     },
     #[error("unexpected answer from {url} ({status}): {detail}{sent}")]
     BadReply {
@@ -207,15 +227,32 @@ pub struct SendOptions {
     pub concurrency: usize,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Stop at the first refused chunk instead of sending the rest.
+    pub fail_fast: bool,
+    /// How long one chunk may take, retries and waits included.
+    pub timeout: Duration,
+    /// Requests one chunk gets in all.
+    pub max_attempts: u32,
+    /// Sent as `Weir-Bad-Lines` (`refuse` or `dead-letter`): what the
+    /// front door does with bad lines; none: the table's setting.
+    pub bad_lines: Option<String>,
 }
 
 /// What a finished send did.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Summary {
     /// Rows the server acknowledged, the duplicates among them.
     pub accepted: u64,
     /// Rows it already had (from an earlier send of the same chunk).
     pub duplicates: u64,
+    /// Lines the front door wrote to the dead-letter stream.
+    pub dead_lettered: u64,
+    /// The first of them: `file:line: reason`.
+    pub dead_lettered_lines: Vec<String>,
+    /// Chunks refused (4xx) and not stored: `file:line: refused (400): …`.
+    pub refused: Vec<String>,
+    /// Rows of the refused chunks.
+    pub refused_rows: u64,
     pub elapsed: Duration,
 }
 
@@ -224,12 +261,34 @@ impl fmt::Display for Summary {
         let seconds = self.elapsed.as_secs_f64();
         write!(
             f,
-            "{} rows accepted, {} duplicates, in {seconds:.1} s ({} rows/s)",
-            self.accepted,
-            self.duplicates,
+            "{} rows accepted, {} duplicates, ",
+            self.accepted, self.duplicates
+        )?;
+        if self.dead_lettered > 0 {
+            write!(
+                f,
+                "{} dead-lettered, ",
+                plural(self.dead_lettered as usize, "line", "lines")
+            )?;
+        }
+        if !self.refused.is_empty() {
+            write!(
+                f,
+                "{} refused ({} rows not stored), ",
+                plural(self.refused.len(), "chunk", "chunks"),
+                self.refused_rows
+            )?;
+        }
+        write!(
+            f,
+            "in {seconds:.1} s ({} rows/s)",
             rate(self.accepted, self.elapsed)
         )
     }
+}
+
+fn plural(count: usize, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 fn rate(rows: u64, elapsed: Duration) -> u64 {
@@ -248,8 +307,8 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
     })?;
     let endpoint = ingest_url(&options.url, &options.table)?;
     let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
+        .timeout(REQUEST_TIMEOUT.min(options.timeout))
         .build()
         .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
     let chunks = spawn_reader(reader, options.chunk_rows, options.chunk_bytes)?;
@@ -261,6 +320,12 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         api_key: &options.api_key,
         bar: &progress.bar,
         reached: AtomicBool::new(false),
+        input: &input,
+        timeout: options.timeout,
+        max_attempts: options.max_attempts.max(1),
+        bad_lines: options.bad_lines.as_deref(),
+        fail_fast: options.fail_fast,
+        told_waiting: AtomicBool::new(false),
     };
     let outcome = drive(&context, chunks, options.concurrency.max(1), &progress).await;
     let tally = match outcome {
@@ -275,6 +340,10 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
     Ok(Summary {
         accepted: tally.accepted,
         duplicates: tally.duplicates,
+        dead_lettered: tally.dead_lettered,
+        dead_lettered_lines: tally.dead_lettered_lines,
+        refused: tally.refused,
+        refused_rows: tally.refused_rows,
         elapsed: started.elapsed(),
     })
 }
@@ -361,6 +430,14 @@ struct Context<'a> {
     /// Set by the first answer: until then a refused connection means a
     /// wrong URL or no host, not worth retrying.
     reached: AtomicBool,
+    /// The input's name, for `file:line` places.
+    input: &'a str,
+    timeout: Duration,
+    max_attempts: u32,
+    bad_lines: Option<&'a str>,
+    fail_fast: bool,
+    /// Set once a wait was said on stderr (without a progress bar).
+    told_waiting: AtomicBool,
 }
 
 /// Rows the server answered for, in all.
@@ -368,6 +445,10 @@ struct Context<'a> {
 struct Tally {
     accepted: u64,
     duplicates: u64,
+    dead_lettered: u64,
+    dead_lettered_lines: Vec<String>,
+    refused: Vec<String>,
+    refused_rows: u64,
 }
 
 /// The earliest chunk that failed, with what was accepted around it.
@@ -415,10 +496,15 @@ impl Failure {
                 message,
                 sent,
             },
-            ChunkError::GaveUp { attempts, last } => SendError::GaveUp {
+            ChunkError::GaveUp {
+                attempts,
+                seconds,
+                last,
+            } => SendError::GaveUp {
                 place: place(None),
                 attempts,
-                last,
+                seconds,
+                last: last.into_boxed_str(),
                 sent,
             },
             ChunkError::BadReply { status, detail } => SendError::BadReply {
@@ -482,8 +568,25 @@ async fn drive(
                     Ok(reply) => {
                         tally.accepted += reply.accepted;
                         tally.duplicates += reply.duplicates;
+                        tally.dead_lettered += reply.dead_lettered.unwrap_or(0);
+                        for bad in reply.bad_lines {
+                            if tally.dead_lettered_lines.len() < MAX_NAMED_LINES {
+                                tally.dead_lettered_lines.push(format!("{}:{}: {}", context.input, bad.line, strip_line(&bad.error, bad.line)));
+                            }
+                        }
                         progress.chunk_done(tally.accepted, rows as u64, bytes as u64);
                         reply.accepted
+                    }
+                    // The data's fault, not the host's: said, and the rest
+                    // of the input still goes (unless told to stop).
+                    Err(ChunkError::Refused { status, message, line }) if !context.fail_fast => {
+                        let place = Place { input: context.input.to_string(), line, first_line: lines.0, last_line: lines.1 };
+                        let said = format!("{place}: refused ({status}): {message}");
+                        progress.bar.suspend(|| eprintln!("{said}; lines {}-{} not stored", lines.0, lines.1));
+                        tally.refused.push(said);
+                        tally.refused_rows += rows as u64;
+                        progress.chunk_done(tally.accepted, rows as u64, bytes as u64);
+                        0
                     }
                     Err(error) => {
                         keep_earliest(&mut failure, Failure { sequence, lines, error, sent: Sent::default() });
@@ -558,6 +661,7 @@ enum ChunkError {
     },
     GaveUp {
         attempts: u32,
+        seconds: f32,
         last: String,
     },
     BadReply {
@@ -582,6 +686,25 @@ struct Reply {
     accepted: u64,
     #[serde(default)]
     duplicates: u64,
+    /// With `bad_lines = "dead-letter"`: lines gone to the dead-letter
+    /// stream, and the first of them.
+    #[serde(default)]
+    dead_lettered: Option<u64>,
+    #[serde(default)]
+    bad_lines: Vec<BadLineReply>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct BadLineReply {
+    line: usize,
+    error: String,
+}
+
+/// A reason without its leading `line N: `, which the place says already.
+fn strip_line(reason: &str, line: usize) -> &str {
+    reason
+        .strip_prefix(&format!("line {line}: "))
+        .unwrap_or(reason)
 }
 
 /// An error answer's body; any field may be missing (a proxy's answer).
@@ -600,13 +723,30 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
     let body = Bytes::from(chunk.bytes);
     let mut transient = 0u32;
     let mut last = String::new();
-    for attempt in 1..=MAX_ATTEMPTS {
-        let sent = context
+    let started = Instant::now();
+    let max_attempts = context.max_attempts;
+    // Gives up once the next wait would end past the chunk's time.
+    let gave_up = |attempts: u32, last: String| ChunkError::GaveUp {
+        attempts,
+        seconds: started.elapsed().as_secs_f32(),
+        last,
+    };
+    let out_of_time = |wait: Duration| started.elapsed() + wait > context.timeout;
+    for attempt in 1..=max_attempts {
+        let mut request = context
             .client
             .post(&context.endpoint)
             .bearer_auth(context.api_key)
             .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
             .header("idempotency-key", &key)
+            // The server numbers lines as the input does.
+            .header("weir-first-line", first_line.to_string());
+        if let Some(mode) = context.bad_lines {
+            request = request.header("weir-bad-lines", mode);
+        }
+        let remaining = context.timeout.saturating_sub(started.elapsed());
+        let sent = request
+            .timeout(remaining.clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT))
             .body(body.clone())
             .send()
             .await;
@@ -623,6 +763,9 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 let never_reached = err.is_connect() && !context.reached.load(Ordering::Relaxed);
                 if never_reached || transient > MAX_TRANSIENT_FAILURES {
                     return Err(ChunkError::Unreachable { cause });
+                }
+                if attempt == max_attempts || out_of_time(backoff(transient)) {
+                    return Err(gave_up(attempt, cause));
                 }
                 note(context, first_line, &cause, backoff(transient));
                 tokio::time::sleep(backoff(transient)).await;
@@ -647,6 +790,9 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 if transient > MAX_TRANSIENT_FAILURES {
                     return Err(ChunkError::Unreachable { cause });
                 }
+                if attempt == max_attempts || out_of_time(backoff(transient)) {
+                    return Err(gave_up(attempt, cause));
+                }
                 tokio::time::sleep(backoff(transient)).await;
                 last = cause;
                 continue;
@@ -670,36 +816,32 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 .unwrap_or(Duration::from_secs(1))
                 .clamp(MIN_RETRY_WAIT, MAX_RETRY_WAIT);
             last = format!("{} ({message})", status.as_u16());
-            if attempt < MAX_ATTEMPTS {
-                note(context, first_line, &last, wait);
-                tokio::time::sleep(wait).await;
+            if attempt == max_attempts || out_of_time(wait) {
+                return Err(gave_up(attempt, last));
             }
+            note(context, first_line, &last, wait);
+            tokio::time::sleep(wait).await;
             continue;
         }
         // A 408 means the body came too slowly: the link, not the rows.
         if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT {
             transient += 1;
             last = format!("{} ({message})", status.as_u16());
-            if transient > MAX_TRANSIENT_FAILURES {
-                return Err(ChunkError::GaveUp {
-                    attempts: attempt,
-                    last,
-                });
+            if transient > MAX_TRANSIENT_FAILURES
+                || attempt == max_attempts
+                || out_of_time(backoff(transient))
+            {
+                return Err(gave_up(attempt, last));
             }
             note(context, first_line, &last, backoff(transient));
             tokio::time::sleep(backoff(transient)).await;
             continue;
         }
-        // The server's line counts from the chunk's first line; so does its
-        // "line N: " prefix, which would contradict the input's line.
-        let line = refusal
-            .line
-            .map(|line| first_line.saturating_add(line.max(1) - 1));
-        let message = match refusal.line {
-            Some(within) => message
-                .strip_prefix(&format!("line {within}: "))
-                .map(str::to_string)
-                .unwrap_or(message),
+        // The server numbers lines as the input does (`Weir-First-Line`);
+        // its "line N: " prefix repeats what the place says.
+        let line = refusal.line;
+        let message = match line {
+            Some(line) => strip_line(&message, line).to_string(),
             None => message,
         };
         return Err(ChunkError::Refused {
@@ -708,18 +850,27 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
             line,
         });
     }
-    Err(ChunkError::GaveUp {
-        attempts: MAX_ATTEMPTS,
-        last,
-    })
+    Err(gave_up(max_attempts, last))
 }
 
-/// Says on the progress bar why a chunk waits.
+/// Says on the progress bar why a chunk waits; without a bar, says the
+/// first wait on stderr, so a send that waits is never silent.
 fn note(context: &Context<'_>, first_line: usize, why: &str, wait: Duration) {
-    context.bar.set_message(format!(
+    let said = format!(
         "line {first_line}: {why}; retrying in {:.1} s",
         wait.as_secs_f64()
-    ));
+    );
+    if context.bar.is_hidden() {
+        if !context.told_waiting.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "weir send: {}:{said} (giving up on a chunk after {} s, --timeout)",
+                context.input,
+                context.timeout.as_secs()
+            );
+        }
+    } else {
+        context.bar.set_message(said);
+    }
 }
 
 /// 200 ms, doubling, at most `MAX_BACKOFF`.
@@ -931,14 +1082,22 @@ mod tests {
             refused.to_string(),
             "rows.ndjson:2501: refused (400): invalid JSON; 2000 rows before line 2001 were accepted, and 1000 after line 3000"
         );
-        let summary = Summary {
+        let mut summary = Summary {
             accepted: 120_000,
             duplicates: 0,
             elapsed: Duration::from_millis(3200),
+            ..Summary::default()
         };
         assert_eq!(
             summary.to_string(),
             "120000 rows accepted, 0 duplicates, in 3.2 s (37500 rows/s)"
+        );
+        summary.dead_lettered = 3;
+        summary.refused = vec!["a".into()];
+        summary.refused_rows = 1000;
+        assert_eq!(
+            summary.to_string(),
+            "120000 rows accepted, 0 duplicates, 3 lines dead-lettered, 1 chunk refused (1000 rows not stored), in 3.2 s (37500 rows/s)"
         );
         assert_eq!(backoff(1), FIRST_BACKOFF);
         assert_eq!(backoff(40), MAX_BACKOFF);

@@ -148,7 +148,7 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         }
         match cause.downcast_ref::<SendError>() {
             Some(SendError::Unreachable { .. }) => return 4,
-            Some(SendError::Refused { .. }) => return 5,
+            Some(SendError::Refused { .. } | SendError::PartlyRefused { .. }) => return 5,
             _ => {}
         }
         match cause.downcast_ref::<StartError>() {

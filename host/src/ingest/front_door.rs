@@ -404,6 +404,14 @@ impl FrontDoor {
         let body = decode(kind.encoding, body, gate.config.max_body_bytes).await?;
         let split = split_rows(door, gate, kind.format, &body, bad_lines, first_line)?;
         let request_key = idempotency_key(headers)?;
+        // Not connected: say so now rather than wait out the key's claim
+        // (a KV request) or a publish timeout.
+        if !door.publisher.connected() {
+            return Err(publish_refusal(
+                PublishError::Unavailable("not connected".into()),
+                &[],
+            ));
+        }
         let ids = MessageIds::new(tenant, table, request_key);
         let (outgoing, mut bad) = Outgoing::new(&ids, split, bad_lines)?;
         bad.sort_by_key(|row| row.line);
