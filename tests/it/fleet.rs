@@ -275,3 +275,38 @@ async fn a_lone_host_restarted_after_a_crash_gets_its_rows_back_without_waiting_
         accepted.len()
     );
 }
+
+/// `weir_unit_takeovers_total` on `host`'s `/metrics`.
+async fn takeovers(host: &Host) -> Option<u64> {
+    let text = reqwest::get(format!("{}/metrics", host.url))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("weir_unit_takeovers_total "))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A SIGKILLed member's units change owner without a release: each is a
+/// takeover on the host that claims it, whether rows were in flight or not
+/// (here none: nothing is sent).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigkill_takeover_is_counted_even_with_no_rows_in_flight() {
+    let nats = Nats::start();
+    let a = spawn(nats.url(), "host-a");
+    let mut b = spawn(nats.url(), "host-b");
+    let owners = balanced(&a, &["host-a", "host-b"]).await;
+    assert_eq!(takeovers(&a).await, Some(0));
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    balanced(&a, &["host-a"]).await;
+    let counted = eventually(Duration::from_secs(20), "the takeovers counted", || async {
+        takeovers(&a)
+            .await
+            .filter(|&n| n as usize >= owners["host-b"].len())
+    })
+    .await;
+    assert_eq!(counted as usize, owners["host-b"].len());
+}

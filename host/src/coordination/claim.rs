@@ -26,6 +26,9 @@ pub(super) struct Claim {
     pub(super) revision: Option<u64>,
     /// The previous owner did not hand over: check for rows it left.
     pub(super) takeover: bool,
+    /// The unit changes owner without a release: another member's claim
+    /// is still recorded (counted as a takeover, rows in flight or not).
+    pub(super) from_other: bool,
 }
 
 /// A finished unit task, with what it wrote last to the owner record.
@@ -79,6 +82,7 @@ pub(super) fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
         return Some(Claim {
             revision: None,
             takeover: true,
+            from_other: false,
         });
     };
     let revision = Some(*revision);
@@ -86,16 +90,19 @@ pub(super) fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
         OwnerState::Released => Some(Claim {
             revision,
             takeover: false,
+            from_other: false,
         }),
         // Recorded as ours but not running here: a previous run, or a
         // worker aborted when this host stepped down.
         OwnerState::Owned if record.member == view.me => Some(Claim {
             revision,
             takeover: true,
+            from_other: false,
         }),
         OwnerState::Owned if !view.is_live(&record.member) => Some(Claim {
             revision,
             takeover: true,
+            from_other: true,
         }),
         // A live member still holds it: wait for its `released`.
         OwnerState::Owned => None,
@@ -137,7 +144,20 @@ pub(super) async fn run_unit(
     let consumer = membership.router.unit_consumer(unit);
     // Whether the rows a previous owner may have left in flight are dealt
     // with: only then can this claim end in a `released` record.
-    let taken_over = !claim.takeover || take_over(membership, unit, &release).await;
+    let taken_over = match claim.takeover {
+        false => true,
+        true => match take_over(membership, unit, &release).await {
+            None => false,
+            Some(reset) => {
+                // Rows left in flight are a takeover whoever left them (an
+                // earlier run, a claim dropped as an orphan).
+                if claim.from_other || reset {
+                    membership.metrics.unit_takeovers.inc();
+                }
+                true
+            }
+        },
+    };
     if !taken_over {
         // Asked to let go while still waiting to take over (the old owner
         // came back, say): its rows may still be in flight and pinned, so a
@@ -188,9 +208,13 @@ pub(super) async fn run_unit(
 
 /// Takes over a unit whose owner did not hand it over: unpins it and, if
 /// rows were left in flight, resets it to its ack floor once nobody pulled
-/// it within the quiet margin. Says whether that is done (`false`: asked
-/// to let go first).
-async fn take_over(membership: &Membership, unit: Unit, release: &CancellationToken) -> bool {
+/// it within the quiet margin. Says whether that is done, and whether it
+/// reset the unit (`None`: asked to let go first).
+async fn take_over(
+    membership: &Membership,
+    unit: Unit,
+    release: &CancellationToken,
+) -> Option<bool> {
     let stream = membership.router.partition_stream(unit.partition);
     let consumer = membership.router.unit_consumer(unit);
     let client = &membership.client;
@@ -215,7 +239,6 @@ async fn take_over(membership: &Membership, unit: Unit, release: &CancellationTo
                             );
                         } else {
                             if action == Takeover::Reset {
-                                membership.metrics.unit_takeovers.inc();
                                 tracing::info!(
                                     %consumer,
                                     rows = state.ack_pending,
@@ -223,7 +246,7 @@ async fn take_over(membership: &Membership, unit: Unit, release: &CancellationTo
                                     "took over a unit; rows left in flight are redelivered"
                                 );
                             }
-                            return true;
+                            return Some(action == Takeover::Reset);
                         }
                     }
                     Err(err) => {
@@ -234,7 +257,7 @@ async fn take_over(membership: &Membership, unit: Unit, release: &CancellationTo
             Err(err) => tracing::warn!(%consumer, error = %err, "cannot read the unit's state"),
         }
         tokio::select! {
-            _ = release.cancelled() => return false,
+            _ = release.cancelled() => return None,
             _ = tokio::time::sleep(TAKEOVER_RECHECK) => {}
         }
     }

@@ -54,7 +54,8 @@ fn a_unit_held_by_a_live_member_waits_for_its_release() {
         claim(&view, UNIT),
         Some(Claim {
             revision: Some(7),
-            takeover: false
+            takeover: false,
+            from_other: false,
         })
     );
     assert_eq!(view.unowned(&[UNIT]), vec![UNIT]);
@@ -68,13 +69,15 @@ fn units_of_a_dead_member_or_an_earlier_run_are_taken_over() {
         claim(&view, UNIT),
         Some(Claim {
             revision: Some(7),
-            takeover: true
+            takeover: true,
+            from_other: true,
         })
     );
     assert_eq!(view.owner(UNIT), None);
 
     view.owners.insert(UNIT, owned_by("me"));
-    assert!(claim(&view, UNIT).is_some_and(|c| c.takeover));
+    // An earlier run of this host: no change of owner.
+    assert!(claim(&view, UNIT).is_some_and(|c| c.takeover && !c.from_other));
     // Never recorded: there may be rows from before coordination.
     view.owners.clear();
     assert!(claim(&view, UNIT).is_some_and(|c| c.takeover && c.revision.is_none()));
