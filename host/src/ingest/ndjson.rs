@@ -59,6 +59,32 @@ pub struct Split {
     pub bad: Vec<BadLine>,
 }
 
+impl Split {
+    /// Checks one row and files it as a row or a bad line; false when bad.
+    fn take(&mut self, number: usize, payload: Bytes, fields: Fields<'_>, in_array: bool) -> bool {
+        match scan(&payload, fields) {
+            Ok((key, route_key)) => {
+                self.rows.push(Line {
+                    number,
+                    payload,
+                    key,
+                    route_key,
+                });
+                true
+            }
+            Err(reason) => {
+                self.bad.push(BadLine {
+                    line: number,
+                    reason,
+                    payload,
+                    in_array,
+                });
+                false
+            }
+        }
+    }
+}
+
 /// Splits `body` into rows. Blank lines are skipped; a `\r` before `\n` is
 /// dropped. `fields` names top-level fields whose values (string or
 /// number) become the row's keys.
@@ -95,24 +121,8 @@ fn split_lines(body: &Bytes, fields: Fields<'_>, first_bad_only: bool) -> Split 
         if !trimmed.iter().all(u8::is_ascii_whitespace) {
             let number = index + 1;
             let payload = body.slice(start..start + trimmed.len());
-            match scan(trimmed, fields) {
-                Ok((key, route_key)) => split.rows.push(Line {
-                    number,
-                    payload,
-                    key,
-                    route_key,
-                }),
-                Err(reason) => {
-                    split.bad.push(BadLine {
-                        line: number,
-                        reason,
-                        payload,
-                        in_array: false,
-                    });
-                    if first_bad_only {
-                        break;
-                    }
-                }
+            if !split.take(number, payload, fields, false) && first_bad_only {
+                break;
             }
         }
         start = end + 1;
@@ -157,24 +167,8 @@ fn split_array(body: &Bytes, fields: Fields<'_>, first_bad_only: bool) -> Result
         else {
             return Err(array_broken(number, "an element outside the body".into()));
         };
-        match scan(&payload, fields) {
-            Ok((key, route_key)) => split.rows.push(Line {
-                number,
-                payload,
-                key,
-                route_key,
-            }),
-            Err(reason) => {
-                split.bad.push(BadLine {
-                    line: number,
-                    reason,
-                    payload,
-                    in_array: true,
-                });
-                if first_bad_only {
-                    break;
-                }
-            }
+        if !split.take(number, payload, fields, true) && first_bad_only {
+            break;
         }
     }
     Ok(split)
