@@ -293,9 +293,14 @@ async fn weir_send_posts_a_file_in_chunks_and_names_the_file_line_it_was_refused
         )),
         "{stderr}"
     );
+    // The rest of the file still went: only the refused chunk is missing.
+    assert!(stderr.contains("lines 2001-2501 not stored"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stderr.contains("; 2000 rows before line 2001 were accepted"),
-        "{stderr}"
+        stdout.starts_with(
+            "2000 rows accepted, 0 duplicates, 1 chunk refused (501 rows not stored), in "
+        ),
+        "{stdout}"
     );
     host.shutdown().await;
 }
