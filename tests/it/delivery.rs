@@ -86,14 +86,7 @@ async fn rejected_rows_are_dead_lettered_with_reason_and_original_payload() {
         b"{\"name\":\"no id\",\"email\":\"x@y.z\"}",
         "original row, unmasked"
     );
-    let header = |name: &str| {
-        letter
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.to_string())
-            .unwrap_or_default()
-    };
+    let header = |name: &str| crate::support::header_of(letter, name);
     assert_eq!(header(headers::REASON), "missing required field `id`");
     assert_eq!(header(headers::TENANT), "acme");
     assert_eq!(header(headers::TABLE), "orders");

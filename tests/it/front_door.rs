@@ -818,14 +818,7 @@ async fn ingest_letters(client: &async_nats::Client) -> Vec<(u64, String, String
         .await
         .iter()
         .map(|letter| {
-            let header = |name: &str| {
-                letter
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.to_string())
-                    .unwrap_or_default()
-            };
+            let header = |name: &str| crate::support::header_of(letter, name);
             assert_eq!(
                 (header(headers::TENANT), header(headers::TABLE)),
                 ("acme".into(), "orders".into())

@@ -203,14 +203,7 @@ async fn every_accepted_row_is_in_postgres_exactly_once_across_host_nats_and_dat
     let mut lettered: BTreeMap<(String, u64), usize> = BTreeMap::new();
     let mut reasons = BTreeSet::new();
     for letter in &letters {
-        let header = |name: &str| {
-            letter
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .map(|v| v.to_string())
-                .unwrap_or_default()
-        };
+        let header = |name: &str| crate::support::header_of(letter, name);
         let row: serde_json::Value =
             serde_json::from_slice(&letter.payload).expect("a dead letter's row is JSON");
         let id = row["id"].as_u64().expect("a dead letter's row has an id");

@@ -711,3 +711,13 @@ pub async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<u
     }
     accepted
 }
+
+/// A message's header `name` as text, empty when it has none.
+pub fn header_of(message: &async_nats::Message, name: &str) -> String {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.to_string())
+        .unwrap_or_default()
+}
