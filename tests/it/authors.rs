@@ -240,6 +240,111 @@ async fn a_new_transform_in_each_language_gives_the_expected_outcomes_in_a_host(
     host.shutdown().await;
 }
 
+/// `weir plugin test WASM --rows FILE --expect FILE` in `dir`: its exit
+/// code and stdout.
+fn plugin_test_expect(dir: &Path, wasm: &Path, expected: &str) -> (Option<i32>, String) {
+    let output = Command::new(WEIR)
+        .args([
+            "plugin",
+            "test",
+            "--rows",
+            "rows.ndjson",
+            "--expect",
+            expected,
+        ])
+        .arg(wasm)
+        .current_dir(dir)
+        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
+        .env_remove("WEIR_LOG")
+        .output()
+        .expect("weir runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+/// The scaffold's expected outcomes with each emitted payload's keys in
+/// reverse order and written with spaces: the same outcomes as JSON.
+fn reordered(expected: &str) -> String {
+    let mut out = String::new();
+    for line in expected.lines().filter(|line| !line.trim().is_empty()) {
+        let mut outcome: serde_json::Value = serde_json::from_str(line).expect("expected JSON");
+        let emitted = outcome
+            .get_mut("rows")
+            .and_then(serde_json::Value::as_array_mut);
+        for row in emitted.into_iter().flatten() {
+            let payload: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(row["payload"].as_str().unwrap_or_default())
+                    .expect("a JSON object payload");
+            let fields: Vec<String> = payload
+                .iter()
+                .rev()
+                .map(|(key, value)| format!("{key:?}: {value}"))
+                .collect();
+            row["payload"] = format!("{{ {} }}", fields.join(", ")).into();
+        }
+        out.push_str(&format!("{outcome}\n"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_test_expect_passes_each_scaffold_and_names_a_changed_outcome() {
+    for lang in ["rust", "python", "js"] {
+        tokio::task::spawn_blocking(move || {
+            let wasm = built_transform(lang);
+            let dir = wasm.parent().expect("the project folder").to_path_buf();
+            let (code, stdout) = plugin_test_expect(&dir, &wasm, "expected.ndjson");
+            assert_eq!(code, Some(0), "{lang}: {stdout}");
+            assert!(stdout.contains("every row as expected"), "{lang}: {stdout}");
+
+            // Key order and spacing are not differences, for weir and for
+            // the project's own test.sh alike.
+            let expected = std::fs::read_to_string(dir.join("expected.ndjson")).expect("read");
+            std::fs::write(dir.join("expected.ndjson"), reordered(&expected)).expect("write");
+            let (code, stdout) = plugin_test_expect(&dir, &wasm, "expected.ndjson");
+            assert_eq!(code, Some(0), "{lang}, keys reordered: {stdout}");
+            run_script(&dir, "test.sh");
+
+            // One changed outcome: exit code 7 and the line and field said.
+            let changed = expected.replacen("missing id", "no id", 1);
+            std::fs::write(dir.join("changed.ndjson"), changed).expect("write");
+            let (code, stdout) = plugin_test_expect(&dir, &wasm, "changed.ndjson");
+            assert_eq!(code, Some(7), "{lang}: {stdout}");
+            assert!(
+                stdout.contains("line 2: reason: got \"missing id\", expected \"no id\""),
+                "{lang}: {stdout}"
+            );
+            std::fs::copy(dir.join("changed.ndjson"), dir.join("expected.ndjson")).expect("copy");
+            let mut test = Command::new(dir.join("test.sh"));
+            test.current_dir(&dir)
+                .env(
+                    "CARGO_TARGET_DIR",
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors"),
+                )
+                .env("CARGO_NET_OFFLINE", "true");
+            let output = test.output().expect("test.sh runs");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                !output.status.success(),
+                "{lang}: test.sh passed a changed outcome"
+            );
+            assert!(
+                text.contains("line 2"),
+                "{lang}: test.sh names the line: {text}"
+            );
+            std::fs::write(dir.join("expected.ndjson"), expected).expect("restore");
+        })
+        .await
+        .expect("the scaffold's checks");
+    }
+}
+
 /// A Python transform whose `row` indexes a missing key.
 const KEY_ERROR_APP: &str = r#"import weir_plugin as weir
 

@@ -16,6 +16,7 @@ mod tenant;
 
 // `weir plugin test` and `weir plugin check`, beside `plugin.rs`.
 mod plugin_check;
+mod plugin_expect;
 mod plugin_test;
 
 use clap::{Parser, Subcommand};
@@ -126,7 +127,8 @@ pub struct Refused(pub String);
 
 /// The exit code for an error (docs/cli.md): 3 invalid config, 4 cannot
 /// connect, 5 refused (by the server, the front door or a plugin's world),
-/// 6 a plugin call failed in `weir plugin test`, 1 anything else. Clap exits with 2 on a usage error itself.
+/// 6 a plugin call failed in `weir plugin test`, 7 its outcomes are not
+/// the expected ones, 1 anything else. Clap exits with 2 on a usage error itself.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     use weir::client::SendError;
     use weir::host::StartError;
@@ -136,6 +138,9 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         }
         if cause.is::<plugin_test::PluginFailed>() {
             return 6;
+        }
+        if cause.is::<plugin_expect::NotAsExpected>() {
+            return 7;
         }
         if cause.is::<weir::nats::ConnectError>() {
             return 4;

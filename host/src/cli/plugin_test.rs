@@ -22,6 +22,8 @@ use weir::state::{ScopeStore, UnitState};
 use weir::topology::Unit;
 use weir::world::World;
 
+use super::plugin_expect as expect;
+
 /// Instances `weir plugin test` needs at once: one per lane of a
 /// deadline's isolation, plus the runner's and room for a retry.
 const TEST_POOL_INSTANCES: u32 = ISOLATION_LANES as u32 + 2;
@@ -67,6 +69,12 @@ pub struct TestArgs {
     /// A budget's tenant settings (what `weir tenant set` stores), a JSON object.
     #[arg(long, value_name = "JSON")]
     tenant_settings: Option<String>,
+    /// Compare each row's outcome with this file's (one JSON outcome per
+    /// row, as the scaffolds' `expected.ndjson`): as JSON values, an
+    /// emitted JSON payload as JSON. Every difference is printed with its
+    /// line and field, and the exit code is 7.
+    #[arg(long, value_name = "FILE")]
+    expect: Option<PathBuf>,
     /// Print one JSON object instead of text, for scripts.
     #[arg(long)]
     json: bool,
@@ -139,6 +147,7 @@ impl TestArgs {
         };
         let lines = ndjson::split(&body, fields)
             .map_err(|bad| anyhow::anyhow!("{}: {bad}", self.rows.display()))?;
+        let expected = self.expect.as_deref().map(expect::read).transpose()?;
 
         let sandbox = sandbox(given.as_ref())?;
         let plugin_config = self.plugin_config(&sandbox, given.as_ref()).await?;
@@ -177,7 +186,34 @@ impl TestArgs {
                 .into_iter()
                 .collect(),
         };
-        self.print(&plugin, lines.len(), &reports, failures.first());
+        let differences = expected.map(|expected| {
+            let got: Vec<(usize, Value)> = reports
+                .iter()
+                .map(|report| {
+                    let answer = expect::normalize(report.answer.clone(), Some(self.table()));
+                    (report.line, answer)
+                })
+                .collect();
+            expect::differences(&got, &expected)
+        });
+        self.print(
+            &plugin,
+            lines.len(),
+            &reports,
+            failures.first(),
+            differences.as_deref(),
+        );
+        if let Some(differences) = differences {
+            // Expected failures are outcomes like any other.
+            return match differences.len() {
+                0 => Ok(()),
+                1 => Err(expect::NotAsExpected("1 outcome is not as expected".into()).into()),
+                count => Err(expect::NotAsExpected(format!(
+                    "{count} outcomes are not as expected"
+                ))
+                .into()),
+            };
+        }
         match failures.first() {
             // The first failure in full (the others are printed per row).
             Some(first) => Err(PluginFailed(match failures.len() {
@@ -429,6 +465,7 @@ impl TestArgs {
         rows: usize,
         reports: &[RowReport],
         failure: Option<&CallError>,
+        differences: Option<&[String]>,
     ) {
         let world = plugin.config.world.as_str();
         if self.json {
@@ -446,7 +483,7 @@ impl TestArgs {
                 .collect();
             let failure = failure
                 .map(|error| json!({ "kind": kind_name(&error.kind), "message": error.message }));
-            let out = json!({
+            let mut out = json!({
                 "plugin": plugin.name(),
                 "version": plugin.version,
                 "world": world,
@@ -455,6 +492,9 @@ impl TestArgs {
                 "rows": rows,
                 "failure": failure,
             });
+            if let Some(differences) = differences {
+                out["differences"] = json!(differences);
+            }
             println!("{out}");
             return;
         }
@@ -472,6 +512,16 @@ impl TestArgs {
         if failure.is_some() && reports.len() < rows {
             // The error itself goes to stderr, once, as every error does.
             println!("a call failed: the rows after it were not tried");
+        }
+        match differences {
+            Some([]) => println!("every row as expected"),
+            Some(differences) => {
+                println!("not as expected:");
+                for difference in differences {
+                    println!("  {difference}");
+                }
+            }
+            None => {}
         }
     }
 }

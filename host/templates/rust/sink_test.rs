@@ -26,8 +26,16 @@ mod tests {
         let got: Vec<Value> = out.decided().into_iter().map(describe).collect();
         let expected: Vec<Value> = include_str!("../expected.ndjson")
             .lines()
+            .filter(|line| !line.trim().is_empty())
             .map(|line| serde_json::from_str(line).expect("expected.ndjson is JSON"))
             .collect();
-        assert_eq!(got, expected);
+        assert_eq!(got.len(), expected.len(), "one expected outcome per row");
+        for (index, (got, expected)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                got == expected,
+                "line {}: got {got}, expected {expected}",
+                index + 1
+            );
+        }
     }
 }

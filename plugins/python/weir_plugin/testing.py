@@ -17,19 +17,74 @@ def run(plugin_class, lines, settings=None, table="events", tenant="t"):
     return [outcome.describe() for outcome in plugin.batch(rows)]
 
 
+def normalize(outcome):
+    """An outcome as `weir plugin test --expect` compares it: a sink's
+    `delivered` is `ok`, an emitted payload that is JSON is compared as
+    JSON (key order and spacing never matter), headers as an object."""
+    outcome = dict(outcome)
+    if outcome.get("outcome") == "delivered":
+        outcome["outcome"] = "ok"
+    rows = []
+    for row in outcome.get("rows") or []:
+        row = dict(row)
+        if isinstance(row.get("payload"), str):
+            try:
+                row["payload"] = json.loads(row["payload"])
+            except ValueError:
+                pass
+        if isinstance(row.get("headers"), list):
+            row["headers"] = {name: value for name, value in row["headers"]}
+        if row.get("headers") == {}:
+            del row["headers"]
+        rows.append(row)
+    if "rows" in outcome:
+        outcome["rows"] = rows
+    return outcome
+
+
+def differences(path, got, expected):
+    """Where `got` is not `expected`, one line each, as `weir plugin test
+    --expect` says it: `rows[0].payload.id: got 2, expected 1`."""
+    at = path or "the outcome"
+    if isinstance(got, dict) and isinstance(expected, dict):
+        found = []
+        for key, want in expected.items():
+            sub = "%s.%s" % (path, key) if path else key
+            if key in got:
+                found += differences(sub, got[key], want)
+            else:
+                found.append("%s: missing, expected %s" % (sub, json.dumps(want)))
+        for key in got:
+            if key not in expected:
+                sub = "%s.%s" % (path, key) if path else key
+                found.append("%s: got %s, expected nothing" % (sub, json.dumps(got[key])))
+        return found
+    if isinstance(got, list) and isinstance(expected, list):
+        found = []
+        if len(got) != len(expected):
+            found.append("%s: got %d items, expected %d" % (at, len(got), len(expected)))
+        for index, (g, e) in enumerate(zip(got, expected)):
+            found += differences("%s[%d]" % (path, index), g, e)
+        return found
+    if got != expected or type(got) is not type(expected):
+        return ["%s: got %s, expected %s" % (at, json.dumps(got), json.dumps(expected))]
+    return []
+
+
 def check(plugin_class, rows_path, expected_path, settings=None):
     """Compares `plugin_class`'s outcomes on `rows_path` with `expected_path`
-    (one JSON outcome a line); returns the differences as text lines."""
+    (one JSON outcome a line) as JSON values; returns the differences as
+    text lines."""
     with open(rows_path, encoding="utf-8") as f:
         got = run(plugin_class, f.read().splitlines(), settings)
     with open(expected_path, encoding="utf-8") as f:
         expected = [json.loads(line) for line in f if line.strip()]
     problems = []
     if len(got) != len(expected):
-        problems.append("%d outcomes, expected %d" % (len(got), len(expected)))
+        problems.append("%d rows but %d expected outcomes: one is expected per row" % (len(got), len(expected)))
     for index, (g, e) in enumerate(zip(got, expected)):
-        if g != e:
-            problems.append("row %d: got %s, expected %s" % (index + 1, json.dumps(g), json.dumps(e)))
+        problems += ["line %d: %s" % (index + 1, found)
+                     for found in differences("", normalize(g), normalize(e))]
     return problems
 
 
