@@ -403,13 +403,52 @@ class Plugin(weir.Transform):
 WitWorld = weir.export(Plugin)
 "#;
 
+/// A JavaScript transform that counts rows per user in durable state.
+const COUNTING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
+import * as state from "./weir/state.js";
+
+export const { init, transform } = weir.transform({
+  row(row) {
+    const user = row.json().user;
+    const seen = Number(state.getText(row, user) ?? "0") + 1;
+    state.set(row, user, String(seen));
+    return weir.emit({ user, seen });
+  },
+});
+"#;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its_row() {
-    let wasm = tokio::task::spawn_blocking(|| {
-        let dir = scaffold("counting", "python", "transform");
-        std::fs::write(dir.join("app.py"), COUNTING_APP).expect("write app.py");
+    keeps_state_and_dead_letters_past_its_limit("python", "app.py", COUNTING_APP, "app.py line 8")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_js_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its_row() {
+    keeps_state_and_dead_letters_past_its_limit(
+        "js",
+        "plugin.js",
+        COUNTING_PLUGIN,
+        "plugin.js line 8",
+    )
+    .await;
+}
+
+/// The counting plugin of `lang` (its code in `file`) granted two keys:
+/// counts carry over from one batch to the next, and the third user's
+/// write dead-letters its row, the reason naming `place`.
+async fn keeps_state_and_dead_letters_past_its_limit(
+    lang: &'static str,
+    file: &'static str,
+    code: &'static str,
+    place: &str,
+) {
+    let wasm = tokio::task::spawn_blocking(move || {
+        let name = format!("counting-{lang}");
+        let dir = scaffold(&name, lang, "transform");
+        std::fs::write(dir.join(file), code).expect("write the plugin");
         run_script(&dir, "build.sh");
-        dir.join("counting.wasm")
+        dir.join(format!("{name}.wasm"))
     })
     .await
     .expect("build");
@@ -457,7 +496,9 @@ async fn a_python_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its
     let reasons = dead_letter_reasons(&nats, 1).await;
     assert_eq!(
         reasons,
-        ["StateError: the state is full: grants.state.max_keys is 2 keys (app.py line 8)"]
+        [format!(
+            "StateError: the state is full: grants.state.max_keys is 2 keys ({place})"
+        )]
     );
     host.shutdown().await;
 }

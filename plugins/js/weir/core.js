@@ -15,7 +15,7 @@ const encoder = new TextEncoder();
 
 /** One input row: `payload` is its bytes as sent; `json()` parses them once. */
 export class Row {
-  constructor(tenant, table, payload, headers = [], sequence = 1n, attempts = 1) {
+  constructor(tenant, table, payload, headers = [], sequence = 1n, attempts = 1, index = 0) {
     this.tenant = tenant;
     this.table = table;
     this.payload = payload;
@@ -23,6 +23,8 @@ export class Row {
     this.headers = headers;
     this.sequence = sequence;
     this.attempts = attempts;
+    /** Its place in the batch: what `state` calls name it by. */
+    this.index = index;
     this._json = undefined;
   }
 
@@ -123,7 +125,7 @@ export function shortReason(error) {
   const stack = (error && error.stack) || "";
   for (const line of stack.split("\n")) {
     const match = /([^/\s(@]+\.m?js):(\d+)(?::\d+)?\)?\s*$/.exec(line);
-    if (match && !/^(core|index)\.js$/.test(match[1])) {
+    if (match && !/^(core|index|state)\.js$/.test(match[1])) {
       where = ` (${match[1]} line ${match[2]})`;
       break;
     }
@@ -165,6 +167,7 @@ export function unpack(batch) {
       headers,
       sequences[i],
       attempts[i],
+      i,
     );
   }
   return rows;

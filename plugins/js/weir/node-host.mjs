@@ -1,18 +1,37 @@
-// A Node loader hook (registered by test.mjs) serving the WIT import
-// `weir:plugin/host@0.2.0` outside wasm: log lines and counters go to stderr.
+// A Node loader hook (registered by test.mjs) serving the WIT imports
+// outside wasm: `weir:plugin/host@0.2.0` (log lines and counters go to
+// stderr) and `weir:plugin/state@0.2.0` (a map per tenant and table, for
+// the rows test.mjs runs).
 export async function resolve(specifier, context, next) {
   if (specifier.startsWith("weir:plugin/host")) return { url: "weir-host:fake", shortCircuit: true };
+  if (specifier.startsWith("weir:plugin/state")) return { url: "weir-state:fake", shortCircuit: true };
   return next(specifier, context);
 }
 
+const HOST = `export function log(level, message) { console.error(level + ": " + message); }
+export function addCounter(name, delta) { console.error("counter " + name + " += " + delta); }`;
+
+// Keys are compared as text: fixture keys are UTF-8.
+const STATE = `const scopes = new Map();
+const utf8 = new TextDecoder();
+function scope(index) {
+  const row = (globalThis.weirTestRows || [])[index];
+  const name = row ? row.tenant + "/" + row.table : "";
+  if (!scopes.has(name)) scopes.set(name, new Map());
+  return scopes.get(name);
+}
+export function get(index, key) { return scope(index).get(utf8.decode(key)); }
+export function set(index, key, value) { scope(index).set(utf8.decode(key), value.slice()); }
+function remove(index, key) { scope(index).delete(utf8.decode(key)); }
+export { remove as delete };
+export function list(index, prefix) {
+  const p = utf8.decode(prefix), encoder = new TextEncoder();
+  return [...scope(index)].filter(([k]) => k.startsWith(p)).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    .map(([k, v]) => [encoder.encode(k), v]);
+}`;
+
 export async function load(url, context, next) {
-  if (url === "weir-host:fake") {
-    return {
-      format: "module",
-      shortCircuit: true,
-      source: `export function log(level, message) { console.error(level + ": " + message); }
-               export function addCounter(name, delta) { console.error("counter " + name + " += " + delta); }`,
-    };
-  }
+  if (url === "weir-host:fake") return { format: "module", shortCircuit: true, source: HOST };
+  if (url === "weir-state:fake") return { format: "module", shortCircuit: true, source: STATE };
   return next(url, context);
 }

@@ -23,7 +23,10 @@ if (!world) {
 plugin.init(settings ?? "{}");
 const lines = readFileSync(rowsPath, "utf8").split("\n").filter((line) => line.trim());
 const encoder = new TextEncoder();
-const rows = lines.map((line, i) => new Row("t", "events", encoder.encode(line), [], BigInt(i + 1), 1));
+const rows = lines.map((line, i) => new Row("t", "events", encoder.encode(line), [], BigInt(i + 1), 1, i));
+// weir/state.js outside wasm keeps a map per tenant and table: it finds a
+// row's scope by its index here.
+globalThis.weirTestRows = rows;
 const got = readOutcomes(plugin[world](packBatch(rows)), world === "deliver").map(describe);
 const expected = readFileSync(expectedPath, "utf8").split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l));
 // Compared as `weir plugin test --expect` compares: as JSON values, an
