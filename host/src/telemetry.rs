@@ -106,6 +106,8 @@ pub struct Metrics {
     pub rows_dead_lettered_at_ingest: Counter,
     /// Rows whose pipeline finished and that were acked.
     pub rows_delivered: Counter,
+    /// Rows acked because a transform dropped them (and all they became).
+    pub rows_dropped: Counter,
     /// Rows acked after being written to the dead-letter stream.
     pub rows_dead_lettered: Counter,
     /// The same rows, by plugin and cause.
@@ -187,6 +189,7 @@ impl Default for Metrics {
             rows_accepted: Counter::default(),
             rows_dead_lettered_at_ingest: Counter::default(),
             rows_delivered: Counter::default(),
+            rows_dropped: Counter::default(),
             rows_dead_lettered: Counter::default(),
             dead_letters: Family::default(),
             rows_retried: Counter::default(),
@@ -257,6 +260,11 @@ impl Metrics {
             "rows_delivered",
             "Rows that went through their pipeline and were acked",
             self.rows_delivered.clone(),
+        );
+        weir.register(
+            "rows_dropped",
+            "Rows acked because a transform dropped them (and every row they became)",
+            self.rows_dropped.clone(),
         );
         weir.register(
             "rows_dead_lettered",

@@ -283,6 +283,55 @@ async fn metrics_served_match_the_documented_table_and_count_a_run() {
     host.shutdown().await;
 }
 
+/// A transform that drops the rows it finds invalid, before the same sink.
+const DROPPING: &str = r#"
+[plugins.lenient]
+wasm = "weir_validator.wasm"
+world = "transform"
+settings = { required = ["id"], on_invalid = "drop" }
+
+[[pipelines]]
+tables = ["clicks"]
+transforms = ["lenient"]
+sink = "files"
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_row_is_counted_as_dropped_not_delivered() {
+    let nats = crate::support::Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), DROPPING)).await;
+    let mut body = orders(0, 7);
+    for n in 0..3 {
+        body.push_str(&format!("{{\"no_id\":{n}}}\n"));
+    }
+    assert_eq!(host.ingest("clicks", body).await.status(), 202);
+    let scraped = eventually(Duration::from_secs(30), "10 rows settled", || async {
+        let scraped = scrape(&host).await;
+        let settled = value(&scraped, "weir_rows_delivered_total", &[])?
+            + value(&scraped, "weir_rows_dropped_total", &[])?;
+        (settled == 10.0).then_some(scraped)
+    })
+    .await;
+    assert_eq!(value(&scraped, "weir_rows_delivered_total", &[]), Some(7.0));
+    assert_eq!(value(&scraped, "weir_rows_dropped_total", &[]), Some(3.0));
+    assert_eq!(
+        value(&scraped, "weir_rows_dead_lettered_total", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        host.sink_lines("clicks").len(),
+        7,
+        "the sink has the delivered rows"
+    );
+
+    // `weir status` says the same of this host.
+    let status = host.get_text("/v1/status").await;
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    assert_eq!(status["rows"]["delivered"], 7, "{status}");
+    assert_eq!(status["rows"]["dropped"], 3, "{status}");
+    host.shutdown().await;
+}
+
 #[test]
 fn a_severity_label_is_lowercase() {
     use prometheus_client::registry::Registry;

@@ -149,8 +149,13 @@ pub fn tables(report: &StatusReport) -> String {
     let rows = &report.rows;
     let _ = writeln!(
         out,
-        "this host ({}): accepted {}, delivered {}, dead-lettered {}, retried {} since it started",
-        report.fleet.me, rows.accepted, rows.delivered, rows.dead_lettered, rows.retried
+        "this host ({}): accepted {}, delivered {}, dropped {}, dead-lettered {}, retried {} since it started",
+        report.fleet.me,
+        rows.accepted,
+        rows.delivered,
+        rows.dropped,
+        rows.dead_lettered,
+        rows.retried
     );
 
     let mut members = Table::new(["MEMBER", "HTTP", "UNITS", "UP", "PLUGINS"]);

@@ -28,8 +28,13 @@ use crate::state::store::UnitState;
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
 pub enum Verdict {
-    /// Every descendant was delivered or dropped: ack it.
+    /// Every descendant was delivered or dropped (at least one delivered,
+    /// or the pipeline has no sink): ack it.
     Done,
+    /// A transform dropped it, or every row it became: ack it, counted as
+    /// dropped rather than delivered. Decided once the run is over; a
+    /// step's `finish` sees it as `Done`.
+    Dropped,
     /// Hand it back to JetStream for another try after `delay`; `plugin`
     /// (the one that asked, or whose call failed) is named if the row is
     /// dead-lettered after its last delivery.
@@ -66,7 +71,7 @@ impl Verdict {
     /// How the row ended, for the state of its scope.
     fn end(&self) -> RowEnd {
         match self {
-            Verdict::Done => RowEnd::Applied,
+            Verdict::Done | Verdict::Dropped => RowEnd::Applied,
             Verdict::DeadLetter { .. } => RowEnd::DeadLettered,
             Verdict::Retry { .. } => RowEnd::Retried,
         }
@@ -83,7 +88,7 @@ impl Verdict {
     /// Keeps the worse of two verdicts: retry beats dead letter beats done.
     fn merge(&mut self, other: Verdict) {
         let rank = |v: &Verdict| match v {
-            Verdict::Done => 0,
+            Verdict::Done | Verdict::Dropped => 0,
             Verdict::DeadLetter { .. } => 1,
             Verdict::Retry { .. } => 2,
         };
@@ -769,7 +774,11 @@ impl PipelineRunner {
                 return Ok(verdicts);
             }
         }
+        let mut reached = None;
         for step in &mut self.steps {
+            if step.role == Role::Sink {
+                reached = Some(flow.origins.clone());
+            }
             if flow.rows.is_empty() {
                 break;
             }
@@ -779,13 +788,51 @@ impl PipelineRunner {
         for step in &mut self.steps {
             step.finish(&mut verdicts, lease).await?;
         }
+        // Without a sink, rows that come out of the last transform are done.
+        let reached = reached.unwrap_or(flow.origins);
+        mark_dropped(&mut verdicts, &reached);
         Ok(verdicts)
+    }
+}
+
+/// Rows done without a descendant in `reached` (the origins of the rows
+/// given to the sink) were dropped on the way.
+fn mark_dropped(verdicts: &mut [Verdict], reached: &[usize]) {
+    let mut kept = vec![false; verdicts.len()];
+    for &origin in reached {
+        if let Some(kept) = kept.get_mut(origin) {
+            *kept = true;
+        }
+    }
+    for (verdict, kept) in verdicts.iter_mut().zip(kept) {
+        if !kept && matches!(verdict, Verdict::Done) {
+            *verdict = Verdict::Dropped;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_done_rows_without_a_descendant_at_the_sink_are_dropped() {
+        let mut verdicts = vec![
+            Verdict::Done,
+            Verdict::Done,
+            Verdict::DeadLetter {
+                plugin: None,
+                reason: "bad".into(),
+            },
+            Verdict::Done,
+        ];
+        // Row 1 became two rows; rows 0 and 2 reached nothing.
+        mark_dropped(&mut verdicts, &[1, 1, 3]);
+        assert!(matches!(verdicts[0], Verdict::Dropped));
+        assert!(matches!(verdicts[1], Verdict::Done));
+        assert!(matches!(verdicts[2], Verdict::DeadLetter { .. }));
+        assert!(matches!(verdicts[3], Verdict::Done));
+    }
 
     #[test]
     fn retry_wins_over_dead_letter_and_keeps_the_longest_delay() {

@@ -69,6 +69,8 @@ impl Cause {
 pub enum Fate<P> {
     /// Its pipeline is done with it (every descendant delivered or dropped): ack.
     Ack,
+    /// A transform dropped it (and every row it became): ack.
+    Dropped,
     /// Nak: delivered again after `delay`; `plugin` asked for it or failed.
     Retry {
         delay: Duration,
@@ -88,6 +90,7 @@ impl From<Verdict> for Fate<Arc<Plugin>> {
     fn from(verdict: Verdict) -> Self {
         match verdict {
             Verdict::Done => Fate::Ack,
+            Verdict::Dropped => Fate::Dropped,
             Verdict::Retry {
                 delay,
                 plugin,
@@ -180,6 +183,7 @@ impl<P: Named> SettlementPlan<P> {
             .iter()
             .map(|fate| match fate {
                 Fate::Ack => Answer::Delivered,
+                Fate::Dropped => Answer::Dropped,
                 Fate::Retry {
                     delay,
                     plugin,
@@ -236,6 +240,8 @@ pub enum Reply {
 pub enum Answer<'a> {
     /// Acked: its pipeline is done with it.
     Delivered,
+    /// Acked: a transform dropped it.
+    Dropped,
     /// Acked: its dead letter is stored.
     DeadLettered {
         plugin: Option<&'a str>,
@@ -255,7 +261,7 @@ pub enum Answer<'a> {
 impl Answer<'_> {
     pub fn reply(&self) -> Reply {
         match self {
-            Answer::Delivered | Answer::DeadLettered { .. } => Reply::Ack,
+            Answer::Delivered | Answer::Dropped | Answer::DeadLettered { .. } => Reply::Ack,
             Answer::Retried { delay, .. } | Answer::Unlettered { delay } => Reply::Nak(*delay),
         }
     }

@@ -233,6 +233,9 @@ impl Settler {
             Answer::Delivered => {
                 self.metrics.rows_delivered.inc();
             }
+            Answer::Dropped => {
+                self.metrics.rows_dropped.inc();
+            }
             Answer::Unlettered { .. } => {
                 self.metrics.rows_retried.inc();
             }

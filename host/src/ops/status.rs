@@ -209,6 +209,9 @@ pub fn known(count: Option<u64>) -> String {
 pub struct RowCounts {
     pub accepted: u64,
     pub delivered: u64,
+    /// Acked because a transform dropped them; absent from older hosts.
+    #[serde(default)]
+    pub dropped: u64,
     pub dead_lettered: u64,
     pub retried: u64,
 }
@@ -337,6 +340,7 @@ impl StatusSource {
         RowCounts {
             accepted: metrics.rows_accepted.get(),
             delivered: metrics.rows_delivered.get(),
+            dropped: metrics.rows_dropped.get(),
             dead_lettered: metrics.rows_dead_lettered.get(),
             retried: metrics.rows_retried.get(),
         }
@@ -657,7 +661,7 @@ mod tests {
             })
             .collect();
         serde_json::from_value(serde_json::json!({
-            "rows": {"accepted": 0, "delivered": 0, "dead_lettered": 0, "retried": 0},
+            "rows": {"accepted": 0, "delivered": 0, "dropped": 0, "dead_lettered": 0, "retried": 0},
             "units": units,
             "plugins": [],
             "nats": {"url": "", "connected": connected, "answered": connected, "embedded": false},
