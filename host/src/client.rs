@@ -14,6 +14,8 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::telemetry::plural;
 use reqwest::StatusCode;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -103,7 +105,7 @@ pub enum SendError {
     /// the time allowed.
     #[error(
         "{place}: gave up after {} in {seconds:.1} s, the last answered {last}{sent}",
-        plural(*attempts as usize, "attempt", "attempts")
+        plural(*attempts, "attempt", "attempts")
     )]
     GaveUp {
         place: Place,
@@ -261,22 +263,23 @@ impl fmt::Display for Summary {
         let seconds = self.elapsed.as_secs_f64();
         write!(
             f,
-            "{} rows accepted, {} duplicates, ",
-            self.accepted, self.duplicates
+            "{} accepted, {}, ",
+            plural(self.accepted, "row", "rows"),
+            plural(self.duplicates, "duplicate", "duplicates")
         )?;
         if self.dead_lettered > 0 {
             write!(
                 f,
                 "{} dead-lettered, ",
-                plural(self.dead_lettered as usize, "line", "lines")
+                plural(self.dead_lettered, "line", "lines")
             )?;
         }
         if !self.refused.is_empty() {
             write!(
                 f,
-                "{} refused ({} rows not stored), ",
+                "{} refused ({} not stored), ",
                 plural(self.refused.len(), "chunk", "chunks"),
-                self.refused_rows
+                plural(self.refused_rows, "row", "rows")
             )?;
         }
         write!(
@@ -285,10 +288,6 @@ impl fmt::Display for Summary {
             rate(self.accepted, self.elapsed)
         )
     }
-}
-
-fn plural(count: usize, one: &str, many: &str) -> String {
-    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 fn rate(rows: u64, elapsed: Duration) -> u64 {

@@ -82,18 +82,27 @@ pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Durations of a request or a batch: 0.5 ms to 16 s, doubling.
 fn request_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+    Histogram::new(readable_buckets(0.000_5, 2.0, 16))
 }
 
 /// Plugin calls are shorter: 50 µs to 6.5 s, doubling.
 fn call_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+    Histogram::new(readable_buckets(0.000_05, 2.0, 18))
 }
 
 /// Accept-to-ack: 0.5 ms to 28 s in steps of 1.5×, fine enough for a p50
 /// and a p99 read from the buckets within a step.
 fn latency_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_5, 1.5, 28))
+    Histogram::new(readable_buckets(0.000_5, 1.5, 28))
+}
+
+/// Exponential bucket edges rounded to 4 significant digits: an `le` label
+/// reads `0.001125`, not the float error `0.0011250000000000002`.
+fn readable_buckets(start: f64, factor: f64, count: u16) -> impl Iterator<Item = f64> {
+    exponential_buckets(start, factor, count).map(|edge| {
+        let scale = 10f64.powi(3 - edge.log10().floor() as i32);
+        (edge * scale).round() / scale
+    })
 }
 
 /// Every metric a host keeps. Cheap to clone: each metric is an `Arc`.
@@ -543,6 +552,22 @@ impl tracing::field::Visit for JsonVisitor<'_> {
         self.0
             .insert(field.name().into(), format!("{value:?}").into());
     }
+}
+
+#[cfg(test)]
+#[test]
+fn bucket_edges_print_without_float_noise() {
+    let edges: Vec<String> = readable_buckets(0.000_5, 1.5, 28)
+        .map(|edge| edge.to_string())
+        .collect();
+    assert_eq!(edges[..4], ["0.0005", "0.00075", "0.001125", "0.001688"]);
+    assert!(edges.iter().all(|edge| edge.len() <= 9), "{edges:?}");
+}
+
+/// `count` and the noun for it: "1 row", "2 rows" (`many` for every count but 1).
+pub fn plural(count: impl TryInto<u64>, one: &str, many: &str) -> String {
+    let count: u64 = count.try_into().unwrap_or(u64::MAX);
+    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 /// An error and its causes, each said once: a cause whose text the message

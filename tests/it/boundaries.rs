@@ -101,7 +101,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "delivery",
         ],
     ),
-    ("client", &["config", "ops"]),
+    ("client", &["config", "ops", "telemetry"]),
     // Only the host (and the binary) assembles the subsystems.
     (
         "host",

@@ -141,3 +141,33 @@ async fn mq_apply_readies_an_empty_server_and_says_what_it_changed() {
     );
     delivers_rows(&config).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mq_apply_as_a_user_who_cannot_create_streams_says_the_server_refused_it() {
+    let nats = Nats::start_with(
+        "authorization { users = [ { user: reader, password: reader-pw, \
+         permissions: { publish: { allow: [\">\"], deny: [\"$JS.API.STREAM.CREATE.>\"] } } } ] }",
+    );
+    let url = nats.url().replace("nats://", "nats://reader:reader-pw@");
+    let config = base_config(&url, "").replace("[stream]\ncreate = true\n", "");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, &config).unwrap();
+    let started = Instant::now();
+    let output = Command::new(WEIR)
+        .args(["mq", "apply", "--config"])
+        .arg(&path)
+        .env_remove("NATS_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("mq apply refused in {:?}: {stderr}", started.elapsed());
+    assert_eq!(output.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("NATS refused weir's user")
+            && stderr.contains("Permissions Violation")
+            && stderr.contains("$JS.API.STREAM.CREATE."),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("timed out"), "{stderr}");
+}

@@ -39,12 +39,13 @@ impl CheckArgs {
             ))
             .into());
         }
+        use weir::telemetry::plural;
         println!(
-            "{}: ok ({} plugins, {} pipelines, {} tenants)",
+            "{}: ok ({}, {}, {})",
             config.source.display(),
-            config.plugins.len(),
-            config.pipelines.len(),
-            config.tenants.len()
+            plural(config.plugins.len(), "plugin", "plugins"),
+            plural(config.pipelines.len(), "pipeline", "pipelines"),
+            plural(config.tenants.len(), "tenant", "tenants")
         );
         Ok(())
     }

@@ -82,12 +82,22 @@ impl MqCommand {
                 let url = config.nats.url.clone().context(
                     "no NATS to apply to: pass --nats-url (or set NATS_URL or [nats] url); the embedded server creates its own topology",
                 )?;
-                let client =
-                    weir::nats::connect(&url, &config.nats.auth, &Default::default()).await?;
+                let refusals = weir::nats::Refusals::default();
+                let client = weir::nats::connect(&url, &config.nats.auth, &refusals).await?;
                 let js = async_nats::jetstream::new(client.clone());
                 let manifest = manifest_of(&config, None);
                 let before = manifest.verify(&js).await;
-                manifest.create(&js).await?;
+                // A request the server refuses for permissions goes
+                // unanswered (a timeout): its refusal is the true cause.
+                tokio::select! {
+                    created = manifest.create(&js) => created?,
+                    refused = first_refusal(&refusals) => return Err(super::Refused(format!(
+                        "NATS refused weir's user: {refused}. `weir mq apply` needs a user \
+                         allowed to create streams, KV buckets and consumers (`$JS.API.>`); \
+                         hosts then run on `weir mq permissions`"
+                    ))
+                    .into()),
+                }
                 let after = manifest.verify(&js).await;
                 report_changes(&before, &after, &manifest);
                 weir::nats::close(&client, std::time::Duration::from_secs(5))
@@ -113,6 +123,16 @@ impl MqCommand {
                 print_json(&serde_json::to_value(permissions)?)
             }
         }
+    }
+}
+
+/// The first permission violation the server reports.
+async fn first_refusal(refusals: &weir::nats::Refusals) -> String {
+    loop {
+        if let Some(refused) = refusals.list().into_iter().next() {
+            return refused;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 

@@ -214,7 +214,7 @@ pub fn tables(report: &StatusReport) -> String {
     if report.tenants.is_empty() {
         let _ = writeln!(
             out,
-            "tenants: none shown (pass --key: an admin key shows all)"
+            "tenants: none shown (an admin key shows every tenant, a tenant's key its own)"
         );
     } else {
         match report.usage_age_ms {

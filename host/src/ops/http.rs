@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::ops::readiness::Readiness;
 use crate::ops::status::StatusSource;
+use crate::ops::status::TenantUsage;
 use crate::reload::ReloadRequests;
 use crate::reload::generation::Generation;
 
@@ -151,17 +152,43 @@ fn viewer(generation: &Generation, headers: &HeaderMap) -> Viewer {
 /// tenant key (its own), never to anyone else; where NATS is, only to an
 /// admin key.
 async fn status(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
-    let viewer = viewer(&ops.generations.borrow().clone(), &headers);
+    let generation = ops.generations.borrow().clone();
+    let viewer = viewer(&generation, &headers);
     let mut report = ops.status.report().await;
-    match &viewer {
-        Viewer::Admin => {}
-        Viewer::Tenant(name) => report.tenants.retain(|usage| usage.tenant == *name),
-        Viewer::Anyone => report.tenants.clear(),
-    }
+    let shown: Vec<&str> = match &viewer {
+        Viewer::Admin => generation
+            .config()
+            .tenants
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect(),
+        Viewer::Tenant(name) => vec![name.as_str()],
+        Viewer::Anyone => Vec::new(),
+    };
+    show_tenants(&mut report.tenants, &shown, viewer == Viewer::Admin);
     if viewer != Viewer::Admin {
         report.nats.url.clear();
     }
     axum::Json(report).into_response()
+}
+
+/// Keeps the usage of the tenants in `shown` (every tenant with usage for
+/// an admin) and adds the idle ones at zero: an empty table would read as
+/// "not shown", in tenant order.
+fn show_tenants(tenants: &mut Vec<TenantUsage>, shown: &[&str], admin: bool) {
+    tenants.retain(|usage| admin || shown.contains(&usage.tenant.as_str()));
+    for name in shown {
+        if !tenants.iter().any(|usage| usage.tenant == *name) {
+            tenants.push(TenantUsage {
+                tenant: (*name).to_string(),
+                queued_rows: 0,
+                queued_bytes: 0,
+                recent_rows: 0,
+                recent_bytes: 0,
+            });
+        }
+    }
+    tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
 }
 
 async fn metrics(State(ops): State<Arc<Ops>>) -> Response {

@@ -24,7 +24,7 @@ use crate::coordination::FleetView;
 use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
 use crate::reload::generation::{Generation, PluginStatus};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, plural};
 use crate::topology::route::Names;
 
 /// How long one report waits for NATS, all its reads together. A frozen
@@ -174,9 +174,7 @@ impl StatusReport {
     /// The one-line summary `weir status` prints: fleet-wide counts, `?`
     /// for what is unknown.
     pub fn summary(&self) -> String {
-        let counted = |count: usize, what: &str| {
-            format!("{count} {what}{}", if count == 1 { "" } else { "s" })
-        };
+        let counted = |count: usize, what: &str| plural(count, what, &format!("{what}s"));
         let totals = &self.totals;
         let fleet = format!(
             "{}, {}",
