@@ -276,7 +276,8 @@ impl RunningHost {
             config.stream.partitions,
             config.stream.shards,
         );
-        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+        let manifest = Manifest::new(&router, &config.stream, &config.delivery, None)
+            .with_dead_letters(&router, &config.dead_letters);
         let readiness = Readiness::new(client.clone());
         tasks.push(tokio::spawn(
             readiness.clone().probe(router.clone(), shutdown.clone()),

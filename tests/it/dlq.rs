@@ -228,6 +228,7 @@ fn listed(output: &Output) -> Vec<StoredLetter> {
                 deliveries: value["deliveries"].as_u64().unwrap_or_default(),
                 row_sequence: value["row_sequence"].as_u64().unwrap_or_default(),
                 line: value["line"].as_u64(),
+                replay_of: value["replay_of"].as_u64(),
                 payload: text("payload"),
             }
         })
@@ -487,7 +488,7 @@ async fn replay_without_a_filter_asks_and_off_a_terminal_refuses_unless_told_yes
     );
     assert_eq!(letters.library.count().await.unwrap(), 3);
     let accepted = letters.weir_on_terminal(&["replay", "-n", "1"], "y\n");
-    assert!(stdout_of(&accepted).contains("1 dead letters replayed"));
+    assert!(stdout_of(&accepted).contains("1 dead letter replayed"));
     let prompt = String::from_utf8_lossy(&accepted.stderr);
     assert!(
         prompt.contains("replay the oldest 1 of 3 dead letters? [y/N]"),
@@ -505,9 +506,9 @@ async fn replay_without_a_filter_asks_and_off_a_terminal_refuses_unless_told_yes
 
     // A filter needs no confirmation; --yes replaces it.
     let done = stdout_of(&letters.weir(&["replay", "-t", "beta"]));
-    assert!(done.contains("1 dead letters replayed"), "{done}");
+    assert!(done.contains("1 dead letter replayed"), "{done}");
     let done = stdout_of(&letters.weir(&["replay", "--yes"]));
-    assert!(done.contains("1 dead letters replayed"), "{done}");
+    assert!(done.contains("1 dead letter replayed"), "{done}");
     assert_eq!(letters.library.count().await.unwrap(), 0);
     assert_eq!(stored().await, queued + 3, "every row back in its unit");
 }

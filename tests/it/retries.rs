@@ -138,7 +138,7 @@ async fn a_row_that_keeps_asking_for_retry_is_dead_lettered_and_replayed_after_a
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("1 dead letters replayed"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 dead letter replayed"));
     eventually(
         Duration::from_secs(20),
         "the replayed row delivered",

@@ -4,6 +4,7 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use time::OffsetDateTime;
 use weir::delivery::{DeadLetters, LetterFilter, SinceError, StoredLetter, parse_since};
+use weir::telemetry::plural;
 
 use super::target::{FleetTarget, router_of};
 
@@ -115,8 +116,24 @@ impl DlqCommand {
                     return Ok(());
                 }
                 let replayed = letters.replay(&filter).await?;
-                print_each("replayed", &replayed);
-                println!("{} dead letters replayed", replayed.len());
+                print_each("replayed", &replayed.rows);
+                println!(
+                    "{} replayed",
+                    plural(replayed.rows.len(), "dead letter", "dead letters")
+                );
+                if !replayed.bad_lines.is_empty() {
+                    let sequences: Vec<String> = replayed
+                        .bad_lines
+                        .iter()
+                        .map(|letter| letter.sequence.to_string())
+                        .collect();
+                    println!(
+                        "{} from the front door left as they are ({}): they never were rows; \
+                         fix them and send them again, then `weir dlq purge --sequence …`",
+                        plural(replayed.bad_lines.len(), "bad line", "bad lines"),
+                        sequences.join(", ")
+                    );
+                }
                 Ok(())
             }
             DlqCommand::Purge { target, change } => {
@@ -145,8 +162,11 @@ impl DlqCommand {
 
 fn print_each(done: &str, letters: &[StoredLetter]) {
     for letter in letters {
+        let again = letter
+            .replay_of
+            .map_or(String::new(), |of| format!(", a replay of letter {of}"));
         println!(
-            "{done} dead letter {} ({}/{}): {}",
+            "{done} dead letter {} ({}/{}{again}): {}",
             letter.sequence, letter.tenant, letter.table, letter.reason
         );
     }

@@ -213,12 +213,9 @@ fn report_changes(before: &[Mismatch], after: &[Mismatch], manifest: &Manifest) 
 }
 
 fn manifest_of(config: &Config, file_store: Option<i64>) -> Manifest {
-    Manifest::new(
-        &router_of(config),
-        &config.stream,
-        &config.delivery,
-        file_store,
-    )
+    let router = router_of(config);
+    Manifest::new(&router, &config.stream, &config.delivery, file_store)
+        .with_dead_letters(&router, &config.dead_letters)
 }
 
 /// Bytes as `[stream] max_bytes` takes them: 1024, 64K, 500GB, 2GiB, 1T.

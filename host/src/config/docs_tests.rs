@@ -9,7 +9,8 @@ use serde::de::{self, DeserializeOwned, Visitor};
 
 use super::keys::{Fallback, Key};
 use super::{
-    RawConfig, coordination, delivery, nats, pipelines, plugins, policies, stream, tenants,
+    RawConfig, coordination, dead_letters, delivery, nats, pipelines, plugins, policies, stream,
+    tenants,
 };
 
 /// A deserializer that only records the field names a derived
@@ -55,10 +56,11 @@ fn fields_of<T: DeserializeOwned>(prefix: &str) -> BTreeSet<String> {
 }
 
 /// The sections' tables, as `RawConfig` names them.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "nats",
     "stream",
     "delivery",
+    "dead_letters",
     "coordination",
     "tenants",
     "plugins",
@@ -83,6 +85,10 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
         ("nats", fields_of::<nats::RawNats>("")),
         ("stream", fields_of::<stream::RawStream>("")),
         ("delivery", fields_of::<delivery::RawDelivery>("")),
+        (
+            "dead_letters",
+            fields_of::<dead_letters::RawDeadLetters>(""),
+        ),
         (
             "coordination",
             fields_of::<coordination::RawCoordination>(""),
@@ -201,6 +207,7 @@ fn documented_default(cell: &str) -> Fallback {
     match unit {
         "ms" => Fallback::Time(Duration::from_millis(n)),
         "s" => Fallback::Time(Duration::from_secs(n)),
+        "days" => Fallback::Time(Duration::from_secs(n * 24 * 3600)),
         "KiB" => Fallback::Bytes(n << 10),
         "MiB" => Fallback::Bytes(n << 20),
         "GiB" => Fallback::Bytes(n << 30),

@@ -1,8 +1,9 @@
 //! The weir TOML file: parsed strictly (unknown keys refused), then validated
 //! into [`Config`], with every problem reported at once as `file:line:col`.
 //!
-//! One file per section (`top`, `nats`, `stream`, `delivery`, `coordination`,
-//! `tenants`, `plugins`, `pipelines`, `policies`): its raw form, its
+//! One file per section (`top`, `nats`, `stream`, `delivery`,
+//! `dead_letters`, `coordination`, `tenants`, `plugins`, `pipelines`,
+//! `policies`): its raw form, its
 //! validated type, its named defaults and its keys with their reload class
 //! ([`keys`]). `checker` holds what the sections share.
 //!
@@ -21,6 +22,7 @@ use toml::Spanned;
 
 mod checker;
 mod coordination;
+mod dead_letters;
 mod delivery;
 pub(crate) mod keys;
 use keys::{Key, Reload};
@@ -36,6 +38,7 @@ mod units;
 use crate::world::World;
 // The crate reads every section's types; the outside only those named.
 pub(crate) use coordination::*;
+pub(crate) use dead_letters::*;
 pub(crate) use delivery::*;
 pub(crate) use nats::*;
 pub use nats::{NatsAuth, SyncPolicy};
@@ -52,6 +55,7 @@ pub use units::parse_size;
 
 use checker::Checker;
 use coordination::RawCoordination;
+use dead_letters::RawDeadLetters;
 use delivery::RawDelivery;
 use nats::RawNats;
 use pipelines::RawPipeline;
@@ -155,6 +159,7 @@ pub struct Config {
     pub nats: NatsConfig,
     pub stream: StreamConfig,
     pub delivery: DeliveryConfig,
+    pub dead_letters: DeadLettersConfig,
     pub coordination: CoordinationConfig,
     pub tenants: Vec<Tenant>,
     pub plugins_dir: PathBuf,
@@ -188,6 +193,8 @@ struct RawConfig {
     stream: RawStream,
     #[serde(default)]
     delivery: RawDelivery,
+    #[serde(default)]
+    dead_letters: RawDeadLetters,
     #[serde(default)]
     coordination: RawCoordination,
     #[serde(default)]
@@ -370,6 +377,7 @@ impl Checker<'_> {
         let nats = self.nats(raw.nats, overrides, raw.stream.replicas.as_ref());
         let stream = self.stream(&raw.stream, overrides);
         let delivery = self.delivery(&raw.delivery);
+        let dead_letters = self.dead_letters(&raw.dead_letters);
         let coordination = self.coordination(&raw.coordination);
         let mut tenant_keys = HashSet::new();
         let tenants = self.tenants(raw.tenants, &mut tenant_keys);
@@ -405,6 +413,7 @@ impl Checker<'_> {
             nats,
             stream,
             delivery,
+            dead_letters,
             coordination,
             tenants,
             plugins_dir: places.plugins_dir,
@@ -424,6 +433,7 @@ pub fn all_keys() -> impl Iterator<Item = &'static Key> {
         nats::KEYS,
         stream::KEYS,
         delivery::KEYS,
+        dead_letters::KEYS,
         coordination::KEYS,
         tenants::KEYS,
         plugins::KEYS,

@@ -21,7 +21,7 @@ use crate::topology::route::Names;
 /// Header names a dead letter carries (shared with the front door, which
 /// dead-letters bad lines).
 pub use crate::topology::route::letter_headers as headers;
-use crate::topology::route::letter_headers::header_safe;
+use crate::topology::route::letter_headers::{header_safe, redacted};
 
 /// One row on its way to the dead-letter stream.
 #[derive(Debug)]
@@ -53,19 +53,22 @@ impl DeadLetters {
 
     /// Publishes every letter (pipelined); one result per letter, in order.
     /// A row may be acked only if its letter's result is `Ok`.
-    pub async fn publish_all(&self, letters: Vec<DeadLetter<'_>>) -> Vec<Result<(), NatsError>> {
+    /// The values of `redact`'s top-level fields are replaced in each
+    /// letter's payload (`[dead_letters] redact`).
+    pub async fn publish_all(
+        &self,
+        letters: Vec<DeadLetter<'_>>,
+        redact: &[String],
+    ) -> Vec<Result<(), NatsError>> {
         let sends = letters.into_iter().map(|letter| async move {
             let subject = self
                 .router
                 .dead_letter_subject(&letter.tenant, &letter.table);
-            // Same id for the same row and delivery: a retried publish after a
-            // lost PubAck is stored once.
-            let message_id = format!(
-                "{}:{}:{}",
-                letter.stream, letter.sequence, letter.deliveries
-            );
+            // One id per row: a letter stored before a crash, whose row then
+            // comes back with one more delivery, is not stored twice.
+            let message_id = format!("{}:{}", letter.stream, letter.sequence);
             let message = PublishMessage::build()
-                .payload(letter.payload.clone())
+                .payload(redacted(&letter.payload, redact))
                 .headers(letter_headers(&letter))
                 .message_id(message_id);
             let ack = self.js.send_publish(subject, message).await?;
@@ -223,8 +226,20 @@ pub struct StoredLetter {
     /// A bad line's number in the request the front door took it from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<u64>,
+    /// The letter this row was replayed from, when it died again after a
+    /// replay (its `Weir-Replay-Of` header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<u64>,
     /// The original row (lossy UTF-8 for display).
     pub payload: String,
+}
+
+/// What `replay` did: the rows published again (their letters removed),
+/// and the front door's bad lines it left in place.
+#[derive(Debug, Clone, Default)]
+pub struct Replayed {
+    pub rows: Vec<StoredLetter>,
+    pub bad_lines: Vec<StoredLetter>,
 }
 
 /// What `purge` removed.
@@ -311,6 +326,7 @@ impl Fetched {
             deliveries: number(headers::DELIVERIES),
             row_sequence: number(headers::SEQUENCE),
             line: header(headers::LINE).and_then(|v| v.parse().ok()),
+            replay_of: header(headers::REPLAY_OF).and_then(|v| v.parse().ok()),
             payload: String::from_utf8_lossy(&payload).into_owned(),
         };
         Fetched {
@@ -471,12 +487,18 @@ impl DeadLetters {
     /// Re-publishes each matching dead letter to its table's unit (with its
     /// original headers), then removes it from the dead-letter stream. A
     /// replay is idempotent within the duplicate window.
-    pub async fn replay(&self, filter: &LetterFilter) -> Result<Vec<StoredLetter>, LetterError> {
+    pub async fn replay(&self, filter: &LetterFilter) -> Result<Replayed, LetterError> {
         let stream = self.stream().await?;
         let letters = self.read(&stream, filter).await?;
-        let mut replayed = Vec::with_capacity(letters.len());
+        let mut replayed = Replayed::default();
         for fetched in letters {
             let sequence = fetched.letter.sequence;
+            // A bad line was never a row: published to a partition it would
+            // reach a plugin as one. It stays, for a fix and a new request.
+            if fetched.letter.line.is_some() {
+                replayed.bad_lines.push(fetched.letter);
+                continue;
+            }
             let (tenant, table) = (&fetched.letter.tenant, &fetched.letter.table);
             if tenant.is_empty() || table.is_empty() {
                 return Err(LetterError::Unroutable {
@@ -493,9 +515,11 @@ impl DeadLetters {
                     subject: subject.clone(),
                     source: err.into(),
                 };
+            let mut headers = fetched.original_headers();
+            headers.insert(headers::REPLAY_OF, sequence.to_string().as_str());
             let publish = PublishMessage::build()
                 .payload(fetched.payload.clone())
-                .headers(fetched.original_headers())
+                .headers(headers)
                 .message_id(format!("weir-replay:{sequence}"));
             let ack = self
                 .js
@@ -510,7 +534,7 @@ impl DeadLetters {
                     sequence,
                     source,
                 })?;
-            replayed.push(fetched.letter);
+            replayed.rows.push(fetched.letter);
         }
         Ok(replayed)
     }
@@ -654,6 +678,7 @@ mod tests {
             deliveries: 1,
             row_sequence: 1,
             line: None,
+            replay_of: None,
             payload: String::new(),
         }
     }

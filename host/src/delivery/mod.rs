@@ -23,6 +23,8 @@ mod settler;
 pub(crate) mod worker;
 
 pub use batch::{Answer, Batch, Outcome, Position};
-pub use dead_letter::{DeadLetters, LetterFilter, SinceError, StoredLetter, headers, parse_since};
+pub use dead_letter::{
+    DeadLetters, LetterFilter, Replayed, SinceError, StoredLetter, headers, parse_since,
+};
 pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped, Verdict};
 pub use worker::Workers;

@@ -53,6 +53,8 @@ pub(super) struct Settler {
     pub(super) unit_labels: UnitLabels,
     pub(super) summary: Summary,
     order: OrderWatch,
+    /// `[dead_letters] redact` of the generation the worker runs.
+    pub(super) redact: Vec<String>,
 }
 
 impl Settler {
@@ -75,6 +77,7 @@ impl Settler {
             unit_labels,
             summary: Summary::new(),
             order: OrderWatch::default(),
+            redact: Vec::new(),
         }
     }
 
@@ -167,7 +170,10 @@ impl Settler {
                 original_headers: message.headers.as_ref(),
             }
         });
-        let stored = self.dead_letters.publish_all(letters.collect()).await;
+        let stored = self
+            .dead_letters
+            .publish_all(letters.collect(), &self.redact)
+            .await;
         stored
             .into_iter()
             .map(|result| match result {

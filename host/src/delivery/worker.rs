@@ -121,13 +121,14 @@ impl UnitWorker {
         let unit_labels = UnitLabels {
             unit: router.unit_consumer(unit),
         };
-        let settler = Settler::new(
+        let mut settler = Settler::new(
             &js,
             router.clone(),
             settings.clone(),
             metrics.clone(),
             unit_labels,
         );
+        settler.redact = pipelines.config().dead_letters.redact.clone();
         UnitWorker {
             js,
             router,
@@ -359,6 +360,7 @@ impl UnitWorker {
         }
         self.settings = next.config().delivery.clone();
         self.settler.settings = self.settings.clone();
+        self.settler.redact = next.config().dead_letters.redact.clone();
         self.pipelines = next;
         tracing::debug!(unit = ?self.unit, "running a new generation of pipelines");
     }

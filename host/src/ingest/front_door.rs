@@ -435,7 +435,7 @@ impl FrontDoor {
         }
         if !bad.is_empty() {
             door.publisher
-                .publish_letters(tenant, table, &bad)
+                .publish_letters(tenant, table, &bad, &gate.config.dead_letters.redact)
                 .await
                 .map_err(|err| publish_refusal(err, &[]))?;
             door.metrics

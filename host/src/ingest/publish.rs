@@ -460,12 +460,13 @@ async fn store_letter(
 impl Publisher {
     /// Writes each bad line to the dead-letter stream (tenant, table,
     /// reason and line number in its headers, the line as sent as its
-    /// payload) and waits until all are stored.
+    /// payload, `redact`'s fields replaced) and waits until all are stored.
     pub async fn publish_letters(
         &self,
         tenant: &str,
         table: &str,
         rows: &[BadRow],
+        redact: &[String],
     ) -> Result<(), PublishError> {
         use crate::topology::route::letter_headers as names;
         if !self.connected() {
@@ -484,7 +485,7 @@ impl Publisher {
                 headers.insert(names::REASON, names::header_safe(&row.reason).as_str());
                 headers.insert(names::LINE, row.line.to_string().as_str());
                 let mut message = PublishMessage::build()
-                    .payload(row.payload.clone())
+                    .payload(names::redacted(&row.payload, redact))
                     .headers(headers);
                 if let Some(id) = &row.message_id {
                     message = message.message_id(id);

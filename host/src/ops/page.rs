@@ -510,7 +510,11 @@ async fn replay(
     // The next poll must not show the letter just replayed.
     *page.letters_cache.lock().await = None;
     tracing::info!(sequence, "dead letter replayed from the live page");
-    Ok(axum::Json(json!({ "replayed": replayed.len() })).into_response())
+    Ok(axum::Json(json!({
+        "replayed": replayed.rows.len(),
+        "bad_lines_left": replayed.bad_lines.len(),
+    }))
+    .into_response())
 }
 
 async fn login(

@@ -14,7 +14,10 @@ use futures::StreamExt;
 use futures::future::join_all;
 use serde::Serialize;
 
-use crate::config::{DeliveryConfig, StreamConfig};
+use crate::config::{
+    DEFAULT_DEAD_LETTER_MAX_AGE, DEFAULT_DEAD_LETTER_MAX_BYTES, DeadLettersConfig, DeliveryConfig,
+    StreamConfig,
+};
 use crate::nats::jetstream::PIN_GROUP;
 use crate::nats::kv::{BucketOptions, NatsKv};
 use crate::topology::route::Names;
@@ -68,6 +71,8 @@ pub struct Manifest {
     pub buckets: Vec<BucketOptions>,
     /// The store of plugins pushed to the fleet.
     pub object_stores: Vec<object_store::Config>,
+    /// The dead-letter stream's share of a `--file-store` budget.
+    dead_letter_share: Option<i64>,
 }
 
 /// One object of a manifest as a file an operator applies on its own.
@@ -90,6 +95,22 @@ pub struct ConsumerManifest {
 }
 
 impl Manifest {
+    /// The dead-letter stream's retention from `[dead_letters]` (within a
+    /// `--file-store` budget's share, when one was given).
+    pub fn with_dead_letters(mut self, router: &Names, config: &DeadLettersConfig) -> Manifest {
+        let name = router.dead_letter_stream();
+        if let Some(stream) = self.streams.iter_mut().find(|s| s.name == name) {
+            stream.max_age = config.max_age;
+            // The server refuses a duplicate window longer than the age.
+            stream.duplicate_window = stream.duplicate_window.min(config.max_age);
+            stream.max_bytes = match self.dead_letter_share {
+                Some(share) => config.max_bytes.min(share),
+                None => config.max_bytes,
+            };
+        }
+        self
+    }
+
     /// The topology for a router's N × V units. `file_store` (bytes), when
     /// given, is split between the streams instead of `max_bytes` each.
     pub fn new(
@@ -104,17 +125,20 @@ impl Manifest {
                 let dead_letters = budget * DEAD_LETTER_SHARE_PERCENT / 100;
                 ((budget - dead_letters) / partitions, dead_letters)
             }
-            None => (streams.max_bytes, -1),
+            None => (streams.max_bytes, DEFAULT_DEAD_LETTER_MAX_BYTES as i64),
         };
+        let dead_letter_share = file_store.map(|_| dead_letter_bytes);
         let units = router.units();
         let replicas = usize::try_from(streams.replicas).unwrap_or(1);
         let mut manifest = Manifest {
+            dead_letter_share,
             streams: vec![stream::Config {
                 name: router.dead_letter_stream(),
                 subjects: vec![router.dead_letter_subjects()],
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
                 max_bytes: dead_letter_bytes,
+                max_age: DEFAULT_DEAD_LETTER_MAX_AGE,
                 duplicate_window: streams.duplicate_window,
                 description: Some("weir dead letters: rows no pipeline could deliver".into()),
                 num_replicas: replicas,
@@ -226,6 +250,7 @@ impl Manifest {
                     "storage": "file",
                     "discard": discard,
                     "maxBytes": stream.max_bytes,
+                    "maxAge": if stream.max_age.is_zero() { String::new() } else { duration(stream.max_age) },
                     "maxConsumers": if stream.max_consumers == 0 { -1 } else { stream.max_consumers },
                     "duplicateWindow": duration(stream.duplicate_window),
                     "replicas": stream.num_replicas.max(1),
@@ -787,6 +812,20 @@ fn compare_stream(wanted: &stream::Config, actual: &stream::Config, found: &mut 
         wanted.max_bytes,
         actual.max_bytes,
     );
+    // Letters kept longer than asked (or forever) fill the disk and keep
+    // what an operator meant to expire.
+    if wanted.max_age > Duration::ZERO
+        && (actual.max_age == Duration::ZERO || actual.max_age > wanted.max_age)
+    {
+        check(
+            found,
+            Recommended,
+            object,
+            "max_age",
+            wanted.max_age,
+            actual.max_age,
+        );
+    }
     if actual.duplicate_window < wanted.duplicate_window {
         check(
             found,

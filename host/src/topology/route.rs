@@ -40,10 +40,39 @@ pub mod letter_headers {
     pub const SEQUENCE: &str = "Weir-Sequence";
     /// The bad line's number in its request (front-door letters only).
     pub const LINE: &str = "Weir-Line";
+    /// On a replayed row (and on a letter made of it again): the sequence
+    /// of the dead letter it was replayed from.
+    pub const REPLAY_OF: &str = "Weir-Replay-Of";
 
     /// Longest reason kept: a plugin's reason is its own text, so bound it;
     /// room for a failed call's message and the guest's stderr it quotes (4 KiB).
     pub const MAX_REASON_BYTES: usize = 8192;
+
+    /// What a redacted field's value becomes in a letter.
+    pub const REDACTED: &str = "[redacted]";
+
+    /// What a letter stores of `payload`: a JSON object's `redact` fields
+    /// with their values replaced (`[dead_letters] redact`); anything else
+    /// as it is.
+    pub fn redacted(payload: &bytes::Bytes, redact: &[String]) -> bytes::Bytes {
+        if redact.is_empty() {
+            return payload.clone();
+        }
+        let Ok(serde_json::Value::Object(mut row)) = serde_json::from_slice(payload) else {
+            return payload.clone();
+        };
+        let mut changed = false;
+        for field in redact {
+            if let Some(value) = row.get_mut(field) {
+                *value = serde_json::Value::from(REDACTED);
+                changed = true;
+            }
+        }
+        match changed {
+            true => serde_json::to_vec(&row).map_or_else(|_| payload.clone(), bytes::Bytes::from),
+            false => payload.clone(),
+        }
+    }
 
     /// A header value is one line: fold line breaks and bound its length.
     pub fn header_safe(text: &str) -> String {

@@ -83,3 +83,30 @@ fn a_partitions_only_shard_is_unfiltered_and_its_old_filter_only_recommended_awa
     let other = filtered("weir.in.3.1.>");
     assert_eq!(other[0].severity, Severity::Required, "other rows");
 }
+
+#[test]
+fn the_dead_letter_stream_keeps_what_dead_letters_says_and_a_longer_keep_is_named() {
+    let config = Config::parse(
+        Path::new("w.toml"),
+        "[dead_letters]\nmax_age = \"1h\"\nmax_bytes = \"10MiB\"\n",
+        &Overrides::default(),
+    )
+    .unwrap();
+    let router = Names::new("weir", 2, 1);
+    let manifest = Manifest::new(&router, &config.stream, &config.delivery, Some(50_000_000))
+        .with_dead_letters(&router, &config.dead_letters);
+    let letters = &manifest.streams[0];
+    assert_eq!(letters.max_age, Duration::from_secs(3600));
+    // A tenth of the file store (5 MB) is less than the 10 MiB asked for.
+    assert_eq!(letters.max_bytes, 5_000_000);
+
+    let mut actual = letters.clone();
+    actual.max_age = Duration::ZERO;
+    let mut found = Vec::new();
+    compare_stream(letters, &actual, &mut found);
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        ["stream weir_dlq: max_age expected 3600s, found 0ns (recommended)"]
+    );
+}
