@@ -13,6 +13,7 @@ mod cluster;
 mod cluster_support;
 mod connection;
 mod delivery;
+mod deploy;
 mod destination_faults;
 mod dlq;
 mod dlq_retention;
