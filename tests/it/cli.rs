@@ -394,6 +394,54 @@ fn at(path: &Path, needle: &str, skip: usize) -> String {
     format!("{}:{}:{column}", path.display(), number + 1)
 }
 
+/// `weir run` with two plugins that cannot run names both, each at its
+/// line, as `weir check` does, and exits 5.
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_run_names_every_plugin_that_cannot_run_at_its_line() {
+    let nats = crate::support::Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let text = base_config(nats.url(), "")
+        .replace(
+            "wasm = \"weir_validator.wasm\"",
+            "wasm = \"weir_ndjson_sink.wasm\"",
+        )
+        .replace(
+            "wasm = \"weir_ndjson_sink.wasm\"\nworld = \"sink\"",
+            &format!("wasm = \"{}\"\nworld = \"sink\"", path.display()),
+        );
+    std::fs::write(&path, text).unwrap();
+    let output = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || {
+            Command::new(WEIR)
+                .args(["run", "--config"])
+                .arg(&path)
+                .current_dir(path.parent().unwrap())
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(5), "{stderr}");
+    let world = at(&path, "world = \"transform\"", 8);
+    let wasm = at(&path, &format!("wasm = \"{}", path.display()), 7);
+    for (position, what) in [
+        (world, "plugin `validate`"),
+        (wasm, "not a valid WebAssembly component"),
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|line| line.starts_with(&format!("{position}: ")) && line.contains(what)),
+            "no `{what}` at {position}:\n{stderr}"
+        );
+    }
+    assert!(stderr.contains("2 of 2 plugins cannot run"), "{stderr}");
+}
+
 /// A file with four mistakes — a bad duration, an unknown key, a bad size,
 /// an unknown plugin — and an unknown world: one `weir check` names all
 /// five, each at its position, and nothing else.

@@ -15,30 +15,7 @@ pub struct CheckArgs {
 impl CheckArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = Config::load(&self.config, &Overrides::default())?;
-        // What `weir run` does before it connects: compile, link against
-        // the world and `init` each plugin; every failure is reported.
-        // With the config's compiled cache: a check warms it for `weir run`.
-        let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
-            config.compile_cache_dir.clone(),
-            config.compile_cache_max_bytes,
-        );
-        let mut failures = Vec::new();
-        for plugin in config.plugins.values() {
-            if let Err(err) = sandbox.load(plugin).await {
-                failures.push(at_its_line(&config, plugin, &err));
-            }
-        }
-        if !failures.is_empty() {
-            for failure in &failures {
-                eprintln!("{failure}");
-            }
-            return Err(super::Refused(format!(
-                "{} of {} plugins cannot run",
-                failures.len(),
-                config.plugins.len()
-            ))
-            .into());
-        }
+        refuse_failing_plugins(&config).await?;
         use weir::telemetry::plural;
         println!(
             "{}: ok ({}, {}, {})",
@@ -49,6 +26,35 @@ impl CheckArgs {
         );
         Ok(())
     }
+}
+
+/// What `weir run` does before it connects: compile, link against the
+/// world and `init` each plugin. Every failure is printed at its line, and
+/// refused (exit code 5). With the config's compiled cache: a check warms
+/// it for `weir run`.
+pub async fn refuse_failing_plugins(config: &Config) -> anyhow::Result<()> {
+    let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
+        config.compile_cache_dir.clone(),
+        config.compile_cache_max_bytes,
+    );
+    let mut failures = Vec::new();
+    for plugin in config.plugins.values() {
+        if let Err(err) = sandbox.load(plugin).await {
+            failures.push(at_its_line(config, plugin, &err));
+        }
+    }
+    if failures.is_empty() {
+        return Ok(());
+    }
+    for failure in &failures {
+        eprintln!("{failure}");
+    }
+    Err(super::Refused(format!(
+        "{} of {} cannot run",
+        failures.len(),
+        weir::telemetry::plural(config.plugins.len(), "plugin", "plugins")
+    ))
+    .into())
 }
 
 /// A plugin that cannot be loaded, at the line of the key it comes from:

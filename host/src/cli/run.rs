@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use weir::config::{Config, Overrides};
-use weir::host::RunningHost;
+use weir::host::{RunningHost, StartError};
 
 use super::target::NatsArgs;
 
@@ -41,7 +41,16 @@ impl RunArgs {
         // front door may already answer) stops it cleanly once it is up,
         // instead of killing the process.
         let mut signals = Signals::listen()?;
-        let host = RunningHost::start(config).await?;
+        let host = match RunningHost::start(config.clone()).await {
+            Ok(host) => host,
+            // Every plugin that cannot run, each at its line, as `weir
+            // check` says them; the first failure alone if they all load now.
+            Err(StartError::Plugin(first)) => {
+                super::check::refuse_failing_plugins(&config).await?;
+                return Err(StartError::Plugin(first).into());
+            }
+            Err(other) => return Err(other.into()),
+        };
         signals.next().await;
         tracing::info!("shutting down: finishing the rows in hand (a second signal stops at once)");
         tokio::select! {
