@@ -15,6 +15,7 @@ mod connection;
 mod delivery;
 mod destination_faults;
 mod dlq;
+mod enrich;
 mod fencing;
 mod fleet;
 mod front_door;

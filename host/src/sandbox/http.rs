@@ -74,6 +74,12 @@ pub(super) struct HttpGate {
     /// `false` (`http_keep_alive = false`): each request says
     /// `Connection: close`, so the server does not hold the socket either.
     pub(super) keep_alive: bool,
+    /// Places for `http-batch` requests in flight, shared by the plugin
+    /// version's instances (`http_max_in_flight`).
+    pub(super) in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Largest response body an `http-batch` request reads: the plugin's
+    /// memory cap, since it could not take a larger one anyway.
+    pub(super) max_body_bytes: usize,
 }
 
 pub(super) type ResponseFuture = Box<

@@ -107,11 +107,14 @@ fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
             .cloned()
     };
     let mut needs = Vec::new();
-    if let Some(import) = first("wasi:http/outgoing-handler").or_else(|| first("wasi:http/")) {
+    if let Some(import) = first("wasi:http/outgoing-handler")
+        .or_else(|| first("weir:plugin/http-batch"))
+        .or_else(|| first("wasi:http/"))
+    {
         needs.push(GrantNeed {
             grant: "grants.http",
             import,
-            without: "it loads, and every request it makes is refused (HttpRequestDenied)",
+            without: "it loads, and every request it makes is refused (HttpRequestDenied, or http-batch's `refused`)",
         });
     }
     if let Some(import) = first("weir:plugin/state") {

@@ -1,0 +1,215 @@
+//! Enrichment through the `http-batch` interface: the `enrich` plugin
+//! looks each row's key up against a local service that answers after
+//! 20 ms and counts the requests it holds at once. A batch's lookups go
+//! out together, never more than `http_max_in_flight` at a time; a lookup
+//! that times out dead-letters its row alone; without `grants.http` every
+//! lookup is refused with the documented reason.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+
+use crate::support::{Nats, TestHost, base_config, dead_letter_reasons, eventually, orders};
+
+/// How long the service takes to answer a lookup.
+const ANSWER_AFTER: Duration = Duration::from_millis(20);
+/// The key the service never answers in time.
+const SLOW_KEY: &str = "slow";
+
+/// What the service saw.
+#[derive(Default)]
+struct Counts {
+    /// Requests being answered now.
+    now: AtomicUsize,
+    /// The most it held at once.
+    most: AtomicUsize,
+    /// Requests received in all.
+    received: AtomicUsize,
+}
+
+/// A lookup service on 127.0.0.1: `GET /k/{key}` answers `{"key":…}`
+/// after [`ANSWER_AFTER`] ([`SLOW_KEY`] after a minute).
+struct Lookup {
+    addr: SocketAddr,
+    counts: Arc<Counts>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Lookup {
+    async fn start() -> Lookup {
+        let counts = Arc::new(Counts::default());
+        let app = axum::Router::new()
+            .route("/k/{key}", axum::routing::get(lookup))
+            .with_state(counts.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the lookup service");
+        let addr = listener.local_addr().expect("lookup address");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .await
+                .expect("lookup service serves");
+        });
+        Lookup { addr, counts, task }
+    }
+
+    fn most_at_once(&self) -> usize {
+        self.counts.most.load(Ordering::SeqCst)
+    }
+
+    fn received(&self) -> usize {
+        self.counts.received.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Lookup {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn lookup(State(counts): State<Arc<Counts>>, Path(key): Path<String>) -> String {
+    counts.received.fetch_add(1, Ordering::SeqCst);
+    let now = counts.now.fetch_add(1, Ordering::SeqCst) + 1;
+    counts.most.fetch_max(now, Ordering::SeqCst);
+    let wait = if key == SLOW_KEY {
+        Duration::from_secs(60)
+    } else {
+        ANSWER_AFTER
+    };
+    tokio::time::sleep(wait).await;
+    counts.now.fetch_sub(1, Ordering::SeqCst);
+    serde_json::json!({ "key": key }).to_string()
+}
+
+/// The enrich plugin on table `lookups` into the file sink; `plugin_extra`
+/// goes into its plugin table (grants, limits).
+fn enrich_pipeline(lookup: &Lookup, timeout_ms: u32, plugin_extra: &str) -> String {
+    format!(
+        r#"
+[plugins.enrich]
+wasm = "weir_enrich.wasm"
+world = "transform"
+settings = {{ url = "http://{addr}/k/{{key}}", key_field = "id", into = "info", timeout_ms = {timeout_ms} }}
+{plugin_extra}
+
+[[pipelines]]
+tables = ["lookups"]
+transforms = ["enrich"]
+sink = "files"
+"#,
+        addr = lookup.addr
+    )
+}
+
+/// 256 rows, one lookup each, are enriched concurrently: the service saw
+/// more than one request at once, never more than `http_max_in_flight`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_looks_its_rows_up_at_once_within_max_in_flight() {
+    const ROWS: usize = 256;
+    const MAX_IN_FLIGHT: usize = 8;
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = format!(
+        "grants.http = [\"{}\"]\nhttp_max_in_flight = {MAX_IN_FLIGHT}",
+        lookup.addr
+    );
+    let extra = enrich_pipeline(&lookup, 1_000, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let started = Instant::now();
+    let response = host.ingest("lookups", orders(0, ROWS)).await;
+    assert_eq!(response.status(), 202);
+    let lines = eventually(Duration::from_secs(60), "every row enriched", || async {
+        let lines = host.sink_lines("lookups");
+        (lines.len() >= ROWS).then_some(lines)
+    })
+    .await;
+    let elapsed = started.elapsed();
+
+    assert_eq!(lines.len(), ROWS, "{lines:?}");
+    for line in &lines {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        let id = row["id"].as_u64().expect("an id");
+        assert_eq!(row["info"]["key"], id.to_string(), "{line}");
+    }
+    let most = lookup.most_at_once();
+    println!(
+        "enrich: {ROWS} rows, one {} ms lookup each, in {} ms ({} ms one after another); at most {most} lookups at once (http_max_in_flight = {MAX_IN_FLIGHT}); {} requests",
+        ANSWER_AFTER.as_millis(),
+        elapsed.as_millis(),
+        ROWS as u128 * ANSWER_AFTER.as_millis(),
+        lookup.received(),
+    );
+    assert!(most > 1, "the lookups went one at a time");
+    assert!(
+        most <= MAX_IN_FLIGHT,
+        "{most} lookups at once, past http_max_in_flight = {MAX_IN_FLIGHT}"
+    );
+    host.shutdown().await;
+}
+
+/// A lookup past its timeout dead-letters its own row; the batch's other
+/// rows are enriched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lookup_that_times_out_dead_letters_only_its_row() {
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = format!("grants.http = [\"{}\"]", lookup.addr);
+    let extra = enrich_pipeline(&lookup, 300, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let mut body = orders(0, 10);
+    body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
+    body.push_str(&orders(10, 10));
+    let response = host.ingest("lookups", body).await;
+    assert_eq!(response.status(), 202);
+
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(
+        reasons,
+        [format!(
+            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
+            lookup.addr
+        )]
+    );
+    let lines = eventually(Duration::from_secs(30), "the other rows", || async {
+        let lines = host.sink_lines("lookups");
+        (lines.len() >= 20).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    assert!(lines.iter().all(|line| line.contains("\"info\":{\"key\":")));
+    assert_eq!(dead_letter_reasons(&nats, 1).await.len(), 1);
+    host.shutdown().await;
+}
+
+/// Without `grants.http` the plugin loads, and every lookup is refused
+/// (never sent) with the reason the interface documents.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_grants_http_every_lookup_is_refused_and_its_row_dead_lettered() {
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let extra = enrich_pipeline(&lookup, 1_000, "");
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let response = host.ingest("lookups", orders(0, 3)).await;
+    assert_eq!(response.status(), 202);
+    let mut reasons = dead_letter_reasons(&nats, 3).await;
+    reasons.sort();
+    let expected: Vec<String> = (0..3)
+        .map(|id| {
+            format!(
+                "enrich: lookup of http://{addr}/k/{id} refused: `{addr}` is not in plugin `enrich`'s grants.http",
+                addr = lookup.addr
+            )
+        })
+        .collect();
+    assert_eq!(reasons, expected);
+    assert_eq!(lookup.received(), 0, "a refused lookup reached the service");
+    assert!(host.sink_lines("lookups").is_empty());
+    host.shutdown().await;
+}
