@@ -213,3 +213,197 @@ async fn without_grants_http_every_lookup_is_refused_and_its_row_dead_lettered()
     assert!(host.sink_lines("lookups").is_empty());
     host.shutdown().await;
 }
+
+/// The same enrichment in Python: one `weir.http.fetch_all` per batch.
+const ENRICH_PY: &str = r#"import weir_plugin as weir
+
+
+class Plugin(weir.Transform):
+    def init(self, settings):
+        self.url = settings["url"]
+        self.timeout_ms = settings["timeout_ms"]
+
+    def batch(self, rows):
+        urls = [self.url.replace("{key}", str(row.json()["id"])) for row in rows]
+        answers = weir.http.fetch_all([weir.http.get(url) for url in urls], timeout_ms=self.timeout_ms)
+        outcomes = []
+        for row, url, answer in zip(rows, urls, answers):
+            if isinstance(answer, weir.HttpError):
+                outcomes.append(weir.dead_letter("enrich: lookup of %s %s" % (url, answer)))
+            else:
+                data = row.json()
+                data["info"] = answer.json()
+                outcomes.append(weir.emit(data))
+        return outcomes
+
+
+WitWorld = weir.export(Plugin)
+"#;
+
+/// The same enrichment in JavaScript: one `http.fetchAll` per batch.
+const ENRICH_JS: &str = r#"import * as weir from "./weir/index.js";
+import * as http from "./weir/http.js";
+
+export const { init, transform } = weir.transform({
+  init(settings) {
+    this.url = settings.url;
+    this.timeoutMs = settings.timeout_ms;
+  },
+  batch(rows) {
+    const urls = rows.map((row) => this.url.replace("{key}", String(row.json().id)));
+    const answers = http.fetchAll(urls.map((url) => http.get(url)), { timeoutMs: this.timeoutMs });
+    return rows.map((row, i) => {
+      const answer = answers[i];
+      if (answer instanceof http.HttpError) return weir.deadLetter(`enrich: lookup of ${urls[i]} ${answer.message}`);
+      return weir.emit({ ...row.json(), info: answer.json() });
+    });
+  },
+});
+"#;
+
+/// A transform project in `lang` whose code is `code`, built: its `.wasm`.
+fn built_enrich(lang: &str, code: &str) -> std::path::PathBuf {
+    let name = format!("enrich-batch-{lang}");
+    let dir = crate::authors::scaffold(&name, lang, "transform");
+    let file = if lang == "python" {
+        "app.py"
+    } else {
+        "plugin.js"
+    };
+    std::fs::write(dir.join(file), code).expect("write the plugin's code");
+    crate::authors::run_script(&dir, "build.sh");
+    let wasm = dir.join(format!("{name}.wasm"));
+    assert!(wasm.is_file(), "{} was not built", wasm.display());
+    wasm
+}
+
+/// The plugin at `wasm` as plugin and table `name`, looking up at
+/// `lookup` (a generous deadline: an interpreter's batch of 256 rows).
+fn table_of(
+    name: &str,
+    wasm: &std::path::Path,
+    lookup: &Lookup,
+    timeout_ms: u32,
+    extra: &str,
+) -> String {
+    format!(
+        r#"
+[plugins.{name}]
+wasm = "{wasm}"
+world = "transform"
+deadline = "10s"
+settings = {{ url = "http://{addr}/k/{{key}}", timeout_ms = {timeout_ms} }}
+{extra}
+
+[[pipelines]]
+tables = ["{name}"]
+transforms = ["{name}"]
+sink = "files"
+"#,
+        wasm = wasm.display(),
+        addr = lookup.addr
+    )
+}
+
+/// The three enrichment cases for a Python or JS component, in one host:
+/// 256 lookups concurrent within `http_max_in_flight`, a timeout
+/// dead-lettering its row alone, no grant refusing every lookup.
+async fn enrichment_in(lang: &'static str, code: &'static str) {
+    const ROWS: usize = 256;
+    const MAX_IN_FLIGHT: usize = 8;
+    let wasm = tokio::task::spawn_blocking(move || built_enrich(lang, code))
+        .await
+        .expect("build");
+    let (fast, slow, refused) = (
+        Lookup::start().await,
+        Lookup::start().await,
+        Lookup::start().await,
+    );
+    let mut extra = table_of(
+        "fast",
+        &wasm,
+        &fast,
+        1_000,
+        &format!(
+            "grants.http = [\"{}\"]\nhttp_max_in_flight = {MAX_IN_FLIGHT}",
+            fast.addr
+        ),
+    );
+    extra.push_str(&table_of(
+        "slow",
+        &wasm,
+        &slow,
+        300,
+        &format!("grants.http = [\"{}\"]", slow.addr),
+    ));
+    extra.push_str(&table_of("refused", &wasm, &refused, 1_000, ""));
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let started = Instant::now();
+    assert_eq!(host.ingest("fast", orders(0, ROWS)).await.status(), 202);
+    let lines = eventually(Duration::from_secs(60), "every row enriched", || async {
+        let lines = host.sink_lines("fast");
+        (lines.len() >= ROWS).then_some(lines)
+    })
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(lines.len(), ROWS);
+    for line in &lines {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        let id = row["id"].as_u64().expect("an id");
+        assert_eq!(row["info"]["key"], id.to_string(), "{lang}: {line}");
+    }
+    let most = fast.most_at_once();
+    println!(
+        "enrich ({lang}): {ROWS} rows, one {} ms lookup each, in {} ms ({} ms one after another); at most {most} lookups at once (http_max_in_flight = {MAX_IN_FLIGHT})",
+        ANSWER_AFTER.as_millis(),
+        elapsed.as_millis(),
+        ROWS as u128 * ANSWER_AFTER.as_millis(),
+    );
+    assert!(most > 1, "{lang}: the lookups went one at a time");
+    assert!(most <= MAX_IN_FLIGHT, "{lang}: {most} lookups at once");
+
+    let mut body = orders(0, 10);
+    body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
+    assert_eq!(host.ingest("slow", body).await.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(
+        reasons,
+        [format!(
+            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
+            slow.addr
+        )],
+        "{lang}"
+    );
+    eventually(Duration::from_secs(30), "the other rows", || async {
+        (host.sink_lines("slow").len() >= 10).then_some(())
+    })
+    .await;
+
+    assert_eq!(host.ingest("refused", orders(0, 2)).await.status(), 202);
+    let mut reasons = dead_letter_reasons(&nats, 3).await;
+    reasons.sort();
+    let expected: Vec<String> = (0..2)
+        .map(|id| {
+            format!(
+                "enrich: lookup of http://{addr}/k/{id} refused: `{addr}` is not in plugin `refused`'s grants.http",
+                addr = refused.addr
+            )
+        })
+        .collect();
+    assert_eq!(reasons[..2], expected[..], "{lang}: {reasons:?}");
+    assert_eq!(refused.received(), 0, "{lang}: a refused lookup was sent");
+    assert_eq!(host.sink_lines("slow").len(), 10, "{lang}");
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_transform_looks_its_rows_up_at_once_within_its_grant() {
+    enrichment_in("python", ENRICH_PY).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_js_transform_looks_its_rows_up_at_once_within_its_grant() {
+    enrichment_in("js", ENRICH_JS).await;
+}
