@@ -18,6 +18,9 @@ use crate::support::{Nats, TestHost, base_config, dead_letter_reasons, eventuall
 const ANSWER_AFTER: Duration = Duration::from_millis(20);
 /// The key the service never answers in time.
 const SLOW_KEY: &str = "slow";
+/// The key the service answers at once with [`BIG_BYTES`] of JSON.
+const BIG_KEY: &str = "big";
+const BIG_BYTES: usize = 8 << 20;
 
 /// What the service saw.
 #[derive(Default)]
@@ -73,6 +76,9 @@ impl Drop for Lookup {
 
 async fn lookup(State(counts): State<Arc<Counts>>, Path(key): Path<String>) -> String {
     counts.received.fetch_add(1, Ordering::SeqCst);
+    if key == BIG_KEY {
+        return format!("\"{}\"", "x".repeat(BIG_BYTES));
+    }
     let now = counts.now.fetch_add(1, Ordering::SeqCst) + 1;
     counts.most.fetch_max(now, Ordering::SeqCst);
     let wait = if key == SLOW_KEY {
@@ -184,6 +190,40 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
     assert_eq!(lines.len(), 20, "{lines:?}");
     assert!(lines.iter().all(|line| line.contains("\"info\":{\"key\":")));
     assert_eq!(dead_letter_reasons(&nats, 1).await.len(), 1);
+    host.shutdown().await;
+}
+
+/// A call's responses together get at most the plugin's memory cap (the
+/// host holds no more for it): a larger answer fails its own lookup, and
+/// the plugin goes on enriching.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_larger_than_the_plugins_memory_fails_its_lookup_alone() {
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = format!("grants.http = [\"{}\"]\nmemory = \"4MiB\"", lookup.addr);
+    let extra = enrich_pipeline(&lookup, 5_000, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let body = format!("{{\"id\":\"{BIG_KEY}\"}}\n");
+    assert_eq!(host.ingest("lookups", body).await.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(
+        reasons,
+        [format!(
+            "enrich: lookup of http://{}/k/{BIG_KEY} failed: the responses of this call are larger than the plugin's memory cap",
+            lookup.addr
+        )]
+    );
+    assert_eq!(host.ingest("lookups", orders(0, 3)).await.status(), 202);
+    let lines = eventually(Duration::from_secs(30), "the next rows", || async {
+        let lines = host.sink_lines("lookups");
+        (lines.len() >= 3).then_some(lines)
+    })
+    .await;
+    assert!(
+        lines.iter().all(|line| line.contains("\"info\":{\"key\":")),
+        "{lines:?}"
+    );
     host.shutdown().await;
 }
 

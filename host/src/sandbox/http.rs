@@ -77,8 +77,8 @@ pub(super) struct HttpGate {
     /// Places for `http-batch` requests in flight, shared by the plugin
     /// version's instances (`http_max_in_flight`).
     pub(super) in_flight: std::sync::Arc<tokio::sync::Semaphore>,
-    /// Largest response body an `http-batch` request reads: the plugin's
-    /// memory cap, since it could not take a larger one anyway.
+    /// Most response bytes one `http-batch` call reads, all its bodies
+    /// together: the plugin's memory cap, since it could not take more.
     pub(super) max_body_bytes: usize,
 }
 

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::{BodyExt, Full};
 use wasmtime_wasi_http::WasiBody;
 
 use super::bindings::transform::weir::plugin::http_batch::{
@@ -68,11 +70,15 @@ async fn fetch_all(
             "http-batch requests refused (not in grants.http, or malformed)"
         );
     }
-    let max_body = gate.max_body_bytes;
+    // Every body of the call lands in the guest's memory at once: together
+    // they get no more than its cap, so a hostile server cannot make the
+    // host hold more than that for one call.
+    let body_budget = AtomicUsize::new(gate.max_body_bytes);
+    let budget = &body_budget;
     let sends = pending.into_iter().map(|(index, checked)| {
         let in_flight = gate.in_flight.clone();
         async move {
-            let result = send(checked, &in_flight, own_timeout, ends, max_body).await;
+            let result = send(checked, &in_flight, own_timeout, ends, budget).await;
             (index, result)
         }
     });
@@ -165,7 +171,7 @@ async fn send(
     in_flight: &tokio::sync::Semaphore,
     own_timeout: Option<Duration>,
     ends: tokio::time::Instant,
-    max_body: usize,
+    body_budget: &AtomicUsize,
 ) -> Result<Response, FetchError> {
     let _place = tokio::time::timeout_at(ends, in_flight.acquire())
         .await
@@ -178,12 +184,25 @@ async fn send(
             .request(request)
             .await
             .map_err(|err| FetchError::Failed(causes(&err)))?;
-        let (parts, body) = response.into_parts();
-        let body = Limited::new(body, max_body)
-            .collect()
-            .await
-            .map_err(|err| FetchError::Failed(format!("reading the body: {err}")))?
-            .to_bytes();
+        let (parts, mut body) = response.into_parts();
+        let mut bytes = Vec::new();
+        let mut reserved = Reserved {
+            budget: body_budget,
+            bytes: 0,
+        };
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|err| FetchError::Failed(format!("reading the body: {err}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if !reserved.take(data.len()) {
+                return Err(FetchError::Failed(
+                    "the responses of this call are larger than the plugin's memory cap".into(),
+                ));
+            }
+            bytes.extend_from_slice(&data);
+        }
         let headers = parts
             .headers
             .iter()
@@ -194,15 +213,46 @@ async fn send(
                 )
             })
             .collect();
+        // Its bytes stay counted: they go to the guest with the others.
+        std::mem::forget(reserved);
         Ok(Response {
             status: parts.status.as_u16(),
             headers,
-            body: body.to_vec(),
+            body: bytes,
         })
     };
     tokio::time::timeout_at(until, exchange)
         .await
         .map_err(|_| FetchError::Timeout)?
+}
+
+/// Bytes of the call's body budget one response holds, given back if it
+/// fails (an error, a timeout) so that the others may use them.
+struct Reserved<'a> {
+    budget: &'a AtomicUsize,
+    bytes: usize,
+}
+
+impl Reserved<'_> {
+    /// Takes `bytes` more from the budget, if it has them.
+    fn take(&mut self, bytes: usize) -> bool {
+        let taken = self
+            .budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(bytes)
+            })
+            .is_ok();
+        if taken {
+            self.bytes += bytes;
+        }
+        taken
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.budget.fetch_add(self.bytes, Ordering::SeqCst);
+    }
 }
 
 /// An error and its causes, `outer: inner: …`, as a plugin's reason.
