@@ -193,6 +193,40 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
     host.shutdown().await;
 }
 
+/// `dedupe` (the enrich plugin's default): rows of a batch with the same
+/// key share one lookup, each still enriched.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_a_batch_with_the_same_key_share_one_lookup() {
+    const ROWS: usize = 40;
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = format!("grants.http = [\"{}\"]", lookup.addr);
+    let extra = enrich_pipeline(&lookup, 1_000, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let body: String = (0..ROWS)
+        .map(|n| format!("{{\"id\":\"k{}\",\"n\":{n}}}\n", n % 2))
+        .collect();
+    assert_eq!(host.ingest("lookups", body).await.status(), 202);
+    let lines = eventually(Duration::from_secs(30), "every row enriched", || async {
+        let lines = host.sink_lines("lookups");
+        (lines.len() >= ROWS).then_some(lines)
+    })
+    .await;
+    for line in &lines {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        assert_eq!(row["info"]["key"], row["id"], "{line}");
+    }
+    // Two keys: two lookups per batch, however the rows were batched.
+    let received = lookup.received();
+    println!("enrich: {ROWS} rows over 2 keys took {received} lookups");
+    assert!(
+        received < ROWS,
+        "{received} lookups for {ROWS} rows of 2 keys"
+    );
+    host.shutdown().await;
+}
+
 /// A call's responses together get at most the plugin's memory cap (the
 /// host holds no more for it): a larger answer fails its own lookup, and
 /// the plugin goes on enriching.
