@@ -193,6 +193,37 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
     host.shutdown().await;
 }
 
+/// A lookup with no timeout of its own ends with the call's deadline, less
+/// the tenth of it left for the plugin to answer: its row alone is
+/// dead-lettered, the call does not run past its deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lookup_without_a_timeout_ends_before_the_calls_deadline() {
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = format!("grants.http = [\"{}\"]\ndeadline = \"600ms\"", lookup.addr);
+    let extra = enrich_pipeline(&lookup, 0, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+
+    let mut body = orders(0, 5);
+    body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
+    assert_eq!(host.ingest("lookups", body).await.status(), 202);
+    let reasons = dead_letter_reasons(&nats, 1).await;
+    assert_eq!(
+        reasons,
+        [format!(
+            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
+            lookup.addr
+        )]
+    );
+    let lines = eventually(Duration::from_secs(30), "the other rows", || async {
+        let lines = host.sink_lines("lookups");
+        (lines.len() >= 5).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    host.shutdown().await;
+}
+
 /// `dedupe` (the enrich plugin's default): rows of a batch with the same
 /// key share one lookup, each still enriched.
 #[tokio::test(flavor = "multi_thread")]

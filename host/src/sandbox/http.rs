@@ -69,6 +69,9 @@ pub(super) struct HttpGate {
     pub(super) allowed: Vec<String>,
     /// The running call's deadline (a copy of `PluginState::call_ends`).
     pub(super) call_ends: Instant,
+    /// How long a call may run (`deadline`): `http-batch` leaves a tenth
+    /// of it for the plugin to answer after its requests.
+    pub(super) deadline: Duration,
     /// The plugin version's connections; `None` without `grants.http`.
     pub(super) pool: Option<HttpPool>,
     /// `false` (`http_keep_alive = false`): each request says

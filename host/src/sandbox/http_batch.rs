@@ -18,6 +18,9 @@ use super::bindings::transform::weir::plugin::http_batch::{
 use super::http::{HttpGate, HttpPool};
 use super::instance::PluginState;
 
+/// The share of a call's deadline kept for the plugin after its requests.
+const ANSWER_SHARE: u32 = 10;
+
 impl api::Host for PluginState {
     async fn fetch_all(
         &mut self,
@@ -39,7 +42,15 @@ async fn fetch_all(
     requests: Vec<Request>,
     options: FetchOptions,
 ) -> Vec<Result<Response, FetchError>> {
-    let ends = tokio::time::Instant::from_std(gate.call_ends);
+    // A tenth of the deadline is left for the plugin to answer its rows
+    // once the requests are done, so a lookup that times out fails its own
+    // row rather than the whole call.
+    let answer_time = gate.deadline / ANSWER_SHARE;
+    let ends = tokio::time::Instant::from_std(
+        gate.call_ends
+            .checked_sub(answer_time)
+            .unwrap_or(gate.call_ends),
+    );
     let own_timeout =
         (options.timeout_ms > 0).then(|| Duration::from_millis(u64::from(options.timeout_ms)));
     // Each request's index is its own, or that of the first identical GET.

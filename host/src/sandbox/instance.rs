@@ -161,6 +161,7 @@ impl Plugin {
                 plugin: self.config.name.clone(),
                 allowed: self.config.grants.http.clone(),
                 call_ends: Instant::now(),
+                deadline: self.config.deadline,
                 pool: self.http_pool.clone(),
                 keep_alive: self.config.http_keep_alive,
                 in_flight: self.http_in_flight.clone(),

@@ -12,8 +12,9 @@
 //! - at most `http_max_in_flight` requests of the plugin version are in
 //!   flight at once (across its instances); the others wait for a place;
 //! - each request has [`FetchOptions::timeout_ms`] from when it is sent,
-//!   and none outlasts the call's deadline, which keeps running while the
-//!   call waits: past either it is [`FetchError::Timeout`];
+//!   and every one ends a tenth of the call's deadline before it (that
+//!   tenth is left to answer the rows; the deadline keeps running while
+//!   the call waits): past either it is [`FetchError::Timeout`];
 //! - with [`FetchOptions::dedupe`], identical `GET`s of one call are sent
 //!   once and share their response (a cache for the batch).
 //!
