@@ -200,7 +200,7 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
 async fn a_lookup_without_a_timeout_ends_before_the_calls_deadline() {
     let nats = Nats::start();
     let lookup = Lookup::start().await;
-    let grant = format!("grants.http = [\"{}\"]\ndeadline = \"600ms\"", lookup.addr);
+    let grant = format!("grants.http = [\"{}\"]\ndeadline = \"1s\"", lookup.addr);
     let extra = enrich_pipeline(&lookup, 0, &grant);
     let host = TestHost::start(&base_config(nats.url(), &extra)).await;
 
