@@ -28,6 +28,7 @@ fn main() {
             ("NULL_SINK", "weir_bench_null_sink.wasm"),
             ("NAIVE_MASK", "weir_bench_naive_mask.wasm"),
             ("HTTP_SINK", "weir_http_sink.wasm"),
+            ("ENRICH", "weir_enrich.wasm"),
             ("TENANT_BUDGET", "weir_tenant_budget.wasm"),
             ("HOT_TENANT_ROUTER", "weir_hot_tenant_router.wasm"),
             ("WINDOW", "weir_window.wasm"),

@@ -31,7 +31,7 @@ fn workspace() -> &'static Path {
 }
 
 /// `weir plugin new NAME --lang LANG --dir …`, its project's folder.
-fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
+pub(crate) fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
     let dir = workspace().join(name);
     let output = Command::new(WEIR)
         .args([
@@ -50,7 +50,7 @@ fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
 
 /// Runs `script` (`./build.sh`, `./test.sh`) in `dir`, panicking with its
 /// output when it fails.
-fn run_script(dir: &Path, script: &str) -> String {
+pub(crate) fn run_script(dir: &Path, script: &str) -> String {
     let mut command = Command::new(dir.join(script));
     command.current_dir(dir);
     // Rust projects share one target folder, so that every run after the

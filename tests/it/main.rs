@@ -17,6 +17,7 @@ mod deploy;
 mod destination_faults;
 mod dlq;
 mod dlq_retention;
+mod enrich;
 mod fencing;
 mod fleet;
 mod front_door;

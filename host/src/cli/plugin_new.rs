@@ -272,6 +272,11 @@ fn js(world: World) -> Vec<File> {
             false,
         ),
         (
+            "weir/http.js",
+            include_str!("../../../plugins/js/weir/http.js").to_string(),
+            false,
+        ),
+        (
             "weir/test.mjs",
             include_str!("../../../plugins/js/weir/test.mjs").to_string(),
             false,

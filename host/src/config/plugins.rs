@@ -33,6 +33,10 @@ pub const DEFAULT_STATE_KEYS: u64 = 10_000;
 pub const MAX_STATE_KEYS: u64 = 100_000;
 pub const DEFAULT_STATE_BYTES: u64 = 256 * 1024;
 pub const MAX_STATE_BYTES: u64 = 768 * 1024;
+/// `grants.http` requests of one plugin version in flight at once (the
+/// `http-batch` interface), across its instances.
+pub const DEFAULT_HTTP_MAX_IN_FLIGHT: u64 = 16;
+pub const MAX_HTTP_MAX_IN_FLIGHT: u64 = 1_024;
 /// `grants.postgres`: connections one plugin version may hold at once.
 pub const DEFAULT_POSTGRES_CONNECTIONS: u64 = 4;
 pub const MAX_POSTGRES_CONNECTIONS: u64 = 256;
@@ -94,6 +98,12 @@ pub(super) const KEYS: &[Key] = &[
         "plugins.NAME",
         "http_keep_alive",
         Fallback::Bool(true),
+        Reload::Hot,
+    ),
+    Key::new(
+        "plugins.NAME",
+        "http_max_in_flight",
+        Fallback::Count(DEFAULT_HTTP_MAX_IN_FLIGHT),
         Reload::Hot,
     ),
     Key::new(
@@ -173,6 +183,8 @@ pub struct PluginConfig {
     /// Whether its `grants.http` requests reuse pooled keep-alive
     /// connections; `false`: a fresh connection per request, closed after.
     pub http_keep_alive: bool,
+    /// Its `http-batch` requests in flight at once, across its instances.
+    pub http_max_in_flight: usize,
     pub grants: Grants,
 }
 
@@ -385,6 +397,7 @@ pub(super) struct RawPlugin {
     recycle_after_growth: Option<Spanned<Size>>,
     recycle_after_growth_mb: Option<Spanned<u32>>,
     http_keep_alive: Option<bool>,
+    http_max_in_flight: Option<Spanned<u64>>,
     #[serde(default)]
     grants: RawGrants,
 }
@@ -541,6 +554,21 @@ impl Checker<'_> {
             MIN_PLUGIN_DEADLINE,
             Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS),
         );
+        let http_max_in_flight = match &plugin.http_max_in_flight {
+            Some(count) if !(1..=MAX_HTTP_MAX_IN_FLIGHT).contains(count.get_ref()) => {
+                self.report(
+                    count.span().start,
+                    format!(
+                        "plugin `{}`: http_max_in_flight must be between 1 and {MAX_HTTP_MAX_IN_FLIGHT}",
+                        name.get_ref()
+                    ),
+                );
+                DEFAULT_HTTP_MAX_IN_FLIGHT
+            }
+            Some(count) => *count.get_ref(),
+            None => DEFAULT_HTTP_MAX_IN_FLIGHT,
+        };
+        let http_max_in_flight = usize::try_from(http_max_in_flight).unwrap_or(usize::MAX);
         let world = self.world(&name, &plugin.world);
         let grants = self.grants(name.get_ref(), world, plugin.grants, prefix);
         let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
@@ -560,6 +588,7 @@ impl Checker<'_> {
             recycle_after_growth_bytes: usize::try_from(recycle_after_growth_bytes)
                 .unwrap_or(usize::MAX),
             http_keep_alive: plugin.http_keep_alive.unwrap_or(true),
+            http_max_in_flight,
             grants,
         }
     }

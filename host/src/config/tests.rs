@@ -307,6 +307,27 @@ fn http_grants_are_host_port_authorities() {
 }
 
 #[test]
+fn http_max_in_flight_is_bounded_where_it_is_written() {
+    let found = problems(concat!(
+        "[plugins.h]\nwasm = \"h.wasm\"\nworld = \"transform\"\n",
+        "http_max_in_flight = 0\n",
+        "[plugins.g]\nwasm = \"g.wasm\"\nworld = \"transform\"\n",
+        "http_max_in_flight = 1025\n",
+    ));
+    let bounded: Vec<&String> = found
+        .iter()
+        .filter(|p| p.contains("http_max_in_flight must be between 1 and 1024"))
+        .collect();
+    assert_eq!(bounded.len(), 2, "{found:?}");
+    assert!(
+        bounded
+            .iter()
+            .any(|p| p.starts_with("/etc/weir/weir.toml:4:22: plugin `h`")),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn unknown_grant_is_refused() {
     let found = problems("[plugins.h]\nwasm = \"h.wasm\"\nworld = \"sink\"\ngrants.htp = []\n");
     assert!(

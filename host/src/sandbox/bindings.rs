@@ -8,6 +8,8 @@ pub mod transform {
         path: "../wit",
         world: "weir:plugin/transform",
         exports: { default: async },
+        // A batch of requests waits on the network without blocking the executor.
+        imports: { "weir:plugin/http-batch": async },
     });
 }
 pub mod sink {
@@ -21,6 +23,7 @@ pub mod sink {
             "weir:plugin/types": super::transform::weir::plugin::types,
             "weir:plugin/host": super::transform::weir::plugin::host,
             "weir:plugin/state": super::transform::weir::plugin::state,
+            "weir:plugin/http-batch": super::transform::weir::plugin::http_batch,
         },
     });
 }

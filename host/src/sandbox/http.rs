@@ -69,11 +69,20 @@ pub(super) struct HttpGate {
     pub(super) allowed: Vec<String>,
     /// The running call's deadline (a copy of `PluginState::call_ends`).
     pub(super) call_ends: Instant,
+    /// How long a call may run (`deadline`): `http-batch` leaves a tenth
+    /// of it for the plugin to answer after its requests.
+    pub(super) deadline: Duration,
     /// The plugin version's connections; `None` without `grants.http`.
     pub(super) pool: Option<HttpPool>,
     /// `false` (`http_keep_alive = false`): each request says
     /// `Connection: close`, so the server does not hold the socket either.
     pub(super) keep_alive: bool,
+    /// Places for `http-batch` requests in flight, shared by the plugin
+    /// version's instances (`http_max_in_flight`).
+    pub(super) in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Most response bytes one `http-batch` call reads, all its bodies
+    /// together: the plugin's memory cap, since it could not take more.
+    pub(super) max_body_bytes: usize,
 }
 
 pub(super) type ResponseFuture = Box<

@@ -107,11 +107,14 @@ fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
             .cloned()
     };
     let mut needs = Vec::new();
-    if let Some(import) = first("wasi:http/outgoing-handler").or_else(|| first("wasi:http/")) {
+    if let Some(import) = first("wasi:http/outgoing-handler")
+        .or_else(|| first("weir:plugin/http-batch"))
+        .or_else(|| first("wasi:http/"))
+    {
         needs.push(GrantNeed {
             grant: "grants.http",
             import,
-            without: "it loads, and every request it makes is refused (HttpRequestDenied)",
+            without: "it loads, and every request it makes is refused (HttpRequestDenied, or http-batch's `refused`)",
         });
     }
     if let Some(import) = first("weir:plugin/state") {
@@ -150,7 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn http_is_named_by_its_outgoing_handler_and_sockets_are_never_granted() {
+    fn http_is_named_by_its_outgoing_handler_or_http_batch_and_sockets_are_never_granted() {
         let imports: Vec<String> = [
             "wasi:http/types@0.2.3",
             "wasi:http/outgoing-handler@0.2.3",
@@ -172,5 +175,11 @@ mod tests {
             ]
         );
         assert!(grant_needs(&["weir:plugin/host@0.2.0".to_string()]).is_empty());
+        let batch = grant_needs(&["weir:plugin/http-batch@0.2.0".to_string()]);
+        assert_eq!(batch.len(), 1);
+        assert_eq!(
+            (batch[0].grant, batch[0].import.as_str()),
+            ("grants.http", "weir:plugin/http-batch@0.2.0")
+        );
     }
 }

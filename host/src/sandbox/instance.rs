@@ -83,6 +83,9 @@ pub struct Plugin {
     pub postgres: Option<Arc<crate::destination::PgPool>>,
     /// Keep-alive connections of its `grants.http`, shared by its instances.
     pub(super) http_pool: Option<super::http::HttpPool>,
+    /// Places for its `http-batch` requests in flight (`http_max_in_flight`),
+    /// shared by its instances.
+    pub(super) http_in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -158,8 +161,11 @@ impl Plugin {
                 plugin: self.config.name.clone(),
                 allowed: self.config.grants.http.clone(),
                 call_ends: Instant::now(),
+                deadline: self.config.deadline,
                 pool: self.http_pool.clone(),
                 keep_alive: self.config.http_keep_alive,
+                in_flight: self.http_in_flight.clone(),
+                max_body_bytes: self.config.memory_bytes,
             },
             table: ResourceTable::new(),
             limits: Limiter {

@@ -24,6 +24,7 @@ use crate::world::World;
 pub(crate) mod bindings;
 mod cache;
 mod http;
+mod http_batch;
 mod imports;
 mod inspect;
 mod instance;
@@ -191,6 +192,10 @@ impl Sandbox {
                 state
             })?;
             bindings::transform::weir::plugin::state::add_to_linker::<
+                PluginState,
+                HasSelf<PluginState>,
+            >(&mut linker, |state| state)?;
+            bindings::transform::weir::plugin::http_batch::add_to_linker::<
                 PluginState,
                 HasSelf<PluginState>,
             >(&mut linker, |state| state)?;
@@ -410,6 +415,7 @@ impl Sandbox {
             pauses: self.pauses.clone(),
             postgres,
             http_pool,
+            http_in_flight: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
         });
         let smoke_test = loaded
             .instantiate()

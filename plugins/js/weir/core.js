@@ -125,7 +125,7 @@ export function shortReason(error) {
   const stack = (error && error.stack) || "";
   for (const line of stack.split("\n")) {
     const match = /([^/\s(@]+\.m?js):(\d+)(?::\d+)?\)?\s*$/.exec(line);
-    if (match && !/^(core|index|state)\.js$/.test(match[1])) {
+    if (match && !/^(core|index|state|http)\.js$/.test(match[1])) {
       where = ` (${match[1]} line ${match[2]})`;
       break;
     }

@@ -1,10 +1,20 @@
 // A Node loader hook (registered by test.mjs) serving the WIT imports
 // outside wasm: `weir:plugin/host@0.2.0` (log lines and counters go to
-// stderr) and `weir:plugin/state@0.2.0` (a map per tenant and table, for
-// the rows test.mjs runs).
+// stderr), `weir:plugin/state@0.2.0` (a map per tenant and table, for the
+// rows test.mjs runs) and `weir:plugin/http-batch@0.2.0`:
+// `globalThis.weirHttpResponder` (request => { tag: "ok", val: { status,
+// headers, body } } or { tag: "err", val: { tag: "timeout" } }) answers, or
+// every request is refused.
+const FAKES = {
+  "weir:plugin/host": "weir-host:fake",
+  "weir:plugin/state": "weir-state:fake",
+  "weir:plugin/http-batch": "weir-http:fake",
+};
+
 export async function resolve(specifier, context, next) {
-  if (specifier.startsWith("weir:plugin/host")) return { url: "weir-host:fake", shortCircuit: true };
-  if (specifier.startsWith("weir:plugin/state")) return { url: "weir-state:fake", shortCircuit: true };
+  for (const [prefix, url] of Object.entries(FAKES)) {
+    if (specifier.startsWith(prefix)) return { url, shortCircuit: true };
+  }
   return next(specifier, context);
 }
 
@@ -30,8 +40,14 @@ export function list(index, prefix) {
     .map(([k, v]) => [encoder.encode(k), v]);
 }`;
 
+const HTTP = `export function fetchAll(requests, options) {
+  const refused = { tag: "err", val: { tag: "refused", val: "no host outside wasm: set globalThis.weirHttpResponder" } };
+  return requests.map((r) => globalThis.weirHttpResponder ? globalThis.weirHttpResponder(r, options) : refused);
+}`;
+
+const SOURCES = { "weir-host:fake": HOST, "weir-state:fake": STATE, "weir-http:fake": HTTP };
+
 export async function load(url, context, next) {
-  if (url === "weir-host:fake") return { format: "module", shortCircuit: true, source: HOST };
-  if (url === "weir-state:fake") return { format: "module", shortCircuit: true, source: STATE };
+  if (url in SOURCES) return { format: "module", shortCircuit: true, source: SOURCES[url] };
   return next(url, context);
 }

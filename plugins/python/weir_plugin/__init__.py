@@ -19,7 +19,7 @@ __all__ = [
     "Row", "Out", "Transform", "Sink", "Budget", "Router", "export",
     "ok", "emit", "drop", "retry", "dead_letter",
     "admit", "throttle", "reject", "default_route", "to", "by_key",
-    "log", "count", "state", "StateError",
+    "log", "count", "state", "StateError", "http", "HttpError", "Response",
 ]
 
 WIT_PACKAGE = "weir:plugin@0.2.0"
@@ -479,6 +479,132 @@ def _host():
     return _HOST[0]
 
 
+class HttpError(Exception):
+    """Why one request of `http.fetch_all` has no response. `kind` is
+    "refused" (never sent: outside `grants.http`, or malformed), "timeout"
+    or "failed" (sent, no response); `str()` is the reason: `refused: …`,
+    `timed out`, `failed: …`. Returned in the list, not raised: raise it
+    from `row` to dead-letter the row with it."""
+
+    def __init__(self, kind, reason=""):
+        self.kind = kind
+        self.reason = reason
+        super().__init__("timed out" if kind == "timeout" else "%s: %s" % (kind, reason))
+
+
+class Response:
+    """One response of `http.fetch_all`: `status`, `headers` ((name, value)
+    pairs), `body` (bytes)."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status, headers=(), body=b""):
+        self.status = status
+        self.headers = list(headers)
+        self.body = bytes(body)
+
+    def json(self):
+        return json.loads(self.body)
+
+    def text(self):
+        return self.body.decode("utf-8")
+
+    def header(self, name, default=None):
+        """The first value of header `name` (compared case-insensitively)."""
+        for n, v in self.headers:
+            if n.lower() == name.lower():
+                return v
+        return default
+
+    def __repr__(self):
+        return "Response(status=%r, body=%r)" % (self.status, self.body[:80])
+
+
+class _HttpRequest:
+    __slots__ = ("method", "url", "headers", "body")
+
+    def __init__(self, method, url, headers=(), body=b""):
+        self.method = method
+        self.url = url
+        self.headers = [(str(n), str(v)) for n, v in headers]
+        self.body = _bytes(body)
+
+
+class _Http:
+    """Many outbound HTTP requests at once (`grants.http` in the TOML; the
+    WIT `http-batch` interface): `fetch_all` sends them together and
+    returns when every one is done, a `Response` or an `HttpError` per
+    request, in order. At most `http_max_in_flight` are in flight at once;
+    `timeout_ms` bounds each from when it is sent, and the call's deadline
+    all of them. Outside wasm (a plugin's own tests) a function given to
+    `respond_with(fn)` answers each request (`fn(request)` returns a
+    `Response` or an `HttpError`); without one every request is refused."""
+
+    def __init__(self):
+        self.responder = None
+
+    def request(self, method, url, headers=(), body=b""):
+        return _HttpRequest(method, url, headers, body)
+
+    def get(self, url, headers=()):
+        return _HttpRequest("GET", url, headers)
+
+    def post(self, url, body, content_type="application/json", headers=()):
+        return _HttpRequest("POST", url, [("content-type", content_type)] + list(headers), body)
+
+    def respond_with(self, responder):
+        self.responder = responder
+
+    def fetch_all(self, requests, timeout_ms=0, dedupe=False):
+        """A `Response` or an `HttpError` per request, in order. `dedupe`:
+        identical GETs of this call are sent once and share the answer."""
+        requests = list(requests)
+        api = _http_api()
+        if api is None:
+            if self.responder is None:
+                return [HttpError("refused", "no host outside wasm: answer with weir_plugin.http.respond_with")
+                        for _ in requests]
+            return [self.responder(request) for request in requests]
+        from componentize_py_types import Ok
+
+        results = api.fetch_all(
+            [api.Request(r.method, r.url, r.headers, r.body) for r in requests],
+            api.FetchOptions(int(timeout_ms), bool(dedupe)))
+        answers = []
+        for result in results:
+            if isinstance(result, Ok):
+                answer = result.value
+                answers.append(Response(answer.status, answer.headers, answer.body))
+                continue
+            error = result.value
+            if isinstance(error, api.FetchError_Timeout):
+                answers.append(HttpError("timeout"))
+            elif isinstance(error, api.FetchError_Refused):
+                answers.append(HttpError("refused", error.value))
+            else:
+                answers.append(HttpError("failed", error.value))
+        return answers
+
+
+http = _Http()
+
+_HTTP = []
+
+
+def _http_api():
+    """The generated `http-batch` import, or None outside wasm."""
+    if not _HTTP:
+        if sys.platform != "wasi":
+            _HTTP.append(None)
+        else:
+            try:
+                from wit_world.imports import http_batch as api
+            except ImportError:
+                raise HttpError("refused", "this plugin's world has no http-batch (only transforms and sinks do)") from None
+            _HTTP.append(api)
+    return _HTTP[0]
+
+
 # ---------------------------------------------------------------- packing
 
 
@@ -591,6 +717,10 @@ def export(plugin_class):
         # `state` bindings are imported now, for plugins that use them.
         try:
             import wit_world.imports.state  # noqa: F401
+        except ImportError:
+            pass
+        try:
+            import wit_world.imports.http_batch  # noqa: F401
         except ImportError:
             pass
     _PLUGIN.clear()

@@ -28,6 +28,7 @@ pub mod sink {
             "weir:plugin/types@0.2.0": crate::bindings::transform::weir::plugin::types,
             "weir:plugin/host@0.2.0": crate::bindings::transform::weir::plugin::host,
             "weir:plugin/state@0.2.0": crate::bindings::transform::weir::plugin::state,
+            "weir:plugin/http-batch@0.2.0": crate::bindings::transform::weir::plugin::http_batch,
         },
     });
 }

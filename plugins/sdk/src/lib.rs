@@ -50,15 +50,18 @@
 //! [`sequence`](Row::sequence), and may compare a hash of its payload.
 //! A sink granted PostgreSQL writes through [`postgres`], in the host's
 //! transaction of the call; one granted NATS subjects publishes through
-//! [`nats`], sent once its rows are delivered.
+//! [`nats`], sent once its rows are delivered. A transform or sink granted
+//! HTTP authorities sends many requests at once with [`http::fetch_all`]
+//! (an enrichment's lookups), waiting for all of them in one call.
 //!
 //! Modules import one another without a cycle: `bindings` (the generated
 //! WIT bindings), `slot`, `settings`, `packed`, `answer` and `hash` import
 //! no other module; `log` and `rows` build on them; the world modules
-//! (`transform`, `sink`, `budget`, `router`) on those; `state`,
+//! (`transform`, `sink`, `budget`, `router`) on those; `state`, `http`,
 //! `postgres` and `nats` wrap imports of `bindings` alone.
 
 pub mod budget;
+pub mod http;
 pub mod log;
 pub mod nats;
 pub mod postgres;
