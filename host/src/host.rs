@@ -31,6 +31,7 @@ use crate::ingest::front_door::{FrontDoor, Gate};
 use crate::ingest::idempotency::RequestKeys;
 use crate::ingest::listener;
 use crate::ingest::publish::Publisher;
+use crate::ingest::tls::FrontDoorTls;
 use crate::ingest::usage::Ledger;
 use crate::nats::connection::{self, ConnectError, Refusals};
 use crate::nats::embedded::{
@@ -66,6 +67,8 @@ pub enum StartError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    #[error("[tls]: {0}")]
+    Tls(#[from] crate::config::TlsFileError),
     #[error(transparent)]
     Coordination(#[from] CoordinationError),
     #[error(
@@ -203,13 +206,23 @@ impl RunningHost {
 
         let page = Page::new(status.clone(), generations.subscribe());
         let routes = front_door.router().merge(ops.router()).merge(page.router());
+        let tls = match &config.tls {
+            Some(files) => {
+                let tls = FrontDoorTls::load(files.clone())?;
+                tasks.push(tokio::spawn(tls.clone().follow(shutdown.clone())));
+                Some(tls)
+            }
+            None => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         tasks.push(tokio::spawn(listener::serve(
             listener,
             routes,
             metrics.clone(),
+            tls,
             shutdown.clone(),
         )));
-        tracing::info!(listen = %http_addr, nats = %connection::redact(&nats_url), member = %me, "weir is running");
+        tracing::info!(listen = %http_addr, scheme, nats = %connection::redact(&nats_url), member = %me, "weir is running");
         stop_if_failed.disarm();
 
         Ok(RunningHost {

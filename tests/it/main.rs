@@ -21,6 +21,7 @@ mod enrich;
 mod fencing;
 mod fleet;
 mod front_door;
+mod front_door_tls;
 mod http_sink;
 mod kv;
 mod logs;

@@ -3,7 +3,7 @@
 //!
 //! One file per section (`top`, `nats`, `stream`, `delivery`,
 //! `dead_letters`, `coordination`, `tenants`, `plugins`, `pipelines`,
-//! `policies`): its raw form, its
+//! `policies`, `tls`): its raw form, its
 //! validated type, its named defaults and its keys with their reload class
 //! ([`keys`]). `checker` holds what the sections share.
 //!
@@ -32,6 +32,7 @@ mod plugins;
 mod policies;
 mod stream;
 mod tenants;
+mod tls;
 mod top;
 mod units;
 
@@ -49,6 +50,7 @@ pub(crate) use policies::*;
 pub(crate) use stream::*;
 pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
 pub(crate) use tenants::*;
+pub use tls::{TlsFileError, TlsFiles};
 pub(crate) use top::*;
 pub use top::{DEFAULT_COMPILE_CACHE_MAX_BYTES, user_compile_cache_dir};
 pub use units::parse_size;
@@ -63,6 +65,7 @@ use plugins::RawPlugin;
 use policies::RawPolicies;
 use stream::RawStream;
 use tenants::RawTenant;
+use tls::RawTls;
 use units::Size;
 
 /// Why a configuration was refused. `Invalid` lists every problem found.
@@ -168,6 +171,8 @@ pub struct Config {
     pub plugin_places: BTreeMap<String, PluginPlaces>,
     pub pipelines: Vec<Pipeline>,
     pub policies: Policies,
+    /// HTTPS for the front door and the operator endpoints; `None`: HTTP.
+    pub tls: Option<TlsFiles>,
     /// The plugin instance pool's size as the operator set it; `None`: sized
     /// from the topology and pipelines ([`Config::plugin_instances`]).
     pub max_plugin_instances: Option<u32>,
@@ -195,6 +200,8 @@ struct RawConfig {
     delivery: RawDelivery,
     #[serde(default)]
     dead_letters: RawDeadLetters,
+    #[serde(default)]
+    tls: RawTls,
     #[serde(default)]
     coordination: RawCoordination,
     #[serde(default)]
@@ -378,6 +385,7 @@ impl Checker<'_> {
         let stream = self.stream(&raw.stream, overrides);
         let delivery = self.delivery(&raw.delivery);
         let dead_letters = self.dead_letters(&raw.dead_letters);
+        let tls = self.tls(&raw.tls);
         let coordination = self.coordination(&raw.coordination);
         let mut tenant_keys = HashSet::new();
         let tenants = self.tenants(raw.tenants, &mut tenant_keys);
@@ -422,6 +430,7 @@ impl Checker<'_> {
             pipelines,
             policies,
             max_plugin_instances: limits.max_plugin_instances,
+            tls,
         })
     }
 }
@@ -439,6 +448,7 @@ pub fn all_keys() -> impl Iterator<Item = &'static Key> {
         plugins::KEYS,
         pipelines::KEYS,
         policies::KEYS,
+        tls::KEYS,
     ]
     .into_iter()
     .flatten()

@@ -1,7 +1,8 @@
 //! The HTTP listener the front door and the operator endpoints share: a
 //! cap on open connections (past it a connection gets a bare 503 and is
 //! closed, before anything is read), a deadline for a request's headers
-//! (which also closes idle keep-alive connections), and a graceful stop.
+//! (which also closes idle keep-alive connections), TLS when `[tls]` is
+//! set (the handshake within the same deadline), and a graceful stop.
 //! Body deadlines and sizes are the front door's (`front_door.rs`).
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
+use crate::ingest::tls::FrontDoorTls;
 use crate::telemetry::Metrics;
 
 /// Connections open at once, across clients.
@@ -36,12 +38,13 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
     Content-Type: application/json\r\nContent-Length: 52\r\nConnection: close\r\n\r\n\
     {\"error\":\"too many connections; retry in a second\"}";
 
-/// Serves `app` on `listener` until `stop`, then lets requests in flight
-/// finish (up to a grace period).
+/// Serves `app` on `listener` (over TLS with `tls`) until `stop`, then
+/// lets requests in flight finish (up to a grace period).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     metrics: Metrics,
+    tls: Option<Arc<FrontDoorTls>>,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -77,18 +80,49 @@ pub async fn serve(
         // Handlers see the peer's address (`ConnectInfo`): failed keys are
         // counted per address.
         let app = app.clone();
+        let https = tls.is_some();
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
+            if https {
+                // What a TLS proxy would say: the page's cookie is then `Secure`.
+                request.headers_mut().insert(
+                    "x-forwarded-proto",
+                    axum::http::HeaderValue::from_static("https"),
+                );
+            }
             let mut app = app.clone();
             async move { app.call(request).await }
         });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let Some(tls) = &tls else {
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    tracing::debug!(error = %err, "HTTP connection ended with an error");
+                }
+                drop(slot);
+            });
+            continue;
+        };
+        // The handshake runs in the connection's task, within the header
+        // deadline: a slow client holds its own slot, not the accept loop.
+        let (acceptor, builder, watcher) = (tls.acceptor(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "HTTP connection ended with an error");
+            let stream = match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    tracing::debug!(error = %err, %peer, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(err) = watcher.watch(connection).await {
+                tracing::debug!(error = %err, "HTTPS connection ended with an error");
             }
             drop(slot);
         });

@@ -18,6 +18,7 @@ pub mod ndjson;
 mod policy;
 pub(crate) mod publish;
 mod tenants;
+pub(crate) mod tls;
 pub(crate) mod usage;
 
 pub use policy::{Admit, Placement, Policies};
