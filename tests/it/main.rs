@@ -19,6 +19,7 @@ mod fencing;
 mod fleet;
 mod front_door;
 mod http_sink;
+mod idle_cost;
 mod kv;
 mod logs;
 mod metrics;
