@@ -249,10 +249,16 @@ impl Puller {
             // subscription.
             Ok(()) => {
                 self.drain_into(&mut rows).await;
-                // A request sent without a pin id is not ended by the unpin
-                // (the server pins it anew on its next row), and it waits
-                // long: end it by dropping the inbox's interest.
-                if self.outstanding.as_ref().is_some_and(|o| o.without_pin) {
+                // A request sent without a pin id that brought no row yet
+                // is not ended by the unpin (the server pins it anew on its
+                // next row), and it waits long: end it by dropping the
+                // inbox's interest. One that brought rows was pinned with
+                // them, and the unpin ended it like any pinned request.
+                if self
+                    .outstanding
+                    .as_ref()
+                    .is_some_and(|o| o.without_pin && !o.brought)
+                {
                     self.end_unpinned(&mut rows).await;
                 } else {
                     self.await_in_flight(&mut rows).await;
@@ -311,15 +317,28 @@ impl Puller {
         tracing::debug!(consumer = %self.consumer, last, "rows on their way at the release arrived");
     }
 
-    /// Ends a request sent without a pin id: unsubscribes the inbox, so the
-    /// server sends it nothing more (a request whose reply subject has no
-    /// interest is dropped), after taking what the inbox holds. The
+    /// Ends a request sent without a pin id that brought no row: takes the
+    /// rows sent to it since all the same, then unsubscribes the inbox, so
+    /// the server sends it nothing more (a request whose reply subject has
+    /// no interest is dropped), after taking what the inbox holds. The
     /// consumer info asked next is answered after the server handled the
     /// unsubscription (one connection, in order): a row it delivered in
     /// between went to no one. That takes a row arriving within that round
     /// trip; the row comes back after the ack wait, and the pin its
     /// delivery gave the ended request is released again here.
     async fn end_unpinned(&mut self, rows: &mut Vec<Message>) {
+        // Rows sent to it before or since the unpin (the server pinned it
+        // on the first): take them, then unpin again, which ends it now
+        // that it carries the pin's id.
+        if let Ok(last) = last_delivery(&self.client, &self.stream, &self.consumer).await
+            && last > self.delivered_at_open.max(self.highest_delivery())
+        {
+            self.await_in_flight(rows).await;
+            if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
+                tracing::debug!(consumer = %self.consumer, error = %err, "second unpin failed");
+            }
+            self.drain_into(rows).await;
+        }
         while let Some(Some(message)) = self.subscriber.next().now_or_never() {
             rows.extend(self.receive(message).await);
         }
