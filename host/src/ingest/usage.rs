@@ -5,8 +5,8 @@
 //! The streams are the truth, read only where something happened. Every
 //! host shares what it does as it does it (`<prefix>.usage.accepts`, core
 //! NATS): the rows it accepted, right after each PubAck, each tagged with
-//! the stream sequence of its PubAck, and the partitions whose rows its
-//! workers settled. The fleet's leader (its first live member) marks those
+//! the stream sequence of its PubAck, and (at most every 250 ms) the
+//! partitions whose rows its workers settled. The fleet's leader (its first live member) marks those
 //! partitions, and once a second re-reads the per-subject counts of the
 //! marked ones only (twice: the second read catches acks the server had
 //! not applied at the first), then writes a snapshot (`usage.snapshot` in
@@ -58,6 +58,8 @@ const SNAPSHOT_KEY: &str = "usage.snapshot";
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the leader checks every partition's state in one listing.
 pub const SLOW_CHECK: Duration = Duration::from_secs(10);
+/// How often settled partitions are shared when no accept carries them.
+const SETTLED_SHARE: Duration = Duration::from_millis(250);
 /// Reads of a partition after something happened in it: the second catches
 /// acks the server had not applied yet at the first.
 const READS_PER_CHANGE: u8 = 2;
@@ -287,15 +289,12 @@ impl Ledger {
     }
 
     /// This host's workers settled rows of `partition`: its counts change
-    /// (the leader re-reads it), shared with the fleet like accepts.
+    /// (the leader re-reads it). Shared with the next accepts, or within
+    /// `SETTLED_SHARE`: one message per batch would reach every host.
     pub fn settled(&self, partition: u32) {
         let mut state = self.state();
         state.changed_in(partition);
-        let fresh = state.settled_outbox.insert(partition);
-        drop(state);
-        if fresh {
-            self.to_share.notify_one();
-        }
+        state.settled_outbox.insert(partition);
     }
 
     /// Another host's accepts and settlements.
@@ -408,6 +407,8 @@ impl Ledger {
         let mut reader = Reader::default();
         let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut share_settled = tokio::time::interval(SETTLED_SHARE);
+        share_settled.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -420,7 +421,12 @@ impl Ledger {
                     Ok(shared) => self.shared(shared),
                     Err(err) => tracing::debug!(error = %err, "ignoring an unreadable usage message"),
                 },
-                _ = self.to_share.notified() => {
+                _ = async {
+                    tokio::select! {
+                        _ = self.to_share.notified() => {}
+                        _ = share_settled.tick() => {}
+                    }
+                } => {
                     let (accepts, settled) = self.take_outbox();
                     if !accepts.is_empty() || !settled.is_empty() {
                         let shared = Shared { host: self.me.clone(), accepts, settled };
