@@ -153,6 +153,10 @@ impl RunningHost {
             generations: generations.clone(),
             metrics: metrics.clone(),
             state,
+            settled: Some({
+                let ledger = ledger.clone();
+                Arc::new(move |partition| ledger.settled(partition))
+            }),
         };
         let coordination =
             Self::join_fleet(&config, &client, &kv, &me, http_addr, workers, followers).await?;

@@ -225,7 +225,15 @@ async fn overlapping_prefixes_fold_into_one_filter_on_one_consumer() {
 #[tokio::test(flavor = "multi_thread")]
 async fn puts_deletes_and_purges_arrive_typed_with_revision_and_time() {
     let nats = Nats::start();
-    let (client, kv) = bucket(&nats, BucketOptions::new("ops")).await;
+    // A watch delivers the revisions still stored when its consumer reaches
+    // them. With one revision per key, the delete below replaces the put at
+    // once, and a watch that lags (CPU load: seen 3 times in 100 runs) never
+    // sees the put; keeping history keeps every revision until the purge.
+    let options = BucketOptions {
+        history: 8,
+        ..BucketOptions::new("ops")
+    };
+    let (client, kv) = bucket(&nats, options).await;
     let mut watch = kv
         .watch_prefixes(&["t."], WatchStart::NewChanges)
         .await
@@ -271,7 +279,8 @@ async fn puts_deletes_and_purges_arrive_typed_with_revision_and_time() {
 async fn seen_updates(watch: &mut Watch, count: usize) -> Vec<Entry> {
     let mut updates = Vec::new();
     for _ in 0..count {
-        updates.push(next_update(watch, "the next update").await);
+        let what = format!("update {} of {count}, after {updates:?}", updates.len() + 1);
+        updates.push(next_update(watch, &what).await);
     }
     updates
 }

@@ -23,6 +23,7 @@ mod fleet;
 mod front_door;
 mod front_door_tls;
 mod http_sink;
+mod idle_cost;
 mod kv;
 mod logs;
 mod metrics;

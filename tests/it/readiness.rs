@@ -19,19 +19,23 @@ async fn readyz_becomes(host: &TestHost, status: u16, what: &str) -> (Duration, 
             .timeout(Duration::from_secs(1))
             .send()
             .await;
-        if let Ok(answer) = answer
-            && answer.status() == status
-        {
+        let mut last = String::new();
+        if let Ok(answer) = answer {
+            let now = answer.status();
             let body = answer.text().await.unwrap_or_default();
-            println!(
-                "{what}: /readyz {status} after {:?}: {body}",
-                started.elapsed()
-            );
-            return (started.elapsed(), body);
+            if now != status {
+                last = format!("{now}: {body}");
+            } else {
+                println!(
+                    "{what}: /readyz {status} after {:?}: {body}",
+                    started.elapsed()
+                );
+                return (started.elapsed(), body);
+            }
         }
         assert!(
             started.elapsed() < WITHIN,
-            "{what}: /readyz did not answer {status} within {WITHIN:?}"
+            "{what}: /readyz did not answer {status} within {WITHIN:?} (last: {last})"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -13,8 +13,9 @@ use super::target::HostTarget;
 /// Units listed one by one up to this many; past it, only those with rows
 /// or without an owner (a fleet of 1024 units is not read line by line).
 const LIST_ALL_UNITS: usize = 64;
-/// Usage snapshots come every second: one older than this is stale.
-const STALE_USAGE_MS: u64 = 5000;
+/// Usage snapshots come as usage changes and at least every 10 s (the
+/// leader's slow check): one older than this is stale.
+const STALE_USAGE_MS: u64 = 15_000;
 /// Reasons listed, most frequent first.
 const REASONS_SHOWN: usize = 10;
 

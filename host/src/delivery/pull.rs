@@ -25,18 +25,25 @@ use tokio::time::Instant;
 use crate::coordination::Lease;
 use crate::nats::jetstream::{PIN_GROUP, last_delivery, unpin};
 
-/// How long the server keeps one pull request waiting for rows.
+/// How long the server keeps one pull request waiting for rows while rows
+/// come.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
-/// The same for a request sent without a pin id (before the first row):
-/// an unpin does not end such a request (the server pins it anew on its
-/// next row), so a release waits for it to end, and it ends soon.
-const UNPINNED_PULL_EXPIRES: Duration = Duration::from_secs(1);
-const UNPINNED_PULL_HEARTBEAT: Duration = Duration::from_millis(400);
+/// How long a request waits when the unit is idle: the last request
+/// brought no row, or none came yet (no pin). An idle unit thus costs one
+/// request per 12 s, not one per second. Below the pin's TTL
+/// (`topology::PIN_TIMEOUT`, 15 s), which only a request renews: an idle
+/// holder keeps its pin.
+pub const IDLE_PULL_EXPIRES: Duration = Duration::from_secs(12);
+/// Idle heartbeat of such a request: a request lost (a server restart, a
+/// reconnect) shows as silence within two of them.
+const IDLE_PULL_HEARTBEAT: Duration = Duration::from_secs(4);
 /// A request the server has not ended this long after its expiry was lost
 /// (a server restart, a reconnect): pull again.
 const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
+/// An idle request with neither row nor heartbeat for this long was lost.
+const IDLE_SILENCE_LIMIT: Duration = Duration::from_secs(9);
 /// Pause before pulling again after the server refused a request.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// How long a release whose unpin failed waits for rows still on their way.
@@ -81,6 +88,11 @@ struct Outstanding {
     lost_after: Instant,
     /// Sent without a pin id: an unpin does not end it.
     without_pin: bool,
+    /// An idle request: its heartbeats say it is alive, so silence, not
+    /// its long expiry, says it was lost.
+    idle: bool,
+    /// Whether it brought a row.
+    brought: bool,
 }
 
 /// How much one pull request asks for: up to `max_rows` rows, but no more
@@ -135,6 +147,8 @@ pub struct Puller {
     delivered_at_open: u64,
     /// The ack subject of the last row received.
     last_reply: Option<async_nats::Subject>,
+    /// The last request ended without a row: the next one waits long.
+    idle: bool,
 }
 
 impl Puller {
@@ -180,6 +194,7 @@ impl Puller {
             lease,
             delivered_at_open,
             last_reply: None,
+            idle: false,
         })
     }
 
@@ -234,23 +249,20 @@ impl Puller {
             // subscription.
             Ok(()) => {
                 self.drain_into(&mut rows).await;
-                // A request sent without a pin id is not ended by the unpin:
-                // the server pins it anew on its next row. Take what it brings
-                // until it ends, then unpin again; otherwise its rows would
-                // wait out the ack wait, behind newer ones.
-                if self.outstanding.as_ref().is_some_and(|o| o.without_pin) {
-                    while let Some(lost_after) = self.outstanding.as_ref().map(|o| o.lost_after) {
-                        match tokio::time::timeout_at(lost_after, self.subscriber.next()).await {
-                            Ok(Some(message)) => rows.extend(self.receive(message).await),
-                            Ok(None) | Err(_) => break,
-                        }
-                    }
-                    if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
-                        tracing::debug!(consumer = %self.consumer, error = %err, "second unpin failed");
-                    }
-                    self.drain_into(&mut rows).await;
+                // A request sent without a pin id that brought no row yet
+                // is not ended by the unpin (the server pins it anew on its
+                // next row), and it waits long: end it by dropping the
+                // inbox's interest. One that brought rows was pinned with
+                // them, and the unpin ended it like any pinned request.
+                if self
+                    .outstanding
+                    .as_ref()
+                    .is_some_and(|o| o.without_pin && !o.brought)
+                {
+                    self.end_unpinned(&mut rows).await;
+                } else {
+                    self.await_in_flight(&mut rows).await;
                 }
-                self.await_in_flight(&mut rows).await;
             }
             Err(err) => {
                 tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
@@ -303,6 +315,54 @@ impl Puller {
             }
         }
         tracing::debug!(consumer = %self.consumer, last, "rows on their way at the release arrived");
+    }
+
+    /// Ends a request sent without a pin id that brought no row: takes the
+    /// rows sent to it since all the same, then unsubscribes the inbox, so
+    /// the server sends it nothing more (a request whose reply subject has
+    /// no interest is dropped), after taking what the inbox holds. The
+    /// consumer info asked next is answered after the server handled the
+    /// unsubscription (one connection, in order): a row it delivered in
+    /// between went to no one. That takes a row arriving within that round
+    /// trip; the row comes back after the ack wait, and the pin its
+    /// delivery gave the ended request is released again here.
+    async fn end_unpinned(&mut self, rows: &mut Vec<Message>) {
+        // Rows sent to it before or since the unpin (the server pinned it
+        // on the first): take them, then unpin again, which ends it now
+        // that it carries the pin's id.
+        if let Ok(last) = last_delivery(&self.client, &self.stream, &self.consumer).await
+            && last > self.delivered_at_open.max(self.highest_delivery())
+        {
+            self.await_in_flight(rows).await;
+            if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
+                tracing::debug!(consumer = %self.consumer, error = %err, "second unpin failed");
+            }
+            self.drain_into(rows).await;
+        }
+        while let Some(Some(message)) = self.subscriber.next().now_or_never() {
+            rows.extend(self.receive(message).await);
+        }
+        if let Err(err) = self.subscriber.unsubscribe().await {
+            tracing::debug!(consumer = %self.consumer, error = %err, "cannot unsubscribe the inbox");
+        }
+        self.outstanding = None;
+        match last_delivery(&self.client, &self.stream, &self.consumer).await {
+            Ok(last) if last > self.delivered_at_open.max(self.highest_delivery()) => {
+                tracing::warn!(
+                    consumer = %self.consumer,
+                    last,
+                    received = self.highest_delivery(),
+                    "rows reached the unit as its release ended its request; they come back after the ack wait"
+                );
+                if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
+                    tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the pin of the ended request; the next owner waits for it to time out");
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(consumer = %self.consumer, error = %err, "cannot read the unit's last delivery after ending its request")
+            }
+        }
     }
 
     /// The consumer sequence of the last row received (0: none yet).
@@ -358,8 +418,9 @@ impl Puller {
         }
         let batch = self.size.rows_for(self.mean_row_bytes);
         let without_pin = self.pin.is_none();
-        let (expires, idle_heartbeat) = if without_pin {
-            (UNPINNED_PULL_EXPIRES, UNPINNED_PULL_HEARTBEAT)
+        let idle = without_pin || self.idle;
+        let (expires, idle_heartbeat) = if idle {
+            (IDLE_PULL_EXPIRES, IDLE_PULL_HEARTBEAT)
         } else {
             (PULL_EXPIRES, PULL_HEARTBEAT)
         };
@@ -384,10 +445,17 @@ impl Puller {
         {
             Ok(()) => {
                 tracing::trace!(consumer = %self.consumer, pin = ?self.pin, batch, "pull request sent");
+                let lost_after = if idle {
+                    IDLE_SILENCE_LIMIT
+                } else {
+                    expires + LOST_REQUEST_GRACE
+                };
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
-                    lost_after: Instant::now() + expires + LOST_REQUEST_GRACE,
+                    lost_after: Instant::now() + lost_after,
                     without_pin,
+                    idle,
+                    brought: false,
                 })
             }
             Err(err) => {
@@ -420,17 +488,34 @@ impl Puller {
                     self.mean_row_bytes * (1.0 - MEAN_WEIGHT)
                         + message.payload.len() as f64 * MEAN_WEIGHT
                 };
+                self.idle = false;
                 if let Some(outstanding) = &mut self.outstanding {
+                    outstanding.brought = true;
+                    // Rows come: it is not lost, and ends at its expiry
+                    // (no later than the heartbeat bound would).
                     outstanding.remaining = outstanding.remaining.saturating_sub(1);
+                    if outstanding.idle {
+                        outstanding.lost_after = Instant::now() + IDLE_SILENCE_LIMIT;
+                    }
                     if outstanding.remaining == 0 {
                         self.outstanding = None;
                     }
                 }
                 Some(message)
             }
-            Some(StatusCode::IDLE_HEARTBEAT) => None,
+            Some(StatusCode::IDLE_HEARTBEAT) => {
+                if let Some(outstanding) = &mut self.outstanding
+                    && outstanding.idle
+                {
+                    outstanding.lost_after = Instant::now() + IDLE_SILENCE_LIMIT;
+                }
+                None
+            }
             Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {
-                self.outstanding = None;
+                // Expired with nothing to bring: the unit is idle.
+                if let Some(outstanding) = self.outstanding.take() {
+                    self.idle = !outstanding.brought;
+                }
                 None
             }
             Some(StatusCode::PIN_ID_MISMATCH) => {

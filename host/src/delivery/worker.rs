@@ -93,7 +93,13 @@ pub struct UnitWorker {
     applied: AppliedPruning,
     /// The host's connection as a sink granted `nats` publishes on it.
     publisher: Publisher,
+    /// Told the partition after each settled batch.
+    settled: Option<SettledHook>,
 }
+
+/// What a worker tells after settling a batch: its unit's partition (usage
+/// re-reads that partition's counts).
+pub type SettledHook = Arc<dyn Fn(u32) + Send + Sync>;
 
 impl UnitWorker {
     pub fn new(
@@ -142,6 +148,7 @@ impl UnitWorker {
             state,
             applied: AppliedPruning::default(),
             publisher,
+            settled: None,
         }
     }
 
@@ -307,6 +314,9 @@ impl UnitWorker {
         self.settler.record_acked = stateful;
         let settled = self.settler.settle(batch, verdicts, lease).await;
         self.applied.answered(&mut self.settler.acked);
+        if let Some(hook) = &self.settled {
+            hook(self.unit.partition);
+        }
         settled
     }
 }
@@ -321,19 +331,23 @@ pub struct Workers {
     pub metrics: Metrics,
     /// The plugin state bucket, for pipelines with a plugin granted `state`.
     pub state: Option<StateStore<NatsKv>>,
+    /// Told each settled batch's partition (the host's usage ledger).
+    pub settled: Option<SettledHook>,
 }
 
 impl Workers {
     /// The worker of a unit this host was given.
     pub fn worker(&self, unit: Unit) -> UnitWorker {
-        UnitWorker::new(
+        let mut worker = UnitWorker::new(
             self.js.clone(),
             self.router.clone(),
             unit,
             self.generations.subscribe(),
             self.metrics.clone(),
             self.state.clone(),
-        )
+        );
+        worker.settled = self.settled.clone();
+        worker
     }
 }
 

@@ -2,16 +2,27 @@
 //! acked or dead-lettered) across every host and partition, and what was
 //! accepted lately, for the budget policy.
 //!
-//! The streams are the truth. Once a second the fleet's leader (its first
-//! live member) reads each partition stream's per-subject counts in one
-//! paged request and writes a snapshot (`usage.snapshot` in the
-//! coordination bucket) with each stream's last sequence. Between
-//! snapshots every host adds the rows accepted since: its own at once, the
-//! others' as they share them (`<prefix>.usage.accepts`, right after each PubAck), each
-//! tagged with the stream sequence of its PubAck, so a snapshot that covers
-//! it drops it exactly. Nothing is kept per host that a crash could lose:
-//! after a crash, the next snapshot is right again. Rows delivered since the
-//! last snapshot still count until the next one (at most a second).
+//! The streams are the truth, read only where something happened. Every
+//! host shares what it does as it does it (`<prefix>.usage.accepts`, core
+//! NATS): the rows it accepted, right after each PubAck, each tagged with
+//! the stream sequence of its PubAck, and (at most every 250 ms) the
+//! partitions whose rows its workers settled. The fleet's leader (its first live member) marks those
+//! partitions, and once a second re-reads the per-subject counts of the
+//! marked ones only (twice: the second read catches acks the server had
+//! not applied at the first), then writes a snapshot (`usage.snapshot` in
+//! the coordination bucket) with each stream's last sequence when it
+//! changed. Every `SLOW_CHECK` it asks for every partition's state in one
+//! listing and re-reads those that differ from what it holds (rows a host
+//! stored and crashed before sharing, a lost message, a purge), and writes
+//! the snapshot again, so every host sees one at least that often. An idle
+//! fleet thus reads nothing per partition. Between snapshots every host
+//! adds the accepts since: its own at once, the others' as they arrive; a
+//! snapshot that covers one drops it exactly. Nothing is kept per host that
+//! a crash could lose: after a crash, the next snapshot is right again.
+//! Rows settled since the last snapshot still count until the next one
+//! (about a second). A host whose accepts no snapshot covered within
+//! `STALE_AFTER` (a leader gone), or that saw none for
+//! `SLOW_CHECK + STALE_AFTER`, reads every stream itself.
 //!
 //! A snapshot counts rows exactly; a stream does not keep bytes per
 //! subject, so a tenant's queued bytes are its rows times its mean row size
@@ -20,7 +31,7 @@
 //! The ledger also holds each tenant's settings (written by `weir tenant`,
 //! see [`super::tenants`]) as the coordination watch brings them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -43,11 +54,19 @@ use super::tenants::{TENANTS, tenant_of_key};
 pub const USAGE: &str = "usage.";
 /// The snapshot's key.
 const SNAPSHOT_KEY: &str = "usage.snapshot";
-/// How often the leader reconciles usage from the streams.
+/// How often the leader re-reads the partitions something happened in.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the leader checks every partition's state in one listing.
+pub const SLOW_CHECK: Duration = Duration::from_secs(10);
+/// How often settled partitions are shared when no accept carries them.
+const SETTLED_SHARE: Duration = Duration::from_millis(250);
+/// Reads of a partition after something happened in it: the second catches
+/// acks the server had not applied yet at the first.
+const READS_PER_CHANGE: u8 = 2;
 /// The window of `recent-rows`/`recent-bytes`.
 pub const RATE_WINDOW: Duration = Duration::from_secs(1);
-/// Without a snapshot for this long, any host takes one itself.
+/// Accepts no snapshot covered for this long (or no snapshot for
+/// `SLOW_CHECK` plus this long): any host reads the streams itself.
 const STALE_AFTER: Duration = Duration::from_secs(3);
 
 /// Rows and their payload bytes.
@@ -123,11 +142,14 @@ impl Snapshot {
     }
 }
 
-/// What a host shares with the others after its PubAcks.
+/// What a host shares with the others after its PubAcks and settlements.
 #[derive(Debug, Serialize, Deserialize)]
 struct Shared {
     host: String,
     accepts: Vec<Accept>,
+    /// Partitions whose rows this host's workers settled.
+    #[serde(default)]
+    settled: Vec<u32>,
 }
 
 /// One host's view of fleet-wide usage. Cheap to clone.
@@ -154,6 +176,13 @@ struct State {
     accepted: HashMap<String, Queued>,
     /// This host's accepts not shared yet.
     outbox: Vec<Accept>,
+    /// Partitions this host settled rows of, not shared yet.
+    settled_outbox: BTreeSet<u32>,
+    /// Partitions something happened in, and how many reads they still
+    /// get (the leader's work).
+    changed: BTreeMap<u32, u8>,
+    /// Since when accepts wait for a snapshot to cover them.
+    waiting_since: Option<Instant>,
     /// `tenants.<tenant>` settings from the coordination bucket.
     settings: HashMap<String, Arc<str>>,
 }
@@ -259,7 +288,16 @@ impl Ledger {
         self.to_share.notify_one();
     }
 
-    /// Another host's accepts.
+    /// This host's workers settled rows of `partition`: its counts change
+    /// (the leader re-reads it). Shared with the next accepts, or within
+    /// `SETTLED_SHARE`: one message per batch would reach every host.
+    pub fn settled(&self, partition: u32) {
+        let mut state = self.state();
+        state.changed_in(partition);
+        state.settled_outbox.insert(partition);
+    }
+
+    /// Another host's accepts and settlements.
     fn shared(&self, shared: Shared) {
         if shared.host == self.me {
             return;
@@ -268,6 +306,9 @@ impl Ledger {
         let now = Instant::now();
         for accept in shared.accepts {
             state.record(accept, now);
+        }
+        for partition in shared.settled {
+            state.changed_in(partition);
         }
     }
 
@@ -288,17 +329,47 @@ impl Ledger {
             .pending
             .retain(|_, pending| !pending.accepts.is_empty());
         state.snapshot = snapshot;
-        state.snapshot_at = Some(Instant::now());
+        let now = Instant::now();
+        state.snapshot_at = Some(now);
+        // What still waits came after this snapshot: the next one is due.
+        state.waiting_since = (!state.pending.is_empty()).then_some(now);
     }
 
-    fn take_outbox(&self) -> Vec<Accept> {
-        std::mem::take(&mut self.state().outbox)
+    fn take_outbox(&self) -> (Vec<Accept>, Vec<u32>) {
+        let mut state = self.state();
+        let accepts = std::mem::take(&mut state.outbox);
+        let settled = std::mem::take(&mut state.settled_outbox);
+        (accepts, settled.into_iter().collect())
     }
 
     /// Time since this host applied the last usage snapshot (`None`: none
-    /// yet): how stale queued counts may be, e.g. while NATS is down.
+    /// yet): how stale queued counts may be, e.g. while NATS is down. The
+    /// leader writes one at least every `SLOW_CHECK`.
     pub fn snapshot_age(&self) -> Option<Duration> {
         self.state().snapshot_at.map(|at| at.elapsed())
+    }
+
+    /// Whether this host should read the streams itself: accepts waited
+    /// `STALE_AFTER` for a snapshot, or none came for
+    /// `SLOW_CHECK` plus that (a leader gone, or none yet).
+    fn stale(&self, started: Instant) -> bool {
+        let state = self.state();
+        let waited = state
+            .waiting_since
+            .is_some_and(|since| since.elapsed() > STALE_AFTER);
+        let silent = state.snapshot_at.unwrap_or(started).elapsed() > SLOW_CHECK + STALE_AFTER;
+        waited || silent
+    }
+
+    /// The partitions to read now (each read counted down).
+    fn take_changed(&self) -> Vec<u32> {
+        let mut state = self.state();
+        let partitions: Vec<u32> = state.changed.keys().copied().collect();
+        state.changed.retain(|_, reads| {
+            *reads -= 1;
+            *reads > 0
+        });
+        partitions
     }
 
     /// Mean payload bytes of each tenant's rows, from what the fleet
@@ -314,8 +385,8 @@ impl Ledger {
             .collect()
     }
 
-    /// Shares this host's accepts, follows the others', and (as the
-    /// leader) reconciles from the streams, until `stop`.
+    /// Shares this host's accepts and settlements, follows the others',
+    /// and (as the leader) reconciles from the streams, until `stop`.
     pub async fn run(
         self,
         client: Client,
@@ -332,8 +403,12 @@ impl Ledger {
                 None
             }
         };
+        let started = Instant::now();
+        let mut reader = Reader::default();
         let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut share_settled = tokio::time::interval(SETTLED_SHARE);
+        share_settled.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -346,10 +421,15 @@ impl Ledger {
                     Ok(shared) => self.shared(shared),
                     Err(err) => tracing::debug!(error = %err, "ignoring an unreadable usage message"),
                 },
-                _ = self.to_share.notified() => {
-                    let accepts = self.take_outbox();
-                    if !accepts.is_empty() {
-                        let shared = Shared { host: self.me.clone(), accepts };
+                _ = async {
+                    tokio::select! {
+                        _ = self.to_share.notified() => {}
+                        _ = share_settled.tick() => {}
+                    }
+                } => {
+                    let (accepts, settled) = self.take_outbox();
+                    if !accepts.is_empty() || !settled.is_empty() {
+                        let shared = Shared { host: self.me.clone(), accepts, settled };
                         let payload = Bytes::from(serde_json::to_vec(&shared).unwrap_or_default());
                         tokio::select! {
                             _ = stop.cancelled() => break,
@@ -361,13 +441,20 @@ impl Ledger {
                 }
                 _ = reconcile.tick() => {
                     let leads = leads(&fleet.borrow(), &self.me);
-                    let stale = self.snapshot_age().is_none_or(|age| age > STALE_AFTER);
-                    if leads || stale {
-                        // NATS may be down: a stop does not wait for the request's timeout.
-                        tokio::select! {
-                            _ = stop.cancelled() => break,
-                            _ = self.reconcile(&client, &kv, &router) => {}
-                        }
+                    let read = if leads {
+                        self.leader_reads(&mut reader, router.partitions())
+                    } else if self.stale(started) {
+                        // Not the leader: what this host holds may be old.
+                        reader = Reader::default();
+                        Reads::All
+                    } else {
+                        reader = Reader::default();
+                        Reads::Nothing
+                    };
+                    // NATS may be down: a stop does not wait for the request's timeout.
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = self.reconcile(&client, &kv, &router, &mut reader, read) => {}
                     }
                 }
             }
@@ -376,20 +463,161 @@ impl Ledger {
         // counts it. The host flushes the client (with a timeout) after this.
     }
 
-    /// Reads the streams and writes a snapshot for the fleet.
-    async fn reconcile(&self, client: &Client, kv: &NatsKv, router: &Names) {
-        match take_snapshot(client, router, &self.me, &self.mean_row_bytes()).await {
-            Ok(snapshot) => {
-                if let Ok(value) = serde_json::to_vec(&snapshot)
-                    && let Err(err) = kv.put(SNAPSHOT_KEY, value.into()).await
-                {
-                    tracing::warn!(error = %err, "cannot write the usage snapshot");
-                }
-                self.apply_snapshot(snapshot);
-            }
-            Err(err) => tracing::warn!(error = %err, "cannot reconcile usage from the streams"),
+    /// What the leader reads this tick: everything once it starts leading,
+    /// every `SLOW_CHECK` the listing, else the partitions that changed.
+    fn leader_reads(&self, reader: &mut Reader, partitions: u32) -> Reads {
+        if reader.partitions.len() != partitions as usize {
+            self.take_changed();
+            return Reads::All;
+        }
+        let check = reader
+            .checked_at
+            .is_none_or(|at| at.elapsed() >= SLOW_CHECK);
+        let changed = self.take_changed();
+        if check {
+            Reads::Check(changed)
+        } else if changed.is_empty() {
+            Reads::Nothing
+        } else {
+            Reads::Some(changed)
         }
     }
+
+    /// Reads what `read` says, and writes and applies the snapshot if it
+    /// changed (or the slow check is due to say it still holds).
+    async fn reconcile(
+        &self,
+        client: &Client,
+        kv: &NatsKv,
+        router: &Names,
+        reader: &mut Reader,
+        read: Reads,
+    ) {
+        let (partitions, checked): (Vec<u32>, bool) = match read {
+            Reads::Nothing => return,
+            Reads::All => ((0..router.partitions()).collect(), true),
+            Reads::Some(partitions) => (partitions, false),
+            Reads::Check(mut partitions) => match list_partitions(client, router).await {
+                Ok(states) => {
+                    for (partition, state) in states.into_iter().enumerate() {
+                        let partition = partition as u32;
+                        let held = reader
+                            .partitions
+                            .get(partition as usize)
+                            .map(|read| read.state);
+                        if held != Some(state) && !partitions.contains(&partition) {
+                            partitions.push(partition);
+                        }
+                    }
+                    (partitions, true)
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot list the partition streams; reading every one");
+                    ((0..router.partitions()).collect(), true)
+                }
+            },
+        };
+        if reader.partitions.len() != router.partitions() as usize {
+            reader.partitions = vec![PartitionRead::default(); router.partitions() as usize];
+        }
+        let means = self.mean_row_bytes();
+        for partition in partitions {
+            match read_partition(client, router, partition, &means).await {
+                Ok(read) => reader.partitions[partition as usize] = read,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot reconcile usage from the streams");
+                    // Read it again next time.
+                    reader.partitions.clear();
+                    return;
+                }
+            }
+        }
+        if checked {
+            reader.checked_at = Some(Instant::now());
+        }
+        let snapshot = reader.snapshot(&self.me);
+        let changed = reader.written.as_ref().is_none_or(|written| {
+            written.last_seq != snapshot.last_seq || written.tenants != snapshot.tenants
+        });
+        if changed || checked {
+            if let Ok(value) = serde_json::to_vec(&snapshot)
+                && let Err(err) = kv.put(SNAPSHOT_KEY, value.into()).await
+            {
+                tracing::warn!(error = %err, "cannot write the usage snapshot");
+            }
+            reader.written = Some(snapshot.clone());
+        }
+        self.apply_snapshot(snapshot);
+    }
+}
+
+/// What a reconciliation reads.
+enum Reads {
+    Nothing,
+    /// These partitions.
+    Some(Vec<u32>),
+    /// The listing of every partition's state, then these and those that
+    /// differ from what was read.
+    Check(Vec<u32>),
+    All,
+}
+
+/// The leader's reads of each partition: the snapshot is their sum.
+#[derive(Default)]
+struct Reader {
+    /// Empty until every partition was read once.
+    partitions: Vec<PartitionRead>,
+    checked_at: Option<Instant>,
+    written: Option<Snapshot>,
+}
+
+impl Reader {
+    fn snapshot(&self, me: &str) -> Snapshot {
+        let mut tenants: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+        for read in &self.partitions {
+            for (tenant, (rows, bytes)) in &read.tenants {
+                let entry = tenants.entry(tenant.clone()).or_default();
+                entry.0 += rows;
+                entry.1 += bytes;
+            }
+        }
+        Snapshot {
+            by: me.to_string(),
+            last_seq: self
+                .partitions
+                .iter()
+                .map(|read| read.state.last_seq)
+                .collect(),
+            tenants: tenants
+                .into_iter()
+                .map(|(tenant, (rows, bytes))| {
+                    (
+                        tenant,
+                        Queued {
+                            rows,
+                            bytes: bytes.round() as u64,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A partition stream's size: equal sizes mean nothing was stored or
+/// removed in between (a work queue only appends and removes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct StreamSize {
+    messages: u64,
+    last_seq: u64,
+}
+
+/// One partition's counts by tenant, as read.
+#[derive(Debug, Clone, Default)]
+struct PartitionRead {
+    state: StreamSize,
+    /// Rows and estimated bytes by tenant.
+    tenants: BTreeMap<String, (u64, f64)>,
 }
 
 /// Usage snapshots and tenant settings come through the host's coordination watch.
@@ -423,6 +651,11 @@ impl KeyFollower for Ledger {
 }
 
 impl State {
+    /// Something happened in `partition`: the leader reads it (again).
+    fn changed_in(&mut self, partition: u32) {
+        self.changed.insert(partition, READS_PER_CHANGE);
+    }
+
     fn record(&mut self, accept: Accept, now: Instant) {
         let amount = accept.amount();
         self.accepted
@@ -434,6 +667,10 @@ impl State {
         window.entries.push_back((now, amount));
         window.total.add(amount);
         if !self.snapshot.covers(&accept) {
+            // An accept always moves its stream's last sequence: the
+            // leader's next snapshot covers it, or this host reads itself.
+            self.changed_in(accept.partition);
+            self.waiting_since.get_or_insert(now);
             let pending = self.pending.entry(accept.tenant.clone()).or_default();
             pending.total.add(amount);
             pending.accepts.push(accept);
@@ -522,85 +759,146 @@ struct StreamStateReply {
     subjects: Option<HashMap<String, u64>>,
 }
 
-/// Reads every partition stream's per-subject counts (one paged request
-/// per partition) and sums them by tenant.
-async fn take_snapshot(
+/// Reads one partition stream's per-subject counts (one paged request)
+/// and sums them by tenant.
+async fn read_partition(
     client: &Client,
     router: &Names,
-    me: &str,
+    partition: u32,
     mean_row_bytes: &HashMap<String, f64>,
-) -> Result<Snapshot, SnapshotError> {
-    let mut snapshot = Snapshot {
-        by: me.to_string(),
-        ..Snapshot::default()
+) -> Result<PartitionRead, SnapshotError> {
+    let stream = router.partition_stream(partition);
+    let failed = |reason: String| SnapshotError::Stream {
+        stream: stream.clone(),
+        reason,
     };
-    let mut rows_by_tenant: BTreeMap<String, (u64, f64)> = BTreeMap::new();
-    for partition in 0..router.partitions() {
-        let stream = router.partition_stream(partition);
-        let failed = |reason: String| SnapshotError::Stream {
-            stream: stream.clone(),
-            reason,
-        };
-        let filter = router.partition_subjects(partition);
-        let mut offset = 0;
-        let mut last_seq = None;
-        loop {
-            let request = serde_json::json!({ "subjects_filter": filter, "offset": offset });
-            let reply = client
-                .request(
-                    format!("$JS.API.STREAM.INFO.{stream}"),
-                    Bytes::from(request.to_string()),
-                )
-                .await
-                .map_err(|err| failed(err.to_string()))?;
-            if let Some(error) = api_error(&reply.payload) {
-                return Err(failed(error));
-            }
-            let info: StreamInfoReply = serde_json::from_slice(&reply.payload)
-                .map_err(|err| failed(format!("unreadable info: {err}")))?;
-            // The first page's sequence: later pages only add subjects
-            // stored after it, which the accepts count as well (a brief
-            // overcount, never a loss).
-            last_seq.get_or_insert(info.state.last_seq);
-            let partition_mean = if info.state.messages > 0 {
-                info.state.bytes as f64 / info.state.messages as f64
-            } else {
-                0.0
+    let filter = router.partition_subjects(partition);
+    let mut read = PartitionRead::default();
+    let mut offset = 0;
+    let mut first_page = true;
+    loop {
+        let request = serde_json::json!({ "subjects_filter": filter, "offset": offset });
+        let reply = client
+            .request(
+                format!("$JS.API.STREAM.INFO.{stream}"),
+                Bytes::from(request.to_string()),
+            )
+            .await
+            .map_err(|err| failed(err.to_string()))?;
+        if let Some(error) = api_error(&reply.payload) {
+            return Err(failed(error));
+        }
+        let info: StreamInfoReply = serde_json::from_slice(&reply.payload)
+            .map_err(|err| failed(format!("unreadable info: {err}")))?;
+        // The first page's sequence: later pages only add subjects
+        // stored after it, which the accepts count as well (a brief
+        // overcount, never a loss).
+        if std::mem::take(&mut first_page) {
+            read.state = StreamSize {
+                messages: info.state.messages,
+                last_seq: info.state.last_seq,
             };
-            let subjects = info.state.subjects.unwrap_or_default();
-            let page = subjects.len();
-            for (subject, count) in subjects {
-                let Ok((tenant, _table)) = router.parse(&subject) else {
-                    continue;
-                };
-                let mean = mean_row_bytes
-                    .get(tenant.as_ref())
-                    .copied()
-                    .unwrap_or(partition_mean);
-                let entry = rows_by_tenant.entry(tenant.into_owned()).or_default();
-                entry.0 += count;
-                entry.1 += count as f64 * mean;
-            }
-            offset = info.offset + page;
-            if page == 0 || offset >= info.total {
-                break;
+        }
+        let partition_mean = if info.state.messages > 0 {
+            info.state.bytes as f64 / info.state.messages as f64
+        } else {
+            0.0
+        };
+        let subjects = info.state.subjects.unwrap_or_default();
+        let page = subjects.len();
+        for (subject, count) in subjects {
+            let Ok((tenant, _table)) = router.parse(&subject) else {
+                continue;
+            };
+            let mean = mean_row_bytes
+                .get(tenant.as_ref())
+                .copied()
+                .unwrap_or(partition_mean);
+            let entry = read.tenants.entry(tenant.into_owned()).or_default();
+            entry.0 += count;
+            entry.1 += count as f64 * mean;
+        }
+        offset = info.offset + page;
+        if page == 0 || offset >= info.total {
+            break;
+        }
+    }
+    Ok(read)
+}
+
+#[derive(Deserialize)]
+struct StreamListReply {
+    #[serde(default)]
+    total: usize,
+    #[serde(default)]
+    offset: usize,
+    #[serde(default)]
+    streams: Vec<ListedStream>,
+}
+
+#[derive(Deserialize)]
+struct ListedStream {
+    config: ListedConfig,
+    state: StreamStateReply,
+}
+
+#[derive(Deserialize)]
+struct ListedConfig {
+    name: String,
+}
+
+/// Every partition stream's size, from the account's stream listing (256
+/// streams a request): what the slow check compares with its reads.
+async fn list_partitions(
+    client: &Client,
+    router: &Names,
+) -> Result<Vec<StreamSize>, SnapshotError> {
+    let failed = |reason: String| SnapshotError::Stream {
+        stream: "(listing)".into(),
+        reason,
+    };
+    let index: HashMap<String, usize> = (0..router.partitions())
+        .map(|partition| (router.partition_stream(partition), partition as usize))
+        .collect();
+    let mut sizes: Vec<Option<StreamSize>> = vec![None; index.len()];
+    let mut offset = 0;
+    loop {
+        let request = serde_json::json!({ "offset": offset });
+        let reply = client
+            .request("$JS.API.STREAM.LIST", Bytes::from(request.to_string()))
+            .await
+            .map_err(|err| failed(err.to_string()))?;
+        if let Some(error) = api_error(&reply.payload) {
+            return Err(failed(error));
+        }
+        let list: StreamListReply = serde_json::from_slice(&reply.payload)
+            .map_err(|err| failed(format!("unreadable listing: {err}")))?;
+        let page = list.streams.len();
+        for stream in list.streams {
+            if let Some(&partition) = index.get(&stream.config.name) {
+                sizes[partition] = Some(StreamSize {
+                    messages: stream.state.messages,
+                    last_seq: stream.state.last_seq,
+                });
             }
         }
-        snapshot.last_seq.push(last_seq.unwrap_or(0));
+        offset = list.offset + page;
+        if page == 0 || offset >= list.total {
+            break;
+        }
     }
-    snapshot.tenants = rows_by_tenant
+    sizes
         .into_iter()
-        .map(|(tenant, (rows, bytes))| {
-            (
-                tenant,
-                Queued {
-                    rows,
-                    bytes: bytes.round() as u64,
-                },
-            )
+        .enumerate()
+        .map(|(partition, size)| {
+            size.ok_or_else(|| {
+                failed(format!(
+                    "partition stream {} is not listed",
+                    router.partition_stream(partition as u32)
+                ))
+            })
         })
-        .collect();
-    Ok(snapshot)
+        .collect()
 }
 
 #[cfg(test)]
@@ -644,6 +942,7 @@ mod tests {
         ledger.shared(Shared {
             host: "other".into(),
             accepts: vec![accept("a", 0, 13, 1, 100)],
+            settled: Vec::new(),
         });
         assert_eq!(
             ledger.usage("a").queued,
@@ -674,6 +973,7 @@ mod tests {
         ledger.shared(Shared {
             host: "other".into(),
             accepts: vec![accept("a", 0, 11, 4, 400)],
+            settled: Vec::new(),
         });
         assert_eq!(
             ledger.usage("a").queued,
@@ -693,14 +993,72 @@ mod tests {
         drop(held);
         assert_eq!(ledger.usage("a").queued, Queued::default());
         ledger.accepted(vec![accept("a", 0, 1, 1, 10)]);
-        let outbox = ledger.take_outbox();
+        let (outbox, settled) = ledger.take_outbox();
         ledger.shared(Shared {
             host: "me".into(),
             accepts: outbox,
+            settled,
         });
         assert_eq!(ledger.usage("a").queued, Queued { rows: 1, bytes: 10 });
         assert_eq!(ledger.usage("a").recent, Queued { rows: 1, bytes: 10 });
         assert_eq!(ledger.mean_row_bytes().get("a").copied(), Some(10.0));
+    }
+
+    fn reads(read: Reads) -> String {
+        match read {
+            Reads::Nothing => "nothing".into(),
+            Reads::Some(partitions) => format!("some {partitions:?}"),
+            Reads::Check(partitions) => format!("check {partitions:?}"),
+            Reads::All => "all".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_reads_only_partitions_something_happened_in() {
+        let ledger = Ledger::new("me");
+        let mut reader = Reader::default();
+        // Nothing read yet: every partition, once.
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "all");
+        reader.partitions = vec![PartitionRead::default(); 4];
+        reader.checked_at = Some(Instant::now());
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "nothing");
+        // An accept and another host's settlement: read twice each.
+        ledger.accepted(vec![accept("a", 2, 1, 1, 10)]);
+        ledger.shared(Shared {
+            host: "other".into(),
+            accepts: Vec::new(),
+            settled: vec![0],
+        });
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "some [0, 2]");
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "some [0, 2]");
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "nothing");
+        // The slow check comes due.
+        tokio::time::advance(SLOW_CHECK).await;
+        ledger.settled(3);
+        assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "check [3]");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_host_reads_itself_when_no_snapshot_covers_its_accepts() {
+        let ledger = Ledger::new("me");
+        let started = Instant::now();
+        ledger.apply_snapshot(snapshot(vec![5], &[]));
+        assert!(!ledger.stale(started));
+        // Settlements alone wait for the leader's next read or slow check.
+        ledger.settled(0);
+        tokio::time::advance(STALE_AFTER * 2).await;
+        assert!(!ledger.stale(started));
+        // An accept no snapshot covers within STALE_AFTER: the leader is gone.
+        ledger.accepted(vec![accept("a", 0, 6, 1, 10)]);
+        tokio::time::advance(STALE_AFTER / 2).await;
+        assert!(!ledger.stale(started));
+        tokio::time::advance(STALE_AFTER).await;
+        assert!(ledger.stale(started));
+        ledger.apply_snapshot(snapshot(vec![6], &[("a", 1, 10)]));
+        assert!(!ledger.stale(started));
+        // No snapshot at all for the slow check and then some.
+        tokio::time::advance(SLOW_CHECK + STALE_AFTER + Duration::from_millis(1)).await;
+        assert!(ledger.stale(started));
     }
 
     #[tokio::test(start_paused = true)]

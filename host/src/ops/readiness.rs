@@ -1,27 +1,35 @@
 //! Whether this host can store a row now, as `/readyz` answers it: NATS
-//! connected, JetStream answering a cheap request within a bound (a frozen
-//! server keeps the client "connected" for as long as its pings allow), and
-//! the topology as the config requires it.
+//! connected, the server answering within a bound (a frozen server keeps
+//! the client "connected" for as long as its pings allow), JetStream
+//! answering, and the topology as the config requires it.
 //!
-//! A probe asks for the first partition stream's info every
-//! `PROBE_EVERY`; the host is ready only while the last answer came within
-//! `ANSWER_BOUND` and said the stream is there.
+//! Two probes, so that readiness costs no JetStream request per second: an
+//! echo (a message to this host's own inbox, through the server) every
+//! `PROBE_EVERY`, which a frozen or dead server fails within
+//! `ANSWER_BOUND`; and the first partition stream's info every
+//! `JETSTREAM_PROBE_EVERY`, which says JetStream is there and serves the
+//! stream (a refusal shows at once; silence within that period plus the
+//! bound).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::RequestErrorKind;
 use bytes::Bytes;
+use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::topology::route::Names;
 
-/// How often the probe asks JetStream.
+/// How often the echo probe goes through the server.
 pub const PROBE_EVERY: Duration = Duration::from_millis(200);
-/// How long since JetStream last answered before the host is not ready: a
+/// How long since the server last answered before the host is not ready: a
 /// frozen or partitioned server shows up within this bound plus one probe.
 pub const ANSWER_BOUND: Duration = Duration::from_secs(1);
+/// How often JetStream itself is asked (one stream info): 0.2 requests/s
+/// per host, where one every `PROBE_EVERY` was 5/s.
+pub const JETSTREAM_PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// What the probe and the topology checks saw last; shared with `/readyz`.
 #[derive(Clone)]
@@ -31,8 +39,10 @@ pub struct Readiness {
 }
 
 struct Seen {
-    /// When JetStream last answered the probe (with anything).
+    /// When the server last answered the echo probe.
     answered: Instant,
+    /// When JetStream last answered its probe (with anything).
+    jetstream_answered: Instant,
     /// Why its last answer was a refusal (no JetStream, no stream…).
     refused: Option<String>,
     /// Required topology differences found by the last verification.
@@ -46,6 +56,7 @@ impl Readiness {
             client,
             seen: Arc::new(Mutex::new(Seen {
                 answered: Instant::now(),
+                jetstream_answered: Instant::now(),
                 refused: None,
                 topology: Vec::new(),
             })),
@@ -69,18 +80,81 @@ impl Readiness {
         }
     }
 
-    /// Asks JetStream for the first partition stream's info at once, then
-    /// every `PROBE_EVERY` until `stop`.
+    /// Runs both probes until `stop`: the echo every `PROBE_EVERY`, the
+    /// stream info at once and then every `JETSTREAM_PROBE_EVERY`.
     pub async fn probe(self, router: Names, stop: CancellationToken) {
-        let subject = format!("$JS.API.STREAM.INFO.{}", router.partition_stream(0));
-        let mut first = true;
+        tokio::join!(
+            self.clone().echo(stop.clone()),
+            self.jetstream(router, stop)
+        );
+    }
+
+    /// Sends a message to a subscription of its own and waits for it: a
+    /// round trip through the server that asks JetStream nothing.
+    async fn echo(self, stop: CancellationToken) {
+        let inbox = self.client.new_inbox();
+        let mut echoes = match self.client.subscribe(inbox.clone()).await {
+            Ok(echoes) => echoes,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot subscribe the readiness echo; readiness follows JetStream's probe alone");
+                return;
+            }
+        };
+        let mut sent: u64 = 0;
         loop {
-            if !std::mem::take(&mut first) {
-                tokio::select! {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(PROBE_EVERY) => {}
+            }
+            if self.client.connection_state() != async_nats::connection::State::Connected {
+                continue;
+            }
+            sent += 1;
+            let payload = Bytes::from(sent.to_string());
+            if self
+                .client
+                .publish(inbox.clone(), payload.clone())
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            let deadline = Instant::now() + ANSWER_BOUND;
+            // Echoes of earlier probes that came late are skipped.
+            loop {
+                let echo = tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(PROBE_EVERY) => {}
+                    echo = tokio::time::timeout_at(deadline, echoes.next()) => echo,
+                };
+                match echo {
+                    Ok(Some(echo)) if echo.payload == payload => {
+                        if let Ok(mut seen) = self.seen.lock() {
+                            seen.answered = Instant::now();
+                        }
+                        break;
+                    }
+                    Ok(Some(_)) => {}
+                    // No answer: `answered` grows old, which is the verdict.
+                    Ok(None) | Err(_) => break,
                 }
             }
+        }
+    }
+
+    /// Asks JetStream for the first partition stream's info at once, then
+    /// every `JETSTREAM_PROBE_EVERY` while it answers well, every
+    /// `PROBE_EVERY` while it does not (so a host is ready again soon).
+    async fn jetstream(self, router: Names, stop: CancellationToken) {
+        let subject = format!("$JS.API.STREAM.INFO.{}", router.partition_stream(0));
+        let mut pause = None;
+        loop {
+            if let Some(pause) = pause {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+            pause = Some(PROBE_EVERY);
             if self.client.connection_state() != async_nats::connection::State::Connected {
                 continue;
             }
@@ -90,7 +164,7 @@ impl Readiness {
                 answer = tokio::time::timeout(ANSWER_BOUND, request) => answer,
             };
             let refused = match answer {
-                // No answer: `answered` grows old, which is the verdict.
+                // No answer: `jetstream_answered` grows old, which is the verdict.
                 Err(_) => continue,
                 Ok(Ok(reply)) => refusal(&subject, &reply.payload),
                 Ok(Err(err)) => match err.kind() {
@@ -101,8 +175,11 @@ impl Readiness {
                     _ => continue,
                 },
             };
+            if refused.is_none() {
+                pause = Some(JETSTREAM_PROBE_EVERY);
+            }
             if let Ok(mut seen) = self.seen.lock() {
-                seen.answered = Instant::now();
+                seen.jetstream_answered = Instant::now();
                 seen.refused = refused;
             }
         }
@@ -131,9 +208,17 @@ fn judge(connected: bool, now: Instant, seen: &Seen) -> Option<String> {
     let silent = now.saturating_duration_since(seen.answered);
     if silent > ANSWER_BOUND {
         return Some(format!(
-            "NATS has not answered a JetStream request for {} ms (bound {} ms)",
+            "NATS has not answered a JetStream request nor an echo for {} ms (bound {} ms)",
             silent.as_millis(),
             ANSWER_BOUND.as_millis()
+        ));
+    }
+    let jetstream_silent = now.saturating_duration_since(seen.jetstream_answered);
+    if jetstream_silent > JETSTREAM_PROBE_EVERY + ANSWER_BOUND {
+        return Some(format!(
+            "NATS has not answered a JetStream request for {} ms (bound {} ms)",
+            jetstream_silent.as_millis(),
+            (JETSTREAM_PROBE_EVERY + ANSWER_BOUND).as_millis()
         ));
     }
     if let Some(refused) = &seen.refused {
@@ -152,6 +237,7 @@ mod tests {
     fn seen(answered: Instant) -> Seen {
         Seen {
             answered,
+            jetstream_answered: answered,
             refused: None,
             topology: Vec::new(),
         }
@@ -189,6 +275,16 @@ mod tests {
         let silent = judge(true, late, &seen(now)).unwrap_or_default();
         assert!(silent.contains("has not answered"), "{silent}");
         assert!(silent.contains("1300 ms"), "{silent}");
+        // The server echoes, JetStream has been silent past its probe's period.
+        let mut stalled = seen(late);
+        stalled.jetstream_answered = now;
+        let later = now + JETSTREAM_PROBE_EVERY + ANSWER_BOUND + Duration::from_millis(1);
+        stalled.answered = later;
+        let reason = judge(true, later, &stalled).unwrap_or_default();
+        assert!(
+            reason.contains("has not answered a JetStream request for 6001 ms"),
+            "{reason}"
+        );
         let mut refused = seen(now);
         refused.refused = Some("JetStream is unavailable: stream weir_p0: no responders".into());
         assert!(

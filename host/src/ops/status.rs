@@ -53,8 +53,9 @@ pub struct StatusReport {
     /// budget is asked with).
     #[serde(default)]
     pub tenants: Vec<TenantUsage>,
-    /// Milliseconds since this host applied the last usage snapshot (one a
-    /// second while NATS is up); `None`: none yet.
+    /// Milliseconds since this host applied the last usage snapshot (one
+    /// as usage changes, and at least every 10 s while NATS is up);
+    /// `None`: none yet.
     #[serde(default)]
     pub usage_age_ms: Option<u64>,
     #[serde(default)]

@@ -25,8 +25,9 @@ use crate::topology::route::Names;
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
 /// A unit's pin lapses after this long without a pull request from its
-/// holder (a holder pulls at least every `PULL_EXPIRES`). Owners release
-/// pins explicitly, so this only bounds a pin nobody released.
+/// holder (a holder pulls at least every `IDLE_PULL_EXPIRES`, 12 s, when
+/// idle). Owners release pins explicitly, so this only bounds a pin nobody
+/// released.
 pub const PIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the marker of an expired coordination key is kept: a watch
 /// resuming after a longer outage would miss the expiry.

@@ -37,6 +37,8 @@ impl Permissions {
         for stream in &manifest.streams {
             publish.push(format!("$JS.API.STREAM.INFO.{}", stream.name));
         }
+        // Usage's slow check: every partition's size in one listing.
+        publish.push("$JS.API.STREAM.LIST".to_string());
         for consumer in &manifest.consumers {
             let (stream, name) = (
                 &consumer.stream,
