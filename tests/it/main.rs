@@ -22,6 +22,7 @@ mod http_sink;
 mod kv;
 mod logs;
 mod metrics;
+mod nats_ingest;
 mod nats_sink;
 mod operator;
 mod plugin_tools;
