@@ -629,3 +629,85 @@ async fn a_host_killed_while_answering_loses_no_acknowledged_row() {
     );
     b.terminate();
 }
+
+/// A host that stops drains its subscription: it takes no new request and
+/// answers every one it took, so no producer waits out a timeout and every
+/// row answered 202 is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_host_answers_every_request_it_took() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let TestHost { host, dir, .. } = TestHost::start(&config(&server.url("weir"), "")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for producer in 0..8u64 {
+        let (client, _) = server.producer("acme").await;
+        let stop = stop.clone();
+        producers.push(tokio::spawn(async move {
+            let (mut acked, mut no_host, mut timed_out, mut request) =
+                (Vec::new(), 0u64, 0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let first = (request * 8 + producer) * 50;
+                request += 1;
+                let body: String = (first..first + 50)
+                    .map(|id| format!("{{\"id\":{id}}}\n"))
+                    .collect();
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    client.request("weir.ingest.acme.orders", body.into()),
+                )
+                .await;
+                match answer {
+                    Ok(Ok(reply)) => {
+                        let status = crate::support::header_of(&reply, STATUS);
+                        assert_eq!(status, "202", "{:?}", reply.payload);
+                        acked.extend(first..first + 50);
+                    }
+                    // Once the host stopped taking requests: no one to ask.
+                    Ok(Err(err)) if err.kind() == async_nats::RequestErrorKind::NoResponders => {
+                        no_host += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => timed_out += 1,
+                }
+            }
+            (acked, no_host, timed_out)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    host.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut acked, mut no_host, mut timed_out) = (BTreeSet::new(), 0, 0);
+    for producer in producers {
+        let (ids, none, late) = producer.await.unwrap();
+        acked.extend(ids);
+        no_host += none;
+        timed_out += late;
+    }
+    assert!(
+        acked.len() > 500,
+        "the load ran: {} rows acked",
+        acked.len()
+    );
+    assert!(no_host > 0, "requests after the stop found no host");
+    assert_eq!(timed_out, 0, "a request taken was left unanswered");
+
+    // Every acknowledged row is delivered, or still in its stream.
+    let admin = server.admin().await;
+    let mut found: BTreeSet<u64> = stored(&admin)
+        .await
+        .iter()
+        .filter_map(|(_, _, payload)| serde_json::from_str::<serde_json::Value>(payload).ok())
+        .filter_map(|row| row["id"].as_u64())
+        .collect();
+    let written = std::fs::read_to_string(crate::support::output(dir.path(), "orders"));
+    found.extend(
+        written
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|row| row["id"].as_u64()),
+    );
+    let missing = acked.difference(&found).count();
+    assert_eq!(missing, 0, "of {} acknowledged rows", acked.len());
+}
