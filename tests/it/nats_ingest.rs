@@ -249,6 +249,16 @@ async fn a_producer_sends_as_its_own_tenant_and_the_server_refuses_it_another() 
     let (status, answer) = request(&admin, "weir.ingest.acme.orders.x", &[], orders(0, 1)).await;
     assert_eq!(status, 404, "{answer}");
 
+    // The metrics tell the doors apart.
+    let metrics = host.get_text("/metrics").await;
+    for sample in [
+        "weir_ingest_request_duration_seconds_count{door=\"nats\",code=\"202\"} 2",
+        "weir_ingest_requests_refused_total{door=\"nats\",code=\"404\"} 3",
+        "weir_ingest_requests_refused_total{door=\"http\",code=\"404\"} 1",
+    ] {
+        assert!(metrics.contains(sample), "no `{sample}` in:\n{metrics}");
+    }
+
     drained(&admin).await;
     assert_eq!(host.sink_lines("orders").len(), 5);
     let beta_rows = host.dir.path().join("out/beta/orders.ndjson");

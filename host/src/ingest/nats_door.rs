@@ -160,7 +160,11 @@ impl Door {
                 serde_json::to_vec(refusal)
             }
         }
-        .unwrap_or_else(|err| format!("{{\"error\":\"{err}\"}}").into_bytes());
+        .unwrap_or_else(|err| {
+            serde_json::json!({ "error": err.to_string() })
+                .to_string()
+                .into_bytes()
+        });
         if let Err(err) = self
             .client
             .publish_with_headers(reply, headers, body.into())
