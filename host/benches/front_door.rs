@@ -20,6 +20,11 @@
 //! 3. Keyed requests: `KEYED_REQUESTS` requests with new `Idempotency-Key`s
 //!    (rows/s), then the same again with every row stored already, as a
 //!    retry after a lost answer is (rows/s; each duplicate counted).
+//! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
+//!    requests to `weir.ingest.acme.events` by `CLIENTS` requesters back to
+//!    back (rows/s, its ratio to HTTP and to raw publish), and offered
+//!    open-loop at the HTTP run's offered rate (p50, p99 from send to the
+//!    answer), each answer a `Weir-Status: 202`.
 //!
 //! The host delivers while it ingests (pass-through transform, null sink),
 //! as in production. Every request must be answered 202 and the host must
@@ -145,45 +150,43 @@ async fn run(rows: usize, latency_window: Duration) {
     let weir_rows_per_sec = rows as f64 / took.as_secs_f64();
     let accepted = host.status().rows().accepted;
     assert_eq!(accepted, rows as u64, "the host accepted every row sent");
-    // The throughput run's rows delivered first: their acks would count in
-    // the latency run's histogram, and their backlog would slow it.
     wait_delivered(&host, 2 * rows as u64).await;
+
+    // The NATS door, the same bodies back to back.
+    let subject = async_nats::Subject::from(router.ingest_subject(TENANT, TABLE));
+    let took = run_clients(bodies.clone(), {
+        let (client, subject) = (client.clone(), subject.clone());
+        move |_, body| {
+            let (client, subject) = (client.clone(), subject.clone());
+            async move { request(&client, subject, body).await }
+        }
+    })
+    .await;
+    let nats_rows_per_sec = rows as f64 / took.as_secs_f64();
+    assert_eq!(
+        host.status().rows().accepted,
+        2 * rows as u64,
+        "the host accepted every row sent over NATS"
+    );
+    // The throughput runs' rows delivered first: their acks would count in
+    // the latency run's histogram, and their backlog would slow it.
+    wait_delivered(&host, 3 * rows as u64).await;
     let metrics_url = format!("http://{}/metrics", host.http_addr());
     let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.
     let offered = weir_rows_per_sec / 2.0;
-    let interval = Duration::from_secs_f64(ROWS_PER_REQUEST as f64 / offered);
-    let mut schedule = tokio::time::interval(interval);
-    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let began = Instant::now();
-    let mut requests = Vec::new();
-    let mut index = 0;
-    while began.elapsed() < latency_window {
-        schedule.tick().await;
-        let (http, url, body) = (
-            http.clone(),
-            url.clone(),
-            bodies[index % bodies.len()].clone(),
-        );
-        index += 1;
-        requests.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            post(&http, &url, body).await;
-            sent.elapsed()
-        }));
-    }
-    let mut latencies = Vec::with_capacity(requests.len());
-    for request in requests {
-        latencies.push(request.await.expect("a request finished"));
-    }
-    latencies.sort();
-    let percentile = |p: f64| {
-        let rank = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
-        latencies[rank - 1].as_secs_f64() * 1000.0
-    };
-    let (p50, p99) = (percentile(0.50), percentile(0.99));
-    let expected = (rows + index * ROWS_PER_REQUEST) as u64;
+    let latencies = open_loop(offered, latency_window, bodies.clone(), {
+        let (http, url) = (http.clone(), url.clone());
+        move |body| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { post(&http, &url, body).await }
+        }
+    })
+    .await;
+    let index = latencies.len();
+    let (p50, p99) = (percentile(&latencies, 0.50), percentile(&latencies, 0.99));
+    let expected = (2 * rows + index * ROWS_PER_REQUEST) as u64;
     assert_eq!(
         host.status().rows().accepted,
         expected,
@@ -199,6 +202,27 @@ async fn run(rows: usize, latency_window: Duration) {
     );
     let ack_p50 = bucket_quantile(&before, &after, 0.50) * 1000.0;
     let ack_p99 = bucket_quantile(&before, &after, 0.99) * 1000.0;
+
+    // The NATS door at the same offered load.
+    let nats_latencies = open_loop(offered, latency_window, bodies.clone(), {
+        let (client, subject) = (client.clone(), subject.clone());
+        move |body| {
+            let (client, subject) = (client.clone(), subject.clone());
+            async move { request(&client, subject, body).await }
+        }
+    })
+    .await;
+    let (nats_p50, nats_p99) = (
+        percentile(&nats_latencies, 0.50),
+        percentile(&nats_latencies, 0.99),
+    );
+    let expected = expected + (nats_latencies.len() * ROWS_PER_REQUEST) as u64;
+    assert_eq!(
+        host.status().rows().accepted,
+        expected,
+        "every row offered over NATS accepted"
+    );
+    wait_delivered(&host, rows as u64 + expected).await;
 
     // Requests with an Idempotency-Key: new keys (a fast batch, as above),
     // then the same requests again, every row stored already (a retry after
@@ -236,6 +260,19 @@ async fn run(rows: usize, latency_window: Duration) {
     print_figure(BENCH, "latency_p99_ms", p99);
     print_figure(BENCH, "accept_to_ack_p50_ms", ack_p50);
     print_figure(BENCH, "accept_to_ack_p99_ms", ack_p99);
+    print_figure(BENCH, "nats_door_rows_per_sec", nats_rows_per_sec);
+    print_figure(
+        BENCH,
+        "ratio_nats_door_to_http",
+        nats_rows_per_sec / weir_rows_per_sec,
+    );
+    print_figure(
+        BENCH,
+        "ratio_nats_door_to_raw_publish",
+        nats_rows_per_sec / raw_rows_per_sec,
+    );
+    print_figure(BENCH, "nats_door_latency_p50_ms", nats_p50);
+    print_figure(BENCH, "nats_door_latency_p99_ms", nats_p99);
     print_figure(BENCH, "weir_new_keys_rows_per_sec", new_keys_rows_per_sec);
     print_figure(
         BENCH,
@@ -271,6 +308,23 @@ async fn run(rows: usize, latency_window: Duration) {
         format!("p99 ≤ {TARGET_P99_MS:.0} ms"),
     ]);
     table.push(vec![
+        format!("NATS door, {CLIENTS} requesters × {ROWS_PER_REQUEST}-row requests"),
+        format!(
+            "{nats_rows_per_sec:.0} rows/s ({:.2}× HTTP, {:.2}× raw)",
+            nats_rows_per_sec / weir_rows_per_sec,
+            nats_rows_per_sec / raw_rows_per_sec
+        ),
+        "≥ 1.0× HTTP".into(),
+    ]);
+    table.push(vec![
+        format!(
+            "NATS door latency at {offered:.0} rows/s offered ({} requests)",
+            nats_latencies.len()
+        ),
+        format!("p50 {nats_p50:.1} ms, p99 {nats_p99:.1} ms"),
+        format!("HTTP: p50 {p50:.1} ms, p99 {p99:.1} ms"),
+    ]);
+    table.push(vec![
         "accept-to-ack at the same load (histogram)".into(),
         format!("p50 {ack_p50:.1} ms, p99 {ack_p99:.1} ms"),
         "(stored → delivered and acked)".into(),
@@ -286,6 +340,67 @@ async fn run(rows: usize, latency_window: Duration) {
         "(answered from the key's record)".into(),
     ]);
     table.print();
+}
+
+/// Sends `body` to the NATS door; the answer must be a 202.
+async fn request(client: &async_nats::Client, subject: async_nats::Subject, body: Bytes) {
+    let reply = client
+        .request(subject, body)
+        .await
+        .expect("the NATS door answers");
+    let status = reply
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(weir::ingest::STATUS_HEADER))
+        .map(|value| value.to_string());
+    assert_eq!(
+        status.as_deref(),
+        Some("202"),
+        "the NATS door answered {}",
+        String::from_utf8_lossy(&reply.payload)
+    );
+}
+
+/// Requests offered open-loop at `offered` rows/s for `window`, each sent
+/// by `send`; every request's time from send to answer, sorted.
+async fn open_loop<F, Fut>(
+    offered: f64,
+    window: Duration,
+    bodies: Arc<Vec<Bytes>>,
+    send: F,
+) -> Vec<Duration>
+where
+    F: Fn(Bytes) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let interval = Duration::from_secs_f64(ROWS_PER_REQUEST as f64 / offered);
+    let mut schedule = tokio::time::interval(interval);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let began = Instant::now();
+    let mut requests = Vec::new();
+    let mut index = 0;
+    while began.elapsed() < window {
+        schedule.tick().await;
+        let answered = send(bodies[index % bodies.len()].clone());
+        index += 1;
+        requests.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            answered.await;
+            sent.elapsed()
+        }));
+    }
+    let mut latencies = Vec::with_capacity(requests.len());
+    for request in requests {
+        latencies.push(request.await.expect("a request finished"));
+    }
+    latencies.sort();
+    latencies
+}
+
+/// The `p` percentile of sorted `latencies`, in milliseconds.
+fn percentile(latencies: &[Duration], p: f64) -> f64 {
+    let rank = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+    latencies[rank - 1].as_secs_f64() * 1000.0
 }
 
 /// Posts `bodies` with keys `bench-<index>`; every answer must be a 202

@@ -1,9 +1,10 @@
 //! A running weir host, assembled in a straight line from the validated
 //! config: NATS → topology → sandbox (the first generation of plugins) →
-//! coordination (with delivery workers plugged in) → reload → front door and
-//! operator endpoints. Shutdown runs the other way: the front door stops,
-//! every unit is handed over after its last batch, acks are flushed, the
-//! embedded server stops.
+//! coordination (with delivery workers plugged in) → reload → front door
+//! (HTTP and NATS doors) and operator endpoints. Shutdown runs the other
+//! way: the doors stop (the NATS door drains its subscription, answering
+//! what it took), every unit is handed over after its last batch, acks are
+//! flushed, the embedded server stops.
 //!
 //! This is the only module that knows every subsystem: each of them takes
 //! the handles it needs here, and none reaches for another's internals.
@@ -30,6 +31,7 @@ use crate::delivery::worker::{DeliveryError, ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
 use crate::ingest::idempotency::RequestKeys;
 use crate::ingest::listener;
+use crate::ingest::nats_door::{self, NatsDoorError};
 use crate::ingest::publish::Publisher;
 use crate::ingest::tls::FrontDoorTls;
 use crate::ingest::usage::Ledger;
@@ -77,6 +79,8 @@ pub enum StartError {
     DataDirInUse { dir: String, holder: String },
     #[error("cannot lock data dir {dir}: {source}")]
     DataDir { dir: String, source: std::io::Error },
+    #[error(transparent)]
+    NatsDoor(#[from] NatsDoorError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -194,13 +198,13 @@ impl RunningHost {
             nats: nats_status(&config, &nats_url, embedded.is_some()),
             reasons: Default::default(),
         };
-        let front_door = FrontDoor::new(
+        let front_door = Arc::new(FrontDoor::new(
             gate,
             Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
             metrics.clone(),
             ledger,
             request_keys,
-        );
+        ));
         let ops = Ops {
             status: status.clone(),
             generations: generations.subscribe(),
@@ -209,7 +213,11 @@ impl RunningHost {
         };
 
         let page = Page::new(status.clone(), generations.subscribe());
-        let routes = front_door.router().merge(ops.router()).merge(page.router());
+        let routes = front_door
+            .clone()
+            .router()
+            .merge(ops.router())
+            .merge(page.router());
         let tls = match &config.tls {
             Some(files) => {
                 let tls = FrontDoorTls::load(files.clone())?;
@@ -226,6 +234,13 @@ impl RunningHost {
             tls,
             shutdown.clone(),
         )));
+        // The NATS door, through the same front door.
+        if config.nats.ingest {
+            tasks.push(
+                nats_door::start(client.clone(), router.clone(), front_door, shutdown.clone())
+                    .await?,
+            );
+        }
         tracing::info!(listen = %http_addr, scheme, nats = %connection::redact(&nats_url), member = %me, "weir is running");
         stop_if_failed.disarm();
 

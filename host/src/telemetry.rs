@@ -48,9 +48,11 @@ pub struct ReloadLabels {
     pub result: String,
 }
 
-/// An HTTP status code, as a label: a few dozen values at most.
+/// A front door (`http` or `nats`) and the status code of its answer
+/// (NATS answers carry the same codes, in `Weir-Status`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabels {
+pub struct DoorLabels {
+    pub door: &'static str,
     pub code: u16,
 }
 
@@ -130,10 +132,10 @@ pub struct Metrics {
     /// From a row's storage in its stream (the server's clock) to its ack
     /// (this host's clock), for rows delivered or dead-lettered.
     pub accept_to_ack: Histogram,
-    /// Ingest requests refused, by status code.
-    pub requests_refused: Family<CodeLabels, Counter>,
-    /// Ingest request durations, by status code (accepted ones too).
-    pub request_duration: Histograms<CodeLabels>,
+    /// Ingest requests refused, by door and status code.
+    pub requests_refused: Family<DoorLabels, Counter>,
+    /// Ingest request durations, by door and status code (accepted ones too).
+    pub request_duration: Histograms<DoorLabels>,
     /// Of the refused, requests the budget throttled (429).
     pub requests_throttled: Counter,
     /// Of the refused, requests the budget rejected (403).
@@ -311,12 +313,12 @@ impl Metrics {
     fn register_ingest(&self, weir: &mut Registry) {
         weir.register(
             "ingest_request_duration_seconds",
-            "Ingest request durations, by status code",
+            "Ingest request durations, by door and status code",
             self.request_duration.clone(),
         );
         weir.register(
             "ingest_requests_refused",
-            "Ingest requests answered with an error, by status code",
+            "Ingest requests answered with an error, by door and status code",
             self.requests_refused.clone(),
         );
         weir.register(

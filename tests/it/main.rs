@@ -27,6 +27,7 @@ mod idle_cost;
 mod kv;
 mod logs;
 mod metrics;
+mod nats_ingest;
 mod nats_sink;
 mod operator;
 mod plugin_tools;

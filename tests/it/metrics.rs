@@ -237,17 +237,23 @@ async fn metrics_served_match_the_documented_table_and_count_a_run() {
         10.0
     );
     assert_eq!(
-        count("weir_ingest_requests_refused_total", &[("code", "404")]),
+        count(
+            "weir_ingest_requests_refused_total",
+            &[("door", "http"), ("code", "404")]
+        ),
         1.0
     );
     assert_eq!(
-        count("weir_ingest_requests_refused_total", &[("code", "400")]),
+        count(
+            "weir_ingest_requests_refused_total",
+            &[("door", "http"), ("code", "400")]
+        ),
         1.0
     );
     assert_eq!(
         count(
             "weir_ingest_request_duration_seconds_count",
-            &[("code", "202")]
+            &[("door", "http"), ("code", "202")]
         ),
         1.0
     );

@@ -40,11 +40,17 @@ pub enum MqCommand {
         #[command(flatten)]
         nats: NatsArgs,
     },
-    /// Print the least-privilege NATS user permissions a host needs.
+    /// Print the least-privilege NATS user permissions a host needs, or
+    /// with --producer those a producer of one tenant needs.
     Permissions {
         /// The TOML config file.
         #[arg(short, long, env = "WEIR_CONFIG")]
         config: PathBuf,
+        /// Print what a producer of this tenant needs to send rows through
+        /// the NATS door (its own ingest subjects and answer inbox, nothing
+        /// of another tenant's) instead of the host's.
+        #[arg(long, value_name = "TENANT")]
+        producer: Option<String>,
     },
 }
 
@@ -115,11 +121,44 @@ impl MqCommand {
                 );
                 Ok(())
             }
-            MqCommand::Permissions { config } => {
+            MqCommand::Permissions {
+                config,
+                producer: Some(tenant),
+            } => {
+                let config = Config::load(&config, &Overrides::default())?;
+                let known: Vec<&str> = config.tenants.iter().map(|t| t.name.as_str()).collect();
+                anyhow::ensure!(
+                    known.contains(&tenant.as_str()),
+                    "no tenant `{tenant}` in the config (tenants: {})",
+                    known.join(", ")
+                );
+                anyhow::ensure!(
+                    config.nats.ingest,
+                    "the config turns the NATS door off (`[nats] ingest = false`): producers send over HTTP"
+                );
+                let router = router_of(&config);
+                print_json(&serde_json::to_value(Permissions::for_producer(
+                    &router, &tenant,
+                ))?)?;
+                // On stderr: stdout stays the JSON an operator applies.
+                eprintln!(
+                    "note: the producer takes its answers on inbox prefix `{}` (nats CLI: --inbox-prefix; async-nats: custom_inbox_prefix; nats-py: inbox_prefix)",
+                    router.tenant_inbox(&tenant)
+                );
+                Ok(())
+            }
+            MqCommand::Permissions {
+                config,
+                producer: None,
+            } => {
                 let config = Config::load(&config, &Overrides::default())?;
                 let manifest = manifest_of(&config, None);
-                let permissions = Permissions::for_host(&router_of(&config), &manifest)
-                    .with_grants(config.plugins.values());
+                let router = router_of(&config);
+                let mut permissions =
+                    Permissions::for_host(&router, &manifest).with_grants(config.plugins.values());
+                if config.nats.ingest {
+                    permissions = permissions.with_ingest(&router);
+                }
                 print_json(&serde_json::to_value(permissions)?)
             }
         }

@@ -77,6 +77,12 @@ pub(super) const KEYS: &[Key] = &[
     ),
     Key::new(
         "nats",
+        "ingest",
+        Fallback::Bool(true),
+        Reload::Restart(|n, r| keep(&mut n.nats.ingest, &r.nats.ingest)),
+    ),
+    Key::new(
+        "nats",
         "server_binary",
         Fallback::Derived,
         Reload::Restart(|n, r| keep(&mut n.nats.embedded.binary, &r.nats.embedded.binary)),
@@ -90,6 +96,9 @@ pub struct NatsConfig {
     pub url: Option<String>,
     pub auth: NatsAuth,
     pub embedded: EmbeddedConfig,
+    /// Serve the NATS door: rows sent as requests to
+    /// `<prefix>.ingest.<tenant>.<table>`.
+    pub ingest: bool,
 }
 
 /// How weir proves who it is to an operator's NATS, as the `nats` CLI
@@ -204,6 +213,7 @@ pub(super) struct RawNats {
     tls_key: Option<String>,
     server_binary: Option<String>,
     sync: Option<SyncPolicy>,
+    ingest: Option<bool>,
 }
 
 impl Checker<'_> {
@@ -252,6 +262,7 @@ impl Checker<'_> {
                 binary: raw.server_binary.as_deref().map(|b| self.resolve(b)),
                 sync: raw.sync.unwrap_or(DEFAULT_SYNC),
             },
+            ingest: raw.ingest.unwrap_or(true),
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The front door: `POST /v1/ingest/{table}` with NDJSON or a JSON array,
 //! plain, gzip or zstd. The tenant comes from the API key, never from
 //! anything else the client sends; a 202 means JetStream stored every row.
+//! [`FrontDoor::process`] is the one path every door (this one, and the
+//! NATS door in `nats_door.rs`) takes from a request to its answer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +29,7 @@ use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
 use crate::ingest::publish::{BadRow, Ids, PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
-use crate::telemetry::{CodeLabels, Metrics};
+use crate::telemetry::{DoorLabels, Metrics};
 use crate::topology::route::encode_token;
 
 /// The request header that makes a retried request store its rows once.
@@ -68,6 +70,8 @@ pub struct Gate {
     /// Tenants by the SHA-256 of each of their keys: a lookup compares
     /// digests, so its timing says nothing about how much of a key matched.
     tenants_by_key: HashMap<[u8; 32], String>,
+    /// Every tenant's name: the NATS door takes the tenant from the subject.
+    tenants: HashSet<String>,
     config: Arc<Config>,
     policies: Policies,
 }
@@ -87,11 +91,22 @@ impl Gate {
                     .map(|key| (key_digest(key), tenant.name.clone()))
             })
             .collect();
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|tenant| tenant.name.clone())
+            .collect();
         Gate {
             tenants_by_key,
+            tenants,
             config,
             policies,
         }
+    }
+
+    /// Whether `tenant` is one of the config's tenants.
+    pub(crate) fn has_tenant(&self, tenant: &str) -> bool {
+        self.tenants.contains(tenant)
     }
 }
 
@@ -130,12 +145,96 @@ impl FrontDoor {
 
     /// The HTTP routes, ready to serve. The body is read by the handler,
     /// after the key and the table were checked.
-    pub fn router(self) -> HttpRouter {
+    pub fn router(self: Arc<Self>) -> HttpRouter {
         HttpRouter::new()
             .route("/v1/ingest/{table}", post(ingest))
-            .with_state(Arc::new(self))
+            .with_state(self)
+    }
+
+    /// The gate of the running generation, for one request.
+    pub(crate) fn gate(&self) -> Arc<Gate> {
+        self.gates.borrow().clone()
+    }
+
+    /// Room among the bodies in flight for one of `expected` bytes (as
+    /// sent) in `encoding`: held until the permit is dropped.
+    fn hold_body(
+        &self,
+        encoding: Encoding,
+        expected: usize,
+        limit: usize,
+    ) -> Result<OwnedSemaphorePermit, Refusal> {
+        // A compressed body is held twice: as sent, and decompressed (at most
+        // the limit).
+        let held = match encoding {
+            Encoding::Identity => expected,
+            _ => expected.saturating_add(limit),
+        };
+        let permits = u32::try_from(held.max(1)).unwrap_or(u32::MAX);
+        self.body_bytes
+            .clone()
+            .try_acquire_many_owned(permits)
+            .map_err(|_| {
+                Refusal::retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the host is reading too many bodies at once; retry in a second",
+                )
+            })
+    }
+
+    /// Room for a body received whole (the NATS door): its headers say how
+    /// it is encoded.
+    pub(crate) fn hold_received(
+        &self,
+        gate: &Gate,
+        headers: &HeaderMap,
+        length: usize,
+    ) -> Result<OwnedSemaphorePermit, Refusal> {
+        let kind = BodyKind::of(headers)?;
+        let limit = gate.config.max_body_bytes;
+        if length > limit {
+            return Err(body_too_large(limit));
+        }
+        self.hold_body(kind.encoding, length, limit)
+    }
+
+    /// Counts and logs a request's answer, by door; its status code.
+    pub(crate) fn record(
+        &self,
+        door: &'static str,
+        began: Instant,
+        span: &tracing::Span,
+        answer: &Result<Answer, Refusal>,
+    ) -> StatusCode {
+        let status = match answer {
+            Ok(_) => StatusCode::ACCEPTED,
+            Err(refusal) => {
+                let code = refusal.status.as_u16();
+                self.metrics
+                    .requests_refused
+                    .get_or_create(&DoorLabels { door, code })
+                    .inc();
+                // The reason names no key: a refusal's text never quotes one.
+                span.in_scope(|| {
+                    tracing::info!(code, reason = %refusal.error, line = refusal.line, "ingest request refused")
+                });
+                refusal.status
+            }
+        };
+        self.metrics
+            .request_duration
+            .get_or_create(&DoorLabels {
+                door,
+                code: status.as_u16(),
+            })
+            .observe(began.elapsed().as_secs_f64());
+        status
     }
 }
+
+/// The doors, as metrics and spans name them.
+pub(crate) const HTTP_DOOR: &str = "http";
+pub(crate) const NATS_DOOR: &str = "nats";
 
 /// An error answer: a status and a JSON body `{"error": ..., "line": ...}`.
 #[derive(Debug, Serialize)]
@@ -154,7 +253,7 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: StatusCode, error: impl Into<String>) -> Refusal {
+    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> Refusal {
         Refusal {
             status,
             error: error.into(),
@@ -169,6 +268,11 @@ impl Refusal {
             retry_after: Some(RETRY_AFTER_SECS),
             ..Refusal::new(status, error)
         }
+    }
+
+    /// Seconds the client is told to wait before trying again, if any.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        self.retry_after
     }
 
     /// 429: the tenant's budget says not now.
@@ -219,6 +323,7 @@ async fn ingest(
     // Tenant and unit are recorded once known (after the key, after routing).
     let span = tracing::info_span!(
         "ingest",
+        door = HTTP_DOOR,
         %table,
         tenant = tracing::field::Empty,
         unit = tracing::field::Empty
@@ -241,28 +346,11 @@ async fn ingest(
     }
     .instrument(span.clone())
     .await;
-    let response = match answer {
+    door.record(HTTP_DOOR, began, &span, &answer);
+    match answer {
         Ok(answer) => (StatusCode::ACCEPTED, axum::Json(answer)).into_response(),
-        Err(refusal) => {
-            let code = refusal.status.as_u16();
-            door.metrics
-                .requests_refused
-                .get_or_create(&CodeLabels { code })
-                .inc();
-            // The reason names no key: a refusal's text never quotes one.
-            span.in_scope(|| {
-                tracing::info!(code, reason = %refusal.error, line = refusal.line, "ingest request refused")
-            });
-            refusal.into_response()
-        }
-    };
-    door.metrics
-        .request_duration
-        .get_or_create(&CodeLabels {
-            code: response.status().as_u16(),
-        })
-        .observe(began.elapsed().as_secs_f64());
-    response
+        Err(refusal) => refusal.into_response(),
+    }
 }
 
 /// A request whose key, table and announced size passed, with its share of
@@ -311,23 +399,7 @@ fn before_the_body<'g>(
         return Err(body_too_large(limit));
     }
     let expected = announced.unwrap_or(limit);
-    // A compressed body is held twice: as sent, and decompressed (at most
-    // the limit).
-    let held = match kind.encoding {
-        Encoding::Identity => expected,
-        _ => expected.saturating_add(limit),
-    };
-    let permits = u32::try_from(held.max(1)).unwrap_or(u32::MAX);
-    let reading = door
-        .body_bytes
-        .clone()
-        .try_acquire_many_owned(permits)
-        .map_err(|_| {
-            Refusal::retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the host is reading too many bodies at once; retry in a second",
-            )
-        })?;
+    let reading = door.hold_body(kind.encoding, expected, limit)?;
     Ok(Admitted {
         tenant,
         expected,
@@ -386,7 +458,7 @@ async fn accept(
 impl FrontDoor {
     /// One request, from its tenant (already authenticated), table, headers
     /// and body as received to its answer: decoded, split, checked, admitted,
-    /// routed and stored. Every door (HTTP today) goes through here, so the
+    /// routed and stored. Every door (HTTP, NATS) goes through here, so the
     /// rules are the same whichever way rows come in.
     pub(crate) async fn process(
         &self,
@@ -399,6 +471,12 @@ impl FrontDoor {
         let door = self;
         let pipeline = check_table(gate, table)?;
         let kind = BodyKind::of(headers)?;
+        // The HTTP door stops reading at the limit; a body received whole
+        // (NATS) is checked here.
+        let limit = gate.config.max_body_bytes;
+        if body.len() > limit {
+            return Err(body_too_large(limit));
+        }
         let bad_lines = bad_lines_mode(headers, pipeline.bad_lines)?;
         let first_line = first_line(headers)?;
         let body = decode(kind.encoding, body, gate.config.max_body_bytes).await?;

@@ -1,11 +1,13 @@
-//! Ingest, the first half of a row's path: the front door takes a request,
+//! Ingest, the first half of a row's path: a door (HTTP, or NATS in
+//! `nats_door`) takes a request to the front door's one path,
 //! [`ndjson`] splits it into rows, [`policy`] asks the tenant's budget (with
 //! the fleet-wide [`usage`] and the tenant's own [`tenants`] settings) and
 //! router, and [`publish`] stores every row in its partition stream before
 //! the 202.
 
 //!
-//! Exported: the tenant's policies and what they decide (`Policies`,
+//! Exported: the NATS door's start error and answer header
+//! (`NatsDoorError`, `STATUS_HEADER`), the tenant's policies and what they decide (`Policies`,
 //! `Admit`, `Placement`), the publisher (`Publisher`, `Ids`,
 //! `PublishError`), the usage ledger (`Ledger`, `Usage`, `Queued`,
 //! `RATE_WINDOW`), the tenant settings calls `weir tenant` makes, and
@@ -14,6 +16,7 @@
 pub(crate) mod listener;
 pub(crate) mod front_door;
 pub(crate) mod idempotency;
+pub(crate) mod nats_door;
 pub mod ndjson;
 mod policy;
 pub(crate) mod publish;
@@ -21,6 +24,7 @@ mod tenants;
 pub(crate) mod tls;
 pub(crate) mod usage;
 
+pub use nats_door::{NatsDoorError, STATUS_HEADER};
 pub use policy::{Admit, Placement, Policies};
 pub use publish::{Ids, PublishError, Publisher};
 pub use tenants::{

@@ -2,8 +2,10 @@
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
 //! its streams and consumers, pull and ack its durables, hand a pin over,
 //! coordinate through its KV bucket, fetch plugins pushed to the fleet,
-//! publish to the subjects its sinks are granted (`grants.nats`) — and
-//! nothing that creates, deletes or purges a stream.
+//! publish to the subjects its sinks are granted (`grants.nats`), serve
+//! the NATS door and answer its requests — and nothing that creates,
+//! deletes or purges a stream. And what a producer of one tenant needs
+//! to send rows through the NATS door, and nothing of another tenant's.
 
 use serde::Serialize;
 
@@ -16,6 +18,10 @@ use crate::topology::route::Names;
 pub struct Permissions {
     pub publish: Allow,
     pub subscribe: Allow,
+    /// May answer the requests it receives (once each), whatever their
+    /// reply subject: the NATS door's answers.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_responses: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -110,6 +116,32 @@ impl Permissions {
             subscribe: Allow {
                 allow: vec!["_INBOX.>".to_string(), router.usage_subject()],
             },
+            allow_responses: false,
+        }
+    }
+
+    /// The same, serving the NATS door: its requests, as a queue group, and
+    /// an answer to each on the producer's reply subject.
+    pub fn with_ingest(mut self, router: &Names) -> Permissions {
+        self.subscribe.allow.push(router.ingest_subjects());
+        self.allow_responses = true;
+        self
+    }
+
+    /// What a producer of `tenant` needs to send rows through the NATS
+    /// door: requests to its own tenant's ingest subjects, and answers on
+    /// an inbox prefix of its own (`Names::tenant_inbox`), so it reads no
+    /// other tenant's answers. Nothing else: no JetStream, no other
+    /// tenant's subject.
+    pub fn for_producer(router: &Names, tenant: &str) -> Permissions {
+        Permissions {
+            publish: Allow {
+                allow: vec![router.tenant_ingest_subjects(tenant)],
+            },
+            subscribe: Allow {
+                allow: vec![format!("{}.>", router.tenant_inbox(tenant))],
+            },
+            allow_responses: false,
         }
     }
 
@@ -184,9 +216,33 @@ mod tests {
             permissions.subscribe.allow,
             ["_INBOX.>", "weir.usage.accepts"]
         );
+        let serving = permissions.clone().with_ingest(&router);
+        assert_eq!(
+            serving.subscribe.allow,
+            ["_INBOX.>", "weir.usage.accepts", "weir.ingest.>"]
+        );
+        assert!(serving.allow_responses);
+        assert_eq!(serving.publish, permissions.publish);
         // No plugin is granted a publish: no subject outside weir's.
         let granted = permissions.clone().with_grants(config.plugins.values());
         assert_eq!(granted, permissions);
+    }
+
+    #[test]
+    fn a_producer_may_send_its_own_tenants_rows_and_nothing_else() {
+        let router = Names::new("weir", 4, 1);
+        let producer = Permissions::for_producer(&router, "acme");
+        assert_eq!(producer.publish.allow, ["weir.ingest.acme.*"]);
+        assert_eq!(producer.subscribe.allow, ["_INBOX.weir.acme.>"]);
+        assert!(!producer.allow_responses);
+        let json = serde_json::to_value(&producer).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "publish": { "allow": ["weir.ingest.acme.*"] },
+                "subscribe": { "allow": ["_INBOX.weir.acme.>"] },
+            })
+        );
     }
 
     #[test]

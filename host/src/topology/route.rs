@@ -264,6 +264,53 @@ impl Names {
     pub fn dead_letter_subjects(&self) -> String {
         format!("{}.dlq.>", self.prefix)
     }
+
+    /// The subject a producer sends `tenant`'s rows of `table` to, as a
+    /// request (the NATS door): `<prefix>.ingest.<tenant>.<table>`.
+    pub fn ingest_subject(&self, tenant: &str, table: &str) -> String {
+        format!(
+            "{}.ingest.{}.{}",
+            self.prefix,
+            encode_token(tenant),
+            encode_token(table)
+        )
+    }
+
+    /// Every ingest subject: what hosts serve, as one queue group. Wider
+    /// than a producer may send to, so that a malformed subject is
+    /// answered rather than left without a responder.
+    pub fn ingest_subjects(&self) -> String {
+        format!("{}.ingest.>", self.prefix)
+    }
+
+    /// One tenant's ingest subjects: what its producers may publish to.
+    pub fn tenant_ingest_subjects(&self, tenant: &str) -> String {
+        format!("{}.ingest.{}.*", self.prefix, encode_token(tenant))
+    }
+
+    /// The queue group of the hosts serving the ingest subjects.
+    pub fn ingest_queue(&self) -> String {
+        format!("{}_ingest", self.prefix)
+    }
+
+    /// The inbox prefix a producer of `tenant` takes its answers on: a
+    /// prefix of its own, so that no tenant may read another's answers.
+    pub fn tenant_inbox(&self, tenant: &str) -> String {
+        format!("_INBOX.{}.{}", self.prefix, encode_token(tenant))
+    }
+
+    /// Tenant and table of an ingest subject, decoded; `None` for a subject
+    /// that is not `<prefix>.ingest.<tenant>.<table>`.
+    pub fn parse_ingest<'s>(&self, subject: &'s str) -> Option<(Cow<'s, str>, Cow<'s, str>)> {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".ingest.")?;
+        let (tenant, table) = rest.split_once('.')?;
+        if tenant.is_empty() || table.is_empty() || table.contains('.') {
+            return None;
+        }
+        Some((decode_token(tenant)?, decode_token(table)?))
+    }
 }
 
 /// Jump consistent hashing (Lamping & Veach, 2014): maps a key to one of
@@ -321,6 +368,34 @@ pub fn decode_token(token: &str) -> Option<Cow<'_, str>> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn ingest_subjects_round_trip_and_stay_in_their_tenant() {
+        let router = Names::new("weir", 4, 1);
+        let subject = router.ingest_subject("acme corp", "orders.eu");
+        assert_eq!(subject, "weir.ingest.acme~20corp.orders~2Eeu");
+        let (tenant, table) = router.parse_ingest(&subject).unwrap();
+        assert_eq!(
+            (tenant.as_ref(), table.as_ref()),
+            ("acme corp", "orders.eu")
+        );
+        assert_eq!(
+            router.tenant_ingest_subjects("a.>"),
+            "weir.ingest.a~2E~3E.*",
+            "a name cannot widen the filter"
+        );
+        assert_eq!(router.tenant_inbox("acme"), "_INBOX.weir.acme");
+        for wrong in [
+            "weir.ingest.acme",
+            "weir.ingest.acme.orders.extra",
+            "weir.ingest..orders",
+            "weir.in.0.0.acme.orders",
+            "other.ingest.acme.orders",
+            "weir.ingest.ac~ZZme.orders",
+        ] {
+            assert!(router.parse_ingest(wrong).is_none(), "{wrong}");
+        }
+    }
 
     #[test]
     fn subject_round_trips() {

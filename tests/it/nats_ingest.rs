@@ -1,0 +1,723 @@
+//! The NATS door against a real nats-server whose users are built from
+//! what weir prints: the hosts from `weir mq permissions`, one producer per
+//! tenant from `weir mq permissions --producer`. A producer cannot send as
+//! another tenant (the server refuses it); rows sent over NATS are stored,
+//! routed, budgeted and answered as over HTTP; an idempotency key dedupes
+//! across the doors; a host killed while answering loses nothing it
+//! acknowledged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::front_door::gzip;
+use crate::support::{
+    ACME_KEY, Host, Nats, TestHost, backlog, base_config, eventually, free_port, operator, orders,
+};
+
+const BETA_KEY: &str = "beta-key-4567";
+const STATUS: &str = weir::ingest::STATUS_HEADER;
+
+/// The base config as an operator's NATS sees it (the test applies the
+/// topology as admin; the host only verifies it), with a second tenant
+/// `beta`. `extra` goes into the `orders` pipeline (and may add tables).
+fn config(nats_url: &str, extra: &str) -> String {
+    format!(
+        "{}\n[[tenants]]\nname = \"beta\"\napi_keys = [\"{BETA_KEY}\"]\n",
+        base_config(nats_url, extra).replace("[stream]\ncreate = true\n", "")
+    )
+}
+
+/// `weir mq permissions --config CONFIG ARGS…`: its JSON, as text.
+fn permissions(config: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, config).unwrap();
+    let output = operator(&path, ["mq", "permissions"], args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A nats-server with an admin, the hosts' user `weir` and a producer user
+/// per tenant (`acme`, `beta`, password `<name>-secret`), each with exactly
+/// the permissions weir prints for `template`, and the topology applied.
+struct Server {
+    /// Kept running (and removed) with the server value.
+    _nats: Nats,
+    port: u16,
+}
+
+impl Server {
+    fn start(template: &str) -> Server {
+        let host = permissions(template, &[]);
+        let acme = permissions(template, &["--producer", "acme"]);
+        let beta = permissions(template, &["--producer", "beta"]);
+        let nats = Nats::start_with(&format!(
+            "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n      {{ user: acme, password: acme-secret, permissions: {acme} }}\n      {{ user: beta, password: beta-secret, permissions: {beta} }}\n    ]\n  }}\n}}\n"
+        ));
+        let port = nats.server.port();
+        let server = Server { _nats: nats, port };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, template).unwrap();
+        let applied = operator(
+            &path,
+            ["mq", "apply"],
+            &["--nats-url", &server.url("admin")],
+        );
+        assert!(
+            applied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+        server
+    }
+
+    fn url(&self, user: &str) -> String {
+        format!("nats://{user}:{user}-secret@127.0.0.1:{}", self.port)
+    }
+
+    async fn admin(&self) -> async_nats::Client {
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-secret".into())
+            .connect(format!("nats://127.0.0.1:{}", self.port))
+            .await
+            .unwrap()
+    }
+
+    /// A producer of `tenant` as the docs set it up: its own user, answers
+    /// on its own inbox prefix. The server's errors arrive on the receiver.
+    async fn producer(
+        &self,
+        tenant: &str,
+    ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+        let (errors, received) = mpsc::unbounded_channel();
+        let client = async_nats::ConnectOptions::with_user_and_password(
+            tenant.into(),
+            format!("{tenant}-secret"),
+        )
+        .custom_inbox_prefix(format!("_INBOX.weir.{tenant}"))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .event_callback(move |event| {
+            let errors = errors.clone();
+            async move {
+                if let async_nats::Event::ServerError(err) = event {
+                    let _ = errors.send(err.to_string());
+                }
+            }
+        })
+        .connect(format!("nats://127.0.0.1:{}", self.port))
+        .await
+        .unwrap();
+        (client, received)
+    }
+}
+
+/// Sends `body` as a request to `subject` with `headers`: the answer's
+/// `Weir-Status` and JSON body.
+async fn request(
+    client: &async_nats::Client,
+    subject: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> (u16, serde_json::Value) {
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers {
+        map.insert(*name, *value);
+    }
+    let reply = client
+        .request_with_headers(subject.to_string(), map, body.into())
+        .await
+        .unwrap_or_else(|err| panic!("no answer on {subject}: {err}"));
+    let status = crate::support::header_of(&reply, STATUS);
+    let status = status
+        .parse()
+        .unwrap_or_else(|_| panic!("{STATUS}: `{status}`"));
+    (status, serde_json::from_slice(&reply.payload).unwrap())
+}
+
+/// POSTs `body` to `/v1/ingest/{table}` with `key` and `headers`.
+async fn post(
+    host: &TestHost,
+    key: &str,
+    table: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<reqwest::Body>,
+) -> (u16, serde_json::Value) {
+    let mut request = host
+        .http
+        .post(host.url(&format!("/v1/ingest/{table}")))
+        .bearer_auth(key)
+        .body(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+/// Waits until every stored row was delivered and acked.
+async fn drained(client: &async_nats::Client) {
+    eventually(
+        Duration::from_secs(30),
+        "every stored row delivered and acked",
+        || async { (backlog(client).await == (0, 0, 0)).then_some(()) },
+    )
+    .await;
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_sends_as_its_own_tenant_and_the_server_refuses_it_another() {
+    let template = config("nats://127.0.0.1:1", "");
+    let server = Server::start(&template);
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let (acme, mut acme_errors) = server.producer("acme").await;
+    let (beta, _) = server.producer("beta").await;
+
+    let (status, answer) = request(&acme, "weir.ingest.acme.orders", &[], orders(0, 5)).await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(5)),
+        "{answer}"
+    );
+    let (status, answer) = request(&beta, "weir.ingest.beta.orders", &[], orders(100, 3)).await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(3)),
+        "{answer}"
+    );
+
+    // acme sending as beta: the server refuses the publish, no host sees it.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(2),
+        acme.request("weir.ingest.beta.orders", orders(200, 7).into()),
+    )
+    .await;
+    assert!(
+        !matches!(refused, Ok(Ok(_))),
+        "no answer to a refused publish"
+    );
+    let error = tokio::time::timeout(Duration::from_secs(5), acme_errors.recv())
+        .await
+        .expect("the server says why")
+        .unwrap();
+    assert!(
+        error.contains("Permissions Violation for Publish to \"weir.ingest.beta.orders\""),
+        "{error}"
+    );
+    // Nor may it read beta's answers.
+    let _spy = acme.subscribe("_INBOX.weir.beta.>").await.unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(5), acme_errors.recv())
+        .await
+        .expect("the server says why")
+        .unwrap();
+    assert!(
+        error.contains("Permissions Violation for Subscription to \"_INBOX.weir.beta.>\""),
+        "{error}"
+    );
+
+    // A tenant or table the config does not have is answered, by name.
+    let admin = server.admin().await;
+    let (status, answer) = request(&admin, "weir.ingest.nobody.orders", &[], orders(0, 1)).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("no tenant `nobody`"),
+        "{answer}"
+    );
+    let (status, answer) = request(&admin, "weir.ingest.acme.nowhere", &[], orders(0, 1)).await;
+    assert_eq!(
+        (status, answer),
+        post(&host, ACME_KEY, "nowhere", &[], orders(0, 1)).await,
+        "the HTTP door's answer"
+    );
+    let (status, answer) = request(&admin, "weir.ingest.acme.orders.x", &[], orders(0, 1)).await;
+    assert_eq!(status, 404, "{answer}");
+
+    // The metrics tell the doors apart.
+    let metrics = host.get_text("/metrics").await;
+    for sample in [
+        "weir_ingest_request_duration_seconds_count{door=\"nats\",code=\"202\"} 2",
+        "weir_ingest_requests_refused_total{door=\"nats\",code=\"404\"} 3",
+        "weir_ingest_requests_refused_total{door=\"http\",code=\"404\"} 1",
+    ] {
+        assert!(metrics.contains(sample), "no `{sample}` in:\n{metrics}");
+    }
+
+    drained(&admin).await;
+    assert_eq!(host.sink_lines("orders").len(), 5);
+    let beta_rows = host.dir.path().join("out/beta/orders.ndjson");
+    assert_eq!(lines(&beta_rows), 3, "beta's rows only: none of acme's");
+
+    // A producer's permissions are printed for a tenant of the config only.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, &template).unwrap();
+    let unknown = operator(&path, ["mq", "permissions"], &["--producer", "nobody"]);
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no tenant `nobody` in the config"),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
+    host.shutdown().await;
+}
+
+/// Every stored message of the partition streams: (subject, headers by
+/// name, payload).
+async fn stored(client: &async_nats::Client) -> Vec<(String, BTreeMap<String, String>, String)> {
+    let mut found = Vec::new();
+    for mut stream in crate::support::partition_streams(client).await {
+        let state = stream.info().await.unwrap().state.clone();
+        for sequence in state.first_sequence..=state.last_sequence {
+            let Ok(message) = stream.get_raw_message(sequence).await else {
+                continue;
+            };
+            let headers = message
+                .headers
+                .iter()
+                .map(|(name, values)| {
+                    let values: Vec<&str> = values.iter().map(|v| v.as_str()).collect();
+                    (name.to_string(), values.join(","))
+                })
+                .collect();
+            let payload = String::from_utf8_lossy(&message.payload).into_owned();
+            found.push((message.subject.to_string(), headers, payload));
+        }
+    }
+    found
+}
+
+/// Rows sent over NATS are stored with the subject (the router's route) and
+/// headers HTTP rows get; a budget, a bad line, a compressed or array body
+/// and a bomb are answered with the HTTP door's very answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_over_nats_are_stored_and_answered_exactly_as_over_http() {
+    // `held` goes to a sink that is never there: its rows stay in their
+    // streams to be read. acme is spread over 4 units by `user`; beta may
+    // queue 5 rows.
+    let extra = format!(
+        r#"
+[plugins.nowhere]
+wasm = "weir_http_sink.wasm"
+world = "sink"
+settings = {{ url = "http://127.0.0.1:{port}/x" }}
+grants.http = ["127.0.0.1:{port}"]
+
+[[pipelines]]
+tables = ["held"]
+sink = "nowhere"
+
+[policies]
+budget = "budget"
+router = "router"
+routing_field = "user"
+
+[plugins.budget]
+wasm = "weir_tenant_budget.wasm"
+world = "budget"
+settings = {{ tenants = {{ beta = {{ queued_rows = 5 }} }} }}
+
+[plugins.router]
+wasm = "weir_hot_tenant_router.wasm"
+world = "router"
+settings = {{ hot_tenants = {{ acme = 4 }} }}
+"#,
+        port = free_port()
+    );
+    let for_url =
+        |url: &str| config(url, &extra).replace("max_deliveries = 3", "max_deliveries = 1000");
+    let server = Server::start(&for_url("nats://127.0.0.1:1"));
+    let host = TestHost::start(&for_url(&server.url("weir"))).await;
+    let (acme, _) = server.producer("acme").await;
+    let (beta, _) = server.producer("beta").await;
+    let admin = server.admin().await;
+
+    let rows = |door: &str| -> String {
+        (0..16)
+            .map(|id| {
+                format!(
+                    "{{\"id\":{id},\"user\":\"u{}\",\"door\":\"{door}\"}}\n",
+                    id % 8
+                )
+            })
+            .collect()
+    };
+    let (status, answer) = post(
+        &host,
+        ACME_KEY,
+        "held",
+        &[("Idempotency-Key", "k-http")],
+        rows("http"),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(16)),
+        "{answer}"
+    );
+    let (status, answer) = request(
+        &acme,
+        "weir.ingest.acme.held",
+        &[("Idempotency-Key", "k-nats")],
+        rows("nats"),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(16)),
+        "{answer}"
+    );
+
+    // Each NATS row is stored as its HTTP twin: same subject, same headers
+    // (the message id names its own request key).
+    let mut by_row: BTreeMap<(String, u64), (String, BTreeMap<String, String>)> = BTreeMap::new();
+    for (subject, headers, payload) in stored(&admin).await {
+        let row: serde_json::Value = serde_json::from_str(&payload).unwrap();
+        let door = row["door"].as_str().unwrap().to_string();
+        let headers = headers
+            .into_iter()
+            .map(|(name, value)| (name, value.replace(&format!("k-{door}"), "KEY")))
+            .collect();
+        by_row.insert((door, row["id"].as_u64().unwrap()), (subject, headers));
+    }
+    assert_eq!(by_row.len(), 32, "{by_row:?}");
+    let mut subjects = BTreeSet::new();
+    for id in 0..16 {
+        let http = &by_row[&("http".to_string(), id)];
+        let nats = &by_row[&("nats".to_string(), id)];
+        assert_eq!(http, nats, "row {id}");
+        assert!(http.1.contains_key("Nats-Msg-Id"), "{http:?}");
+        subjects.insert(http.0.clone());
+    }
+    assert!(
+        subjects.len() > 1,
+        "the router spread acme's rows: {subjects:?}"
+    );
+
+    // The budget: beta may not queue 10 rows, whichever door.
+    let nats = request(&beta, "weir.ingest.beta.orders", &[], orders(0, 10)).await;
+    assert_eq!(nats.0, 403, "{}", nats.1);
+    assert_eq!(
+        nats,
+        post(&host, BETA_KEY, "orders", &[], orders(0, 10)).await
+    );
+
+    // A bad line: refused by name, or dead-lettered when asked.
+    let bad = format!("{}not json\n{}", orders(0, 1), orders(1, 1));
+    let nats = request(&acme, "weir.ingest.acme.orders", &[], bad.clone()).await;
+    assert_eq!(
+        (nats.0, nats.1["line"].as_u64()),
+        (400, Some(2)),
+        "{}",
+        nats.1
+    );
+    assert_eq!(
+        nats,
+        post(&host, ACME_KEY, "orders", &[], bad.clone()).await
+    );
+    let dead_letter = [("Weir-Bad-Lines", "dead-letter")];
+    let nats = request(&acme, "weir.ingest.acme.orders", &dead_letter, bad.clone()).await;
+    assert_eq!(
+        (
+            nats.0,
+            nats.1["accepted"].as_u64(),
+            nats.1["bad_lines"][0]["line"].as_u64()
+        ),
+        (202, Some(2), Some(2)),
+        "{}",
+        nats.1
+    );
+    assert_eq!(
+        nats,
+        post(&host, ACME_KEY, "orders", &dead_letter, bad).await
+    );
+
+    // Compressed and array bodies; a bomb is a 413.
+    let gzipped = [("Content-Encoding", "gzip")];
+    let (status, answer) = request(
+        &acme,
+        "weir.ingest.acme.orders",
+        &gzipped,
+        gzip(orders(10, 50).as_bytes()),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(50)),
+        "{answer}"
+    );
+    let array = [("Content-Type", "application/json")];
+    let (status, answer) = request(
+        &acme,
+        "weir.ingest.acme.orders",
+        &array,
+        "[{\"id\":70},{\"id\":71}]",
+    )
+    .await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(2)),
+        "{answer}"
+    );
+    let bomb = gzip(&vec![b' '; 2 << 20]);
+    let nats = request(&acme, "weir.ingest.acme.orders", &gzipped, bomb.clone()).await;
+    assert_eq!(nats.0, 413, "{}", nats.1);
+    assert_eq!(nats, post(&host, ACME_KEY, "orders", &gzipped, bomb).await);
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idempotency_key_dedupes_a_retry_across_the_doors() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let (acme, _) = server.producer("acme").await;
+    let nats = |key: &'static str, body: String| {
+        let acme = acme.clone();
+        async move {
+            request(
+                &acme,
+                "weir.ingest.acme.orders",
+                &[("Idempotency-Key", key)],
+                body,
+            )
+            .await
+        }
+    };
+    let counts = |(status, answer): (u16, serde_json::Value)| {
+        (
+            status,
+            answer["accepted"].as_u64(),
+            answer["duplicates"].as_u64(),
+        )
+    };
+
+    let http_first = post(
+        &host,
+        ACME_KEY,
+        "orders",
+        &[("Idempotency-Key", "k1")],
+        orders(0, 10),
+    )
+    .await;
+    assert_eq!(counts(http_first), (202, Some(10), Some(0)));
+    assert_eq!(
+        counts(nats("k1", orders(0, 10)).await),
+        (202, Some(10), Some(10))
+    );
+    assert_eq!(
+        counts(nats("k2", orders(10, 10)).await),
+        (202, Some(10), Some(0))
+    );
+    let http_again = post(
+        &host,
+        ACME_KEY,
+        "orders",
+        &[("Idempotency-Key", "k2")],
+        orders(10, 10),
+    )
+    .await;
+    assert_eq!(counts(http_again), (202, Some(10), Some(10)));
+    // The same key for other rows is refused, whichever door.
+    let (status, answer) = nats("k1", orders(50, 10)).await;
+    assert_eq!(status, 409, "{answer}");
+
+    drained(&server.admin().await).await;
+    assert_eq!(host.sink_lines("orders").len(), 20, "each row stored once");
+    host.shutdown().await;
+}
+
+/// Two `weir run` hosts answer the producers' requests; one is killed
+/// (SIGKILL) while answering. Every row a producer was answered 202 for is
+/// delivered; what was not answered, the producer knows to send again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_killed_while_answering_loses_no_acknowledged_row() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let host_config = |id: &str| {
+        format!(
+            "{}\n[coordination]\nhost_id = \"{id}\"\nmember_ttl = \"3s\"\n",
+            config(&server.url("weir"), "")
+        )
+    };
+    let a = Host::spawn_with("a", host_config("a"));
+    let b = Host::spawn_with("b", host_config("b"));
+    let http = reqwest::Client::new();
+    for host in [&a, &b] {
+        eventually(Duration::from_secs(60), "the host ready", || async {
+            let ready = http.get(format!("{}/readyz", host.url)).send().await.ok()?;
+            ready.status().is_success().then_some(())
+        })
+        .await;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for producer in 0..4u64 {
+        let (client, _) = server.producer("acme").await;
+        let stop = stop.clone();
+        producers.push(tokio::spawn(async move {
+            let (mut acked, mut unanswered, mut request) = (Vec::new(), 0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let first = (request * 4 + producer) * 20;
+                request += 1;
+                let body: String = (first..first + 20)
+                    .map(|id| format!("{{\"id\":{id}}}\n"))
+                    .collect();
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    client.request("weir.ingest.acme.orders", body.into()),
+                )
+                .await;
+                match answer {
+                    Ok(Ok(reply)) if crate::support::header_of(&reply, STATUS) == "202" => {
+                        acked.extend(first..first + 20)
+                    }
+                    _ => unanswered += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (acked, unanswered)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut acked, mut unanswered) = (BTreeSet::new(), 0);
+    for producer in producers {
+        let (ids, missed) = producer.await.unwrap();
+        acked.extend(ids);
+        unanswered += missed;
+    }
+    assert!(
+        acked.len() > 1000,
+        "the load ran: {} rows acked",
+        acked.len()
+    );
+
+    let hosts = [&a, &b];
+    let missing = eventually(
+        Duration::from_secs(60),
+        "every acknowledged row delivered",
+        || async {
+            let delivered: BTreeSet<u64> = hosts
+                .iter()
+                .flat_map(|host| {
+                    let text = std::fs::read_to_string(host.output("orders")).unwrap_or_default();
+                    text.lines()
+                        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                        .filter_map(|row| row["id"].as_u64())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let missing: Vec<u64> = acked.difference(&delivered).copied().collect();
+            missing.is_empty().then_some(missing)
+        },
+    )
+    .await;
+    println!(
+        "acknowledged {} rows, {unanswered} requests unanswered, {} acknowledged rows missing",
+        acked.len(),
+        missing.len()
+    );
+    b.terminate();
+}
+
+/// A host that stops drains its subscription: it takes no new request and
+/// answers every one it took, so no producer waits out a timeout and every
+/// row answered 202 is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_host_answers_every_request_it_took() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let TestHost { host, dir, .. } = TestHost::start(&config(&server.url("weir"), "")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for producer in 0..8u64 {
+        let (client, _) = server.producer("acme").await;
+        let stop = stop.clone();
+        producers.push(tokio::spawn(async move {
+            let (mut acked, mut no_host, mut timed_out, mut request) =
+                (Vec::new(), 0u64, 0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let first = (request * 8 + producer) * 50;
+                request += 1;
+                let body: String = (first..first + 50)
+                    .map(|id| format!("{{\"id\":{id}}}\n"))
+                    .collect();
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    client.request("weir.ingest.acme.orders", body.into()),
+                )
+                .await;
+                match answer {
+                    Ok(Ok(reply)) => {
+                        let status = crate::support::header_of(&reply, STATUS);
+                        assert_eq!(status, "202", "{:?}", reply.payload);
+                        acked.extend(first..first + 50);
+                    }
+                    // Once the host stopped taking requests: no one to ask.
+                    Ok(Err(err)) if err.kind() == async_nats::RequestErrorKind::NoResponders => {
+                        no_host += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => timed_out += 1,
+                }
+            }
+            (acked, no_host, timed_out)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    host.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut acked, mut no_host, mut timed_out) = (BTreeSet::new(), 0, 0);
+    for producer in producers {
+        let (ids, none, late) = producer.await.unwrap();
+        acked.extend(ids);
+        no_host += none;
+        timed_out += late;
+    }
+    assert!(
+        acked.len() > 500,
+        "the load ran: {} rows acked",
+        acked.len()
+    );
+    assert!(no_host > 0, "requests after the stop found no host");
+    assert_eq!(timed_out, 0, "a request taken was left unanswered");
+
+    // Every acknowledged row is delivered, or still in its stream.
+    let admin = server.admin().await;
+    let mut found: BTreeSet<u64> = stored(&admin)
+        .await
+        .iter()
+        .filter_map(|(_, _, payload)| serde_json::from_str::<serde_json::Value>(payload).ok())
+        .filter_map(|row| row["id"].as_u64())
+        .collect();
+    let written = std::fs::read_to_string(crate::support::output(dir.path(), "orders"));
+    found.extend(
+        written
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|row| row["id"].as_u64()),
+    );
+    let missing = acked.difference(&found).count();
+    assert_eq!(missing, 0, "of {} acknowledged rows", acked.len());
+}
