@@ -654,7 +654,7 @@ async fn a_stopping_host_answers_every_request_it_took() {
         let stop = stop.clone();
         producers.push(tokio::spawn(async move {
             let (mut acked, mut no_host, mut timed_out, mut request) =
-                (Vec::new(), 0u64, 0u64, 0u64);
+                (Vec::new(), 0u64, Vec::new(), 0u64);
             while !stop.load(Ordering::Relaxed) {
                 let first = (request * 8 + producer) * 50;
                 request += 1;
@@ -677,7 +677,7 @@ async fn a_stopping_host_answers_every_request_it_took() {
                         no_host += 1;
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    _ => timed_out += 1,
+                    _ => timed_out.push(first),
                 }
             }
             (acked, no_host, timed_out)
@@ -687,12 +687,12 @@ async fn a_stopping_host_answers_every_request_it_took() {
     host.shutdown().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut acked, mut no_host, mut timed_out) = (BTreeSet::new(), 0, 0);
+    let (mut acked, mut no_host, mut timed_out) = (BTreeSet::new(), 0, Vec::new());
     for producer in producers {
         let (ids, none, late) = producer.await.unwrap();
         acked.extend(ids);
         no_host += none;
-        timed_out += late;
+        timed_out.extend(late);
     }
     assert!(
         acked.len() > 500,
@@ -700,7 +700,16 @@ async fn a_stopping_host_answers_every_request_it_took() {
         acked.len()
     );
     assert!(no_host > 0, "requests after the stop found no host");
-    assert_eq!(timed_out, 0, "a request taken was left unanswered");
+    // async-nats drops what the server sent in the last round trip before
+    // it took the UNSUB of a draining subscription (the client forgets the
+    // subscription before the server's PONG): such a request never reached
+    // the door, and its producer retries. A request the door took is
+    // answered: nothing of an unanswered one was stored.
+    assert!(
+        timed_out.len() <= 2,
+        "{} requests unanswered",
+        timed_out.len()
+    );
 
     // Every acknowledged row is delivered, or still in its stream.
     let admin = server.admin().await;
@@ -720,4 +729,10 @@ async fn a_stopping_host_answers_every_request_it_took() {
     );
     let missing = acked.difference(&found).count();
     assert_eq!(missing, 0, "of {} acknowledged rows", acked.len());
+    for first in timed_out {
+        assert!(
+            !(first..first + 50).any(|id| found.contains(&id)),
+            "the request of rows {first}.. was taken, its rows stored, and left unanswered"
+        );
+    }
 }
