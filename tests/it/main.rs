@@ -31,6 +31,7 @@ mod postgres_support;
 mod readiness;
 mod reload;
 mod retries;
+mod rollout;
 mod stops;
 mod sandbox;
 mod secrets;

@@ -81,6 +81,78 @@ pub struct FleetReleases {
     pub client: async_nats::Client,
     pub router: Names,
     pub dir: PathBuf,
+    /// The released files the first generation was loaded with
+    /// ([`released_files`]).
+    pub started_with: BTreeMap<String, PathBuf>,
+}
+
+/// The files of the fleet's releases of `config`'s plugins, fetched into
+/// `dir` (name → file): a starting host loads these instead of its own
+/// files, before it claims a unit, so it never serves a version the fleet
+/// no longer runs.
+pub async fn released_files(
+    client: &async_nats::Client,
+    router: &Names,
+    config: &Config,
+    dir: &std::path::Path,
+) -> Result<BTreeMap<String, PathBuf>, releases::StoreError> {
+    let mut files = BTreeMap::new();
+    for name in config.plugins.keys() {
+        let Some(release) = releases::release(client, router, name).await? else {
+            continue;
+        };
+        if let Some(digest) = &release.digest {
+            let path = releases::fetch(client, router, name, digest, dir).await?;
+            files.insert(name.clone(), path);
+        }
+    }
+    Ok(files)
+}
+
+/// `config` with each plugin in `files` loaded from its file there.
+pub fn with_files(config: &Config, files: &BTreeMap<String, PathBuf>) -> Config {
+    let mut config = config.clone();
+    for (name, wasm) in files {
+        if let Some(entry) = config.plugins.get_mut(name) {
+            entry.wasm = wasm.clone();
+        }
+    }
+    config
+}
+
+/// Why `generation` is not what the fleet runs, if it is not: a plugin
+/// whose release is another version, or a pushed version (a file under
+/// `pushed_dir`) where the fleet went back to each host's own file.
+/// Plugins the generation does not have are not this host's to run.
+pub fn behind_fleet(
+    generation: &Generation,
+    releases: &BTreeMap<String, Release>,
+    pushed_dir: &std::path::Path,
+) -> Option<String> {
+    let behind: Vec<String> = releases
+        .iter()
+        .filter_map(|(name, release)| {
+            let plugin = generation.plugin(name)?;
+            match &release.digest {
+                Some(digest) => {
+                    let fleet = releases::version_of_digest(digest);
+                    (plugin.version != fleet).then(|| {
+                        format!(
+                            "`{name}` runs {} here, {fleet} in the fleet",
+                            plugin.version
+                        )
+                    })
+                }
+                None => plugin.config.wasm.starts_with(pushed_dir).then(|| {
+                    format!(
+                        "`{name}` runs the pushed {} here, each host's own file in the fleet",
+                        plugin.version
+                    )
+                }),
+            }
+        })
+        .collect();
+    (!behind.is_empty()).then(|| behind.join("; "))
 }
 
 /// The modification time and length of each watched file (`None`: absent).
@@ -114,6 +186,7 @@ impl Reloader {
 
     /// Also follows plugin releases pushed to the fleet.
     pub fn with_fleet(mut self, fleet: FleetReleases) -> Reloader {
+        self.pushed = Mutex::new(fleet.started_with.clone());
         self.fleet = Some(fleet);
         self
     }
@@ -299,6 +372,8 @@ impl Reloader {
             }
         }
         let before = match self.pushed.lock() {
+            // What the host started with, or took already: nothing to load.
+            Ok(current) if *current == pushed => return,
             Ok(mut current) => std::mem::replace(&mut *current, pushed),
             Err(_) => return,
         };
