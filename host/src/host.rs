@@ -150,6 +150,7 @@ impl RunningHost {
         let (kv, state) = Self::open_buckets(&client, &router).await?;
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
+        let prepares = release_follower.prepares();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
         let claims = claim_gate(
             generations.subscribe(),
@@ -170,6 +171,7 @@ impl RunningHost {
         )
         .await?;
         let request_keys = RequestKeys::new(kv.clone(), config.stream.duplicate_window);
+        let answers = kv.clone();
         tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
             kv,
@@ -188,6 +190,9 @@ impl RunningHost {
                 router: router.clone(),
                 dir: pushed_dir,
                 started_with: released,
+                prepares,
+                kv: answers,
+                me: me.clone(),
             });
         let baseline = reloader.fingerprint().await;
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));

@@ -1,7 +1,8 @@
 //! One plugin version per fleet: a pushed release is what every host
 //! serves with, also a host restarted after the push (with an empty or a
-//! warm compiled cache), and a push under load switches each table from
-//! the old version to the new once, never back.
+//! warm compiled cache); a push is ready on every member before anything
+//! switches, switches each table from the old version to the new once,
+//! never back, and a push one member cannot run switches nothing.
 //!
 //! The versions tell themselves apart in the rows: the configured
 //! `validate` (the validator) masks `email` as `***`, the pushed
@@ -13,11 +14,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use weir_test_artifacts::PASSTHROUGH;
+use weir_test_artifacts::{PASSTHROUGH, VALIDATOR};
 
 use crate::support::{
-    Host, Nats, PRODUCERS, TABLES, all_tables, balanced, every_table_grows, fleet_config, operator,
-    produce, sizes,
+    Host, Nats, PRODUCERS, TABLES, TestHost, all_tables, balanced, base_config, every_table_grows,
+    fleet_config, operator, produce, sizes,
 };
 
 const MEMBER_TTL_SECS: u64 = 5;
@@ -169,4 +170,177 @@ async fn a_host_restarted_after_a_push_never_serves_the_old_version() {
         "rows delivered with the old version after the push\n{}",
         b.log()
     );
+}
+
+/// `weir_reloads_total{result="applied"}` of a host process.
+async fn applied_reloads(host: &Host) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", host.url))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|line| line.strip_prefix("weir_reloads_total{result=\"applied\"} "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every complete row the hosts wrote for `table`: (its place in the
+/// table's sequence, whether the old version wrote it).
+fn table_rows(hosts: &[&Host], table: &str) -> Vec<(u64, bool)> {
+    let mut rows = Vec::new();
+    for host in hosts {
+        let text = std::fs::read_to_string(host.output(table)).unwrap_or_default();
+        for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+            let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            let seq = row["seq"].as_u64().expect("rows carry their seq");
+            rows.push((seq, masked(line)));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// A push under load: every member is ready before anything switches, then
+/// each host switches once (one new generation), and each table's rows go
+/// from the old version to the new at one point of its sequence, never
+/// back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_under_load_switches_each_table_once_at_one_generation() {
+    let nats = Nats::start();
+    let a = spawn(nats.url(), "host-a");
+    let b = spawn(nats.url(), "host-b");
+    balanced(&a, &["host-a", "host-b"]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| tokio::spawn(produce(a.url.clone(), p, stop.clone())))
+        .collect();
+    let tables = all_tables();
+    let dirs = [a.dir.path(), b.dir.path()];
+    every_table_grows(&dirs, &tables, &[0; TABLES], "rows on every unit").await;
+    let before = [applied_reloads(&a).await, applied_reloads(&b).await];
+
+    let pushed = Instant::now();
+    let said = push(&a, PASSTHROUGH);
+    println!("push --wait under load: {:?}\n{said}", pushed.elapsed());
+    let phase = |text: &str| {
+        said.find(text)
+            .unwrap_or_else(|| panic!("no {text:?}: {said}"))
+    };
+    assert!(
+        phase("every live member is ready to run") < phase("the fleet now runs")
+            && phase("the fleet now runs") < phase("every live member runs"),
+        "both phases, in order: {said}"
+    );
+    every_table_grows(
+        &dirs,
+        &tables,
+        &sizes(&dirs, &tables),
+        "rows after the push",
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    let after = [applied_reloads(&a).await, applied_reloads(&b).await];
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [1, 1],
+        "each host switched at one new generation"
+    );
+
+    for host in [&a, &b] {
+        assert!(
+            host.log().contains("switching to the prepared version"),
+            "{} switched to the version it loaded in the first phase",
+            host.id
+        );
+    }
+
+    let mut switched = 0;
+    for table in &tables {
+        let rows = table_rows(&[&a, &b], table);
+        let first_new = rows.iter().position(|(_, old)| !old);
+        if let Some(first_new) = first_new {
+            let back: Vec<u64> = rows[first_new..]
+                .iter()
+                .filter(|(_, old)| *old)
+                .map(|(seq, _)| *seq)
+                .collect();
+            assert!(
+                back.is_empty(),
+                "{table}: rows {back:?} by the old version after row {} by the new",
+                rows[first_new].0
+            );
+            switched += usize::from(first_new > 0);
+        }
+    }
+    println!("{switched} of {TABLES} tables switched from the old version to the new under load");
+    assert!(switched > 0, "the push happened under load");
+}
+
+/// A push one member cannot run (its settings for the plugin are ones the
+/// new version refuses) fails in the first phase with that member's
+/// reason, and nothing switches anywhere; the next push goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_a_member_cannot_run_is_refused_and_nothing_switches() {
+    let nats = Nats::start();
+    let member = |id: &str| format!("\n[coordination]\nhost_id = \"{id}\"\n");
+    let a = TestHost::start(&base_config(nats.url(), &member("host-a"))).await;
+    // host-b runs the pass-through with a setting the validator refuses.
+    let config_b = base_config(nats.url(), &member("host-b"))
+        .replace("weir_validator.wasm", "weir_bench_passthrough.wasm")
+        .replace("mask = [\"email\"] }", "mask = [\"email\"], bogus = 1 }");
+    let b = TestHost::start(&config_b).await;
+    let running = [
+        a.running_version("validate").await.unwrap(),
+        b.running_version("validate").await.unwrap(),
+    ];
+
+    let output = operator(
+        &a.config_path(),
+        ["plugin", "push"],
+        &["validate", VALIDATOR, "--wait", "30"],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the push went through: {stderr}");
+    assert!(
+        stderr.contains("1 of 2 live members cannot run")
+            && stderr.contains("host-b: ")
+            && stderr.contains("bogus")
+            && stderr.contains("nothing switched"),
+        "{stderr}"
+    );
+    let listed = String::from_utf8_lossy(
+        &operator(&a.config_path(), ["plugin", "list"], &["validate"]).stdout,
+    )
+    .into_owned();
+    assert!(listed.contains("never pushed"), "{listed}");
+    assert!(!listed.contains("being prepared"), "{listed}");
+    assert_eq!(
+        [
+            a.running_version("validate").await.unwrap(),
+            b.running_version("validate").await.unwrap()
+        ],
+        running
+    );
+
+    // One both can run: ready on both, then both run it.
+    let output = operator(
+        &a.config_path(),
+        ["plugin", "push"],
+        &["validate", PASSTHROUGH, "--wait", "30"],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let pushed = weir::sandbox::version_of(&std::fs::read(PASSTHROUGH).unwrap());
+    assert_eq!(a.running_version("validate").await, Some(pushed.clone()));
+    assert_eq!(b.running_version("validate").await, Some(pushed));
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -26,14 +26,16 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::PluginConfig;
 use crate::config::keys::Reload;
 use crate::config::{Config, ConfigError, Overrides};
 use crate::ingest::front_door::Gate;
+use crate::nats::kv::NatsKv;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::telemetry::{Metrics, ReloadLabels};
 use crate::topology::route::Names;
 pub use generation::Generation;
-use releases::Release;
+use releases::{Prepare, Ready, Release};
 
 /// How often the watched files are looked at.
 const POLL: Duration = Duration::from_millis(100);
@@ -69,6 +71,9 @@ pub struct Reloader {
     /// Plugins whose `.wasm` comes from a fleet release instead of the
     /// config: name → the fetched file.
     pushed: Mutex<BTreeMap<String, PathBuf>>,
+    /// Versions loaded for a push being prepared, by plugin name: swapped in
+    /// as they are when the push becomes the release.
+    prepared: Mutex<BTreeMap<String, Arc<Plugin>>>,
     /// Reloads asked for through the admin API.
     requests: Option<mpsc::Receiver<ReloadReply>>,
 }
@@ -84,6 +89,11 @@ pub struct FleetReleases {
     /// The released files the first generation was loaded with
     /// ([`released_files`]).
     pub started_with: BTreeMap<String, PathBuf>,
+    /// Pushes being prepared (the same follower's `prepare.` keys).
+    pub prepares: watch::Receiver<BTreeMap<String, Prepare>>,
+    /// Where this host answers them (`ready.<name>.<me>`).
+    pub kv: NatsKv,
+    pub me: String,
 }
 
 /// The files of the fleet's releases of `config`'s plugins, fetched into
@@ -174,6 +184,7 @@ impl Reloader {
             metrics,
             fleet: None,
             pushed: Mutex::new(BTreeMap::new()),
+            prepared: Mutex::new(BTreeMap::new()),
             requests: None,
         }
     }
@@ -243,6 +254,8 @@ impl Reloader {
                 Some(old) if old.config == *entry && digest.as_ref() == Some(&old.version) => {
                     old.clone()
                 }
+                // Loaded already for the push that is now the release.
+                _ if let Some(ready) = self.take_prepared(entry, digest.as_deref()) => ready,
                 // Compile, instantiate and `init` it, as at boot.
                 _ => {
                     let loaded = self.sandbox.load(entry).await?;
@@ -280,7 +293,9 @@ impl Reloader {
         };
         let mut seen = baseline;
         let mut fleet_releases = self.fleet.as_ref().map(|fleet| fleet.releases.clone());
+        let mut fleet_prepares = self.fleet.as_ref().map(|fleet| fleet.prepares.clone());
         let mut applied: BTreeMap<String, Release> = BTreeMap::new();
+        let mut answered: BTreeMap<String, Prepare> = BTreeMap::new();
         loop {
             let signalled = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -298,7 +313,23 @@ impl Reloader {
                     if releases != applied {
                         self.take_releases(&releases).await;
                         applied = releases;
+                        // The generation now watches the released files: a
+                        // change of paths is not a change of files.
+                        seen = self.fingerprint().await;
                     }
+                    continue;
+                }
+                Ok(()) = async {
+                    match fleet_prepares.as_mut() {
+                        Some(prepares) => prepares.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let prepares = fleet_prepares
+                        .as_ref()
+                        .map(|prepares| prepares.borrow().clone())
+                        .unwrap_or_default();
+                    self.take_prepares(&prepares, &mut answered).await;
                     continue;
                 }
                 Some(reply) = async {
@@ -343,6 +374,89 @@ impl Reloader {
                 .any(|(path, state)| now.iter().any(|(p, s)| p == path && s != state));
             seen = if moved_meanwhile { Vec::new() } else { after };
         }
+    }
+
+    /// The version prepared for `entry`, if it is that file's (`digest`)
+    /// with the same entry.
+    fn take_prepared(&self, entry: &PluginConfig, digest: Option<&str>) -> Option<Arc<Plugin>> {
+        let mut prepared = self.prepared.lock().ok()?;
+        let ready = prepared.get(&entry.name)?;
+        if ready.config != *entry || Some(ready.version.as_str()) != digest {
+            return None;
+        }
+        tracing::info!(plugin = %entry.name, version = %ready.version, "switching to the prepared version");
+        prepared.remove(&entry.name)
+    }
+
+    /// Loads each pushed version being prepared that this host has not
+    /// answered yet, and answers: ready, or refused with the reason.
+    async fn take_prepares(
+        &self,
+        prepares: &BTreeMap<String, Prepare>,
+        answered: &mut BTreeMap<String, Prepare>,
+    ) {
+        let Some(fleet) = &self.fleet else { return };
+        for (name, prepare) in prepares {
+            if answered.get(name) == Some(prepare) {
+                continue;
+            }
+            let version = releases::version_of_digest(&prepare.digest).to_string();
+            let refused = self.prepare(fleet, name, prepare).await.err();
+            match &refused {
+                None => {
+                    tracing::info!(plugin = %name, %version, "pushed version loaded, ready to switch")
+                }
+                Some(reason) => {
+                    tracing::error!(plugin = %name, %version, %reason, "cannot run the pushed version; the push is refused")
+                }
+            }
+            let ready = Ready {
+                digest: prepare.digest.clone(),
+                pushed_ms: prepare.pushed_ms,
+                refused,
+            };
+            if let Err(err) = releases::answer(&fleet.kv, name, &fleet.me, &ready).await {
+                tracing::warn!(plugin = %name, error = %err, "cannot answer a push's prepare request");
+                continue;
+            }
+            answered.insert(name.clone(), prepare.clone());
+        }
+    }
+
+    /// Fetches and loads one pushed version as the running config's plugin
+    /// `name` would run it, and keeps it for the switch.
+    async fn prepare(
+        &self,
+        fleet: &FleetReleases,
+        name: &str,
+        prepare: &Prepare,
+    ) -> Result<(), String> {
+        let running = self.generations.borrow().clone();
+        let Some(entry) = running.config().plugins.get(name) else {
+            return Err(format!("no plugin `{name}` in this host's config"));
+        };
+        let path = releases::fetch(
+            &fleet.client,
+            &fleet.router,
+            name,
+            &prepare.digest,
+            &fleet.dir,
+        )
+        .await
+        .map_err(|err| format!("{err:#}"))?;
+        let entry = PluginConfig {
+            wasm: path,
+            ..entry.clone()
+        };
+        let loaded = self
+            .sandbox
+            .load(&entry)
+            .await
+            .map_err(|err| err.to_string())?;
+        if let Ok(mut prepared) = self.prepared.lock() {
+            prepared.insert(name.to_string(), loaded);
+        }
+        Ok(())
     }
 
     /// Fetches the `.wasm` of every pushed release (checking its digest)
