@@ -344,3 +344,45 @@ async fn a_push_a_member_cannot_run_is_refused_and_nothing_switches() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `push` checks the component in the config's compiled cache: a version
+/// compiled before is checked from it, not compiled again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_checks_a_cached_version_without_compiling_it() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    // The operator's own config: the same fleet, an empty compiled cache.
+    let cache = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(host.config_path()).unwrap();
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("compile_cache_dir = "))
+        .unwrap();
+    let operator_config = cache.path().join("weir.toml");
+    let own_cache = format!("compile_cache_dir = \"{}\"", cache.path().display());
+    std::fs::write(&operator_config, text.replace(line, &own_cache)).unwrap();
+    let run = |args: &[&str]| {
+        let output = operator(&operator_config, ["plugin", args[0]], &args[1..]);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let version = weir::sandbox::version_of(&std::fs::read(PASSTHROUGH).unwrap());
+
+    let first = run(&["push", "validate", PASSTHROUGH, "--wait", "30"]);
+    assert!(first.contains(&format!("{version} checked in")), "{first}");
+    assert!(
+        first.contains("(compiled)"),
+        "an empty cache compiles: {first}"
+    );
+    run(&["rollback", "validate", "--to", "file", "--wait", "30"]);
+    let again = run(&["push", "validate", PASSTHROUGH, "--wait", "30"]);
+    assert!(again.contains("(from the compiled cache)"), "{again}");
+    assert_eq!(host.running_version("validate").await, Some(version));
+    println!("{first}{again}");
+    host.shutdown().await;
+}

@@ -89,13 +89,31 @@ impl PluginCommand {
                 let config = Config::load(&fleet.config, &Default::default())?;
                 let plugin = configured(&config, &fleet, &name)?;
                 // Checked before connecting: a plugin no host can run is
-                // refused without touching the fleet.
-                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+                // refused without touching the fleet. With the config's
+                // compiled cache: a version compiled before (here, or by a
+                // host on this machine) is not compiled again.
+                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?
+                    .with_cache(
+                        config.compile_cache_dir.clone(),
+                        config.compile_cache_max_bytes,
+                    );
+                let version = weir::sandbox::version_of(&bytes);
+                let began = std::time::Instant::now();
                 releases::check(&sandbox, plugin, &file, &bytes).await?;
+                let cached = sandbox
+                    .compile_cache()
+                    .is_some_and(|cache| cache.hits() > 0);
+                println!(
+                    "plugin {name}: {version} checked in {:.1} s ({})",
+                    began.elapsed().as_secs_f64(),
+                    match cached {
+                        true => "from the compiled cache",
+                        false => "compiled",
+                    }
+                );
                 drop(sandbox);
                 let (config, client) = fleet.connect().await?;
                 let router = router_of(&config);
-                let version = weir::sandbox::version_of(&bytes);
                 match releases::stage(&client, &router, &name, &bytes).await? {
                     None => println!("plugin {name}: the fleet already runs {version}"),
                     Some(staged) => {
