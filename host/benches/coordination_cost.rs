@@ -162,6 +162,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         generations,
         metrics: Metrics::default(),
         state: None,
+        behind: Arc::new(|| None),
     }));
 
     // Members join 16 at a time, as a fleet rolling out would.

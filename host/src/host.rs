@@ -165,6 +165,7 @@ impl RunningHost {
             generations: generations.clone(),
             metrics: metrics.clone(),
             state,
+            behind: claims.holds_back.clone(),
         };
         let coordination = Self::join_fleet(
             &config, &client, &kv, &me, http_addr, workers, followers, claims,

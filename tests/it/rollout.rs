@@ -205,7 +205,7 @@ fn table_rows(hosts: &[&Host], table: &str) -> Vec<(u64, bool)> {
 /// A push under load: every member is ready before anything switches, then
 /// each host switches once (one new generation), and each table's rows go
 /// from the old version to the new at one point of its sequence, never
-/// back.
+/// back; a rollback under load likewise.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_under_load_switches_each_table_once_at_one_generation() {
     let nats = Nats::start();
@@ -240,17 +240,12 @@ async fn a_push_under_load_switches_each_table_once_at_one_generation() {
         "rows after the push",
     )
     .await;
-    stop.store(true, Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap();
-    }
-    let after = [applied_reloads(&a).await, applied_reloads(&b).await];
+    let pushed_reloads = [applied_reloads(&a).await, applied_reloads(&b).await];
     assert_eq!(
-        [after[0] - before[0], after[1] - before[1]],
+        [pushed_reloads[0] - before[0], pushed_reloads[1] - before[1]],
         [1, 1],
         "each host switched at one new generation"
     );
-
     for host in [&a, &b] {
         assert!(
             host.log().contains("switching to the prepared version"),
@@ -259,26 +254,68 @@ async fn a_push_under_load_switches_each_table_once_at_one_generation() {
         );
     }
 
-    let mut switched = 0;
+    // Back to each host's own file, still under load: batches wait for the
+    // host's switch rather than run on the version the fleet left.
+    let config = a.dir.path().join("weir.toml");
+    let output = operator(
+        &config,
+        ["plugin", "rollback"],
+        &["validate", "--wait", "60"],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    every_table_grows(
+        &dirs,
+        &tables,
+        &sizes(&dirs, &tables),
+        "rows after the rollback",
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    let after = [applied_reloads(&a).await, applied_reloads(&b).await];
+    assert_eq!(
+        [after[0] - pushed_reloads[0], after[1] - pushed_reloads[1]],
+        [1, 1],
+        "each host switched back at one new generation"
+    );
+
+    // Each table: old, then new, then old again, each at one point of its
+    // sequence (a table whose first row came after a switch starts later).
+    let (mut pushed, mut back) = (0, 0);
     for table in &tables {
         let rows = table_rows(&[&a, &b], table);
-        let first_new = rows.iter().position(|(_, old)| !old);
-        if let Some(first_new) = first_new {
-            let back: Vec<u64> = rows[first_new..]
-                .iter()
-                .filter(|(_, old)| *old)
-                .map(|(seq, _)| *seq)
-                .collect();
-            assert!(
-                back.is_empty(),
-                "{table}: rows {back:?} by the old version after row {} by the new",
-                rows[first_new].0
-            );
-            switched += usize::from(first_new > 0);
+        let mut runs: Vec<bool> = Vec::new();
+        let mut starts: Vec<u64> = Vec::new();
+        for (seq, old) in &rows {
+            if runs.last() != Some(old) {
+                runs.push(*old);
+                starts.push(*seq);
+            }
         }
+        let allowed: [&[bool]; 5] = [
+            &[true],
+            &[false],
+            &[true, false],
+            &[false, true],
+            &[true, false, true],
+        ];
+        assert!(
+            allowed.contains(&runs.as_slice()),
+            "{table}: versions by sequence (old = true) {runs:?}, switching at rows {starts:?}"
+        );
+        pushed += usize::from(runs.starts_with(&[true, false]));
+        back += usize::from(runs.ends_with(&[false, true]));
     }
-    println!("{switched} of {TABLES} tables switched from the old version to the new under load");
-    assert!(switched > 0, "the push happened under load");
+    println!(
+        "of {TABLES} tables under load, {pushed} switched to the pushed version and {back} back, each once"
+    );
+    assert!(pushed > 0 && back > 0, "the switches happened under load");
 }
 
 /// A push one member cannot run (its settings for the plugin are ones the

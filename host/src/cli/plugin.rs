@@ -42,7 +42,8 @@ pub enum PluginCommand {
         wait: Option<u64>,
     },
     /// Point plugin NAME back at an earlier release: by default the one
-    /// before the current one.
+    /// before the current one. Two phases as a push: every live host loads
+    /// it before the fleet switches (not for `--to file`).
     Rollback {
         #[command(flatten)]
         fleet: FleetTarget,
@@ -142,7 +143,25 @@ impl PluginCommand {
                 let plugin = configured(&config, &fleet, &name)?;
                 let router = router_of(&config);
                 let to = RollbackTo::parse(to.as_deref());
-                let release = releases::rollback(&client, &router, &name, &to).await?;
+                // Two phases as a push: every live member loads the version
+                // gone back to before the fleet switches to it.
+                let release = match releases::stage_rollback(&client, &router, &name, &to).await? {
+                    None => releases::release(&client, &router, &name)
+                        .await?
+                        .context("the release vanished meanwhile")?,
+                    Some(staged) => {
+                        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+                        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+                        if let Some(digest) = &staged.digest {
+                            println!(
+                                "plugin {name}: every live member is ready to run {} ({})",
+                                releases::version_of_digest(digest),
+                                ready.join(", ")
+                            );
+                        }
+                        releases::activate(&client, &router, staged).await?
+                    }
+                };
                 client.flush().await?;
                 announce(&name, &release);
                 if let Some(secs) = wait {

@@ -206,7 +206,13 @@ impl Reloader {
     /// changed, then publishes the new generation; on any error nothing
     /// changes. Counted in `weir_reloads_total{result}`.
     pub async fn reload(&self) -> Result<Vec<String>, ReloadError> {
-        let result = self.try_reload().await;
+        self.reload_from(true).await
+    }
+
+    /// [`Reloader::reload`], from the config file or (`from_file` false)
+    /// from the running config, with the pushed files in place.
+    async fn reload_from(&self, from_file: bool) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload(from_file).await;
         let label = if result.is_ok() { "applied" } else { "refused" };
         self.metrics
             .reloads
@@ -231,10 +237,17 @@ impl Reloader {
         result
     }
 
-    async fn try_reload(&self) -> Result<Vec<String>, ReloadError> {
+    async fn try_reload(&self, from_file: bool) -> Result<Vec<String>, ReloadError> {
         let running = self.generations.borrow().clone();
-        let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
-        let kept = keep_restart_only(&mut config, running.config());
+        let (config, kept) = match from_file {
+            true => {
+                let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
+                let kept = keep_restart_only(&mut config, running.config());
+                (config, kept)
+            }
+            false => ((**running.config()).clone(), Vec::new()),
+        };
+        let mut config = config;
         if let Ok(pushed) = self.pushed.lock() {
             for (name, wasm) in pushed.iter() {
                 if let Some(entry) = config.plugins.get_mut(name) {
@@ -491,7 +504,15 @@ impl Reloader {
             Ok(mut current) => std::mem::replace(&mut *current, pushed),
             Err(_) => return,
         };
-        if self.reload().await.is_err()
+        let mut result = self.reload().await;
+        if let Err(ReloadError::Config(_)) = &result {
+            // An edit of the file that does not load must not keep this
+            // host behind the fleet (its units wait meanwhile): the release
+            // goes into the running config; the edit is refused as ever.
+            tracing::warn!("taking the fleet's release into the running config");
+            result = self.reload_from(false).await;
+        }
+        if result.is_err()
             && let Ok(mut current) = self.pushed.lock()
         {
             // Refused: keep following what actually runs.

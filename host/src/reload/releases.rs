@@ -413,10 +413,12 @@ pub async fn check(
 #[derive(Debug, Clone)]
 pub struct Staged {
     pub name: String,
-    pub digest: String,
+    /// As in [`Release`]: `None` is each host's own file (a rollback).
+    pub digest: Option<String>,
     /// The release it replaces and that key's revision (compare-and-set).
     current: Option<(Release, u64)>,
     pushed_ms: u64,
+    how: How,
 }
 
 /// Stores `bytes` as plugin `name` in the object store; `None` when the
@@ -447,9 +449,10 @@ pub async fn stage(
     }
     Ok(Some(Staged {
         name: name.to_string(),
-        digest,
+        digest: Some(digest),
         current,
         pushed_ms: unix_ms(),
+        how: How::Push,
     }))
 }
 
@@ -495,6 +498,10 @@ pub async fn prepare(
     timeout: Duration,
 ) -> Result<Vec<String>, PrepareError> {
     let name = staged.name.as_str();
+    // Each host's own file: loaded at its start, nothing to fetch ahead.
+    let Some(digest) = &staged.digest else {
+        return Ok(Vec::new());
+    };
     let kv_error = |source| PrepareError::Kv {
         name: name.to_string(),
         source,
@@ -508,7 +515,7 @@ pub async fn prepare(
         .await
         .map_err(kv_error)?;
     let request = Prepare {
-        digest: staged.digest.clone(),
+        digest: digest.clone(),
         pushed_ms: staged.pushed_ms,
     };
     let key = format!("{PREPARES}{name}");
@@ -518,7 +525,7 @@ pub async fn prepare(
         watch.close().await;
         return Err(kv_error(err));
     }
-    let version = version_of_digest(&staged.digest).to_string();
+    let version = version_of_digest(digest).to_string();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut members: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let mut ready: BTreeMap<String, Ready> = BTreeMap::new();
@@ -609,15 +616,16 @@ pub async fn activate(
         name,
         digest,
         current,
+        how,
         ..
     } = staged;
     let release = match &current {
-        Some((current, _)) => current.followed_by(Some(digest), How::Push),
+        Some((current, _)) => current.followed_by(digest, how),
         None => Release {
-            digest: Some(digest),
+            digest,
             previous: Some(Previous { digest: None }),
             pushed_ms: unix_ms(),
-            how: Some(How::Push),
+            how: Some(how),
             history: Vec::new(),
         },
     };
@@ -679,14 +687,16 @@ impl RollbackTo {
     }
 }
 
-/// Points plugin `name` back at an earlier release: the one before the
-/// current one, each host's own file, or one from the history.
-pub async fn rollback(
+/// Stages pointing plugin `name` back at an earlier release: the one before
+/// the current one, each host's own file, or one from the history; `None`
+/// when the fleet runs that already. It goes through [`prepare`] and
+/// [`activate`] as a push does.
+pub async fn stage_rollback(
     client: &async_nats::Client,
     router: &Names,
     name: &str,
     to: &RollbackTo,
-) -> Result<Release, StoreError> {
+) -> Result<Option<Staged>, StoreError> {
     let nothing = || StoreError::NothingToRollBack {
         name: name.to_string(),
     };
@@ -697,7 +707,7 @@ pub async fn rollback(
         RollbackTo::Digest(wanted) => Some(resolve(name, &current, wanted)?),
     };
     if target == current.digest {
-        return Ok(current);
+        return Ok(None);
     }
     if let Some(digest) = &target {
         // A host that cannot fetch the object would refuse the release.
@@ -710,9 +720,13 @@ pub async fn rollback(
             });
         }
     }
-    let release = current.followed_by(target, How::Rollback);
-    write(client, router, name, &release, Some(revision)).await?;
-    Ok(release)
+    Ok(Some(Staged {
+        name: name.to_string(),
+        digest: target,
+        current: Some((current, revision)),
+        pushed_ms: unix_ms(),
+        how: How::Rollback,
+    }))
 }
 
 /// The one digest in `current`'s history that starts with `wanted`.
