@@ -589,6 +589,59 @@ mod tests {
         Config::parse(Path::new("/etc/weir/weir.toml"), text, overrides).unwrap()
     }
 
+    #[tokio::test]
+    async fn a_generation_is_behind_the_fleet_only_where_a_release_names_another_version() {
+        let wasm = Path::new(weir_test_artifacts::PASSTHROUGH);
+        let text = format!(
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n",
+            wasm.display()
+        );
+        let config = parse(&text, &Overrides::default());
+        let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
+        let loaded = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let generation = Generation::new(Arc::new(config), HashMap::from([("p".into(), loaded)]));
+        let release = |digest: Option<&str>| Release {
+            digest: digest.map(str::to_string),
+            previous: None,
+            pushed_ms: 0,
+            how: None,
+            history: Vec::new(),
+        };
+        let fleet = |name: &str, digest: Option<&str>| {
+            BTreeMap::from([(name.to_string(), release(digest))])
+        };
+        let pushed_dir = Path::new("/var/lib/weir/pushed");
+        let own = releases::digest(&std::fs::read(wasm).unwrap());
+
+        assert_eq!(
+            behind_fleet(&generation, &BTreeMap::new(), pushed_dir),
+            None
+        );
+        assert_eq!(
+            behind_fleet(&generation, &fleet("p", Some(&own)), pushed_dir),
+            None
+        );
+        let other = "ff".repeat(32);
+        let behind = behind_fleet(&generation, &fleet("p", Some(&other)), pushed_dir).unwrap();
+        assert!(
+            behind.contains("`p` runs") && behind.contains("ffffffffffff in the fleet"),
+            "{behind}"
+        );
+        // A release of a plugin this host does not run is not its to follow.
+        assert_eq!(
+            behind_fleet(&generation, &fleet("q", Some(&other)), pushed_dir),
+            None
+        );
+        // Back to each host's own file: behind only while it runs a pushed one.
+        assert_eq!(
+            behind_fleet(&generation, &fleet("p", None), pushed_dir),
+            None
+        );
+        let pushed_here = wasm.parent().unwrap();
+        let behind = behind_fleet(&generation, &fleet("p", None), pushed_here).unwrap();
+        assert!(behind.contains("each host's own file"), "{behind}");
+    }
+
     #[test]
     fn an_edited_listen_or_data_dir_says_restart_needed_and_keeps_running() {
         let running = parse("listen = \"127.0.0.1:8081\"\n", &Overrides::default());

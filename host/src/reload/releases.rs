@@ -1020,6 +1020,45 @@ mod tests {
         }
     }
 
+    fn entry(key: &str, value: Option<&str>, revision: u64) -> Entry {
+        Entry {
+            key: key.to_string(),
+            value: bytes::Bytes::from(value.unwrap_or_default().to_string()),
+            revision,
+            operation: match value {
+                Some(_) => crate::nats::kv::Operation::Put,
+                None => crate::nats::kv::Operation::Delete,
+            },
+            created: std::time::SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn the_follower_publishes_releases_and_prepares_once_caught_up() {
+        let (follower, releases) = ReleaseFollower::new();
+        let prepares = follower.prepares();
+        let release = serde_json::to_string(&pushed("aa", Vec::new())).unwrap();
+        let prepare = r#"{"digest":"bb","pushed_ms":7}"#;
+        follower.apply(&entry("plugins.p", Some(&release), 1));
+        follower.apply(&entry("prepare.p", Some(prepare), 2));
+        // Not caught up yet: a watch starting over is no withdrawal.
+        assert!(releases.borrow().is_empty() && prepares.borrow().is_empty());
+        follower.caught_up();
+        assert_eq!(releases.borrow()["p"].digest.as_deref(), Some("aa"));
+        let expected = Prepare {
+            digest: "bb".into(),
+            pushed_ms: 7,
+        };
+        assert_eq!(prepares.borrow().get("p"), Some(&expected));
+        // The switch, then the request withdrawn.
+        follower.apply(&entry("prepare.p", None, 3));
+        assert!(prepares.borrow().is_empty());
+        assert_eq!(releases.borrow().len(), 1);
+        // Keys under neither prefix are not its to follow.
+        follower.apply(&entry("ready.p.host-a", Some("{}"), 4));
+        assert!(prepares.borrow().is_empty());
+    }
+
     #[test]
     fn a_digests_version_is_what_the_sandbox_reports() {
         let bytes = b"not really a component";
