@@ -163,6 +163,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         metrics: Metrics::default(),
         state: None,
         settled: None,
+        behind: Arc::new(|| None),
     }));
 
     // Members join 16 at a time, as a fleet rolling out would.
@@ -198,6 +199,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                             ReleaseFollower::new().0,
                         ],
                         drain_timeout: Duration::from_secs(30),
+                        gate: weir::coordination::ClaimGate::open(),
                     })
                     .await
                 }

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SyncPolicy};
 use crate::coordination::{
-    Coordination, CoordinationError, KeyFollower, Lease, Membership, PluginVersions, UnitEnd,
-    UnitError, UnitRunner, host_id,
+    ClaimGate, Coordination, CoordinationError, KeyFollower, Lease, Membership, PluginVersions,
+    UnitEnd, UnitError, UnitRunner, host_id,
 };
 use crate::delivery::worker::{DeliveryError, ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
@@ -45,8 +45,8 @@ use crate::ops::page::Page;
 use crate::ops::readiness::Readiness;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
-use crate::reload::releases::ReleaseFollower;
-use crate::reload::{FleetReleases, Reloader};
+use crate::reload::releases::{Release, ReleaseFollower, StoreError};
+use crate::reload::{FleetReleases, Reloader, behind_fleet, released_files, with_files};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
 use crate::telemetry::{Metrics, SeverityLabels};
@@ -71,6 +71,8 @@ pub enum StartError {
     Plugin(#[from] LoadError),
     #[error("[tls]: {0}")]
     Tls(#[from] crate::config::TlsFileError),
+    #[error("the fleet's plugin releases: {0}")]
+    Release(#[from] StoreError),
     #[error(transparent)]
     Coordination(#[from] CoordinationError),
     #[error(
@@ -136,9 +138,14 @@ impl RunningHost {
             readiness,
         } = Self::connect(&config, &metrics, &shutdown, &mut tasks).await?;
 
-        // Sandbox: the first generation of plugins.
-        let (sandbox, generation) = Self::first_generation(&config, &metrics).await?;
-        let first_gate = Gate::new(config.clone(), |name| generation.plugin(name).cloned());
+        // Sandbox: the first generation of plugins, each the fleet's release
+        // of it where one was pushed (not this host's own file).
+        let pushed_dir = config.data_dir.join("pushed");
+        let released = released_files(&client, &router, &config, &pushed_dir).await?;
+        let (sandbox, generation) = Self::first_generation(&config, &released, &metrics).await?;
+        let first_gate = Gate::new(generation.config().clone(), |name| {
+            generation.plugin(name).cloned()
+        });
         let (generations, _) = watch::channel(Arc::new(generation));
         let (gates, gate) = watch::channel(Arc::new(first_gate));
 
@@ -150,7 +157,15 @@ impl RunningHost {
         let (kv, state) = Self::open_buckets(&client, &router).await?;
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
+        let prepares = release_follower.prepares();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
+        let claims = claim_gate(
+            generations.subscribe(),
+            releases.clone(),
+            pushed_dir.clone(),
+            &shutdown,
+            &mut tasks,
+        );
         let workers = Workers {
             js: js.clone(),
             router: router.clone(),
@@ -161,10 +176,14 @@ impl RunningHost {
                 let ledger = ledger.clone();
                 Arc::new(move |partition| ledger.settled(partition))
             }),
+            behind: claims.holds_back.clone(),
         };
-        let coordination =
-            Self::join_fleet(&config, &client, &kv, &me, http_addr, workers, followers).await?;
+        let coordination = Self::join_fleet(
+            &config, &client, &kv, &me, http_addr, workers, followers, claims,
+        )
+        .await?;
         let request_keys = RequestKeys::new(kv.clone(), config.stream.duplicate_window);
+        let answers = kv.clone();
         tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
             kv,
@@ -181,7 +200,11 @@ impl RunningHost {
                 releases,
                 client: client.clone(),
                 router: router.clone(),
-                dir: config.data_dir.join("pushed"),
+                dir: pushed_dir,
+                started_with: released,
+                prepares,
+                kv: answers,
+                me: me.clone(),
             });
         let baseline = reloader.fingerprint().await;
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
@@ -259,7 +282,9 @@ impl RunningHost {
     }
 
     /// Joins the fleet as `me`: delivery (`workers`) runs the units it gives
-    /// us, and the followers follow the coordination bucket.
+    /// us, and the followers follow the coordination bucket; `gate` holds
+    /// claims back while this host's plugin versions are not the fleet's.
+    #[allow(clippy::too_many_arguments)]
     async fn join_fleet(
         config: &Config,
         client: &async_nats::Client,
@@ -268,6 +293,7 @@ impl RunningHost {
         http_addr: SocketAddr,
         workers: Workers,
         followers: Vec<Arc<dyn KeyFollower>>,
+        gate: ClaimGate,
     ) -> Result<Coordination, StartError> {
         let membership = Membership {
             kv: kv.clone(),
@@ -281,6 +307,7 @@ impl RunningHost {
             units: Arc::new(DeliveryUnits(workers)),
             followers,
             drain_timeout: config.delivery.drain_timeout,
+            gate,
         };
         Ok(Coordination::join(membership).await?)
     }
@@ -334,9 +361,11 @@ impl RunningHost {
         })
     }
 
-    /// The sandbox and the first generation of plugins it loads.
+    /// The sandbox and the first generation of plugins it loads: the
+    /// config's, with the fleet's released files (`released`) in place.
     async fn first_generation(
         config: &Arc<Config>,
+        released: &std::collections::BTreeMap<String, std::path::PathBuf>,
         metrics: &Metrics,
     ) -> Result<(Arc<Sandbox>, Generation), StartError> {
         let sandbox = Arc::new(
@@ -345,11 +374,19 @@ impl RunningHost {
                 config.compile_cache_max_bytes,
             ),
         );
+        let config = match released.is_empty() {
+            true => config.clone(),
+            false => Arc::new(with_files(config, released)),
+        };
         let mut plugins = HashMap::new();
         for plugin in config.plugins.values() {
-            plugins.insert(plugin.name.clone(), sandbox.load(plugin).await?);
+            let loaded = sandbox.load(plugin).await?;
+            if released.contains_key(&plugin.name) {
+                tracing::info!(plugin = %plugin.name, version = %loaded.version, "loaded the fleet's release");
+            }
+            plugins.insert(plugin.name.clone(), loaded);
         }
-        Ok((sandbox, Generation::new(config.clone(), plugins)))
+        Ok((sandbox, Generation::new(config, plugins)))
     }
 
     /// The HTTP listener's socket and the address it got.
@@ -448,6 +485,37 @@ impl UnitRunner for DeliveryUnits {
             })
         }
         .boxed()
+    }
+}
+
+/// Holds claims back while the running generation is not what the fleet's
+/// releases say (a push this host has not loaded yet); woken by every new
+/// generation and every release change.
+fn claim_gate(
+    generations: watch::Receiver<Arc<Generation>>,
+    releases: watch::Receiver<std::collections::BTreeMap<String, Release>>,
+    pushed_dir: std::path::PathBuf,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> ClaimGate {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (mut changed_generation, mut changed_releases) = (generations.clone(), releases.clone());
+    let (waker, stop) = (wake.clone(), shutdown.clone());
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                Ok(()) = changed_generation.changed() => waker.notify_one(),
+                Ok(()) = changed_releases.changed() => waker.notify_one(),
+                else => return,
+            }
+        }
+    }));
+    ClaimGate {
+        holds_back: Arc::new(move || {
+            behind_fleet(&generations.borrow(), &releases.borrow(), &pushed_dir)
+        }),
+        wake,
     }
 }
 

@@ -37,6 +37,7 @@ mod postgres_support;
 mod readiness;
 mod reload;
 mod retries;
+mod rollout;
 mod stops;
 mod sandbox;
 mod secrets;

@@ -120,8 +120,9 @@ async fn a_push_is_checked_waited_for_listed_and_rolled_back_to_any_release() {
     );
     assert_eq!(host.running_version("validate").await, Some(original));
 
-    // A member that never runs the release is named when the wait ends: an
-    // operator's config with a plugin this host's config lacks.
+    // A member that cannot run the release refuses it in the first phase,
+    // naming why, and nothing switches: an operator's config with a plugin
+    // this host's config lacks.
     let dir = tempfile::tempdir().unwrap();
     let other = dir.path().join("weir.toml");
     let tagger = format!(
@@ -134,9 +135,14 @@ async fn a_push_is_checked_waited_for_listed_and_rolled_back_to_any_release() {
         &["tagger", CHAOS, "--wait", "3"],
     );
     assert!(
-        stderr.contains("1 of 1 live members do not run") && stderr.contains("runs no `tagger`"),
+        stderr.contains("1 of 1 live members cannot run")
+            && stderr.contains("no plugin `tagger` in this host's config")
+            && stderr.contains("nothing switched"),
         "{stderr}"
     );
+    let listed = ok(&other, ["plugin", "list"], &["tagger"]);
+    assert!(listed.contains("never pushed"), "{listed}");
+    assert!(!listed.contains("being prepared"), "{listed}");
     host.shutdown().await;
 }
 

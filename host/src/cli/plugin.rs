@@ -11,6 +11,9 @@ use weir::topology::Names;
 
 use super::target::{FleetTarget, router_of};
 
+/// How long a push waits for its first phase without `--wait SECS`.
+const DEFAULT_WAIT_SECS: u64 = 60;
+
 #[derive(clap::Subcommand)]
 pub enum PluginCommand {
     /// Run a plugin on rows from a file, without NATS, in the sandbox
@@ -20,8 +23,10 @@ pub enum PluginCommand {
     /// imports, the grants it would need, its size and compile time.
     Check(super::plugin_check::CheckArgs),
     /// Check a `.wasm` against plugin NAME's world and settings (as `weir
-    /// check` would), then store it as NAME's release: every host fetches
-    /// it, checks its digest and swaps it in between batches.
+    /// check` would), then roll it out in two phases: every live host
+    /// fetches it, checks its digest and loads it, and only once all are
+    /// ready does the fleet switch to it, each host between batches. A host
+    /// that cannot run it refuses with the reason, and nothing switches.
     Push {
         #[command(flatten)]
         fleet: FleetTarget,
@@ -29,14 +34,16 @@ pub enum PluginCommand {
         name: String,
         /// The component to roll out.
         file: PathBuf,
-        /// Then wait (at most SECS, default 60) until every live member
-        /// runs it; fail naming those that do not. Put it after NAME FILE
-        /// when giving no SECS.
+        /// Wait at most SECS (default 60) for every live member to be
+        /// ready, then until every one runs it; fail naming those that do
+        /// not. Without it, the first phase is still waited for (60 s).
+        /// Put it after NAME FILE when giving no SECS.
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
         wait: Option<u64>,
     },
     /// Point plugin NAME back at an earlier release: by default the one
-    /// before the current one.
+    /// before the current one. Two phases as a push: every live host loads
+    /// it before the fleet switches (not for `--to file`).
     Rollback {
         #[command(flatten)]
         fleet: FleetTarget,
@@ -83,17 +90,46 @@ impl PluginCommand {
                 let config = Config::load(&fleet.config, &Default::default())?;
                 let plugin = configured(&config, &fleet, &name)?;
                 // Checked before connecting: a plugin no host can run is
-                // refused without touching the fleet.
-                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?;
+                // refused without touching the fleet. With the config's
+                // compiled cache: a version compiled before (here, or by a
+                // host on this machine) is not compiled again.
+                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?
+                    .with_cache(
+                        config.compile_cache_dir.clone(),
+                        config.compile_cache_max_bytes,
+                    );
+                let version = weir::sandbox::version_of(&bytes);
+                let began = std::time::Instant::now();
                 releases::check(&sandbox, plugin, &file, &bytes).await?;
+                let cached = sandbox
+                    .compile_cache()
+                    .is_some_and(|cache| cache.hits() > 0);
+                println!(
+                    "plugin {name}: {version} checked in {:.1} s ({})",
+                    began.elapsed().as_secs_f64(),
+                    match cached {
+                        true => "from the compiled cache",
+                        false => "compiled",
+                    }
+                );
                 drop(sandbox);
                 let (config, client) = fleet.connect().await?;
                 let router = router_of(&config);
-                let release = releases::push(&client, &router, &name, &bytes).await?;
-                client.flush().await?;
-                announce(&name, &release);
+                match releases::stage(&client, &router, &name, &bytes).await? {
+                    None => println!("plugin {name}: the fleet already runs {version}"),
+                    Some(staged) => {
+                        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+                        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+                        println!(
+                            "plugin {name}: every live member is ready to run {version} ({})",
+                            ready.join(", ")
+                        );
+                        let release = releases::activate(&client, &router, staged).await?;
+                        client.flush().await?;
+                        announce(&name, &release);
+                    }
+                }
                 if let Some(secs) = wait {
-                    let version = weir::sandbox::version_of(&bytes);
                     wait_for(&client, &router, &name, &version, secs).await?;
                 }
             }
@@ -107,7 +143,25 @@ impl PluginCommand {
                 let plugin = configured(&config, &fleet, &name)?;
                 let router = router_of(&config);
                 let to = RollbackTo::parse(to.as_deref());
-                let release = releases::rollback(&client, &router, &name, &to).await?;
+                // Two phases as a push: every live member loads the version
+                // gone back to before the fleet switches to it.
+                let release = match releases::stage_rollback(&client, &router, &name, &to).await? {
+                    None => releases::release(&client, &router, &name)
+                        .await?
+                        .context("the release vanished meanwhile")?,
+                    Some(staged) => {
+                        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+                        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+                        if let Some(digest) = &staged.digest {
+                            println!(
+                                "plugin {name}: every live member is ready to run {} ({})",
+                                releases::version_of_digest(digest),
+                                ready.join(", ")
+                            );
+                        }
+                        releases::activate(&client, &router, staged).await?
+                    }
+                };
                 client.flush().await?;
                 announce(&name, &release);
                 if let Some(secs) = wait {
@@ -140,6 +194,13 @@ impl PluginCommand {
                 for name in names {
                     let release = releases::release(&client, &router, name).await?;
                     list_one(&config, name, release.as_ref(), &members);
+                    if let Some(prepare) = releases::preparing(&client, &router, name).await? {
+                        println!(
+                            "  being prepared (not serving yet): {}, pushed {}",
+                            prepare.digest,
+                            when(prepare.pushed_ms)
+                        );
+                    }
                 }
             }
         }

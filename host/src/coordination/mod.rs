@@ -228,6 +228,26 @@ pub trait KeyFollower: Send + Sync + 'static {
 /// The plugin versions this host runs now, by name (member keys carry them).
 pub type PluginVersions = Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync>;
 
+/// Whether this host may claim units now. The host plugs in what it means
+/// (its plugin versions are the fleet's); coordination asks before every
+/// claim and looks again whenever `wake` is notified.
+#[derive(Clone)]
+pub struct ClaimGate {
+    /// `Some(reason)`: no new claim until it says `None`.
+    pub holds_back: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+    pub wake: Arc<tokio::sync::Notify>,
+}
+
+impl ClaimGate {
+    /// A gate that never holds back.
+    pub fn open() -> ClaimGate {
+        ClaimGate {
+            holds_back: Arc::new(|| None),
+            wake: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+}
+
 /// What a host brings to the fleet.
 pub struct Membership {
     pub kv: NatsKv,
@@ -243,6 +263,8 @@ pub struct Membership {
     pub followers: Vec<Arc<dyn KeyFollower>>,
     /// How long a planned leave lets units finish their rows in hand.
     pub drain_timeout: Duration,
+    /// What may hold new claims back.
+    pub gate: ClaimGate,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -303,6 +325,7 @@ impl Coordination {
             next_task: 0,
             leaving: false,
             assigned: None,
+            held_back: None,
         };
         let leave = CancellationToken::new();
         let task = tokio::spawn(coordinator.run(watch, leave.clone(), renewal, renewing));
@@ -361,6 +384,8 @@ struct Coordinator {
     leaving: bool,
     /// The last assignment and the members it was computed for.
     assigned: Option<(Vec<String>, BTreeMap<Unit, String>)>,
+    /// Why the gate held claims back at the last reconcile (logged once).
+    held_back: Option<String>,
 }
 
 impl Coordinator {
@@ -371,6 +396,7 @@ impl Coordinator {
         renewal: JoinHandle<()>,
         renewing: CancellationToken,
     ) {
+        let gate = self.ctx.membership.gate.wake.clone();
         loop {
             let lease = *self.lease.borrow_and_update();
             let lease_until = lease.map(|l| l.until);
@@ -410,6 +436,7 @@ impl Coordinator {
                     }
                 }
                 _ = self.lease.changed() => {}
+                _ = gate.notified() => changed = true,
                 _ = sleep_until(step_down_at) => {}
                 Some((unit, id, written)) = self.done_rx.recv() => {
                     if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
@@ -575,6 +602,14 @@ impl Coordinator {
             let owners = assignment::assign(&units, &members);
             self.assigned = Some((members, owners));
         }
+        let held = (self.ctx.membership.gate.holds_back)();
+        if held != self.held_back {
+            match &held {
+                Some(reason) => tracing::warn!(%reason, "claiming no unit for now"),
+                None => tracing::info!("claiming units again"),
+            }
+            self.held_back = held;
+        }
         let Some((_, assigned)) = &self.assigned else {
             return;
         };
@@ -588,6 +623,9 @@ impl Coordinator {
                 }
                 Some(_) => {}
                 None if mine => {
+                    if self.held_back.is_some() {
+                        continue;
+                    }
                     if let Some(claim) = claim(&self.view, unit) {
                         work.push((unit, UnitWork::Claim(claim)));
                     }

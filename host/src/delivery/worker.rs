@@ -95,11 +95,23 @@ pub struct UnitWorker {
     publisher: Publisher,
     /// Told the partition after each settled batch.
     settled: Option<SettledHook>,
+    /// Why this host's plugin versions are not the fleet's, if they are not
+    /// (a switch it has not loaded yet): no batch runs meanwhile.
+    behind: Behind,
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
 /// re-reads that partition's counts).
 pub type SettledHook = Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Why this host's running plugin versions are not the fleet's, if they
+/// are not; the host plugs in what it means.
+pub type Behind = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// How often a held batch looks whether the host caught up.
+const BEHIND_POLL: Duration = Duration::from_millis(20);
+/// A batch held longer than this is worth a warning.
+const BEHIND_WARN: Duration = Duration::from_secs(2);
 
 impl UnitWorker {
     pub fn new(
@@ -145,6 +157,7 @@ impl UnitWorker {
             runners,
             settler,
             metrics,
+            behind: Arc::new(|| None),
             state,
             applied: AppliedPruning::default(),
             publisher,
@@ -275,6 +288,36 @@ impl UnitWorker {
         lease: &Lease,
     ) -> Result<(), Fenced> {
         self.adopt_new_generation();
+        if let Some(reason) = (self.behind)() {
+            // One version per fleet: the batch waits (its rows kept alive)
+            // rather than run on a version the fleet has left.
+            // A switch takes moments; say so only when it takes longer.
+            tracing::debug!(unit = ?self.unit, %reason, "holding a batch until this host runs the fleet's plugin versions");
+            let (behind, unit) = (self.behind.clone(), self.unit);
+            let caught_up = async move {
+                let since = Instant::now();
+                let mut said = false;
+                while let Some(reason) = behind() {
+                    if !said && since.elapsed() > BEHIND_WARN {
+                        tracing::warn!(?unit, %reason, "a batch is held until this host runs the fleet's plugin versions");
+                        said = true;
+                    }
+                    tokio::time::sleep(BEHIND_POLL).await;
+                }
+            };
+            let client = &self.settler.client;
+            let ack_wait = self.settings.ack_wait;
+            keep_alive(
+                &batch,
+                client,
+                puller.as_deref_mut(),
+                ack_wait,
+                lease,
+                caught_up,
+            )
+            .await;
+            self.adopt_new_generation();
+        }
         self.metrics.batches.inc();
         let stateful = self
             .runners
@@ -333,6 +376,8 @@ pub struct Workers {
     pub state: Option<StateStore<NatsKv>>,
     /// Told each settled batch's partition (the host's usage ledger).
     pub settled: Option<SettledHook>,
+    /// Holds every batch while this host's versions are not the fleet's.
+    pub behind: Behind,
 }
 
 impl Workers {
@@ -347,6 +392,7 @@ impl Workers {
             self.state.clone(),
         );
         worker.settled = self.settled.clone();
+        worker.behind = self.behind.clone();
         worker
     }
 }

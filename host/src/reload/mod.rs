@@ -26,14 +26,16 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::PluginConfig;
 use crate::config::keys::Reload;
 use crate::config::{Config, ConfigError, Overrides};
 use crate::ingest::front_door::Gate;
+use crate::nats::kv::NatsKv;
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::telemetry::{Metrics, ReloadLabels};
 use crate::topology::route::Names;
 pub use generation::Generation;
-use releases::Release;
+use releases::{Prepare, Ready, Release};
 
 /// How often the watched files are looked at.
 const POLL: Duration = Duration::from_millis(100);
@@ -69,6 +71,9 @@ pub struct Reloader {
     /// Plugins whose `.wasm` comes from a fleet release instead of the
     /// config: name → the fetched file.
     pushed: Mutex<BTreeMap<String, PathBuf>>,
+    /// Versions loaded for a push being prepared, by plugin name: swapped in
+    /// as they are when the push becomes the release.
+    prepared: Mutex<BTreeMap<String, Arc<Plugin>>>,
     /// Reloads asked for through the admin API.
     requests: Option<mpsc::Receiver<ReloadReply>>,
 }
@@ -81,6 +86,83 @@ pub struct FleetReleases {
     pub client: async_nats::Client,
     pub router: Names,
     pub dir: PathBuf,
+    /// The released files the first generation was loaded with
+    /// ([`released_files`]).
+    pub started_with: BTreeMap<String, PathBuf>,
+    /// Pushes being prepared (the same follower's `prepare.` keys).
+    pub prepares: watch::Receiver<BTreeMap<String, Prepare>>,
+    /// Where this host answers them (`ready.<name>.<me>`).
+    pub kv: NatsKv,
+    pub me: String,
+}
+
+/// The files of the fleet's releases of `config`'s plugins, fetched into
+/// `dir` (name → file): a starting host loads these instead of its own
+/// files, before it claims a unit, so it never serves a version the fleet
+/// no longer runs.
+pub async fn released_files(
+    client: &async_nats::Client,
+    router: &Names,
+    config: &Config,
+    dir: &std::path::Path,
+) -> Result<BTreeMap<String, PathBuf>, releases::StoreError> {
+    let mut files = BTreeMap::new();
+    for name in config.plugins.keys() {
+        let Some(release) = releases::release(client, router, name).await? else {
+            continue;
+        };
+        if let Some(digest) = &release.digest {
+            let path = releases::fetch(client, router, name, digest, dir).await?;
+            files.insert(name.clone(), path);
+        }
+    }
+    Ok(files)
+}
+
+/// `config` with each plugin in `files` loaded from its file there.
+pub fn with_files(config: &Config, files: &BTreeMap<String, PathBuf>) -> Config {
+    let mut config = config.clone();
+    for (name, wasm) in files {
+        if let Some(entry) = config.plugins.get_mut(name) {
+            entry.wasm = wasm.clone();
+        }
+    }
+    config
+}
+
+/// Why `generation` is not what the fleet runs, if it is not: a plugin
+/// whose release is another version, or a pushed version (a file under
+/// `pushed_dir`) where the fleet went back to each host's own file.
+/// Plugins the generation does not have are not this host's to run.
+pub fn behind_fleet(
+    generation: &Generation,
+    releases: &BTreeMap<String, Release>,
+    pushed_dir: &std::path::Path,
+) -> Option<String> {
+    let behind: Vec<String> = releases
+        .iter()
+        .filter_map(|(name, release)| {
+            let plugin = generation.plugin(name)?;
+            match &release.digest {
+                Some(digest) => {
+                    let fleet = releases::version_of_digest(digest);
+                    (plugin.version != fleet).then(|| {
+                        format!(
+                            "`{name}` runs {} here, {fleet} in the fleet",
+                            plugin.version
+                        )
+                    })
+                }
+                None => plugin.config.wasm.starts_with(pushed_dir).then(|| {
+                    format!(
+                        "`{name}` runs the pushed {} here, each host's own file in the fleet",
+                        plugin.version
+                    )
+                }),
+            }
+        })
+        .collect();
+    (!behind.is_empty()).then(|| behind.join("; "))
 }
 
 /// The modification time and length of each watched file (`None`: absent).
@@ -102,6 +184,7 @@ impl Reloader {
             metrics,
             fleet: None,
             pushed: Mutex::new(BTreeMap::new()),
+            prepared: Mutex::new(BTreeMap::new()),
             requests: None,
         }
     }
@@ -114,6 +197,7 @@ impl Reloader {
 
     /// Also follows plugin releases pushed to the fleet.
     pub fn with_fleet(mut self, fleet: FleetReleases) -> Reloader {
+        self.pushed = Mutex::new(fleet.started_with.clone());
         self.fleet = Some(fleet);
         self
     }
@@ -122,7 +206,13 @@ impl Reloader {
     /// changed, then publishes the new generation; on any error nothing
     /// changes. Counted in `weir_reloads_total{result}`.
     pub async fn reload(&self) -> Result<Vec<String>, ReloadError> {
-        let result = self.try_reload().await;
+        self.reload_from(true).await
+    }
+
+    /// [`Reloader::reload`], from the config file or (`from_file` false)
+    /// from the running config, with the pushed files in place.
+    async fn reload_from(&self, from_file: bool) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload(from_file).await;
         let label = if result.is_ok() { "applied" } else { "refused" };
         self.metrics
             .reloads
@@ -147,10 +237,17 @@ impl Reloader {
         result
     }
 
-    async fn try_reload(&self) -> Result<Vec<String>, ReloadError> {
+    async fn try_reload(&self, from_file: bool) -> Result<Vec<String>, ReloadError> {
         let running = self.generations.borrow().clone();
-        let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
-        let kept = keep_restart_only(&mut config, running.config());
+        let (config, kept) = match from_file {
+            true => {
+                let mut config = Config::load(&self.source, &same_overrides(running.config()))?;
+                let kept = keep_restart_only(&mut config, running.config());
+                (config, kept)
+            }
+            false => ((**running.config()).clone(), Vec::new()),
+        };
+        let mut config = config;
         if let Ok(pushed) = self.pushed.lock() {
             for (name, wasm) in pushed.iter() {
                 if let Some(entry) = config.plugins.get_mut(name) {
@@ -170,6 +267,8 @@ impl Reloader {
                 Some(old) if old.config == *entry && digest.as_ref() == Some(&old.version) => {
                     old.clone()
                 }
+                // Loaded already for the push that is now the release.
+                _ if let Some(ready) = self.take_prepared(entry, digest.as_deref()) => ready,
                 // Compile, instantiate and `init` it, as at boot.
                 _ => {
                     let loaded = self.sandbox.load(entry).await?;
@@ -207,7 +306,9 @@ impl Reloader {
         };
         let mut seen = baseline;
         let mut fleet_releases = self.fleet.as_ref().map(|fleet| fleet.releases.clone());
+        let mut fleet_prepares = self.fleet.as_ref().map(|fleet| fleet.prepares.clone());
         let mut applied: BTreeMap<String, Release> = BTreeMap::new();
+        let mut answered: BTreeMap<String, Prepare> = BTreeMap::new();
         loop {
             let signalled = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -225,7 +326,23 @@ impl Reloader {
                     if releases != applied {
                         self.take_releases(&releases).await;
                         applied = releases;
+                        // The generation now watches the released files: a
+                        // change of paths is not a change of files.
+                        seen = self.fingerprint().await;
                     }
+                    continue;
+                }
+                Ok(()) = async {
+                    match fleet_prepares.as_mut() {
+                        Some(prepares) => prepares.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let prepares = fleet_prepares
+                        .as_ref()
+                        .map(|prepares| prepares.borrow().clone())
+                        .unwrap_or_default();
+                    self.take_prepares(&prepares, &mut answered).await;
                     continue;
                 }
                 Some(reply) = async {
@@ -272,6 +389,89 @@ impl Reloader {
         }
     }
 
+    /// The version prepared for `entry`, if it is that file's (`digest`)
+    /// with the same entry.
+    fn take_prepared(&self, entry: &PluginConfig, digest: Option<&str>) -> Option<Arc<Plugin>> {
+        let mut prepared = self.prepared.lock().ok()?;
+        let ready = prepared.get(&entry.name)?;
+        if ready.config != *entry || Some(ready.version.as_str()) != digest {
+            return None;
+        }
+        tracing::info!(plugin = %entry.name, version = %ready.version, "switching to the prepared version");
+        prepared.remove(&entry.name)
+    }
+
+    /// Loads each pushed version being prepared that this host has not
+    /// answered yet, and answers: ready, or refused with the reason.
+    async fn take_prepares(
+        &self,
+        prepares: &BTreeMap<String, Prepare>,
+        answered: &mut BTreeMap<String, Prepare>,
+    ) {
+        let Some(fleet) = &self.fleet else { return };
+        for (name, prepare) in prepares {
+            if answered.get(name) == Some(prepare) {
+                continue;
+            }
+            let version = releases::version_of_digest(&prepare.digest).to_string();
+            let refused = self.prepare(fleet, name, prepare).await.err();
+            match &refused {
+                None => {
+                    tracing::info!(plugin = %name, %version, "pushed version loaded, ready to switch")
+                }
+                Some(reason) => {
+                    tracing::error!(plugin = %name, %version, %reason, "cannot run the pushed version; the push is refused")
+                }
+            }
+            let ready = Ready {
+                digest: prepare.digest.clone(),
+                pushed_ms: prepare.pushed_ms,
+                refused,
+            };
+            if let Err(err) = releases::answer(&fleet.kv, name, &fleet.me, &ready).await {
+                tracing::warn!(plugin = %name, error = %err, "cannot answer a push's prepare request");
+                continue;
+            }
+            answered.insert(name.clone(), prepare.clone());
+        }
+    }
+
+    /// Fetches and loads one pushed version as the running config's plugin
+    /// `name` would run it, and keeps it for the switch.
+    async fn prepare(
+        &self,
+        fleet: &FleetReleases,
+        name: &str,
+        prepare: &Prepare,
+    ) -> Result<(), String> {
+        let running = self.generations.borrow().clone();
+        let Some(entry) = running.config().plugins.get(name) else {
+            return Err(format!("no plugin `{name}` in this host's config"));
+        };
+        let path = releases::fetch(
+            &fleet.client,
+            &fleet.router,
+            name,
+            &prepare.digest,
+            &fleet.dir,
+        )
+        .await
+        .map_err(|err| format!("{err:#}"))?;
+        let entry = PluginConfig {
+            wasm: path,
+            ..entry.clone()
+        };
+        let loaded = self
+            .sandbox
+            .load(&entry)
+            .await
+            .map_err(|err| err.to_string())?;
+        if let Ok(mut prepared) = self.prepared.lock() {
+            prepared.insert(name.to_string(), loaded);
+        }
+        Ok(())
+    }
+
     /// Fetches the `.wasm` of every pushed release (checking its digest)
     /// and reloads with them; a release that cannot be fetched is refused
     /// and the running version keeps serving.
@@ -299,10 +499,20 @@ impl Reloader {
             }
         }
         let before = match self.pushed.lock() {
+            // What the host started with, or took already: nothing to load.
+            Ok(current) if *current == pushed => return,
             Ok(mut current) => std::mem::replace(&mut *current, pushed),
             Err(_) => return,
         };
-        if self.reload().await.is_err()
+        let mut result = self.reload().await;
+        if let Err(ReloadError::Config(_)) = &result {
+            // An edit of the file that does not load must not keep this
+            // host behind the fleet (its units wait meanwhile): the release
+            // goes into the running config; the edit is refused as ever.
+            tracing::warn!("taking the fleet's release into the running config");
+            result = self.reload_from(false).await;
+        }
+        if result.is_err()
             && let Ok(mut current) = self.pushed.lock()
         {
             // Refused: keep following what actually runs.
@@ -377,6 +587,59 @@ mod tests {
 
     fn parse(text: &str, overrides: &Overrides) -> Config {
         Config::parse(Path::new("/etc/weir/weir.toml"), text, overrides).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_generation_is_behind_the_fleet_only_where_a_release_names_another_version() {
+        let wasm = Path::new(weir_test_artifacts::PASSTHROUGH);
+        let text = format!(
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n",
+            wasm.display()
+        );
+        let config = parse(&text, &Overrides::default());
+        let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
+        let loaded = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let generation = Generation::new(Arc::new(config), HashMap::from([("p".into(), loaded)]));
+        let release = |digest: Option<&str>| Release {
+            digest: digest.map(str::to_string),
+            previous: None,
+            pushed_ms: 0,
+            how: None,
+            history: Vec::new(),
+        };
+        let fleet = |name: &str, digest: Option<&str>| {
+            BTreeMap::from([(name.to_string(), release(digest))])
+        };
+        let pushed_dir = Path::new("/var/lib/weir/pushed");
+        let own = releases::digest(&std::fs::read(wasm).unwrap());
+
+        assert_eq!(
+            behind_fleet(&generation, &BTreeMap::new(), pushed_dir),
+            None
+        );
+        assert_eq!(
+            behind_fleet(&generation, &fleet("p", Some(&own)), pushed_dir),
+            None
+        );
+        let other = "ff".repeat(32);
+        let behind = behind_fleet(&generation, &fleet("p", Some(&other)), pushed_dir).unwrap();
+        assert!(
+            behind.contains("`p` runs") && behind.contains("ffffffffffff in the fleet"),
+            "{behind}"
+        );
+        // A release of a plugin this host does not run is not its to follow.
+        assert_eq!(
+            behind_fleet(&generation, &fleet("q", Some(&other)), pushed_dir),
+            None
+        );
+        // Back to each host's own file: behind only while it runs a pushed one.
+        assert_eq!(
+            behind_fleet(&generation, &fleet("p", None), pushed_dir),
+            None
+        );
+        let pushed_here = wasm.parent().unwrap();
+        let behind = behind_fleet(&generation, &fleet("p", None), pushed_here).unwrap();
+        assert!(behind.contains("each host's own file"), "{behind}");
     }
 
     #[test]

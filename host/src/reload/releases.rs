@@ -1,8 +1,12 @@
-//! Plugins pushed to the fleet: `weir plugin push` stores a `.wasm` in the
-//! `<prefix>_plugins` object store and points `plugins.<name>` in the
-//! coordination bucket at it; every host sees that key through its one
-//! coordination watch, fetches the object, checks its SHA-256 and swaps the
-//! plugin in as a hot reload would. `weir plugin rollback` points the key
+//! Plugins pushed to the fleet, in two phases. `weir plugin push` stores a
+//! `.wasm` in the `<prefix>_plugins` object store and writes
+//! `prepare.<name>`: every host sees it through its one coordination watch,
+//! fetches the object, checks its SHA-256, loads it (compiled, linked,
+//! `init`) and answers `ready.<name>.<member>`, ready or refused with the
+//! reason. Only once every live member is ready does the push point
+//! `plugins.<name>` at it; each host then swaps in the version it holds
+//! ready, between batches, so the fleet switches at one generation and a
+//! refused push switches nothing. `weir plugin rollback` points the key
 //! back at the previous release, or at any release still in its history.
 //!
 //! The coordination bucket keeps one revision per key (member keys are
@@ -31,6 +35,33 @@ use crate::topology::route::Names;
 
 /// Key prefix of plugin releases in the coordination bucket.
 pub const RELEASES: &str = "plugins.";
+/// Key prefix of pushes being prepared: `prepare.<name>`.
+pub const PREPARES: &str = "prepare.";
+/// Key prefix of the members' answers: `ready.<name>.<member>`.
+pub const READY: &str = "ready.";
+/// How long a member's answer stays in the bucket: past any push's wait,
+/// then it goes on its own.
+const READY_TTL: Duration = Duration::from_secs(600);
+
+/// What `prepare.<name>` asks every host: load this version and say
+/// whether it can run it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepare {
+    /// SHA-256 (hex) of the pushed `.wasm`.
+    pub digest: String,
+    /// Tells this push from an earlier one of the same digest.
+    pub pushed_ms: u64,
+}
+
+/// A member's answer to a [`Prepare`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub digest: String,
+    pub pushed_ms: u64,
+    /// Why this member cannot run it; `None`: loaded and ready.
+    #[serde(default)]
+    pub refused: Option<String>,
+}
 /// Earlier releases a release remembers: enough to go back days of pushes,
 /// small enough that the key stays a few kilobytes.
 pub const HISTORY_KEPT: usize = 32;
@@ -131,10 +162,12 @@ pub struct Previous {
 pub struct ReleaseFollower {
     state: Mutex<Following>,
     published: watch::Sender<BTreeMap<String, Release>>,
+    prepares: watch::Sender<BTreeMap<String, Prepare>>,
 }
 
 struct Following {
     releases: BTreeMap<String, Release>,
+    prepares: BTreeMap<String, Prepare>,
     rebuilding: bool,
 }
 
@@ -147,11 +180,18 @@ impl ReleaseFollower {
         let follower = ReleaseFollower {
             state: Mutex::new(Following {
                 releases: BTreeMap::new(),
+                prepares: BTreeMap::new(),
                 rebuilding: true,
             }),
             published,
+            prepares: watch::channel(BTreeMap::new()).0,
         };
         (Arc::new(follower), releases)
+    }
+
+    /// The pushes being prepared (`prepare.<name>`), as the watch brings them.
+    pub fn prepares(&self) -> watch::Receiver<BTreeMap<String, Prepare>> {
+        self.prepares.subscribe()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, Following> {
@@ -162,10 +202,19 @@ impl ReleaseFollower {
 
     fn publish(&self, following: &Following) {
         if !following.rebuilding {
+            // Releases first: a flip and the end of its prepare come in
+            // that order, and a reader of both sees the flip no later.
             self.published.send_if_modified(|current| {
                 let changed = *current != following.releases;
                 if changed {
                     current.clone_from(&following.releases);
+                }
+                changed
+            });
+            self.prepares.send_if_modified(|current| {
+                let changed = *current != following.prepares;
+                if changed {
+                    current.clone_from(&following.prepares);
                 }
                 changed
             });
@@ -175,29 +224,38 @@ impl ReleaseFollower {
 
 impl KeyFollower for ReleaseFollower {
     fn prefixes(&self) -> &'static [&'static str] {
-        &[RELEASES]
+        &[RELEASES, PREPARES]
     }
 
     fn apply(&self, entry: &Entry) {
-        let Some(name) = entry.key.strip_prefix(RELEASES) else {
-            return;
-        };
-        let release = entry
-            .operation
-            .is_put()
-            .then(|| serde_json::from_slice::<Release>(&entry.value).ok())
-            .flatten();
+        let put = entry.operation.is_put();
         let mut following = self.state();
-        match release {
-            Some(release) => following.releases.insert(name.to_string(), release),
-            None => following.releases.remove(name),
-        };
+        if let Some(name) = entry.key.strip_prefix(RELEASES) {
+            let release = put
+                .then(|| serde_json::from_slice::<Release>(&entry.value).ok())
+                .flatten();
+            match release {
+                Some(release) => following.releases.insert(name.to_string(), release),
+                None => following.releases.remove(name),
+            };
+        } else if let Some(name) = entry.key.strip_prefix(PREPARES) {
+            let prepare = put
+                .then(|| serde_json::from_slice::<Prepare>(&entry.value).ok())
+                .flatten();
+            match prepare {
+                Some(prepare) => following.prepares.insert(name.to_string(), prepare),
+                None => following.prepares.remove(name),
+            };
+        } else {
+            return;
+        }
         self.publish(&following);
     }
 
     fn restart(&self) {
         let mut following = self.state();
         following.releases.clear();
+        following.prepares.clear();
         following.rebuilding = true;
     }
 
@@ -351,14 +409,26 @@ pub async fn check(
     Ok(())
 }
 
-/// Stores `bytes` as plugin `name` and makes it the fleet's release (a
-/// push of what the fleet already runs changes nothing).
-pub async fn push(
+/// A push whose `.wasm` is stored, not yet the fleet's release.
+#[derive(Debug, Clone)]
+pub struct Staged {
+    pub name: String,
+    /// As in [`Release`]: `None` is each host's own file (a rollback).
+    pub digest: Option<String>,
+    /// The release it replaces and that key's revision (compare-and-set).
+    current: Option<(Release, u64)>,
+    pushed_ms: u64,
+    how: How,
+}
+
+/// Stores `bytes` as plugin `name` in the object store; `None` when the
+/// fleet runs exactly that already (a push of it changes nothing).
+pub async fn stage(
     client: &async_nats::Client,
     router: &Names,
     name: &str,
     bytes: &[u8],
-) -> Result<Release, StoreError> {
+) -> Result<Option<Staged>, StoreError> {
     let digest = digest(bytes);
     let store = store(client, router).await?;
     let object = object_name(name, &digest);
@@ -372,21 +442,227 @@ pub async fn push(
             })?;
     }
     let current = current(client, router, name).await?;
-    let release = match &current {
-        Some((current, _)) if current.digest.as_deref() == Some(digest.as_str()) => {
-            return Ok(current.clone());
+    if let Some((release, _)) = &current
+        && release.digest.as_deref() == Some(digest.as_str())
+    {
+        return Ok(None);
+    }
+    Ok(Some(Staged {
+        name: name.to_string(),
+        digest: Some(digest),
+        current,
+        pushed_ms: unix_ms(),
+        how: How::Push,
+    }))
+}
+
+/// Why a push's first phase failed; nothing switched.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("plugin `{name}`: cannot follow the members' answers")]
+    Kv { name: String, source: KvError },
+    #[error("plugin `{name}`: no live member to run {version}; nothing switched")]
+    NoMembers { name: String, version: String },
+    #[error(
+        "plugin `{name}`: {count} of {members} live members cannot run {version}, nothing switched: {reasons}"
+    )]
+    Refused {
+        name: String,
+        version: String,
+        count: usize,
+        members: usize,
+        /// Each refusing member and its reason.
+        reasons: String,
+    },
+    #[error(
+        "plugin `{name}`: after {waited:?}, {count} of {members} live members have not said whether they can run {version}: {silent}; nothing switched"
+    )]
+    Timeout {
+        name: String,
+        version: String,
+        waited: Duration,
+        count: usize,
+        members: usize,
+        silent: String,
+    },
+}
+
+/// The first phase: asks every live member to load `staged` (fetch,
+/// compile, `init`) and waits until each has answered. Ready everywhere:
+/// the members, named; a refusal or silence past `timeout`: the error, and
+/// the request is withdrawn.
+pub async fn prepare(
+    client: &async_nats::Client,
+    router: &Names,
+    staged: &Staged,
+    timeout: Duration,
+) -> Result<Vec<String>, PrepareError> {
+    let name = staged.name.as_str();
+    // Each host's own file: loaded at its start, nothing to fetch ahead.
+    let Some(digest) = &staged.digest else {
+        return Ok(Vec::new());
+    };
+    let kv_error = |source| PrepareError::Kv {
+        name: name.to_string(),
+        source,
+    };
+    let kv = NatsKv::open(client, &router.coordination_bucket())
+        .await
+        .map_err(kv_error)?;
+    let answers = format!("{READY}{name}.");
+    let mut watch = kv
+        .watch_prefixes(&[MEMBERS, answers.as_str()], WatchStart::CurrentValues)
+        .await
+        .map_err(kv_error)?;
+    let request = Prepare {
+        digest: digest.clone(),
+        pushed_ms: staged.pushed_ms,
+    };
+    let key = format!("{PREPARES}{name}");
+    // Plain data always serializes.
+    let value = bytes::Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+    if let Err(err) = kv.put(&key, value).await {
+        watch.close().await;
+        return Err(kv_error(err));
+    }
+    let version = version_of_digest(digest).to_string();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut members: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut ready: BTreeMap<String, Ready> = BTreeMap::new();
+    let mut caught_up = false;
+    let result = loop {
+        let answer = |member: &str| {
+            ready
+                .get(member)
+                .filter(|r| r.digest == request.digest && r.pushed_ms == request.pushed_ms)
+        };
+        if caught_up && !members.is_empty() && members.keys().all(|m| answer(m).is_some()) {
+            let refused: Vec<String> = members
+                .keys()
+                .filter_map(|m| Some(format!("{m}: {}", answer(m)?.refused.as_ref()?)))
+                .collect();
+            break match refused.is_empty() {
+                true => Ok(members.keys().cloned().collect()),
+                false => Err(PrepareError::Refused {
+                    name: name.to_string(),
+                    version: version.clone(),
+                    count: refused.len(),
+                    members: members.len(),
+                    reasons: refused.join("; "),
+                }),
+            };
         }
-        Some((current, _)) => current.followed_by(Some(digest), How::Push),
+        match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(Some(Ok(WatchEvent::CaughtUp))) => caught_up = true,
+            Ok(Some(Ok(WatchEvent::Update(entry)))) => {
+                if let Some(member) = entry.key.strip_prefix(answers.as_str()) {
+                    let record = entry
+                        .operation
+                        .is_put()
+                        .then(|| serde_json::from_slice::<Ready>(&entry.value).ok())
+                        .flatten();
+                    match record {
+                        Some(record) => ready.insert(member.to_string(), record),
+                        None => ready.remove(member),
+                    };
+                } else {
+                    apply_member(&mut members, &entry);
+                }
+            }
+            Ok(Some(Err(err))) => break Err(kv_error(err)),
+            Ok(None) => break Err(kv_error(watch_ended(&kv))),
+            Err(_) if members.is_empty() => {
+                break Err(PrepareError::NoMembers {
+                    name: name.to_string(),
+                    version: version.clone(),
+                });
+            }
+            Err(_) => {
+                let silent: Vec<&str> = members
+                    .keys()
+                    .filter(|m| answer(m).is_none())
+                    .map(String::as_str)
+                    .collect();
+                break Err(PrepareError::Timeout {
+                    name: name.to_string(),
+                    version: version.clone(),
+                    waited: timeout,
+                    count: silent.len(),
+                    members: members.len(),
+                    silent: silent.join(", "),
+                });
+            }
+        }
+    };
+    watch.close().await;
+    if result.is_err()
+        && let Err(err) = kv.delete(&key).await
+    {
+        tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
+    }
+    result
+}
+
+/// The second phase: makes a prepared push the fleet's release (every
+/// host swaps in the version it holds ready), then withdraws the prepare
+/// request. Refused if another push or rollback changed the release since
+/// [`stage`].
+pub async fn activate(
+    client: &async_nats::Client,
+    router: &Names,
+    staged: Staged,
+) -> Result<Release, StoreError> {
+    let Staged {
+        name,
+        digest,
+        current,
+        how,
+        ..
+    } = staged;
+    let release = match &current {
+        Some((current, _)) => current.followed_by(digest, how),
         None => Release {
-            digest: Some(digest),
+            digest,
             previous: Some(Previous { digest: None }),
             pushed_ms: unix_ms(),
-            how: Some(How::Push),
+            how: Some(how),
             history: Vec::new(),
         },
     };
-    write(client, router, name, &release, current.map(|(_, rev)| rev)).await?;
+    write(client, router, &name, &release, current.map(|(_, rev)| rev)).await?;
+    let kv = kv(client, router, &name).await?;
+    if let Err(err) = kv.delete(&format!("{PREPARES}{name}")).await {
+        tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
+    }
     Ok(release)
+}
+
+/// A member's answer to a prepare request, kept for [`READY_TTL`].
+pub async fn answer(kv: &NatsKv, name: &str, member: &str, ready: &Ready) -> Result<(), KvError> {
+    // Plain data always serializes.
+    let value = bytes::Bytes::from(serde_json::to_vec(ready).unwrap_or_default());
+    kv.put_with_ttl(&format!("{READY}{name}.{member}"), value, READY_TTL)
+        .await
+        .map(|_| ())
+}
+
+/// The push of plugin `name` being prepared, if one is.
+pub async fn preparing(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+) -> Result<Option<Prepare>, StoreError> {
+    let entry = kv(client, router, name)
+        .await?
+        .entry(&format!("{PREPARES}{name}"))
+        .await
+        .map_err(|source| StoreError::Kv {
+            name: name.to_string(),
+            source,
+        })?;
+    Ok(entry
+        .filter(|e| e.operation.is_put())
+        .and_then(|e| serde_json::from_slice(&e.value).ok()))
 }
 
 /// What `weir plugin rollback --to` names.
@@ -411,14 +687,16 @@ impl RollbackTo {
     }
 }
 
-/// Points plugin `name` back at an earlier release: the one before the
-/// current one, each host's own file, or one from the history.
-pub async fn rollback(
+/// Stages pointing plugin `name` back at an earlier release: the one before
+/// the current one, each host's own file, or one from the history; `None`
+/// when the fleet runs that already. It goes through [`prepare`] and
+/// [`activate`] as a push does.
+pub async fn stage_rollback(
     client: &async_nats::Client,
     router: &Names,
     name: &str,
     to: &RollbackTo,
-) -> Result<Release, StoreError> {
+) -> Result<Option<Staged>, StoreError> {
     let nothing = || StoreError::NothingToRollBack {
         name: name.to_string(),
     };
@@ -429,7 +707,7 @@ pub async fn rollback(
         RollbackTo::Digest(wanted) => Some(resolve(name, &current, wanted)?),
     };
     if target == current.digest {
-        return Ok(current);
+        return Ok(None);
     }
     if let Some(digest) = &target {
         // A host that cannot fetch the object would refuse the release.
@@ -442,9 +720,13 @@ pub async fn rollback(
             });
         }
     }
-    let release = current.followed_by(target, How::Rollback);
-    write(client, router, name, &release, Some(revision)).await?;
-    Ok(release)
+    Ok(Some(Staged {
+        name: name.to_string(),
+        digest: target,
+        current: Some((current, revision)),
+        pushed_ms: unix_ms(),
+        how: How::Rollback,
+    }))
 }
 
 /// The one digest in `current`'s history that starts with `wanted`.
@@ -736,6 +1018,45 @@ mod tests {
             how: Some(How::Push),
             history,
         }
+    }
+
+    fn entry(key: &str, value: Option<&str>, revision: u64) -> Entry {
+        Entry {
+            key: key.to_string(),
+            value: bytes::Bytes::from(value.unwrap_or_default().to_string()),
+            revision,
+            operation: match value {
+                Some(_) => crate::nats::kv::Operation::Put,
+                None => crate::nats::kv::Operation::Delete,
+            },
+            created: std::time::SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn the_follower_publishes_releases_and_prepares_once_caught_up() {
+        let (follower, releases) = ReleaseFollower::new();
+        let prepares = follower.prepares();
+        let release = serde_json::to_string(&pushed("aa", Vec::new())).unwrap();
+        let prepare = r#"{"digest":"bb","pushed_ms":7}"#;
+        follower.apply(&entry("plugins.p", Some(&release), 1));
+        follower.apply(&entry("prepare.p", Some(prepare), 2));
+        // Not caught up yet: a watch starting over is no withdrawal.
+        assert!(releases.borrow().is_empty() && prepares.borrow().is_empty());
+        follower.caught_up();
+        assert_eq!(releases.borrow()["p"].digest.as_deref(), Some("aa"));
+        let expected = Prepare {
+            digest: "bb".into(),
+            pushed_ms: 7,
+        };
+        assert_eq!(prepares.borrow().get("p"), Some(&expected));
+        // The switch, then the request withdrawn.
+        follower.apply(&entry("prepare.p", None, 3));
+        assert!(prepares.borrow().is_empty());
+        assert_eq!(releases.borrow().len(), 1);
+        // Keys under neither prefix are not its to follow.
+        follower.apply(&entry("ready.p.host-a", Some("{}"), 4));
+        assert!(prepares.borrow().is_empty());
     }
 
     #[test]
