@@ -353,11 +353,19 @@ async fn a_pause_of_the_whole_host_does_not_count_against_a_plugins_deadline() {
         "deadline = \"1s\"",
     );
     // One row per batch: the plugin is busy nearly all the time, so each
-    // freeze lands in a call.
-    let config = base_config(nats.url(), &extra).replace(
-        "[delivery]\n",
-        "[delivery]\nbatch_rows = 1\npull_rows = 1\n",
-    );
+    // freeze lands in a call. A member TTL well above the freezes: on a
+    // loaded machine a 2.5 s freeze plus late renewals could otherwise end
+    // the lease, and a fenced batch's rows (already written by the file
+    // sink) come back: that is the lease's promise, not the deadline's.
+    let config = base_config(nats.url(), &extra)
+        .replace(
+            "[delivery]\n",
+            "[delivery]\nbatch_rows = 1\npull_rows = 1\n",
+        )
+        .replace(
+            "[stream]\n",
+            "[coordination]\nmember_ttl = \"15s\"\n\n[stream]\n",
+        );
     let host = Host::spawn_with("paused", config);
     eventually(Duration::from_secs(60), "weir ready", || async {
         host.status().await
