@@ -508,3 +508,90 @@ async fn a_host_frozen_past_its_ttl_is_fenced_and_its_units_are_taken_over() {
         )
     );
 }
+
+/// Idle units taken from a frozen host: the pull requests it left waiting
+/// (an idle unit's request waits 12 s, and one sent before the unit's
+/// first row carries no pin, so the takeover's unpin does not end it) must
+/// not take the units' first rows from their new owner. Taken there, those
+/// rows would wait for the frozen host's pin to time out (15 s) and then
+/// for the ack wait, behind newer rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_units_taken_from_a_frozen_host_deliver_while_it_is_still_frozen() {
+    let nats = Nats::start();
+    let spawn = |id| Host::spawn_with(id, fleet_config(nats.url(), id, 0, TTL.as_secs()));
+    let (a, b) = (spawn("host-a"), spawn("host-b"));
+    let owners = balanced(&a, &["host-a", "host-b"]).await;
+    let frozen_tables = tables_of(&owners["host-b"]);
+
+    let pid = b.child.id() as libc::pid_t;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    eventually(
+        Duration::from_secs(40),
+        "host-a holds every unit",
+        || async {
+            let report = a.status().await?;
+            let all_a = report
+                .units
+                .iter()
+                .all(|unit| unit.owner.as_deref() == Some("host-a"));
+            (all_a && report.units.len() == fleet_units().len()).then_some(())
+        },
+    )
+    .await;
+    let taken_over = stopped.elapsed();
+
+    // Two requests per table, so rows a stale request took would come back
+    // behind the second's.
+    const ROWS: u64 = 10;
+    let http = reqwest::Client::new();
+    for half in 0..2 {
+        for (t, table) in frozen_tables.iter().enumerate() {
+            let body: String = (1..=ROWS)
+                .map(|n| {
+                    let seq = half * ROWS + n;
+                    let id = t as u64 * 1_000 + seq;
+                    format!("{{\"id\":{id},\"seq\":{seq},\"email\":\"u{id}@example.com\"}}\n")
+                })
+                .collect();
+            let response = http
+                .post(format!("{}/v1/ingest/{table}", a.url))
+                .bearer_auth(ACME_KEY)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 202);
+        }
+    }
+    let expected = frozen_tables.len() * 2 * ROWS as usize;
+    let what = format!(
+        "host-a writes the {expected} rows of the frozen host's {} tables while it is frozen \
+         (under its pin's 15 s timeout)",
+        frozen_tables.len()
+    );
+    let delivered = eventually(Duration::from_secs(12), &what, || async {
+        let rows = written_rows(&[("host-a", a.dir.path())]);
+        let count: usize = frozen_tables
+            .iter()
+            .map(|table| rows.get(table).map_or(0, Vec::len))
+            .sum();
+        (count >= expected).then_some(rows)
+    })
+    .await;
+    let written_after = stopped.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    println!(
+        "idle units of a frozen host: taken over {taken_over:?} after SIGSTOP, \
+         {expected} rows written {written_after:?} after it"
+    );
+    for table in &frozen_tables {
+        let seqs: Vec<u64> = delivered[table].iter().filter_map(|r| r.seq).collect();
+        assert_eq!(
+            seqs,
+            (1..=2 * ROWS).collect::<Vec<_>>(),
+            "{table}: rows once each, in order"
+        );
+    }
+    drop(b);
+}

@@ -144,16 +144,18 @@ pub(super) async fn run_unit(
     let consumer = membership.router.unit_consumer(unit);
     // Whether the rows a previous owner may have left in flight are dealt
     // with: only then can this claim end in a `released` record.
+    let mut stale_requests = false;
     let taken_over = match claim.takeover {
         false => true,
         true => match take_over(membership, unit, &release).await {
             None => false,
-            Some(reset) => {
+            Some(taken) => {
                 // Rows left in flight are a takeover whoever left them (an
                 // earlier run, a claim dropped as an orphan).
-                if claim.from_other || reset {
+                if claim.from_other || taken.reset {
                     membership.metrics.unit_takeovers.inc();
                 }
+                stale_requests = taken.requests_waiting;
                 true
             }
         },
@@ -175,7 +177,10 @@ pub(super) async fn run_unit(
         };
     }
     tracing::debug!(%consumer, "pulling");
-    let lease = lease.claimed(revision);
+    let lease = match stale_requests {
+        true => lease.claimed(revision).after_takeover(),
+        false => lease.claimed(revision),
+    };
     match membership.units.run(unit, release.clone(), lease).await {
         Ok(UnitEnd::Drained) => {}
         Ok(UnitEnd::Fenced) => {
@@ -206,15 +211,23 @@ pub(super) async fn run_unit(
     }
 }
 
+/// A takeover done.
+struct TakenOver {
+    /// Rows left in flight were sent back from the ack floor.
+    reset: bool,
+    /// Pull requests the old owner sent were still waiting on the server.
+    requests_waiting: bool,
+}
+
 /// Takes over a unit whose owner did not hand it over: unpins it and, if
 /// rows were left in flight, resets it to its ack floor once nobody pulled
-/// it within the quiet margin. Says whether that is done, and whether it
-/// reset the unit (`None`: asked to let go first).
+/// it within the quiet margin. Says whether that is done, and how (`None`:
+/// asked to let go first).
 async fn take_over(
     membership: &Membership,
     unit: Unit,
     release: &CancellationToken,
-) -> Option<bool> {
+) -> Option<TakenOver> {
     let stream = membership.router.partition_stream(unit.partition);
     let consumer = membership.router.unit_consumer(unit);
     let client = &membership.client;
@@ -246,7 +259,10 @@ async fn take_over(
                                     "took over a unit; rows left in flight are redelivered"
                                 );
                             }
-                            return Some(action == Takeover::Reset);
+                            return Some(TakenOver {
+                                reset: action == Takeover::Reset,
+                                requests_waiting: state.waiting > 0,
+                            });
                         }
                     }
                     Err(err) => {

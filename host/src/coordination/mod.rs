@@ -64,6 +64,7 @@ use claim::{
 pub use lease::Lease;
 use lease::LeaseState;
 use lease::renew;
+pub use takeover::reclaim_from_stale_request;
 
 /// Key prefix of member keys.
 pub const MEMBERS: &str = "members.";

@@ -21,6 +21,9 @@ pub struct ConsumerState {
     /// Time since the last delivery, by the server's clock; `None` if the
     /// consumer never delivered.
     pub idle_for: Option<Duration>,
+    /// Pull requests waiting on the server: before the new owner pulls,
+    /// the old owner's (one sent without a pin outlives the unpin).
+    pub waiting: u64,
 }
 
 /// What a new owner does before it pulls.
@@ -56,6 +59,8 @@ struct InfoReply {
     ts: Option<String>,
     #[serde(default)]
     num_ack_pending: u64,
+    #[serde(default)]
+    num_waiting: u64,
     delivered: Option<Delivered>,
     #[serde(default)]
     priority_groups: Vec<GroupState>,
@@ -101,6 +106,7 @@ pub async fn inspect(
             .iter()
             .any(|g| g.group == PIN_GROUP && g.pinned_client_id.is_some()),
         idle_for,
+        waiting: info.num_waiting,
     })
 }
 
@@ -124,6 +130,29 @@ pub async fn apply(
     Ok(())
 }
 
+/// Takes a unit back from a pull request its old owner left waiting, for
+/// a new owner that holds no pin and has received nothing yet: any pin now
+/// is that request's (it took the unit with the first row since the
+/// takeover), so it is unpinned, which ends it, and the rows it was sent
+/// come back from the ack floor, ahead of newer ones. Says how many rows
+/// were sent back (`None`: nobody held the unit).
+pub async fn reclaim_from_stale_request(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+) -> Result<Option<u64>, NatsError> {
+    let state = inspect(client, stream, consumer).await?;
+    if !state.pinned {
+        return Ok(None);
+    }
+    let action = match state.ack_pending {
+        0 => Takeover::Start,
+        _ => Takeover::Reset,
+    };
+    apply(client, stream, consumer, &state, action).await?;
+    Ok(Some(state.ack_pending))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +164,7 @@ mod tests {
             ack_pending,
             pinned,
             idle_for: idle_ms.map(Duration::from_millis),
+            waiting: 0,
         }
     }
 

@@ -22,7 +22,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::coordination::Lease;
+use crate::coordination::{Lease, reclaim_from_stale_request};
 use crate::nats::jetstream::{PIN_GROUP, last_delivery, unpin};
 
 /// How long the server keeps one pull request waiting for rows while rows
@@ -44,6 +44,18 @@ const IDLE_PULL_HEARTBEAT: Duration = Duration::from_secs(4);
 const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 /// An idle request with neither row nor heartbeat for this long was lost.
 const IDLE_SILENCE_LIMIT: Duration = Duration::from_secs(9);
+/// After a takeover, how long a pull request the old owner left may still
+/// wait on the server: it was sent while that owner's lease held, so
+/// before this claim, and the server ends it at its expiry. Waiting there
+/// without a pin, it would get the unit's next row (and the pin) ahead of
+/// the new owner's request, and those rows would come back only after the
+/// pin's timeout and the ack wait, behind newer ones.
+const STALE_REQUEST_WINDOW: Duration =
+    Duration::from_secs(IDLE_PULL_EXPIRES.as_secs() + LOST_REQUEST_GRACE.as_secs());
+/// Expiry of a new owner's requests without a pin within that window: each
+/// that ends empty looks whether the old owner's request took the unit.
+const STALE_CHECK_EXPIRES: Duration = Duration::from_secs(1);
+const STALE_CHECK_HEARTBEAT: Duration = Duration::from_millis(500);
 /// Pause before pulling again after the server refused a request.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// How long a release whose unpin failed waits for rows still on their way.
@@ -93,6 +105,9 @@ struct Outstanding {
     idle: bool,
     /// Whether it brought a row.
     brought: bool,
+    /// Sent within [`STALE_REQUEST_WINDOW`]: ending empty, it looks for a
+    /// request the old owner left.
+    checks_stale: bool,
 }
 
 /// How much one pull request asks for: up to `max_rows` rows, but no more
@@ -149,6 +164,9 @@ pub struct Puller {
     last_reply: Option<async_nats::Subject>,
     /// The last request ended without a row: the next one waits long.
     idle: bool,
+    /// Until when a request the unit's old owner left may still wait on
+    /// the server (`None`: the unit was handed over, or never owned).
+    stale_requests_until: Option<Instant>,
 }
 
 impl Puller {
@@ -179,6 +197,9 @@ impl Puller {
                 0
             }
         };
+        let stale_requests_until = lease
+            .taken_over()
+            .then(|| Instant::now() + STALE_REQUEST_WINDOW);
         Ok(Puller {
             client,
             stream,
@@ -195,6 +216,7 @@ impl Puller {
             delivered_at_open,
             last_reply: None,
             idle: false,
+            stale_requests_until,
         })
     }
 
@@ -418,8 +440,15 @@ impl Puller {
         }
         let batch = self.size.rows_for(self.mean_row_bytes);
         let without_pin = self.pin.is_none();
-        let idle = without_pin || self.idle;
-        let (expires, idle_heartbeat) = if idle {
+        let checks_stale = without_pin
+            && self.last_reply.is_none()
+            && self
+                .stale_requests_until
+                .is_some_and(|until| Instant::now() < until);
+        let idle = !checks_stale && (without_pin || self.idle);
+        let (expires, idle_heartbeat) = if checks_stale {
+            (STALE_CHECK_EXPIRES, STALE_CHECK_HEARTBEAT)
+        } else if idle {
             (IDLE_PULL_EXPIRES, IDLE_PULL_HEARTBEAT)
         } else {
             (PULL_EXPIRES, PULL_HEARTBEAT)
@@ -456,11 +485,32 @@ impl Puller {
                     without_pin,
                     idle,
                     brought: false,
+                    checks_stale,
                 })
             }
             Err(err) => {
                 tracing::warn!(consumer = %self.consumer, error = %err, "cannot send a pull request");
                 tokio::time::sleep(REFUSED_PAUSE).await;
+            }
+        }
+    }
+
+    /// Within [`STALE_REQUEST_WINDOW`] of a takeover, with no pin and no
+    /// row yet: a pin now belongs to a request the old owner left, which
+    /// is ended and its rows sent back ahead of newer ones.
+    async fn reclaim_from_stale_request(&mut self) {
+        if self.pin.is_some() || self.last_reply.is_some() || !self.lease.held() {
+            return;
+        }
+        match reclaim_from_stale_request(&self.client, &self.stream, &self.consumer).await {
+            Ok(None) => {}
+            Ok(Some(rows)) => tracing::warn!(
+                consumer = %self.consumer,
+                rows,
+                "a pull request left by the unit's old owner took it after the takeover; took it back"
+            ),
+            Err(err) => {
+                tracing::warn!(consumer = %self.consumer, error = %err, "cannot read whether the unit's old owner still pulls it")
             }
         }
     }
@@ -515,6 +565,9 @@ impl Puller {
                 // Expired with nothing to bring: the unit is idle.
                 if let Some(outstanding) = self.outstanding.take() {
                     self.idle = !outstanding.brought;
+                    if outstanding.checks_stale && !outstanding.brought {
+                        self.reclaim_from_stale_request().await;
+                    }
                 }
                 None
             }
