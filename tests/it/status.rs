@@ -356,3 +356,51 @@ async fn status_answers_while_nats_is_frozen_or_gone_and_says_what_it_cannot_kno
     .await;
     host.shutdown().await;
 }
+
+/// A member whose renewals stop (SIGSTOP) is marked late by the others
+/// while it still counts as a member (its key has not expired), in the
+/// status JSON and `weir status`, and unmarked once it renews again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_whose_renewals_stop_is_marked_late_before_its_key_expires() {
+    let nats = Nats::start();
+    // 9 s TTL: renewals every 3 s, late after 4.5 s without one, gone at 9.
+    let spawn = |id| Host::spawn_with(id, fleet_config(nats.url(), id, 0, 9));
+    let (a, b) = (spawn("late-a"), spawn("late-b"));
+    balanced(&a, &["late-a", "late-b"]).await;
+    let b_of = |report: &StatusReport| {
+        report
+            .fleet
+            .members
+            .iter()
+            .find(|m| m.id == "late-b")
+            .cloned()
+    };
+    let healthy = b_of(&a.status().await.expect("status")).expect("late-b is a member");
+    assert!(!healthy.late, "a renewing member is not late: {healthy:?}");
+    assert!(healthy.renewed_ms_ago.is_some_and(|ms| ms < 4_500));
+
+    let pid = b.child.id() as libc::pid_t;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let late = eventually(Duration::from_secs(20), "late-b marked late", || async {
+        b_of(&a.status().await?).filter(|m| m.late)
+    })
+    .await;
+    let marked_after = stopped.elapsed();
+    let text = Command::new(WEIR)
+        .args(["status", "--url", &a.url])
+        .output()
+        .expect("weir status runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    println!("late-b marked late {marked_after:?} after SIGSTOP: {late:?}");
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("late-b (late: no renewal for")),
+        "weir status marks the member:\n{text}"
+    );
+    eventually(Duration::from_secs(20), "late-b on time again", || async {
+        b_of(&a.status().await?).filter(|m| !m.late)
+    })
+    .await;
+}

@@ -171,6 +171,10 @@ pub fn tables(report: &StatusReport) -> String {
         } else {
             ""
         };
+        let late = match (member.late, member.renewed_ms_ago) {
+            (true, Some(ms)) => format!(" (late: no renewal for {})", duration(ms)),
+            _ => String::new(),
+        };
         let plugins = member
             .plugins
             .iter()
@@ -178,7 +182,7 @@ pub fn tables(report: &StatusReport) -> String {
             .collect::<Vec<_>>()
             .join(", ");
         members.row([
-            format!("{}{me}", member.id),
+            format!("{}{me}{late}", member.id),
             member.http.clone(),
             units.to_string(),
             duration(member.age_ms),

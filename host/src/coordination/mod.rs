@@ -104,6 +104,47 @@ pub struct MemberRecord {
     /// shows from any host.
     #[serde(default)]
     pub plugins: BTreeMap<String, String>,
+    /// The member key's TTL: it is renewed every third of it (0: an older
+    /// host that did not say).
+    #[serde(default)]
+    pub ttl_ms: u64,
+}
+
+impl MemberRecord {
+    /// Whether a renewal last seen `since` ago is overdue: a member renews
+    /// every third of its TTL, so one renewal missed by half a period more
+    /// says it is stopped, frozen or cut off, seconds before its key
+    /// expires and its units move.
+    pub fn renewal_overdue(&self, since: Duration) -> bool {
+        let period = Duration::from_millis(self.ttl_ms) / 3;
+        self.ttl_ms > 0 && since > period + (period / 2).max(Duration::from_millis(500))
+    }
+}
+
+/// When each member's key renewal last reached this host. A renewal
+/// changes no view (none is published for it), so the times are shared by
+/// every copy of the view rather than copied with it.
+#[derive(Debug, Clone, Default)]
+pub struct Renewals(Arc<std::sync::Mutex<BTreeMap<String, Instant>>>);
+
+impl Renewals {
+    fn seen(&self, member: &str) {
+        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        times.insert(member.to_string(), Instant::now());
+    }
+
+    fn forget(&self, member: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(member);
+    }
+
+    /// How long ago `member`'s last renewal arrived here.
+    pub fn since(&self, member: &str) -> Option<Duration> {
+        let times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        times.get(member).map(Instant::elapsed)
+    }
 }
 
 /// The value of a unit's owner record.
@@ -133,6 +174,7 @@ pub struct FleetView {
     pub members: BTreeMap<String, MemberRecord>,
     /// Each unit's owner record and its revision.
     pub owners: BTreeMap<Unit, (OwnerRecord, u64)>,
+    pub renewals: Renewals,
 }
 
 impl FleetView {
@@ -294,6 +336,7 @@ impl Coordination {
             http: membership.http.clone(),
             since_ms: unix_ms(),
             plugins: BTreeMap::new(),
+            ttl_ms: u64::try_from(membership.ttl.as_millis()).unwrap_or(u64::MAX),
         };
         let view = FleetView {
             me: membership.me.clone(),
@@ -508,6 +551,10 @@ impl Coordinator {
                 .is_put()
                 .then(|| serde_json::from_slice::<MemberRecord>(&entry.value).ok())
                 .flatten();
+            match &record {
+                Some(_) => self.view.renewals.seen(id),
+                None => self.view.renewals.forget(id),
+            }
             match record {
                 Some(record) => match self.view.members.insert(id.to_string(), record.clone()) {
                     None => {

@@ -27,12 +27,34 @@ fn view(members: &[&str]) -> FleetView {
                         http: String::new(),
                         since_ms: 0,
                         plugins: BTreeMap::new(),
+                        ttl_ms: 5_000,
                     },
                 )
             })
             .collect(),
         owners: BTreeMap::new(),
+        renewals: Default::default(),
     }
+}
+
+#[test]
+fn a_renewal_is_overdue_half_a_period_after_it_was_due() {
+    let record = |ttl_ms| MemberRecord {
+        run: "r".into(),
+        http: String::new(),
+        since_ms: 0,
+        plugins: BTreeMap::new(),
+        ttl_ms,
+    };
+    let ms = Duration::from_millis;
+    // 5 s TTL: renewed every 1.67 s, overdue after 2.5 s.
+    assert!(!record(5_000).renewal_overdue(ms(2_400)));
+    assert!(record(5_000).renewal_overdue(ms(2_600)));
+    // Short periods still get half a second of slack.
+    assert!(!record(3_000).renewal_overdue(ms(1_400)));
+    assert!(record(3_000).renewal_overdue(ms(1_600)));
+    // An older member that did not say its TTL is never called late.
+    assert!(!record(0).renewal_overdue(ms(60_000)));
 }
 
 const UNIT: Unit = Unit {

@@ -360,8 +360,18 @@ pub(super) async fn confirm_acks(
     last_ack: async_nats::Subject,
     within: Duration,
 ) -> Result<Result<(), async_nats::RequestError>, tokio::time::error::Elapsed> {
-    let request = client.request(last_ack, bytes::Bytes::from_static(b"+ACK"));
-    Ok(tokio::time::timeout(within, request).await?.map(|_| ()))
+    // The whole `within`, not the client's request timeout: with `sync =
+    // "always"` a busy server can take longer than that to apply thousands
+    // of acks, and a worker that stopped waiting then let its host exit
+    // with acks unapplied (rows delivered twice after a planned stop).
+    let request = async_nats::Request::new()
+        .payload(bytes::Bytes::from_static(b"+ACK"))
+        .timeout(Some(within));
+    Ok(
+        tokio::time::timeout(within, client.send_request(last_ack, request))
+            .await?
+            .map(|_| ()),
+    )
 }
 
 /// Rows dead-lettered and retried since the last INFO summary of a unit.

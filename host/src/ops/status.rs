@@ -143,6 +143,13 @@ pub struct MemberStatus {
     /// The plugin versions the member runs, by name.
     #[serde(default)]
     pub plugins: std::collections::BTreeMap<String, String>,
+    /// Milliseconds since its last key renewal reached the answering host.
+    #[serde(default)]
+    pub renewed_ms_ago: Option<u64>,
+    /// Its renewal is overdue: stopped, frozen or cut off, it is still a
+    /// member until its key expires (and its units move).
+    #[serde(default)]
+    pub late: bool,
 }
 
 impl StatusReport {
@@ -399,11 +406,16 @@ impl StatusSource {
                 .members
                 .iter()
                 .filter(|(id, _)| fleet.is_live(id))
-                .map(|(id, record)| MemberStatus {
-                    id: id.clone(),
-                    http: record.http.clone(),
-                    age_ms: now_ms.saturating_sub(record.since_ms),
-                    plugins: record.plugins.clone(),
+                .map(|(id, record)| {
+                    let renewed = fleet.renewals.since(id);
+                    MemberStatus {
+                        id: id.clone(),
+                        http: record.http.clone(),
+                        age_ms: now_ms.saturating_sub(record.since_ms),
+                        plugins: record.plugins.clone(),
+                        renewed_ms_ago: renewed.map(|d| d.as_millis() as u64),
+                        late: renewed.is_some_and(|since| record.renewal_overdue(since)),
+                    }
                 })
                 .collect(),
             unowned: fleet

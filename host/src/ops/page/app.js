@@ -129,6 +129,11 @@ function drawMembers(state) {
     card.style.borderLeftColor = colour(m.id);
     const title = el("h3", m.id);
     if (m.id === state.fleet.me) title.append(el("span", " (this host)", "muted"));
+    // Overdue renewal: seconds before the key expires and its units move.
+    if (m.late) {
+      card.classList.add("late");
+      title.append(el("span", " late: no renewal for " + age(m.renewed_ms_ago), "late"));
+    }
     card.append(title);
     const owned = units.get(m.id) || [];
     card.append(el("div", owned.length + " units · up " + age(m.age_ms) + " · " + m.http, "muted"));
