@@ -40,6 +40,7 @@ use crate::nats::embedded::{
     EmbeddedError, EmbeddedNats, EmbeddedOptions, random_password, write_private,
 };
 use crate::nats::kv::NatsKv;
+use crate::ops::history::QueuedHistory;
 use crate::ops::http::Ops;
 use crate::ops::page::Page;
 use crate::ops::readiness::Readiness;
@@ -210,6 +211,12 @@ impl RunningHost {
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
 
         // The front door and the operator endpoints, on one listener.
+        let queued_history = QueuedHistory::default();
+        tasks.push(tokio::spawn(
+            queued_history
+                .clone()
+                .record(ledger.clone(), shutdown.clone()),
+        ));
         let status = StatusSource {
             metrics: metrics.clone(),
             registry: Arc::new(registry),
@@ -218,6 +225,7 @@ impl RunningHost {
             router: router.clone(),
             fleet: coordination.view(),
             ledger: ledger.clone(),
+            queued_history: queued_history.clone(),
             nats: nats_status(&config, &nats_url, embedded.is_some()),
             reasons: Default::default(),
         };

@@ -659,3 +659,48 @@ async fn the_page_json_and_login_work_without_a_browser_and_show_tenants_only_to
     assert!(set_cookies(&blocked).is_empty());
     host.shutdown().await;
 }
+
+/// The queued-rows chart is kept by the host: a page opened only after rows
+/// came and went still shows them (the browser kept it before, so a fresh
+/// wall screen started empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_opened_after_rows_came_and_went_shows_them_in_its_history() {
+    let nats = Nats::start();
+    // A slow transform keeps the rows queued for a few seconds.
+    let config = page_config(nats.url(), "host-history").replace(
+        "transforms = [\"validate\"]",
+        "transforms = [\"validate\", \"slow\"]",
+    ) + "\n[plugins.slow]\nwasm = \"weir_chaos.wasm\"\nworld = \"transform\"\n\
+         deadline_ms = 10000\nsettings = { mode = \"slow\", slow_ms = 3000 }\n";
+    let host = TestHost::start(&config).await;
+    let body: String = (0..40)
+        .map(|id| format!("{{\"id\":{id},\"email\":\"u{id}@example.com\"}}\n"))
+        .collect();
+    assert_eq!(host.ingest("orders", body).await.status(), 202);
+    eventually(Duration::from_secs(60), "every row delivered", || async {
+        (host.sink_lines("orders").len() == 40).then_some(())
+    })
+    .await;
+
+    // The first page state ever asked for.
+    let history = eventually(Duration::from_secs(30), "the queue back to 0", || async {
+        let state: Value = reqwest::get(host.url("/v1/page"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let samples: Vec<u64> = state["queued_history"]
+            .as_array()?
+            .iter()
+            .filter_map(|s| s["queued_rows"].as_u64())
+            .collect();
+        (samples.last() == Some(&0)).then_some(samples)
+    })
+    .await;
+    let queued_at_most = history.iter().copied().max().unwrap_or(0);
+    assert!(
+        queued_at_most >= 40,
+        "the 40 rows queued for seconds show in the host's history: {history:?}"
+    );
+}

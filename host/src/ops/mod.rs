@@ -7,6 +7,7 @@
 //! `FleetTotals`, `ReasonCount`, `RowCounts`), how it shows an unknown
 //! count (`known`) and the backlog of every unit (`unit_backlogs`).
 
+pub(crate) mod history;
 pub(crate) mod http;
 pub(crate) mod page;
 pub(crate) mod readiness;

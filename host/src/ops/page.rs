@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::delivery::dead_letter::{DeadLetters, LetterError, LetterFilter, StoredLetter};
+use crate::ops::history::Sample;
 use crate::ops::status::{
     FleetStatus, FleetTotals, RowCounts, StatusReport, StatusSource, TenantUsage,
 };
@@ -172,6 +173,10 @@ pub struct PageState {
     /// Present only for an admin session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<Vec<TenantUsage>>,
+    /// The fleet's queued rows over the last five minutes, oldest first,
+    /// kept by the host (a page opened now shows the past).
+    #[serde(default)]
+    pub queued_history: Vec<Sample>,
 }
 
 /// One unit as the page draws it: a cell of the partition × shard grid.
@@ -477,6 +482,7 @@ async fn state(State(page): State<Arc<Page>>, headers: HeaderMap) -> Response {
         nats_connected: report.nats.connected,
         nats_answered: report.nats.answered,
         tenants: admin.then_some(report.tenants),
+        queued_history: page.status.queued_history.samples(),
     };
     let mut response = axum::Json(state).into_response();
     protect(response.headers_mut());

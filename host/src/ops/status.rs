@@ -266,6 +266,8 @@ pub struct StatusSource {
     pub(crate) nats: NatsStatus,
     pub(crate) fleet: watch::Receiver<Arc<FleetView>>,
     pub(crate) ledger: Ledger,
+    /// The fleet's queued rows, sampled from `ledger` (the page's chart).
+    pub(crate) queued_history: crate::ops::history::QueuedHistory,
     /// The last reason counts and the dead-letter stream state they were
     /// read at: read again only when that state changed.
     pub(crate) reasons: Arc<Mutex<Option<ReasonScan>>>,

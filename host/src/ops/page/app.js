@@ -5,7 +5,7 @@
 
 const POLL_MS = 1000;
 const LETTERS_MS = 5000;
-// Five minutes of one-second samples, per unit and in total.
+// Five minutes of one-second samples, per unit (the host keeps the total's).
 const HISTORY = 300;
 // Distinct hues for members, handed out in order of first sight so a
 // member keeps its colour while others come and go.
@@ -13,7 +13,6 @@ const PALETTE = ["#58a6ff", "#f0883e", "#3fb950", "#d2a8ff", "#ffa657", "#79c0ff
   "#ff7b72", "#56d4dd", "#e3b341", "#a5d6ff", "#bc8cff", "#7ee787"];
 const colours = new Map();
 const history = new Map(); // consumer -> [pending…]
-const totals = [];
 let admin = false;
 let lettersTimer = null;
 
@@ -110,9 +109,10 @@ function drawTotals(state) {
     t.append(el("b", fmt(value)), el("span", label, "muted"));
     box.append(t);
   }
-  if (backlog !== null) push(totals, backlog);
-  $("lag-max").textContent = fmt(Math.max(1, ...totals));
-  line($("lag"), totals, "#58a6ff");
+  // Kept by the host, not this page: a page opened now shows the past too.
+  const queued = (state.queued_history || []).map((s) => s.queued_rows);
+  $("lag-max").textContent = fmt(Math.max(1, ...queued));
+  line($("lag"), queued, "#58a6ff");
 }
 
 function drawMembers(state) {
