@@ -27,6 +27,7 @@ pub mod state;
 pub mod reload;
 
 // Beside it.
+pub mod capability;
 pub mod client;
 pub mod config;
 pub mod host;
