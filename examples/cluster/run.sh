@@ -18,17 +18,9 @@ case "$fault" in none | kill-host | term-host | freeze-host | kill-leader | roll
 *) echo "unknown fault $fault (none, kill-host, term-host, freeze-host, kill-leader, rolling)" >&2; exit 2 ;;
 esac
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-cd "$root"
-. .ci/setup
+. "$here/../lib.sh"
 
-echo "== building weir and the plugins"
-cargo build --locked -p weir
-cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-mkdir -p "$here/plugins"
-cp plugins/target/wasm32-wasip2/release/weir_validator.wasm \
-  plugins/target/wasm32-wasip2/release/weir_ndjson_sink.wasm "$here/plugins/"
-weir="$root/target/debug/weir"
+build_example validator ndjson_sink
 nats_server="${WEIR_NATS_SERVER:-nats-server}"
 
 cd "$here"
@@ -63,14 +55,8 @@ wait_node() {
   echo "node n$1 not healthy" >&2
   exit 1
 }
-wait_host() {
-  for _ in $(seq 1 600); do
-    "$weir" status --url "http://127.0.0.1:809$1" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "host h$1 did not start (run/h$1.log)" >&2
-  exit 1
-}
+# A host is up once it answers `weir status` (its log: run/h<n>.log).
+wait_host() { wait_ready "http://127.0.0.1:809$1" "${host_pid[$1]}" 600; }
 # The node leading stream weir_in_0, from any node's monitor.
 leader() {
   curl -s "http://127.0.0.1:823$1/jsz?streams=true" | python3 -c '

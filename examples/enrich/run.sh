@@ -5,38 +5,22 @@
 # that timed out). Stops everything at the end.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-cd "$root"
-. .ci/setup
+. "$here/../lib.sh"
 
-echo "== building weir and the plugins"
-cargo build --locked -p weir
-cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-mkdir -p "$here/plugins"
-cp plugins/target/wasm32-wasip2/release/weir_enrich.wasm \
-   plugins/target/wasm32-wasip2/release/weir_ndjson_sink.wasm "$here/plugins/"
+build_example enrich ndjson_sink
 rm -rf "$here/data" "$here/out"
 
 echo "== starting the lookup service (lookup.py, 127.0.0.1:8091)"
 python3 "$here/lookup.py" 8091 &
 lookup_pid=$!
-weir="$root/target/debug/weir"
 url="http://127.0.0.1:8092"
-echo "== starting weir (embedded nats-server)"
-WEIR_LOG=${WEIR_LOG:-info} "$weir" run --config "$here/weir.toml" &
-weir_pid=$!
 cleanup() {
-  kill -TERM $weir_pid 2>/dev/null || true
-  wait $weir_pid 2>/dev/null || true
+  stop_weir
   kill $lookup_pid 2>/dev/null || true
   wait $lookup_pid 2>/dev/null || true
 }
 trap cleanup EXIT
-for _ in $(seq 1 300); do
-  "$weir" status --url "$url" >/dev/null 2>&1 && break
-  kill -0 $weir_pid 2>/dev/null || { echo "weir exited early" >&2; exit 1; }
-  sleep 0.1
-done
+start_weir "$here/weir.toml" "$url"
 
 echo "== sending examples/enrich/orders.ndjson (7 orders: one unknown customer, one whose lookup times out, one without a customer)"
 "$weir" send --url "$url" --table orders --key acme-enrich-key "$here/orders.ndjson"

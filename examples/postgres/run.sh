@@ -5,16 +5,9 @@
 # table, the dead letter and weir's ledger. Stops everything at the end.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-cd "$root"
-. .ci/setup
+. "$here/../lib.sh"
 
-echo "== building weir and the plugins"
-cargo build --locked -p weir
-cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-mkdir -p "$here/plugins"
-cp plugins/target/wasm32-wasip2/release/weir_validator.wasm \
-   plugins/target/wasm32-wasip2/release/weir_postgres_sink.wasm "$here/plugins/"
+build_example validator postgres_sink
 rm -rf "$here/data"
 
 pg_bin="${WEIR_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}"
@@ -31,23 +24,14 @@ psql=(psql -h 127.0.0.1 -p 55432 -U weir -X -q)
 "${psql[@]}" -d postgres -c "CREATE DATABASE weir" >/dev/null
 "${psql[@]}" -d weir -f "$here/schema.sql" >/dev/null
 
-weir="$root/target/debug/weir"
 url="http://127.0.0.1:8090"
-echo "== starting weir (embedded nats-server)"
-WEIR_LOG=${WEIR_LOG:-info} "$weir" run --config "$here/weir.toml" &
-weir_pid=$!
 cleanup() {
-  kill -TERM $weir_pid 2>/dev/null || true
-  wait $weir_pid 2>/dev/null || true
+  stop_weir
   "${as_pg[@]}" "$pg_bin/pg_ctl" stop -w -m fast -D "$pg_dir/data" >/dev/null 2>&1 || true
   rm -rf "$pg_dir"
 }
 trap cleanup EXIT
-for _ in $(seq 1 300); do
-  "$weir" status --url "$url" >/dev/null 2>&1 && break
-  kill -0 $weir_pid 2>/dev/null || { echo "weir exited early" >&2; exit 1; }
-  sleep 0.1
-done
+start_weir "$here/weir.toml" "$url"
 
 echo "== sending examples/postgres/orders.ndjson (6 lines: one a repeat, one with a negative amount)"
 "$weir" send --url "$url" --table orders --key acme-postgres-key "$here/orders.ndjson"

@@ -4,29 +4,14 @@
 # the sample rows and shows where they went.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-cd "$root"
-. .ci/setup
+. "$here/../lib.sh"
 
-echo "== building weir and the plugins"
-cargo build --locked -p weir
-cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-mkdir -p "$here/plugins"
-cp plugins/target/wasm32-wasip2/release/weir_validator.wasm \
-   plugins/target/wasm32-wasip2/release/weir_ndjson_sink.wasm "$here/plugins/"
+build_example validator ndjson_sink
 rm -rf "$here/data" "$here/out"
 
-weir="$root/target/debug/weir"
 url="http://127.0.0.1:8089"
-echo "== starting weir (embedded nats-server)"
-WEIR_LOG=${WEIR_LOG:-info} "$weir" run --config "$here/weir.toml" &
-weir_pid=$!
-trap 'kill -TERM $weir_pid 2>/dev/null || true; wait $weir_pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  "$weir" status --url "$url" >/dev/null 2>&1 && break
-  kill -0 $weir_pid 2>/dev/null || { echo "weir exited early" >&2; exit 1; }
-  sleep 0.1
-done
+trap stop_weir EXIT
+start_weir "$here/weir.toml" "$url"
 
 echo "== sending examples/quickstart/orders.ndjson"
 "$weir" send --url "$url" --table orders --key acme-quickstart-key "$here/orders.ndjson"

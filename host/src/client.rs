@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 use crate::telemetry::plural;
 use reqwest::StatusCode;
@@ -21,8 +21,13 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 mod chunker;
+mod place;
+mod progress;
 
 use chunker::{Chunk, Chunker, MAX_LINE_BYTES, ReadCause, ReadError};
+use progress::{Progress, rate};
+
+pub use place::{Place, Sent};
 
 /// Lines per request unless told otherwise.
 pub const DEFAULT_CHUNK_ROWS: usize = 1000;
@@ -134,61 +139,6 @@ pub enum SendError {
     Setup(String),
 }
 
-/// Where in the input a chunk failed: a line when the server named one,
-/// else the chunk's lines.
-#[derive(Debug, Clone)]
-pub struct Place {
-    pub input: String,
-    pub line: Option<usize>,
-    pub first_line: usize,
-    pub last_line: usize,
-}
-
-impl fmt::Display for Place {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{line}", self.input),
-            None => write!(
-                f,
-                "{}, lines {}-{}",
-                self.input, self.first_line, self.last_line
-            ),
-        }
-    }
-}
-
-/// What had been accepted when a send stopped at a chunk; displays as a
-/// `; …` clause, or nothing when there is no chunk to speak of.
-#[derive(Debug, Clone, Default)]
-pub struct Sent {
-    /// The failed chunk's first and last lines.
-    pub lines: Option<(usize, usize)>,
-    /// Rows accepted from the chunks before it: all of them were.
-    pub before: u64,
-    /// Rows accepted from chunks after it (that were in flight).
-    pub after: u64,
-}
-
-impl fmt::Display for Sent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some((first, last)) = self.lines else {
-            return Ok(());
-        };
-        if self.before == 0 && self.after == 0 {
-            return Ok(());
-        }
-        write!(
-            f,
-            "; {} rows before line {first} were accepted",
-            self.before
-        )?;
-        if self.after > 0 {
-            write!(f, ", and {} after line {last}", self.after)?;
-        }
-        Ok(())
-    }
-}
-
 /// Where the rows come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
@@ -288,10 +238,6 @@ impl fmt::Display for Summary {
             rate(self.accepted, self.elapsed)
         )
     }
-}
-
-fn rate(rows: u64, elapsed: Duration) -> u64 {
-    (rows as f64 / elapsed.as_secs_f64().max(0.001)).round() as u64
 }
 
 /// Sends the input, `concurrency` chunks at a time. On the first chunk
@@ -715,6 +661,42 @@ struct Refusal {
     retry_after_ms: Option<u64>,
 }
 
+/// One attempt at a chunk: its rows, keyed, numbered from `first_line`,
+/// within what is left of the chunk's time (`remaining`).
+async fn post(
+    context: &Context<'_>,
+    key: &str,
+    first_line: usize,
+    body: Bytes,
+    remaining: Duration,
+) -> reqwest::Result<reqwest::Response> {
+    let mut request = context
+        .client
+        .post(&context.endpoint)
+        .bearer_auth(context.api_key)
+        .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+        .header("idempotency-key", key)
+        // The server numbers lines as the input does.
+        .header("weir-first-line", first_line.to_string());
+    if let Some(mode) = context.bad_lines {
+        request = request.header("weir-bad-lines", mode);
+    }
+    request
+        .timeout(remaining.clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT))
+        .body(body)
+        .send()
+        .await
+}
+
+/// A `Retry-After` header in seconds, if the answer has one.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
 /// Offers one chunk until it is accepted, refused, or the attempts run out.
 async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkError> {
     let key = idempotency_key(context.table, chunk.first_line, &chunk.bytes);
@@ -732,23 +714,8 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
     };
     let out_of_time = |wait: Duration| started.elapsed() + wait > context.timeout;
     for attempt in 1..=max_attempts {
-        let mut request = context
-            .client
-            .post(&context.endpoint)
-            .bearer_auth(context.api_key)
-            .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
-            .header("idempotency-key", &key)
-            // The server numbers lines as the input does.
-            .header("weir-first-line", first_line.to_string());
-        if let Some(mode) = context.bad_lines {
-            request = request.header("weir-bad-lines", mode);
-        }
         let remaining = context.timeout.saturating_sub(started.elapsed());
-        let sent = request
-            .timeout(remaining.clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT))
-            .body(body.clone())
-            .send()
-            .await;
+        let sent = post(context, &key, first_line, body.clone(), remaining).await;
         let response = match sent {
             Ok(response) => response,
             Err(err) if err.is_builder() => {
@@ -774,12 +741,7 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
         };
         context.reached.store(true, Ordering::Relaxed);
         let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = retry_after(response.headers());
         let answer = match read_answer(response).await {
             Ok(answer) => answer,
             Err(cause) => {
@@ -943,49 +905,6 @@ fn idempotency_key(table: &str, first_line: usize, bytes: &[u8]) -> String {
     format!("send-{hex}")
 }
 
-/// The progress bar: by bytes (with an ETA) for a file of known size, a
-/// spinner for stdin; hidden unless asked for.
-struct Progress {
-    bar: ProgressBar,
-    by_bytes: bool,
-    started: Instant,
-}
-
-impl Progress {
-    fn new(enabled: bool, size: Option<u64>) -> Progress {
-        let bar = match (enabled, size) {
-            (false, _) => ProgressBar::hidden(),
-            (true, Some(size)) => ProgressBar::new(size).with_style(style(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg} (ETA {eta})",
-            )),
-            (true, None) => {
-                ProgressBar::new_spinner().with_style(style("{spinner} [{elapsed_precise}] {msg}"))
-            }
-        };
-        bar.set_message("0 rows sent");
-        bar.enable_steady_tick(Duration::from_millis(100));
-        Progress {
-            bar,
-            by_bytes: size.is_some(),
-            started: Instant::now(),
-        }
-    }
-
-    fn chunk_done(&self, accepted: u64, rows: u64, bytes: u64) {
-        self.bar.inc(if self.by_bytes { bytes } else { rows });
-        self.bar.set_message(format!(
-            "{accepted} rows sent, {} rows/s",
-            rate(accepted, self.started.elapsed())
-        ));
-    }
-}
-
-fn style(template: &str) -> ProgressStyle {
-    // The templates are ours and valid; the fallback only keeps a typo
-    // from becoming a panic.
-    ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
-}
-
 /// Default front door URL for the client commands.
 pub fn default_url() -> String {
     format!("http://{}", crate::config::DEFAULT_LISTEN)
@@ -1029,76 +948,4 @@ pub async fn fetch_status(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_table_is_one_path_segment_of_the_url() {
-        let url = |base: &str, table: &str| ingest_url(base, table).map_err(|e| e.to_string());
-        assert_eq!(
-            url("http://127.0.0.1:8080", "orders").unwrap(),
-            "http://127.0.0.1:8080/v1/ingest/orders"
-        );
-        assert_eq!(
-            url("http://h:1/weir/", "a/b?c").unwrap(),
-            "http://h:1/weir/v1/ingest/a%2Fb%3Fc"
-        );
-        assert_eq!(
-            url("https://h", "t").unwrap_err(),
-            "https://h is not a URL weir can post to: weir send speaks http://, not https://"
-        );
-        assert!(url("127.0.0.1:8080", "t").is_err());
-    }
-
-    #[test]
-    fn the_key_names_the_chunk_by_table_place_and_bytes() {
-        let key = idempotency_key("orders", 1, b"{}\n");
-        assert!(key.starts_with("send-") && key.len() == 5 + 32, "{key}");
-        assert_eq!(key, idempotency_key("orders", 1, b"{}\n"));
-        assert_ne!(key, idempotency_key("orders", 2, b"{}\n"));
-        assert_ne!(key, idempotency_key("order", 1, b"{}\n"));
-        assert_ne!(key, idempotency_key("orders", 1, b"{} \n"));
-    }
-
-    #[test]
-    fn errors_say_where_and_what_was_accepted() {
-        let refused = SendError::Refused {
-            place: Place {
-                input: "rows.ndjson".into(),
-                line: Some(2501),
-                first_line: 2001,
-                last_line: 3000,
-            },
-            status: 400,
-            message: "invalid JSON".into(),
-            sent: Sent {
-                lines: Some((2001, 3000)),
-                before: 2000,
-                after: 1000,
-            },
-        };
-        assert_eq!(
-            refused.to_string(),
-            "rows.ndjson:2501: refused (400): invalid JSON; 2000 rows before line 2001 were accepted, and 1000 after line 3000"
-        );
-        let mut summary = Summary {
-            accepted: 120_000,
-            duplicates: 0,
-            elapsed: Duration::from_millis(3200),
-            ..Summary::default()
-        };
-        assert_eq!(
-            summary.to_string(),
-            "120000 rows accepted, 0 duplicates, in 3.2 s (37500 rows/s)"
-        );
-        summary.dead_lettered = 3;
-        summary.refused = vec!["a".into()];
-        summary.refused_rows = 1000;
-        assert_eq!(
-            summary.to_string(),
-            "120000 rows accepted, 0 duplicates, 3 lines dead-lettered, 1 chunk refused (1000 rows not stored), in 3.2 s (37500 rows/s)"
-        );
-        assert_eq!(backoff(1), FIRST_BACKOFF);
-        assert_eq!(backoff(40), MAX_BACKOFF);
-    }
-}
+mod tests;

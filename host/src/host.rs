@@ -46,7 +46,7 @@ use crate::ops::page::Page;
 use crate::ops::readiness::Readiness;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
-use crate::reload::releases::{Release, ReleaseFollower, StoreError};
+use crate::reload::releases::{Prepare, Release, ReleaseFollower, StoreError};
 use crate::reload::{FleetReleases, Reloader, behind_fleet, released_files, with_files};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
@@ -116,6 +116,18 @@ struct Connected {
     readiness: Readiness,
 }
 
+/// What a start has once it joined the fleet.
+struct Joined {
+    me: String,
+    coordination: Coordination,
+    ledger: Ledger,
+    request_keys: RequestKeys,
+    /// The coordination bucket (fleet release answers go there).
+    kv: NatsKv,
+    releases: watch::Receiver<std::collections::BTreeMap<String, Release>>,
+    prepares: watch::Receiver<std::collections::BTreeMap<String, Prepare>>,
+}
+
 impl RunningHost {
     /// Starts every part of a host from a validated config.
     pub async fn start(config: Config) -> Result<RunningHost, StartError> {
@@ -154,8 +166,113 @@ impl RunningHost {
         let (listener, http_addr) = Self::bind(config.listen).await?;
 
         // Coordination: join the fleet; delivery runs the units it gives us.
+        let joined = Self::join(
+            &config,
+            (&client, &js, &router),
+            http_addr,
+            &generations,
+            &metrics,
+            &pushed_dir,
+            &shutdown,
+            &mut tasks,
+        )
+        .await?;
+
+        // Reload: files, SIGHUP, the admin API and fleet releases.
+        let (reload_requests, requests) = tokio::sync::mpsc::channel(4);
+        let reloader = Reloader::new(sandbox.clone(), generations.clone(), gates, metrics.clone())
+            .with_requests(requests)
+            .with_fleet(FleetReleases {
+                releases: joined.releases,
+                client: client.clone(),
+                router: router.clone(),
+                dir: pushed_dir,
+                started_with: released,
+                prepares: joined.prepares,
+                kv: joined.kv,
+                me: joined.me.clone(),
+            });
+        let baseline = reloader.fingerprint().await;
+        tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
+
+        // The front door and the operator endpoints, on one listener.
+        let queued_history = QueuedHistory::default();
+        tasks.push(tokio::spawn(
+            queued_history
+                .clone()
+                .record(joined.ledger.clone(), shutdown.clone()),
+        ));
+        let status = StatusSource {
+            metrics: metrics.clone(),
+            registry: Arc::new(registry),
+            generations: generations.subscribe(),
+            client: client.clone(),
+            router: router.clone(),
+            fleet: joined.coordination.view(),
+            ledger: joined.ledger.clone(),
+            queued_history,
+            nats: nats_status(&config, &nats_url, embedded.is_some()),
+            reasons: Default::default(),
+        };
+        let front_door = Arc::new(FrontDoor::new(
+            gate,
+            Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
+            metrics.clone(),
+            joined.ledger,
+            joined.request_keys,
+        ));
+        let ops = Ops {
+            status: status.clone(),
+            generations: generations.subscribe(),
+            reloads: reload_requests,
+            readiness: readiness.clone(),
+        };
+
+        let page = Page::new(status.clone(), generations.subscribe());
+        let scheme = Self::serve_doors(
+            &config,
+            listener,
+            (front_door, ops, page),
+            (&client, &router),
+            &metrics,
+            &shutdown,
+            &mut tasks,
+        )
+        .await?;
+        tracing::info!(listen = %http_addr, scheme, nats = %connection::redact(&nats_url), member = %joined.me, "weir is running");
+        stop_if_failed.disarm();
+
+        Ok(RunningHost {
+            http_addr,
+            nats_url,
+            status,
+            shutdown,
+            tasks,
+            coordination: Some(joined.coordination),
+            client,
+            embedded,
+            _sandbox: sandbox,
+            data_dir_lock,
+        })
+    }
+
+    /// Joins the fleet as this host's member: delivery runs the units the
+    /// assignment gives it, the ledger and the plugin releases follow the
+    /// coordination bucket, and claims wait while this host's plugin
+    /// versions are not the fleet's.
+    #[allow(clippy::too_many_arguments)]
+    async fn join(
+        config: &Config,
+        (client, js, router): (&async_nats::Client, &jetstream::Context, &Names),
+        http_addr: SocketAddr,
+        generations: &watch::Sender<Arc<Generation>>,
+        metrics: &Metrics,
+        pushed_dir: &std::path::Path,
+        shutdown: &CancellationToken,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<Joined, StartError> {
         let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
-        let (kv, state) = Self::open_buckets(&client, &router).await?;
+        let (kv, state) = Self::open_buckets(client, router).await?;
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let prepares = release_follower.prepares();
@@ -163,9 +280,9 @@ impl RunningHost {
         let claims = claim_gate(
             generations.subscribe(),
             releases.clone(),
-            pushed_dir.clone(),
-            &shutdown,
-            &mut tasks,
+            pushed_dir.to_path_buf(),
+            shutdown,
+            tasks,
         );
         let workers = Workers {
             js: js.clone(),
@@ -180,70 +297,41 @@ impl RunningHost {
             behind: claims.holds_back.clone(),
         };
         let coordination = Self::join_fleet(
-            &config, &client, &kv, &me, http_addr, workers, followers, claims,
+            config, client, &kv, &me, http_addr, workers, followers, claims,
         )
         .await?;
         let request_keys = RequestKeys::new(kv.clone(), config.stream.duplicate_window);
-        let answers = kv.clone();
         tasks.push(tokio::spawn(ledger.clone().run(
             client.clone(),
-            kv,
+            kv.clone(),
             router.clone(),
             coordination.view(),
             shutdown.clone(),
         )));
 
-        // Reload: files, SIGHUP, the admin API and fleet releases.
-        let (reload_requests, requests) = tokio::sync::mpsc::channel(4);
-        let reloader = Reloader::new(sandbox.clone(), generations.clone(), gates, metrics.clone())
-            .with_requests(requests)
-            .with_fleet(FleetReleases {
-                releases,
-                client: client.clone(),
-                router: router.clone(),
-                dir: pushed_dir,
-                started_with: released,
-                prepares,
-                kv: answers,
-                me: me.clone(),
-            });
-        let baseline = reloader.fingerprint().await;
-        tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
-
-        // The front door and the operator endpoints, on one listener.
-        let queued_history = QueuedHistory::default();
-        tasks.push(tokio::spawn(
-            queued_history
-                .clone()
-                .record(ledger.clone(), shutdown.clone()),
-        ));
-        let status = StatusSource {
-            metrics: metrics.clone(),
-            registry: Arc::new(registry),
-            generations: generations.subscribe(),
-            client: client.clone(),
-            router: router.clone(),
-            fleet: coordination.view(),
-            ledger: ledger.clone(),
-            queued_history: queued_history.clone(),
-            nats: nats_status(&config, &nats_url, embedded.is_some()),
-            reasons: Default::default(),
-        };
-        let front_door = Arc::new(FrontDoor::new(
-            gate,
-            Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
-            metrics.clone(),
+        Ok(Joined {
+            me,
+            coordination,
             ledger,
             request_keys,
-        ));
-        let ops = Ops {
-            status: status.clone(),
-            generations: generations.subscribe(),
-            reloads: reload_requests,
-            readiness: readiness.clone(),
-        };
+            kv,
+            releases,
+            prepares,
+        })
+    }
 
-        let page = Page::new(status.clone(), generations.subscribe());
+    /// Serves the front door, the operator endpoints and the live page on
+    /// `listener` (HTTPS with `[tls]`, its files followed), and the NATS
+    /// door through the same front door; says the scheme served.
+    async fn serve_doors(
+        config: &Config,
+        listener: tokio::net::TcpListener,
+        (front_door, ops, page): (Arc<FrontDoor>, Ops, Page),
+        (client, router): (&async_nats::Client, &Names),
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<&'static str, StartError> {
         let routes = front_door
             .clone()
             .router()
@@ -265,28 +353,13 @@ impl RunningHost {
             tls,
             shutdown.clone(),
         )));
-        // The NATS door, through the same front door.
         if config.nats.ingest {
             tasks.push(
                 nats_door::start(client.clone(), router.clone(), front_door, shutdown.clone())
                     .await?,
             );
         }
-        tracing::info!(listen = %http_addr, scheme, nats = %connection::redact(&nats_url), member = %me, "weir is running");
-        stop_if_failed.disarm();
-
-        Ok(RunningHost {
-            http_addr,
-            nats_url,
-            status,
-            shutdown,
-            tasks,
-            coordination: Some(coordination),
-            client,
-            embedded,
-            _sandbox: sandbox,
-            data_dir_lock,
-        })
+        Ok(scheme)
     }
 
     /// Joins the fleet as `me`: delivery (`workers`) runs the units it gives

@@ -14,7 +14,8 @@
 //! Beside the path: [`nats`] (connection, embedded server, JetStream and KV
 //! helpers), [`ops`] (status and operator endpoints), [`config`],
 //! [`telemetry`], [`client`] (the `weir send` client) and [`host`], which
-//! assembles a running host from them.
+//! assembles a running host from them; the tables of plugin worlds
+//! ([`world`]) and of what a plugin may import ([`capability`]).
 
 // The path of a row, in order.
 pub mod ingest;
@@ -27,6 +28,7 @@ pub mod state;
 pub mod reload;
 
 // Beside it.
+pub mod capability;
 pub mod client;
 pub mod config;
 pub mod host;

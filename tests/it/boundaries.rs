@@ -32,7 +32,9 @@ const MAY_USE_WASMTIME: &[&str] = &["sandbox"];
 /// exist. ARCHITECTURE.md's "Boundaries" section lists the same.
 const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("world", &[]),
-    ("config", &["world"]),
+    // The capability table says which worlds import each capability.
+    ("capability", &["world"]),
+    ("config", &["world", "capability"]),
     ("telemetry", &[]),
     ("nats", &["config", "telemetry"]),
     ("topology", &["config", "nats"]),
@@ -51,7 +53,14 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     // overlay, not its store; its statements, the call's transaction.
     (
         "sandbox",
-        &["config", "world", "telemetry", "state", "destination"],
+        &[
+            "config",
+            "world",
+            "capability",
+            "telemetry",
+            "state",
+            "destination",
+        ],
     ),
     (
         "ingest",
@@ -124,6 +133,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
         "cli",
         &[
             "world",
+            "capability",
             "config",
             "nats",
             "coordination",

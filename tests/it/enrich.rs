@@ -111,29 +111,64 @@ sink = "files"
     )
 }
 
+/// A test's parts: a NATS server, the lookup service, and a host running
+/// the enrich plugin on table `lookups`.
+struct Enrich {
+    nats: Nats,
+    lookup: Lookup,
+    host: TestHost,
+}
+
+/// Starts them: lookups time out after `timeout_ms`; with `granted` the
+/// plugin holds `grants.http` for the service; `plugin_extra` goes into
+/// its plugin table (limits).
+async fn enrich_host(timeout_ms: u32, granted: bool, plugin_extra: &str) -> Enrich {
+    let nats = Nats::start();
+    let lookup = Lookup::start().await;
+    let grant = match granted {
+        true => format!("grants.http = [\"{}\"]\n{plugin_extra}", lookup.addr),
+        false => plugin_extra.to_string(),
+    };
+    let extra = enrich_pipeline(&lookup, timeout_ms, &grant);
+    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    Enrich { nats, lookup, host }
+}
+
+/// The rows the file sink wrote for `table`, once there are at least `rows`.
+async fn sink_rows(host: &TestHost, table: &str, rows: usize, what: &str) -> Vec<String> {
+    eventually(Duration::from_secs(60), what, || async {
+        let lines = host.sink_lines(table);
+        (lines.len() >= rows).then_some(lines)
+    })
+    .await
+}
+
+/// The dead letter of a lookup of `key` at `lookup` that timed out.
+fn timed_out(lookup: SocketAddr, key: &str) -> String {
+    format!("enrich: lookup of http://{lookup}/k/{key} timed out")
+}
+
 /// 256 rows, one lookup each, are enriched concurrently: the service saw
 /// more than one request at once, never more than `http_max_in_flight`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_looks_its_rows_up_at_once_within_max_in_flight() {
     const ROWS: usize = 256;
     const MAX_IN_FLIGHT: usize = 8;
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let grant = format!(
-        "grants.http = [\"{}\"]\nhttp_max_in_flight = {MAX_IN_FLIGHT}",
-        lookup.addr
-    );
-    let extra = enrich_pipeline(&lookup, 1_000, &grant);
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich {
+        nats: _nats,
+        lookup,
+        host,
+    } = enrich_host(
+        1_000,
+        true,
+        &format!("http_max_in_flight = {MAX_IN_FLIGHT}"),
+    )
+    .await;
 
     let started = Instant::now();
     let response = host.ingest("lookups", orders(0, ROWS)).await;
     assert_eq!(response.status(), 202);
-    let lines = eventually(Duration::from_secs(60), "every row enriched", || async {
-        let lines = host.sink_lines("lookups");
-        (lines.len() >= ROWS).then_some(lines)
-    })
-    .await;
+    let lines = sink_rows(&host, "lookups", ROWS, "every row enriched").await;
     let elapsed = started.elapsed();
 
     assert_eq!(lines.len(), ROWS, "{lines:?}");
@@ -162,11 +197,7 @@ async fn a_batch_looks_its_rows_up_at_once_within_max_in_flight() {
 /// rows are enriched.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lookup_that_times_out_dead_letters_only_its_row() {
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let grant = format!("grants.http = [\"{}\"]", lookup.addr);
-    let extra = enrich_pipeline(&lookup, 300, &grant);
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich { nats, lookup, host } = enrich_host(300, true, "").await;
 
     let mut body = orders(0, 10);
     body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
@@ -175,18 +206,8 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
     assert_eq!(response.status(), 202);
 
     let reasons = dead_letter_reasons(&nats, 1).await;
-    assert_eq!(
-        reasons,
-        [format!(
-            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
-            lookup.addr
-        )]
-    );
-    let lines = eventually(Duration::from_secs(30), "the other rows", || async {
-        let lines = host.sink_lines("lookups");
-        (lines.len() >= 20).then_some(lines)
-    })
-    .await;
+    assert_eq!(reasons, [timed_out(lookup.addr, SLOW_KEY)]);
+    let lines = sink_rows(&host, "lookups", 20, "the other rows").await;
     assert_eq!(lines.len(), 20, "{lines:?}");
     assert!(lines.iter().all(|line| line.contains("\"info\":{\"key\":")));
     assert_eq!(dead_letter_reasons(&nats, 1).await.len(), 1);
@@ -198,28 +219,14 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
 /// dead-lettered, the call does not run past its deadline.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lookup_without_a_timeout_ends_before_the_calls_deadline() {
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let grant = format!("grants.http = [\"{}\"]\ndeadline = \"1s\"", lookup.addr);
-    let extra = enrich_pipeline(&lookup, 0, &grant);
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich { nats, lookup, host } = enrich_host(0, true, "deadline = \"1s\"").await;
 
     let mut body = orders(0, 5);
     body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
     assert_eq!(host.ingest("lookups", body).await.status(), 202);
     let reasons = dead_letter_reasons(&nats, 1).await;
-    assert_eq!(
-        reasons,
-        [format!(
-            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
-            lookup.addr
-        )]
-    );
-    let lines = eventually(Duration::from_secs(30), "the other rows", || async {
-        let lines = host.sink_lines("lookups");
-        (lines.len() >= 5).then_some(lines)
-    })
-    .await;
+    assert_eq!(reasons, [timed_out(lookup.addr, SLOW_KEY)]);
+    let lines = sink_rows(&host, "lookups", 5, "the other rows").await;
     assert_eq!(lines.len(), 5, "{lines:?}");
     host.shutdown().await;
 }
@@ -229,21 +236,17 @@ async fn a_lookup_without_a_timeout_ends_before_the_calls_deadline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_of_a_batch_with_the_same_key_share_one_lookup() {
     const ROWS: usize = 40;
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let grant = format!("grants.http = [\"{}\"]", lookup.addr);
-    let extra = enrich_pipeline(&lookup, 1_000, &grant);
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich {
+        nats: _nats,
+        lookup,
+        host,
+    } = enrich_host(1_000, true, "").await;
 
     let body: String = (0..ROWS)
         .map(|n| format!("{{\"id\":\"k{}\",\"n\":{n}}}\n", n % 2))
         .collect();
     assert_eq!(host.ingest("lookups", body).await.status(), 202);
-    let lines = eventually(Duration::from_secs(30), "every row enriched", || async {
-        let lines = host.sink_lines("lookups");
-        (lines.len() >= ROWS).then_some(lines)
-    })
-    .await;
+    let lines = sink_rows(&host, "lookups", ROWS, "every row enriched").await;
     for line in &lines {
         let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
         assert_eq!(row["info"]["key"], row["id"], "{line}");
@@ -263,11 +266,7 @@ async fn rows_of_a_batch_with_the_same_key_share_one_lookup() {
 /// the plugin goes on enriching.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_answer_larger_than_the_plugins_memory_fails_its_lookup_alone() {
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let grant = format!("grants.http = [\"{}\"]\nmemory = \"4MiB\"", lookup.addr);
-    let extra = enrich_pipeline(&lookup, 5_000, &grant);
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich { nats, lookup, host } = enrich_host(5_000, true, "memory = \"4MiB\"").await;
 
     let body = format!("{{\"id\":\"{BIG_KEY}\"}}\n");
     assert_eq!(host.ingest("lookups", body).await.status(), 202);
@@ -280,11 +279,7 @@ async fn an_answer_larger_than_the_plugins_memory_fails_its_lookup_alone() {
         )]
     );
     assert_eq!(host.ingest("lookups", orders(0, 3)).await.status(), 202);
-    let lines = eventually(Duration::from_secs(30), "the next rows", || async {
-        let lines = host.sink_lines("lookups");
-        (lines.len() >= 3).then_some(lines)
-    })
-    .await;
+    let lines = sink_rows(&host, "lookups", 3, "the next rows").await;
     assert!(
         lines.iter().all(|line| line.contains("\"info\":{\"key\":")),
         "{lines:?}"
@@ -296,10 +291,7 @@ async fn an_answer_larger_than_the_plugins_memory_fails_its_lookup_alone() {
 /// (never sent) with the reason the interface documents.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_grants_http_every_lookup_is_refused_and_its_row_dead_lettered() {
-    let nats = Nats::start();
-    let lookup = Lookup::start().await;
-    let extra = enrich_pipeline(&lookup, 1_000, "");
-    let host = TestHost::start(&base_config(nats.url(), &extra)).await;
+    let Enrich { nats, lookup, host } = enrich_host(1_000, false, "").await;
 
     let response = host.ingest("lookups", orders(0, 3)).await;
     assert_eq!(response.status(), 202);
@@ -447,11 +439,7 @@ async fn enrichment_in(lang: &'static str, code: &'static str) {
 
     let started = Instant::now();
     assert_eq!(host.ingest("fast", orders(0, ROWS)).await.status(), 202);
-    let lines = eventually(Duration::from_secs(60), "every row enriched", || async {
-        let lines = host.sink_lines("fast");
-        (lines.len() >= ROWS).then_some(lines)
-    })
-    .await;
+    let lines = sink_rows(&host, "fast", ROWS, "every row enriched").await;
     let elapsed = started.elapsed();
     assert_eq!(lines.len(), ROWS);
     for line in &lines {
@@ -473,18 +461,8 @@ async fn enrichment_in(lang: &'static str, code: &'static str) {
     body.push_str(&format!("{{\"id\":\"{SLOW_KEY}\"}}\n"));
     assert_eq!(host.ingest("slow", body).await.status(), 202);
     let reasons = dead_letter_reasons(&nats, 1).await;
-    assert_eq!(
-        reasons,
-        [format!(
-            "enrich: lookup of http://{}/k/{SLOW_KEY} timed out",
-            slow.addr
-        )],
-        "{lang}"
-    );
-    eventually(Duration::from_secs(30), "the other rows", || async {
-        (host.sink_lines("slow").len() >= 10).then_some(())
-    })
-    .await;
+    assert_eq!(reasons, [timed_out(slow.addr, SLOW_KEY)], "{lang}");
+    sink_rows(&host, "slow", 10, "the other rows").await;
 
     assert_eq!(host.ingest("refused", orders(0, 2)).await.status(), 202);
     let mut reasons: Vec<String> = dead_letter_reasons(&nats, 3)

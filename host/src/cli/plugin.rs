@@ -180,32 +180,37 @@ impl PluginCommand {
                     wait_for(&client, &router, &name, &version, secs).await?;
                 }
             }
-            PluginCommand::List { fleet, name } => {
-                let (config, client) = fleet.connect().await?;
-                let router = router_of(&config);
-                let names: Vec<&String> = match &name {
-                    Some(name) => {
-                        configured(&config, &fleet, name)?;
-                        vec![name]
-                    }
-                    None => config.plugins.keys().collect(),
-                };
-                let members = releases::member_versions(&client, &router).await?;
-                for name in names {
-                    let release = releases::release(&client, &router, name).await?;
-                    list_one(&config, name, release.as_ref(), &members);
-                    if let Some(prepare) = releases::preparing(&client, &router, name).await? {
-                        println!(
-                            "  being prepared (not serving yet): {}, pushed {}",
-                            prepare.digest,
-                            when(prepare.pushed_ms)
-                        );
-                    }
-                }
-            }
+            PluginCommand::List { fleet, name } => list(fleet, name).await?,
         }
         Ok(())
     }
+}
+
+/// `weir plugin list`: each configured plugin (or `name` only), its
+/// release, history and what each live member runs.
+async fn list(fleet: FleetTarget, name: Option<String>) -> anyhow::Result<()> {
+    let (config, client) = fleet.connect().await?;
+    let router = router_of(&config);
+    let names: Vec<&String> = match &name {
+        Some(name) => {
+            configured(&config, &fleet, name)?;
+            vec![name]
+        }
+        None => config.plugins.keys().collect(),
+    };
+    let members = releases::member_versions(&client, &router).await?;
+    for name in names {
+        let release = releases::release(&client, &router, name).await?;
+        list_one(&config, name, release.as_ref(), &members);
+        if let Some(prepare) = releases::preparing(&client, &router, name).await? {
+            println!(
+                "  being prepared (not serving yet): {}, pushed {}",
+                prepare.digest,
+                when(prepare.pushed_ms)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Plugin `name` from the config, or an error naming the file.

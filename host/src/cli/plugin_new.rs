@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
+use weir::capability::CAPABILITIES;
 use weir::world::{Role, World};
 
 /// The language of a new plugin.
@@ -254,7 +255,13 @@ fn python(world: World) -> Vec<File> {
 
 fn js(world: World) -> Vec<File> {
     let plugin = world.spec().scaffold.js;
-    vec![
+    // Each capability's own module (`weir/state.js`, `weir/http.js`), from
+    // the capability table, after the SDK's core.
+    let modules = CAPABILITIES
+        .iter()
+        .filter_map(|spec| spec.js_module)
+        .map(|(path, source)| (path, source.to_string(), false));
+    let mut files = vec![
         ("plugin.js", plugin.to_string(), false),
         (
             "weir/index.js",
@@ -264,16 +271,6 @@ fn js(world: World) -> Vec<File> {
         (
             "weir/core.js",
             include_str!("../../../plugins/js/weir/core.js").to_string(),
-            false,
-        ),
-        (
-            "weir/state.js",
-            include_str!("../../../plugins/js/weir/state.js").to_string(),
-            false,
-        ),
-        (
-            "weir/http.js",
-            include_str!("../../../plugins/js/weir/http.js").to_string(),
             false,
         ),
         (
@@ -303,7 +300,10 @@ fn js(world: World) -> Vec<File> {
             include_str!("../../templates/js/test.sh").to_string(),
             true,
         ),
-    ]
+    ];
+    // Right after the SDK's own modules (`weir/index.js`, `weir/core.js`).
+    files.splice(3..3, modules);
+    files
 }
 
 fn rust(world: World) -> Vec<File> {

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::Config;
+use crate::capability::KeyDefault;
 
 /// What a reload does with a key.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +54,22 @@ pub enum Fallback {
     /// Worked out from elsewhere (the environment, the topology), as the
     /// docs explain.
     Derived,
+}
+
+/// A capability's key default (`crate::capability`) as a key of the file.
+impl From<KeyDefault> for Fallback {
+    fn from(default: KeyDefault) -> Fallback {
+        match default {
+            KeyDefault::Required => Fallback::Required,
+            KeyDefault::Off => Fallback::Off,
+            KeyDefault::Empty => Fallback::Empty,
+            KeyDefault::Text(text) => Fallback::Text(text),
+            KeyDefault::Count(count) => Fallback::Count(count),
+            KeyDefault::Bool(value) => Fallback::Bool(value),
+            KeyDefault::Bytes(bytes) => Fallback::Bytes(bytes),
+            KeyDefault::Time(time) => Fallback::Time(time),
+        }
+    }
 }
 
 /// One key of the file.

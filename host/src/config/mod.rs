@@ -446,6 +446,7 @@ pub fn all_keys() -> impl Iterator<Item = &'static Key> {
         coordination::KEYS,
         tenants::KEYS,
         plugins::KEYS,
+        plugins::grant_keys(),
         pipelines::KEYS,
         policies::KEYS,
         tls::KEYS,

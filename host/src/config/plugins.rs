@@ -13,6 +13,10 @@ use super::World;
 use super::checker::{Checker, Legacy};
 use super::keys::{Fallback, Key, Reload};
 use super::units::{HumanDuration, Size};
+use crate::capability::{
+    CAPABILITIES, Capability, DEFAULT_HTTP_MAX_IN_FLIGHT, DEFAULT_POSTGRES_CONNECTIONS,
+    DEFAULT_POSTGRES_IDLE_IN_TRANSACTION, DEFAULT_STATE_BYTES, DEFAULT_STATE_KEYS,
+};
 
 /// Default memory cap of one plugin instance (64 MiB of linear memory).
 pub const DEFAULT_PLUGIN_MEMORY_MB: u32 = 64;
@@ -27,26 +31,18 @@ pub const DEFAULT_RECYCLE_AFTER_BATCHES: u64 = 1_000;
 /// A warm instance whose linear memory grew this much since `init` is
 /// replaced: linear memory never shrinks, so a leak would otherwise stay.
 pub const DEFAULT_RECYCLE_AFTER_GROWTH_MB: u32 = 16;
-/// `grants.state` limits per scope: keys, and bytes of keys and values. A
-/// scope is one KV value, so its bytes stay well under a NATS message.
-pub const DEFAULT_STATE_KEYS: u64 = 10_000;
+/// Most keys and bytes `grants.state` may allow one scope: a scope is one
+/// KV value, so its bytes stay well under a NATS message.
 pub const MAX_STATE_KEYS: u64 = 100_000;
-pub const DEFAULT_STATE_BYTES: u64 = 256 * 1024;
 pub const MAX_STATE_BYTES: u64 = 768 * 1024;
-/// `grants.http` requests of one plugin version in flight at once (the
-/// `http-batch` interface), across its instances.
-pub const DEFAULT_HTTP_MAX_IN_FLIGHT: u64 = 16;
+/// Most `http_max_in_flight` and `grants.postgres.max_connections`.
 pub const MAX_HTTP_MAX_IN_FLIGHT: u64 = 1_024;
-/// `grants.postgres`: connections one plugin version may hold at once.
-pub const DEFAULT_POSTGRES_CONNECTIONS: u64 = 4;
 pub const MAX_POSTGRES_CONNECTIONS: u64 = 256;
-/// A session idle inside a transaction this long is ended by the server:
-/// a host frozen mid-transaction holds its locks no longer than this.
-pub const DEFAULT_POSTGRES_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
 
 const MIB: u64 = 1 << 20;
 
 /// `[plugins.NAME]`: a reload loads again each plugin whose entry changed.
+/// The keys of grants are the capabilities' ([`grant_keys`]).
 pub(super) const KEYS: &[Key] = &[
     Key::new("plugins.NAME", "wasm", Fallback::Required, Reload::Hot),
     Key::new("plugins.NAME", "world", Fallback::Required, Reload::Hot),
@@ -78,90 +74,20 @@ pub(super) const KEYS: &[Key] = &[
         Reload::Hot,
     )
     .or_legacy("recycle_after_growth_mb"),
-    Key::new("plugins.NAME", "grants.dirs", Fallback::Empty, Reload::Hot),
-    Key::new("plugins.NAME", "grants.env", Fallback::Empty, Reload::Hot),
-    Key::new("plugins.NAME", "grants.state", Fallback::Off, Reload::Hot),
-    Key::new(
-        "plugins.NAME",
-        "grants.state.max_keys",
-        Fallback::Count(DEFAULT_STATE_KEYS),
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.state.max_bytes",
-        Fallback::Bytes(DEFAULT_STATE_BYTES),
-        Reload::Hot,
-    ),
-    Key::new("plugins.NAME", "grants.http", Fallback::Empty, Reload::Hot),
-    Key::new(
-        "plugins.NAME",
-        "http_keep_alive",
-        Fallback::Bool(true),
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "http_max_in_flight",
-        Fallback::Count(DEFAULT_HTTP_MAX_IN_FLIGHT),
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres",
-        Fallback::Off,
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.url",
-        Fallback::Required,
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.password_file",
-        Fallback::Off,
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.max_connections",
-        Fallback::Count(DEFAULT_POSTGRES_CONNECTIONS),
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.tls",
-        Fallback::Text("disable"),
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.ca_file",
-        Fallback::Off,
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.postgres.idle_in_transaction",
-        Fallback::Time(DEFAULT_POSTGRES_IDLE_IN_TRANSACTION),
-        Reload::Hot,
-    ),
-    Key::new("plugins.NAME", "grants.nats", Fallback::Off, Reload::Hot),
-    Key::new(
-        "plugins.NAME",
-        "grants.nats.publish",
-        Fallback::Required,
-        Reload::Hot,
-    ),
-    Key::new(
-        "plugins.NAME",
-        "grants.nats.jetstream",
-        Fallback::Bool(true),
-        Reload::Hot,
-    ),
 ];
+
+/// The `[plugins.NAME]` keys of every capability of
+/// [`crate::capability::CAPABILITIES`], in the table's order.
+pub(super) fn grant_keys() -> &'static [Key] {
+    static KEYS: std::sync::LazyLock<Vec<Key>> = std::sync::LazyLock::new(|| {
+        CAPABILITIES
+            .iter()
+            .flat_map(|spec| spec.keys)
+            .map(|key| Key::new("plugins.NAME", key.name, key.default.into(), Reload::Hot))
+            .collect()
+    });
+    &KEYS
+}
 
 /// One plugin as named in the TOML. Compared on reload: a changed entry
 /// reloads its plugin.
@@ -653,19 +579,29 @@ impl Checker<'_> {
         }
     }
 
-    /// Each pattern must be a valid subject (wildcards allowed) out of
-    /// weir's own subjects, the system's (`$…`) and replies (`_INBOX`): a
-    /// grant reaches the subjects it names, never weir's streams.
-    fn nats_grant(&self, plugin: &str, world: World, raw: RawNatsGrant, prefix: &str) -> NatsGrant {
-        if world != World::Sink {
+    /// A grant of `capability` given to a plugin of a world that does not
+    /// import it is refused, if its entry says why it cannot serve there.
+    fn grant_for_its_worlds(&self, capability: Capability, plugin: &str, world: World, at: usize) {
+        let spec = capability.spec();
+        if let (Some(why), Some(grant)) = (spec.only_for_its_worlds, spec.grant)
+            && !spec.worlds.contains(&world)
+        {
             self.report(
-                raw.publish.span().start,
+                at,
                 format!(
-                    "plugin `{plugin}`: grants.nats is for sinks (its publishes are sent with a sink's deliveries), and this plugin is a {}",
+                    "plugin `{plugin}`: {grant} is for {} ({why}), and this plugin is a {}",
+                    spec.worlds_in_words(),
                     world.as_str()
                 ),
             );
         }
+    }
+
+    /// Each pattern must be a valid subject (wildcards allowed) out of
+    /// weir's own subjects, the system's (`$…`) and replies (`_INBOX`): a
+    /// grant reaches the subjects it names, never weir's streams.
+    fn nats_grant(&self, plugin: &str, world: World, raw: RawNatsGrant, prefix: &str) -> NatsGrant {
+        self.grant_for_its_worlds(Capability::Nats, plugin, world, raw.publish.span().start);
         if raw.publish.get_ref().is_empty() {
             self.report(
                 raw.publish.span().start,
@@ -705,15 +641,7 @@ impl Checker<'_> {
     /// The URL must parse (its problem is told without the password); the
     /// files must exist; only a sink holds a transaction to commit.
     fn postgres_grant(&self, plugin: &str, world: World, raw: RawPostgresGrant) -> PostgresGrant {
-        if world != World::Sink {
-            self.report(
-                raw.url.span().start,
-                format!(
-                    "plugin `{plugin}`: grants.postgres is for sinks (the postgres interface commits with a sink's deliveries), and this plugin is a {}",
-                    world.as_str()
-                ),
-            );
-        }
+        self.grant_for_its_worlds(Capability::Postgres, plugin, world, raw.url.span().start);
         if let Err(err) = raw.url.get_ref().parse::<tokio_postgres::Config>() {
             self.report(
                 raw.url.span().start,

@@ -14,18 +14,19 @@ use axum::Router as HttpRouter;
 use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::Config;
 use crate::config::{BadLines, Pipeline};
+pub(crate) use crate::ingest::answer::{Answer, Refusal};
+use crate::ingest::encoding::{BodyKind, Encoding, decode};
 use crate::ingest::idempotency::{Claim, ClaimError, RequestKeys};
 use crate::ingest::ndjson;
-use crate::ingest::policy::{Admit, Placement, Policies, PolicyError};
+use crate::ingest::policy::{Admit, Placement, Policies};
 use crate::ingest::publish::{BadRow, Ids, PublishError, Published, Publisher};
 use crate::ingest::usage::{Ledger, Queued};
 use crate::sandbox::Plugin;
@@ -36,8 +37,6 @@ use crate::topology::route::encode_token;
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Longest idempotency key, from the header or a row's field.
 const MAX_KEY_BYTES: usize = 200;
-/// Seconds a client is told to wait when NATS is unavailable or full.
-const RETRY_AFTER_SECS: u64 = 1;
 /// Body bytes read at once across requests: at least this, and at least
 /// two of the largest bodies.
 const MIN_BODY_BYTES_IN_FLIGHT: usize = 64 << 20;
@@ -235,81 +234,6 @@ impl FrontDoor {
 /// The doors, as metrics and spans name them.
 pub(crate) const HTTP_DOOR: &str = "http";
 pub(crate) const NATS_DOOR: &str = "nats";
-
-/// An error answer: a status and a JSON body `{"error": ..., "line": ...}`.
-#[derive(Debug, Serialize)]
-pub(crate) struct Refusal {
-    #[serde(skip)]
-    status: StatusCode,
-    error: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    line: Option<usize>,
-    /// Seconds in `Retry-After`.
-    #[serde(skip)]
-    retry_after: Option<u64>,
-    /// The wait the budget asked for, to the millisecond.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after_ms: Option<u64>,
-}
-
-impl Refusal {
-    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> Refusal {
-        Refusal {
-            status,
-            error: error.into(),
-            line: None,
-            retry_after: None,
-            retry_after_ms: None,
-        }
-    }
-
-    fn retry_later(status: StatusCode, error: impl Into<String>) -> Refusal {
-        Refusal {
-            retry_after: Some(RETRY_AFTER_SECS),
-            ..Refusal::new(status, error)
-        }
-    }
-
-    /// Seconds the client is told to wait before trying again, if any.
-    pub(crate) fn retry_after(&self) -> Option<u64> {
-        self.retry_after
-    }
-
-    /// 429: the tenant's budget says not now.
-    fn throttled(tenant: &str, wait: Duration) -> Refusal {
-        Refusal {
-            // The header counts whole seconds: round up, so a client that
-            // honours it is not throttled again.
-            retry_after: Some(wait.as_millis().div_ceil(1000).max(1) as u64),
-            retry_after_ms: Some(wait.as_millis() as u64),
-            ..Refusal::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("tenant `{tenant}` is over its budget; retry later"),
-            )
-        }
-    }
-
-    /// 503: a policy could not answer; nothing was stored.
-    fn policy_failed(err: PolicyError) -> Refusal {
-        tracing::error!(error = %err, "a policy failed; the request is refused");
-        Refusal::retry_later(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("a policy failed: {err}"),
-        )
-    }
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(&self)).into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        response
-    }
-}
 
 async fn ingest(
     State(door): State<Arc<FrontDoor>>,
@@ -585,8 +509,6 @@ const BAD_LINES_HEADER: &str = "weir-bad-lines";
 /// that a client sending a file in pieces (`weir send`) gets answers and
 /// dead letters that name the file's lines.
 const FIRST_LINE_HEADER: &str = "weir-first-line";
-/// Bad lines an answer lists at most (it counts them all).
-const MAX_LISTED_BAD_LINES: usize = 1000;
 
 /// The table's `bad_lines`, unless the request's header says otherwise.
 fn bad_lines_mode(headers: &HeaderMap, table: BadLines) -> Result<BadLines, Refusal> {
@@ -622,44 +544,6 @@ fn first_line(headers: &HeaderMap) -> Result<usize, Refusal> {
         })
 }
 
-/// A 202's body: rows stored (`duplicates` of them stored before), and
-/// with `bad_lines = "dead-letter"` how many lines went to the dead-letter
-/// stream and which (the first `MAX_LISTED_BAD_LINES`).
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Answer {
-    pub accepted: usize,
-    pub duplicates: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dead_lettered: Option<usize>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bad_lines: Vec<BadLineAnswer>,
-}
-
-/// One dead-lettered line, as the answer names it.
-#[derive(Debug, Serialize)]
-pub(crate) struct BadLineAnswer {
-    pub line: usize,
-    pub error: String,
-}
-
-impl Answer {
-    fn new(accepted: usize, duplicates: usize, mode: BadLines, bad: &[BadRow]) -> Answer {
-        Answer {
-            accepted,
-            duplicates,
-            dead_lettered: (mode == BadLines::DeadLetter).then_some(bad.len()),
-            bad_lines: bad
-                .iter()
-                .take(MAX_LISTED_BAD_LINES)
-                .map(|row| BadLineAnswer {
-                    line: row.line,
-                    error: row.reason.clone(),
-                })
-                .collect(),
-        }
-    }
-}
-
 /// 404 unless a pipeline takes `table`.
 fn check_table<'g>(gate: &'g Gate, table: &str) -> Result<&'g Pipeline, Refusal> {
     match gate.config.pipeline_for(table) {
@@ -669,118 +553,6 @@ fn check_table<'g>(gate: &'g Gate, table: &str) -> Result<&'g Pipeline, Refusal>
             format!("no pipeline takes table `{table}`"),
         )),
     }
-}
-
-/// `Content-Encoding` values a body may be sent in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Encoding {
-    Identity,
-    Gzip,
-    Zstd,
-}
-
-/// How a request's body is written, from its headers: its encoding and
-/// whether it is NDJSON or a JSON array.
-#[derive(Debug, Clone, Copy)]
-struct BodyKind {
-    encoding: Encoding,
-    format: ndjson::Format,
-}
-
-impl BodyKind {
-    fn of(headers: &HeaderMap) -> Result<BodyKind, Refusal> {
-        let encoding = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
-            None => Encoding::Identity,
-            Some(Ok(value)) => match value.trim().to_ascii_lowercase().as_str() {
-                "" | "identity" => Encoding::Identity,
-                "gzip" | "x-gzip" => Encoding::Gzip,
-                "zstd" => Encoding::Zstd,
-                _ => return Err(unsupported_encoding(value)),
-            },
-            Some(Err(_)) => return Err(unsupported_encoding("(not text)")),
-        };
-        // `application/json` is an array of objects; anything else (none,
-        // `application/x-ndjson`, `text/plain`) is NDJSON, as before.
-        let format = match headers.get(header::CONTENT_TYPE).map(|v| v.to_str()) {
-            Some(Ok(value))
-                if value
-                    .split(';')
-                    .next()
-                    .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json")) =>
-            {
-                ndjson::Format::JsonArray
-            }
-            _ => ndjson::Format::Ndjson,
-        };
-        Ok(BodyKind { encoding, format })
-    }
-}
-
-fn unsupported_encoding(value: &str) -> Refusal {
-    Refusal::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        format!(
-            "Content-Encoding `{value}` is not supported: send gzip, zstd or none; nothing was stored"
-        ),
-    )
-}
-
-/// The largest zstd window a body may ask for (32 MiB): the memory one
-/// decompression holds, whatever the frame announces.
-const ZSTD_WINDOW_LOG_MAX: u32 = 25;
-
-/// The body decompressed, never past `limit` bytes: a body that would grow
-/// larger (a decompression bomb) is a 413 once `limit + 1` bytes came out.
-async fn decode(encoding: Encoding, body: Bytes, limit: usize) -> Result<Bytes, Refusal> {
-    if encoding == Encoding::Identity {
-        return Ok(body);
-    }
-    // CPU-bound: off the runtime's threads.
-    tokio::task::spawn_blocking(move || decode_blocking(encoding, &body, limit))
-        .await
-        .map_err(|err| {
-            Refusal::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("decompression failed: {err}"),
-            )
-        })?
-}
-
-fn decode_blocking(encoding: Encoding, body: &[u8], limit: usize) -> Result<Bytes, Refusal> {
-    use std::io::Read as _;
-    let (name, reader): (&str, Box<dyn std::io::Read>) = match encoding {
-        Encoding::Identity => return Ok(Bytes::copy_from_slice(body)),
-        Encoding::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(body))),
-        Encoding::Zstd => {
-            let mut decoder = zstd::stream::read::Decoder::with_buffer(body)
-                .map_err(|err| bad_encoding("zstd", &err))?;
-            decoder
-                .window_log_max(ZSTD_WINDOW_LOG_MAX)
-                .map_err(|err| bad_encoding("zstd", &err))?;
-            ("zstd", Box::new(decoder))
-        }
-    };
-    let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
-    reader
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|err| bad_encoding(name, &err))?;
-    if out.len() > limit {
-        return Err(Refusal::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the {name} body decompresses to more than the limit of {limit} bytes; send it in smaller requests; nothing was stored"
-            ),
-        ));
-    }
-    Ok(Bytes::from(out))
-}
-
-fn bad_encoding(name: &str, err: &std::io::Error) -> Refusal {
-    Refusal::new(
-        StatusCode::BAD_REQUEST,
-        format!("the body is not valid {name}: {err}; nothing was stored"),
-    )
 }
 
 /// The body's rows, each checked before the first is published (all or

@@ -14,6 +14,8 @@
 //! [`ndjson`] as a module (its `split` is named through it).
 
 pub(crate) mod listener;
+mod answer;
+mod encoding;
 pub(crate) mod front_door;
 pub(crate) mod idempotency;
 pub(crate) mod nats_door;

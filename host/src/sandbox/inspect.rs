@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::Origin;
 use super::*;
+use crate::capability::{CAPABILITIES, Check};
 
 /// A component as `weir plugin check` reports it.
 #[derive(Debug, Clone)]
@@ -95,10 +96,13 @@ impl Sandbox {
     }
 }
 
-/// The grants a component with these imports would need. Every std guest
-/// imports the filesystem and environment interfaces whether it uses them
-/// or not, so those are said to matter only if the plugin reads files or
-/// variables.
+/// The grants a component with these imports would need, as
+/// [`crate::capability::CAPABILITIES`] says: one per grant, in the table's
+/// order. Of the checks sharing a grant (`wasi:http` and `http-batch`),
+/// each one's first choice of import is tried before any second choice,
+/// so the import named is the one that says most. Every std guest imports
+/// the filesystem and environment interfaces whether it uses them or not,
+/// so those are said to matter only if the plugin reads files or variables.
 fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
     let first = |prefix: &str| {
         imports
@@ -106,44 +110,27 @@ fn grant_needs(imports: &[String]) -> Vec<GrantNeed> {
             .find(|name| name.starts_with(prefix))
             .cloned()
     };
-    let mut needs = Vec::new();
-    if let Some(import) = first("wasi:http/outgoing-handler")
-        .or_else(|| first("weir:plugin/http-batch"))
-        .or_else(|| first("wasi:http/"))
-    {
-        needs.push(GrantNeed {
-            grant: "grants.http",
-            import,
-            without: "it loads, and every request it makes is refused (HttpRequestDenied, or http-batch's `refused`)",
+    let checks: Vec<&Check> = CAPABILITIES.iter().flat_map(|spec| spec.checks).collect();
+    let mut needs: Vec<GrantNeed> = Vec::new();
+    for check in &checks {
+        if needs.iter().any(|need| need.grant == check.grant) {
+            continue;
+        }
+        let sharing: Vec<&&Check> = checks.iter().filter(|c| c.grant == check.grant).collect();
+        let most = sharing.iter().map(|c| c.imports.len()).max().unwrap_or(0);
+        let import = (0..most).find_map(|rank| {
+            sharing
+                .iter()
+                .filter_map(|c| c.imports.get(rank))
+                .find_map(|prefix| first(prefix))
         });
-    }
-    if let Some(import) = first("weir:plugin/state") {
-        needs.push(GrantNeed {
-            grant: "grants.state",
-            import,
-            without: "it loads, and every state call returns an error",
-        });
-    }
-    if let Some(import) = first("wasi:filesystem/") {
-        needs.push(GrantNeed {
-            grant: "grants.dirs",
-            import,
-            without: "only if it opens files: it sees no directory, so opening fails",
-        });
-    }
-    if let Some(import) = first("wasi:cli/environment") {
-        needs.push(GrantNeed {
-            grant: "grants.env",
-            import,
-            without: "only if it reads variables: it sees none",
-        });
-    }
-    if let Some(import) = first("wasi:sockets/") {
-        needs.push(GrantNeed {
-            grant: "(never granted)",
-            import,
-            without: "sockets are never granted: every connection fails",
-        });
+        if let Some(import) = import {
+            needs.push(GrantNeed {
+                grant: check.grant,
+                import,
+                without: check.without,
+            });
+        }
     }
     needs
 }
@@ -181,5 +168,23 @@ mod tests {
             (batch[0].grant, batch[0].import.as_str()),
             ("grants.http", "weir:plugin/http-batch@0.2.0")
         );
+        // http-batch says more than a `wasi:http` import that is not the handler.
+        let both = grant_needs(&[
+            "wasi:http/types@0.2.3".to_string(),
+            "weir:plugin/http-batch@0.2.0".to_string(),
+        ]);
+        assert_eq!(both.len(), 1);
+        assert_eq!(both[0].import, "weir:plugin/http-batch@0.2.0");
+    }
+
+    #[test]
+    fn a_sinks_destinations_are_named_by_their_grants() {
+        let needs = grant_needs(&[
+            "weir:plugin/nats@0.2.0".to_string(),
+            "weir:plugin/postgres@0.2.0".to_string(),
+            "weir:plugin/state@0.2.0".to_string(),
+        ]);
+        let grants: Vec<&str> = needs.iter().map(|need| need.grant).collect();
+        assert_eq!(grants, ["grants.state", "grants.postgres", "grants.nats"]);
     }
 }

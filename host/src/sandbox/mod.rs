@@ -14,15 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
+use wasmtime::component::{Component, Linker, types::ComponentItem};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::capability::{Capability, Linked};
 use crate::config::PluginConfig;
 use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
 use crate::world::World;
 
 pub(crate) mod bindings;
 mod cache;
+mod capabilities;
 mod http;
 mod http_batch;
 mod imports;
@@ -37,8 +39,6 @@ pub use inspect::Inspection;
 use instance::PluginState;
 pub use instance::{CallError, FailureKind, Plugin, PluginInstance};
 use worlds::PluginPre;
-
-use bindings::transform::weir::plugin::host::{self as host_api};
 
 /// The log target of the lines around a compilation, so a command that
 /// logs only warnings can still show them (a first compile can take half
@@ -187,31 +187,12 @@ impl Sandbox {
 
         let base_linker = || -> wasmtime::Result<Linker<PluginState>> {
             let mut linker = Linker::new(&engine);
-            wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-            host_api::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |state| {
-                state
-            })?;
-            bindings::transform::weir::plugin::state::add_to_linker::<
-                PluginState,
-                HasSelf<PluginState>,
-            >(&mut linker, |state| state)?;
-            bindings::transform::weir::plugin::http_batch::add_to_linker::<
-                PluginState,
-                HasSelf<PluginState>,
-            >(&mut linker, |state| state)?;
-            bindings::sink::weir::plugin::postgres::add_to_linker::<
-                PluginState,
-                HasSelf<PluginState>,
-            >(&mut linker, |state| state)?;
-            bindings::sink::weir::plugin::nats::add_to_linker::<PluginState, HasSelf<PluginState>>(
-                &mut linker,
-                |state| state,
-            )?;
+            capabilities::link_all(&mut linker, Linked::Always)?;
             Ok(linker)
         };
         let linker = base_linker().map_err(SandboxError::Engine)?;
         let mut http_linker = base_linker().map_err(SandboxError::Engine)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut http_linker)
+        capabilities::link_all(&mut http_linker, Linked::WhenImported)
             .map_err(SandboxError::Engine)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -499,10 +480,11 @@ fn imported_version(import: &str) -> Option<&str> {
 /// The component's `wasi:http/…` import, if it has any; the outgoing
 /// handler is named first, since that is what reaches the network.
 fn http_import(engine: &Engine, component: &Component) -> Option<String> {
+    let wasi_http = Capability::WasiHttp.spec();
     let mut imports: Vec<String> = component
         .component_type()
         .imports(engine)
-        .filter(|(name, _)| name.starts_with("wasi:http/"))
+        .filter(|(name, _)| wasi_http.serves(name))
         .map(|(name, _)| name.to_string())
         .collect();
     imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));

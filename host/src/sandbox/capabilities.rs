@@ -1,0 +1,41 @@
+//! How the sandbox links each capability of
+//! [`crate::capability::CAPABILITIES`] into a plugin's `Linker`: one arm per
+//! capability in [`link`] (a match, so a capability added to the table and
+//! not here does not compile). What each serves is `imports.rs`,
+//! `http.rs` and `http_batch.rs`; the table says which linker it goes in.
+
+use wasmtime::component::{HasSelf, Linker};
+
+use super::bindings::sink::weir::plugin::{nats, postgres};
+use super::bindings::transform::weir::plugin::{host, http_batch, state};
+use super::instance::PluginState;
+use crate::capability::{CAPABILITIES, Capability, Linked};
+
+/// Each store's [`PluginState`] serves the host functions itself.
+fn own(state: &mut PluginState) -> &mut PluginState {
+    state
+}
+
+/// Adds `capability`'s host functions to `linker`, served from each
+/// store's [`PluginState`].
+fn link(capability: Capability, linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    type Own = HasSelf<PluginState>;
+    match capability {
+        Capability::Host => host::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::WasiHttp => wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker),
+        Capability::HttpBatch => http_batch::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::State => state::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::Postgres => postgres::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::Nats => nats::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::Wasi => wasmtime_wasi::p2::add_to_linker_async(linker),
+    }
+}
+
+/// Links every capability the table links as `linked` (every plugin's
+/// linker takes the `Always` ones; the HTTP linker then the others).
+pub(super) fn link_all(linker: &mut Linker<PluginState>, linked: Linked) -> wasmtime::Result<()> {
+    for spec in CAPABILITIES.iter().filter(|spec| spec.linked == linked) {
+        link(spec.capability, linker)?;
+    }
+    Ok(())
+}
