@@ -652,17 +652,9 @@ pub async fn preparing(
     router: &Names,
     name: &str,
 ) -> Result<Option<Prepare>, StoreError> {
-    let entry = kv(client, router, name)
+    Ok(read_put(client, router, name, &format!("{PREPARES}{name}"))
         .await?
-        .entry(&format!("{PREPARES}{name}"))
-        .await
-        .map_err(|source| StoreError::Kv {
-            name: name.to_string(),
-            source,
-        })?;
-    Ok(entry
-        .filter(|e| e.operation.is_put())
-        .and_then(|e| serde_json::from_slice(&e.value).ok()))
+        .map(|(prepare, _)| prepare))
 }
 
 /// What `weir plugin rollback --to` names.
@@ -907,17 +899,28 @@ async fn current(
     router: &Names,
     name: &str,
 ) -> Result<Option<(Release, u64)>, StoreError> {
+    read_put(client, router, name, &format!("{RELEASES}{name}")).await
+}
+
+/// Key `key` of plugin `name`'s records, decoded with its revision, if it
+/// holds a value (a deleted key, or one an older weir cannot read: none).
+async fn read_put<T: serde::de::DeserializeOwned>(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+    key: &str,
+) -> Result<Option<(T, u64)>, StoreError> {
     let entry = kv(client, router, name)
         .await?
-        .entry(&format!("{RELEASES}{name}"))
+        .entry(key)
         .await
         .map_err(|source| StoreError::Kv {
             name: name.to_string(),
             source,
         })?;
     Ok(entry.filter(|e| e.operation.is_put()).and_then(|e| {
-        let release = serde_json::from_slice(&e.value).ok()?;
-        Some((release, e.revision))
+        let value = serde_json::from_slice(&e.value).ok()?;
+        Some((value, e.revision))
     }))
 }
 
