@@ -158,6 +158,8 @@ impl RunningHost {
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let prepares = release_follower.prepares();
+        let tallies = release_follower.tallies();
+        let (status_releases, status_tallies) = (releases.clone(), tallies.clone());
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
         let claims = claim_gate(
             generations.subscribe(),
@@ -205,6 +207,8 @@ impl RunningHost {
                 prepares,
                 kv: answers,
                 me: me.clone(),
+                tallies,
+                fleet: coordination.view(),
             });
         let baseline = reloader.fingerprint().await;
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
@@ -218,6 +222,8 @@ impl RunningHost {
             router: router.clone(),
             fleet: coordination.view(),
             ledger: ledger.clone(),
+            releases: status_releases,
+            tallies: status_tallies,
             nats: nats_status(&config, &nats_url, embedded.is_some()),
             reasons: Default::default(),
         };

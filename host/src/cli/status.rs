@@ -280,6 +280,33 @@ pub fn tables(report: &StatusReport) -> String {
     }
     let _ = writeln!(out);
     out.push_str(&plugins.render());
+    for plugin in &report.plugins {
+        if let Some(canary) = &plugin.canary {
+            let _ = writeln!(
+                out,
+                "canary of {}: {} serving {} since {} ms (Unix)\n  serving   {:<12}  {}\n  candidate {:<12}  {}",
+                plugin.name,
+                canary.version,
+                canary.serves,
+                canary.started_ms,
+                plugin.version,
+                canary.serving.describe(),
+                canary.version,
+                canary.candidate.describe()
+            );
+        }
+        if let Some(ended) = &plugin.last_canary {
+            let _ = writeln!(
+                out,
+                "last canary of {}: {} {} ({}): {}",
+                plugin.name,
+                weir::reload::releases::version_of_digest(&ended.digest),
+                ended.outcome.as_str(),
+                ended.by,
+                ended.reason
+            );
+        }
+    }
     out
 }
 
