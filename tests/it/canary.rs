@@ -390,3 +390,56 @@ async fn a_canary_of_a_policy_is_refused_with_the_reason() {
     assert!(listed.contains("never pushed"), "{listed}");
     host.shutdown().await;
 }
+
+/// A candidate that stays under its limits is promoted by the fleet once
+/// its window is over, and the release records it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_canary_under_its_limits_is_promoted_after_its_window() {
+    let nats = crate::support::Nats::start();
+    let (canary, others) = tenants();
+    let all: Vec<String> = canary.iter().chain(&others).cloned().collect();
+    let a = TestHost::start(&config(nats.url(), "host-a", &all)).await;
+    let b = TestHost::start(&config(nats.url(), "host-b", &all)).await;
+    let pushed = Instant::now();
+    plugin(
+        &a,
+        "push",
+        &[
+            "validate",
+            PASSTHROUGH,
+            "--tenants",
+            &canary[0],
+            "--promote-after",
+            "3s",
+            "--max-trap-rate",
+            "0",
+            "--wait",
+            "30",
+        ],
+    );
+    for tenant in &all {
+        send(&a, tenant, 0..10).await;
+    }
+    let passthrough = weir::sandbox::version_of(&std::fs::read(PASSTHROUGH).unwrap());
+    let status = eventually(Duration::from_secs(30), "the canary promoted", || async {
+        let report = b.host.status().report().await;
+        let plugin = report.plugins.into_iter().find(|p| p.name == "validate")?;
+        (plugin.version == passthrough && plugin.canary.is_none()).then_some(plugin)
+    })
+    .await;
+    let promoted = pushed.elapsed();
+    let ended = status.last_canary.as_ref().expect("the end is recorded");
+    println!("promoted {promoted:?} after the push: {}", ended.reason);
+    assert!(promoted >= Duration::from_secs(3), "not before its window");
+    assert_eq!(
+        (ended.outcome, ended.by.as_str()),
+        (Outcome::Promoted, "automatic")
+    );
+    assert!(
+        ended.reason.contains("stayed under its limits for 3s"),
+        "{}",
+        ended.reason
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -104,7 +104,8 @@ pub struct CanaryArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     promote_after: Option<Duration>,
     /// Roll the canary back as soon as its candidate dead-letters more
-    /// than this share of its rows (`1%`).
+    /// than this share of its rows (`1%`; a rate above zero is judged
+    /// from its 100th row on).
     #[arg(long, value_name = "RATE", value_parser = parse_share)]
     max_dead_letter_rate: Option<u32>,
     /// Roll the canary back as soon as its candidate's calls trap on more

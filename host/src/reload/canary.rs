@@ -304,12 +304,21 @@ pub struct Ended {
     pub at_ms: u64,
 }
 
+/// Rows a candidate runs before a rate limit above zero is judged (a limit
+/// of zero is crossed by the first trap or dead letter).
+pub const MIN_ROWS_JUDGED: u64 = 100;
+
 /// The leader's judgement of a canary with thresholds, from the fleet's
 /// counts at `now_ms`: `None` while it runs on.
 pub fn judge(canary: &Canary, candidate: &Tally, now_ms: u64) -> Option<(Outcome, String)> {
     let auto = canary.auto.as_ref()?;
     let crossed = |what: &str, count: u64, limit: Option<u32>| {
         let limit = limit?;
+        // A rate above zero means little over a handful of rows: one dead
+        // letter in the first three is not a 33% candidate.
+        if limit > 0 && candidate.rows < MIN_ROWS_JUDGED {
+            return None;
+        }
         // Exact in integers: count / rows > limit / WHOLE.
         let over =
             u128::from(count) * u128::from(WHOLE) > u128::from(limit) * u128::from(candidate.rows);
@@ -361,11 +370,15 @@ mod tests {
     #[test]
     fn a_tenants_side_is_pinned_and_a_share_takes_about_its_share() {
         // Golden values: a rolling upgrade must not move a tenant's side.
-        assert_eq!(bucket("validate", "acme"), bucket("validate", "acme"));
-        assert_eq!(
-            bucket("p", "t"),
-            (xxhash_rust::xxh3::xxh3_64(b"p\0t") % 10_000) as u32
-        );
+        let golden: Vec<u32> = [
+            ("validate", "acme"),
+            ("validate", "tenant-0"),
+            ("enrich", "acme"),
+        ]
+        .iter()
+        .map(|(p, t)| bucket(p, t))
+        .collect();
+        assert_eq!(golden, [7020, 538, 5081]);
         let quarter = canary(2_500, &[], None);
         let served = (0..10_000)
             .filter(|n| quarter.serves("validate", &format!("tenant-{n}")))
@@ -407,6 +420,9 @@ mod tests {
             deadlines: 0,
         };
         assert_eq!(judge(&canary, &tally(100, 1, 0), 2_000), None);
+        // Too few rows to judge a rate above zero; a limit of zero is not.
+        assert_eq!(judge(&canary, &tally(10, 5, 0), 2_000), None);
+        assert!(judge(&canary, &tally(10, 0, 1), 2_000).is_some());
         let (outcome, reason) = judge(&canary, &tally(100, 0, 1), 2_000).unwrap();
         assert_eq!(outcome, Outcome::RolledBack);
         assert!(
