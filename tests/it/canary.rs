@@ -108,6 +108,20 @@ fn plugin(host: &TestHost, command: &str, args: &[&str]) -> String {
     stdout
 }
 
+/// `weir status` against `host`: its stdout.
+fn weir_status(host: &TestHost) -> String {
+    let output = std::process::Command::new(crate::support::WEIR)
+        .args(["status", "--url", &host.url("")])
+        .output()
+        .expect("weir runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
     let nats = crate::support::Nats::start();
@@ -200,6 +214,13 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
         candidate.serves,
         candidate.serving.describe(),
         candidate.candidate.describe()
+    );
+    let status = weir_status(&b);
+    assert!(
+        status.contains("canary of validate: ")
+            && status.contains("serving 25% of tenants since")
+            && status.contains("  candidate "),
+        "{status}"
     );
     let listed = plugin(&a, "list", &["validate"]);
     assert!(
@@ -324,6 +345,12 @@ async fn a_canary_that_traps_is_rolled_back_by_the_fleet_with_the_reason() {
     assert!(
         listed.contains("rolled back (automatic)") && listed.contains("trap rate"),
         "{listed}"
+    );
+    let status = weir_status(&b);
+    assert!(
+        status.contains("last canary of validate: ")
+            && status.contains("rolled back (automatic): the candidate's trap rate"),
+        "{status}"
     );
     // The release serves everyone again: every row ends delivered (a row
     // the candidate trapped on comes back to the release), none lost.

@@ -284,11 +284,13 @@ pub fn tables(report: &StatusReport) -> String {
         if let Some(canary) = &plugin.canary {
             let _ = writeln!(
                 out,
-                "canary of {}: {} serving {} since {} ms (Unix)\n  serving   {:<12}  {}\n  candidate {:<12}  {}",
+                "canary of {}: {} serving {} since {}\n  serving   {:<12}  {}\n  candidate {:<12}  {}",
                 plugin.name,
                 canary.version,
                 canary.serves,
-                canary.started_ms,
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(canary.started_ms)
+                ),
                 plugin.version,
                 canary.serving.describe(),
                 canary.version,
