@@ -169,6 +169,35 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
         }
         delivered(&hosts, &all, wave.end).await;
     }
+    // A host joining during the canary loads both versions before it
+    // claims a unit, then serves its share of the rows.
+    let c = TestHost::start(&config(nats.url(), "host-c", &all)).await;
+    eventually(Duration::from_secs(30), "host-c pulls units", || async {
+        let report = c.host.status().report().await;
+        report
+            .units
+            .iter()
+            .any(|u| u.owner.as_deref() == Some("host-c"))
+            .then_some(())
+    })
+    .await;
+    let hosts = [&a, &b, &c];
+    for tenant in &all {
+        send(&c, tenant, 60..70).await;
+    }
+    delivered(&hosts, &all, 70).await;
+    let joined_wrote = all
+        .iter()
+        .filter(|t| {
+            c.dir
+                .path()
+                .join("out")
+                .join(t)
+                .join("orders.ndjson")
+                .exists()
+        })
+        .count();
+    println!("host-c joined and wrote rows of {joined_wrote} tenants");
     for tenant in &others {
         let rows = written(&hosts, tenant);
         assert!(
@@ -187,7 +216,7 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
             "{tenant}: before the canary"
         );
         assert!(
-            rows.range(20..).all(|(_, &old)| !old),
+            rows.range(20..70).all(|(_, &old)| !old),
             "{tenant}: the canary's tenant got the release after the switch: {rows:?}"
         );
         // One switch, never back.
@@ -204,7 +233,7 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
         let report = a.host.status().report().await;
         let plugin = report.plugins.into_iter().find(|p| p.name == "validate")?;
         let canary = plugin.canary.clone()?;
-        (canary.candidate.rows >= 2 * 40 && canary.serving.rows >= 6 * 40).then_some(plugin)
+        (canary.candidate.rows >= 2 * 50 && canary.serving.rows >= 6 * 50).then_some(plugin)
     })
     .await;
     let candidate = status.canary.as_ref().unwrap();
@@ -257,12 +286,12 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
         .await;
     }
     for tenant in &all {
-        send(&a, tenant, 60..80).await;
+        send(&a, tenant, 70..90).await;
     }
-    delivered(&hosts, &all, 80).await;
+    delivered(&hosts, &all, 90).await;
     for tenant in &all {
         let rows = written(&hosts, tenant);
-        assert!(rows.range(60..).all(|(_, &old)| !old), "{tenant}: {rows:?}");
+        assert!(rows.range(70..).all(|(_, &old)| !old), "{tenant}: {rows:?}");
     }
     let listed = plugin(&a, "list", &["validate"]);
     assert!(
@@ -272,6 +301,7 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
     assert!(!listed.contains("\n  canary: "), "{listed}");
     a.shutdown().await;
     b.shutdown().await;
+    c.shutdown().await;
 }
 
 /// The release is the pass-through (which takes any settings) given the
