@@ -859,6 +859,76 @@ mod tests {
         assert!(behind.contains("each host's own file"), "{behind}");
     }
 
+    #[tokio::test]
+    async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_is_behind() {
+        let wasm = Path::new(weir_test_artifacts::PASSTHROUGH);
+        let text = format!(
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n\n[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"p\"]\n",
+            wasm.display()
+        );
+        let config = Arc::new(parse(&text, &Overrides::default()));
+        let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
+        let serving = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let candidate = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let digest = releases::digest(&std::fs::read(wasm).unwrap());
+        let canary = Canary {
+            digest: digest.clone(),
+            share: 0,
+            tenants: vec!["b".into()],
+            started_ms: 1,
+            auto: None,
+        };
+        let canaries = BTreeMap::from([(
+            "p".to_string(),
+            CanaryVersion {
+                plugin: candidate.clone(),
+                canary: canary.clone(),
+            },
+        )]);
+        let plugins = HashMap::from([("p".to_string(), serving.clone())]);
+        let generation =
+            Generation::with_canaries(config.clone(), plugins.clone(), canaries, Arc::default());
+        assert_eq!(generation.variant_count(), 2);
+        let (a, b) = (
+            generation.variant_index("t", "a").unwrap(),
+            generation.variant_index("t", "b").unwrap(),
+        );
+        assert_ne!(a, b);
+        assert!(Arc::ptr_eq(generation.plugin_in(a, "p").unwrap(), &serving));
+        assert!(Arc::ptr_eq(
+            generation.plugin_in(b, "p").unwrap(),
+            &candidate
+        ));
+        assert_eq!(generation.variant_canaries(b), [("p", true)]);
+        assert_eq!(generation.variant_index("other", "a"), None);
+
+        let release = Release {
+            digest: None,
+            previous: None,
+            pushed_ms: 0,
+            how: None,
+            history: Vec::new(),
+            canary: Some(canary),
+            ended: None,
+        };
+        let fleet = BTreeMap::from([("p".to_string(), release)]);
+        let pushed_dir = Path::new("/var/lib/weir/pushed");
+        assert_eq!(behind_fleet(&generation, &fleet, pushed_dir), None);
+        // The canary not loaded yet: behind; loaded but ended: behind too.
+        let without = Generation::new(config, plugins);
+        let behind = behind_fleet(&without, &fleet, pushed_dir).unwrap();
+        assert!(behind.contains("no canary of"), "{behind}");
+        let ended = BTreeMap::from([(
+            "p".to_string(),
+            Release {
+                canary: None,
+                ..fleet["p"].clone()
+            },
+        )]);
+        let behind = behind_fleet(&generation, &ended, pushed_dir).unwrap();
+        assert!(behind.contains("that the fleet ended"), "{behind}");
+    }
+
     #[test]
     fn an_edited_listen_or_data_dir_says_restart_needed_and_keeps_running() {
         let running = parse("listen = \"127.0.0.1:8081\"\n", &Overrides::default());

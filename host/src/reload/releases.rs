@@ -1242,6 +1242,14 @@ mod tests {
         // Keys under neither prefix are not its to follow.
         follower.apply(&entry("ready.p.host-a", Some("{}"), 4));
         assert!(prepares.borrow().is_empty());
+        // Each member's canary counts, by plugin then member (whose id may
+        // hold a dot); a deleted key goes.
+        let tallies = follower.tallies();
+        let report = r#"{"digest":"bb","started_ms":7,"serving":{"rows":3,"dead_letters":0,"traps":0,"deadlines":0},"candidate":{"rows":1,"dead_letters":0,"traps":1,"deadlines":0}}"#;
+        follower.apply(&entry("canary.p.host.a", Some(report), 5));
+        assert_eq!(tallies.borrow()["p"]["host.a"].candidate.traps, 1);
+        follower.apply(&entry("canary.p.host.a", None, 6));
+        assert!(tallies.borrow().is_empty());
     }
 
     #[test]
