@@ -427,6 +427,10 @@ async fn a_canary_of_a_policy_is_refused_with_the_reason() {
         ),
         (&["--canary", "120%"][..], "`120%` is not a percentage"),
         (
+            &["--tenants", "acme,nobody"][..],
+            "--tenants names nobody not in",
+        ),
+        (
             &["--canary", "5%", "--promote-after", "soon"][..],
             "`soon` is not a duration",
         ),

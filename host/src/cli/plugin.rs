@@ -128,6 +128,7 @@ impl CanaryArgs {
     /// does not fit.
     fn canary(
         &self,
+        config: &Config,
         plugin: &weir::config::PluginConfig,
         digest: String,
     ) -> anyhow::Result<Option<Canary>> {
@@ -154,6 +155,24 @@ impl CanaryArgs {
              (a router's canary would move some tenants' tables to other units mid-stream, \
              breaking their order); push it to serve every tenant, and roll it back if needed",
             plugin.name
+        );
+        let unknown: Vec<&str> = self
+            .tenants
+            .iter()
+            .filter(|t| !config.tenants.iter().any(|known| known.name == **t))
+            .map(String::as_str)
+            .collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "--tenants names {} not in {}'s tenants ({})",
+            unknown.join(", "),
+            config.source.display(),
+            config
+                .tenants
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let auto = thresholds.then(|| Auto {
             promote_after_ms: self.promote_after.map(|d| d.as_millis() as u64),
@@ -188,7 +207,7 @@ impl PluginCommand {
                 let config = Config::load(&fleet.config, &Default::default())?;
                 let plugin = configured(&config, &fleet, &name)?;
                 // Refused before anything is checked or stored.
-                let canary = canary.canary(plugin, releases::digest(&bytes))?;
+                let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
                 // Checked before connecting: a plugin no host can run is
                 // refused without touching the fleet. With the config's
                 // compiled cache: a version compiled before (here, or by a
