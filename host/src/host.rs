@@ -46,7 +46,7 @@ use crate::ops::page::Page;
 use crate::ops::readiness::Readiness;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
-use crate::reload::releases::{Prepare, Release, ReleaseFollower, StoreError};
+use crate::reload::releases::{Prepare, Release, ReleaseFollower, StoreError, Tallies};
 use crate::reload::{FleetReleases, Reloader, behind_fleet, released_files, with_files};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
@@ -126,6 +126,8 @@ struct Joined {
     kv: NatsKv,
     releases: watch::Receiver<std::collections::BTreeMap<String, Release>>,
     prepares: watch::Receiver<std::collections::BTreeMap<String, Prepare>>,
+    /// Each member's canary counts, as the coordination watch brings them.
+    tallies: watch::Receiver<Tallies>,
 }
 
 impl RunningHost {
@@ -183,7 +185,7 @@ impl RunningHost {
         let reloader = Reloader::new(sandbox.clone(), generations.clone(), gates, metrics.clone())
             .with_requests(requests)
             .with_fleet(FleetReleases {
-                releases: joined.releases,
+                releases: joined.releases.clone(),
                 client: client.clone(),
                 router: router.clone(),
                 dir: pushed_dir,
@@ -191,6 +193,8 @@ impl RunningHost {
                 prepares: joined.prepares,
                 kv: joined.kv,
                 me: joined.me.clone(),
+                tallies: joined.tallies.clone(),
+                fleet: joined.coordination.view(),
             });
         let baseline = reloader.fingerprint().await;
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
@@ -211,6 +215,8 @@ impl RunningHost {
             fleet: joined.coordination.view(),
             ledger: joined.ledger.clone(),
             queued_history,
+            releases: joined.releases,
+            tallies: joined.tallies,
             nats: nats_status(&config, &nats_url, embedded.is_some()),
             reasons: Default::default(),
         };
@@ -276,6 +282,7 @@ impl RunningHost {
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
         let prepares = release_follower.prepares();
+        let tallies = release_follower.tallies();
         let followers: Vec<Arc<dyn KeyFollower>> = vec![Arc::new(ledger.clone()), release_follower];
         let claims = claim_gate(
             generations.subscribe(),
@@ -317,6 +324,7 @@ impl RunningHost {
             kv,
             releases,
             prepares,
+            tallies,
         })
     }
 

@@ -27,6 +27,31 @@ pub struct PluginCallLabels {
     pub plugin: String,
     /// `transform`, `sink`, `budget` or `router`.
     pub world: &'static str,
+    /// The plugin version (12 hex digits of its SHA-256): a canary's two
+    /// versions side by side.
+    pub version: String,
+}
+
+/// A plugin version: bounded by the config's plugins times the versions
+/// a host loaded (the release and at most one canary each, plus those a
+/// host ran before a switch).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginVersionLabels {
+    pub plugin: String,
+    pub version: String,
+}
+
+/// What one version of a canaried plugin did with rows.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CanaryLabels {
+    pub plugin: String,
+    pub version: String,
+    /// `serving` (the release) or `candidate`.
+    pub role: &'static str,
+    /// `ran` (rows it was called with), `dead_lettered` (it asked),
+    /// `trapped` (its call failed: trap, memory, contract), `overran` (its
+    /// call ran past its deadline).
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -143,9 +168,11 @@ pub struct Metrics {
     /// Connections closed at once because too many were open.
     pub connections_refused: Counter,
     /// Plugin calls that trapped, ran out of time or out of memory.
-    pub plugin_failures: Family<PluginLabels, Counter>,
+    pub plugin_failures: Family<PluginVersionLabels, Counter>,
     /// Plugin calls made.
-    pub plugin_calls: Family<PluginLabels, Counter>,
+    pub plugin_calls: Family<PluginVersionLabels, Counter>,
+    /// Rows of canaried plugins, by version, role and outcome.
+    pub canary_rows: Family<CanaryLabels, Counter>,
     /// Plugin call durations, by plugin and world.
     pub plugin_call_duration: Histograms<PluginCallLabels>,
     /// Counters plugins keep through the `host.add-counter` import.
@@ -214,6 +241,7 @@ impl Default for Metrics {
             connections_refused: Counter::default(),
             plugin_failures: Family::default(),
             plugin_calls: Family::default(),
+            canary_rows: Family::default(),
             plugin_call_duration: Family::new_with_constructor(call_buckets),
             plugin_counters: Family::default(),
             plugin_counter_refusals: Family::default(),
@@ -347,8 +375,13 @@ impl Metrics {
         );
         weir.register(
             "plugin_call_duration_seconds",
-            "Plugin call durations, by plugin and world",
+            "Plugin call durations, by plugin, world and version",
             self.plugin_call_duration.clone(),
+        );
+        weir.register(
+            "canary_rows",
+            "Rows of canaried plugins, by version, role (serving, candidate) and outcome",
+            self.canary_rows.clone(),
         );
         weir.register(
             "plugin_counter_refusals",

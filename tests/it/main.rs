@@ -8,6 +8,7 @@ mod support;
 mod authors;
 mod boundaries;
 mod browser;
+mod canary;
 mod cli;
 mod cluster;
 mod cluster_support;

@@ -13,6 +13,8 @@ use crate::support::{TestHost, base_config, eventually, orders};
 /// label set is checked against real samples.
 const NOT_EXERCISED: &[&str] = &[
     "weir_plugin_failures",
+    // Only while a canary runs (tests/it/rollout.rs).
+    "weir_canary_rows",
     "weir_plugin_counter",
     "weir_plugin_counter_refusals",
     "weir_reloads",
@@ -259,16 +261,25 @@ async fn metrics_served_match_the_documented_table_and_count_a_run() {
     );
     assert_eq!(count("weir_accept_to_ack_seconds_count", &[]), 100.0);
     assert!(count("weir_batch_duration_seconds_count", &[]) >= 1.0);
+    let version = |wasm: &str| weir::sandbox::version_of(&std::fs::read(wasm).unwrap());
+    let (sink, validator) = (
+        version(weir_test_artifacts::NDJSON_SINK),
+        version(weir_test_artifacts::VALIDATOR),
+    );
     assert!(
         count(
             "weir_plugin_call_duration_seconds_count",
-            &[("plugin", "files"), ("world", "sink")]
+            &[("plugin", "files"), ("world", "sink"), ("version", &sink)]
         ) >= 1.0
     );
     assert!(
         count(
             "weir_plugin_call_duration_seconds_count",
-            &[("plugin", "validate"), ("world", "transform")]
+            &[
+                ("plugin", "validate"),
+                ("world", "transform"),
+                ("version", &validator)
+            ]
         ) >= 1.0
     );
     // The tests' topology, the default: four partitions of one shard, all owned here.

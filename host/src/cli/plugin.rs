@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use weir::config::Config;
+use weir::reload::canary::{self, Auto, Canary, Outcome};
 use weir::reload::releases::{self, Release, RollbackTo};
 use weir::topology::Names;
 
@@ -40,10 +41,22 @@ pub enum PluginCommand {
         /// Put it after NAME FILE when giving no SECS.
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
         wait: Option<u64>,
+        #[command(flatten)]
+        canary: CanaryArgs,
+    },
+    /// Make plugin NAME's canary serve every tenant: its candidate becomes
+    /// the release (every host holds it loaded already).
+    Promote {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        /// The plugin's name in the config.
+        name: String,
     },
     /// Point plugin NAME back at an earlier release: by default the one
     /// before the current one. Two phases as a push: every live host loads
-    /// it before the fleet switches (not for `--to file`).
+    /// it before the fleet switches (not for `--to file`). While a canary
+    /// runs, it ends the canary instead: the release serves every tenant
+    /// again.
     Rollback {
         #[command(flatten)]
         fleet: FleetTarget,
@@ -73,6 +86,109 @@ pub enum PluginCommand {
     New(super::plugin_new::NewArgs),
 }
 
+/// A push as a canary: who the candidate serves, and when the fleet ends
+/// it on its own.
+#[derive(clap::Args, Default)]
+pub struct CanaryArgs {
+    /// Serve the new version to this share of tenants only (`25%`),
+    /// picked by a stable hash of plugin and tenant, so a tenant's rows
+    /// always see one version; the others keep the release.
+    #[arg(long, value_name = "SHARE", value_parser = parse_share)]
+    canary: Option<u32>,
+    /// Serve the new version to these tenants (comma-separated), besides
+    /// any `--canary` share.
+    #[arg(long, value_name = "TENANTS", value_delimiter = ',')]
+    tenants: Vec<String>,
+    /// Promote the canary once it ran this long (`10m`, `1h30m`) without
+    /// crossing a threshold below.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    promote_after: Option<Duration>,
+    /// Roll the canary back as soon as its candidate dead-letters more
+    /// than this share of its rows (`1%`; a rate above zero is judged
+    /// from its 100th row on).
+    #[arg(long, value_name = "RATE", value_parser = parse_share)]
+    max_dead_letter_rate: Option<u32>,
+    /// Roll the canary back as soon as its candidate's calls trap on more
+    /// than this share of its rows (`0`: the first trap).
+    #[arg(long, value_name = "RATE", value_parser = parse_share)]
+    max_trap_rate: Option<u32>,
+}
+
+fn parse_share(text: &str) -> Result<u32, String> {
+    canary::parse_percent(text).map_err(|err| err.to_string())
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|err| format!("`{text}` is not a duration such as 10m or 1h30m: {err}"))
+}
+
+impl CanaryArgs {
+    /// The canary this push asks for, if it is one; an error naming what
+    /// does not fit.
+    fn canary(
+        &self,
+        config: &Config,
+        plugin: &weir::config::PluginConfig,
+        digest: String,
+    ) -> anyhow::Result<Option<Canary>> {
+        let share = self.canary.unwrap_or(0);
+        let thresholds = self.promote_after.is_some()
+            || self.max_dead_letter_rate.is_some()
+            || self.max_trap_rate.is_some();
+        if share == 0 && self.tenants.is_empty() {
+            anyhow::ensure!(
+                !thresholds,
+                "--promote-after, --max-dead-letter-rate and --max-trap-rate judge a canary: give --canary SHARE or --tenants too"
+            );
+            anyhow::ensure!(
+                self.canary.is_none(),
+                "--canary 0% serves no tenant; push without --canary to serve every tenant"
+            );
+            return Ok(None);
+        }
+        let world = plugin.world.as_str();
+        anyhow::ensure!(
+            matches!(world, "transform" | "sink"),
+            "plugin `{}` is a {world} policy: a canary serves some tenants' rows in delivery, \
+             but a {world} is asked at the front door per request, before any row is stored \
+             (a router's canary would move some tenants' tables to other units mid-stream, \
+             breaking their order); push it to serve every tenant, and roll it back if needed",
+            plugin.name
+        );
+        let unknown: Vec<&str> = self
+            .tenants
+            .iter()
+            .filter(|t| !config.tenants.iter().any(|known| known.name == **t))
+            .map(String::as_str)
+            .collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "--tenants names {} not in {}'s tenants ({})",
+            unknown.join(", "),
+            config.source.display(),
+            config
+                .tenants
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let auto = thresholds.then(|| Auto {
+            promote_after_ms: self.promote_after.map(|d| d.as_millis() as u64),
+            max_dead_letter_rate: self.max_dead_letter_rate,
+            max_trap_rate: self.max_trap_rate,
+        });
+        Ok(Some(Canary {
+            digest,
+            share,
+            tenants: self.tenants.clone(),
+            started_ms: releases::unix_ms(),
+            auto,
+        }))
+    }
+}
+
 impl PluginCommand {
     pub async fn run(self) -> anyhow::Result<()> {
         match self {
@@ -84,11 +200,14 @@ impl PluginCommand {
                 name,
                 file,
                 wait,
+                canary,
             } => {
                 let bytes = std::fs::read(&file)
                     .with_context(|| format!("cannot read {}", file.display()))?;
                 let config = Config::load(&fleet.config, &Default::default())?;
                 let plugin = configured(&config, &fleet, &name)?;
+                // Refused before anything is checked or stored.
+                let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
                 // Checked before connecting: a plugin no host can run is
                 // refused without touching the fleet. With the config's
                 // compiled cache: a version compiled before (here, or by a
@@ -115,7 +234,35 @@ impl PluginCommand {
                 drop(sandbox);
                 let (config, client) = fleet.connect().await?;
                 let router = router_of(&config);
-                match releases::stage(&client, &router, &name, &bytes).await? {
+                let staged = releases::stage(&client, &router, &name, &bytes).await?;
+                if let Some(canary) = canary {
+                    let Some(staged) = staged else {
+                        return Err(releases::StoreError::CanaryOfServing {
+                            name: name.clone(),
+                            version: version.clone(),
+                        }
+                        .into());
+                    };
+                    let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+                    let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+                    println!(
+                        "plugin {name}: every live member is ready to run {version} ({})",
+                        ready.join(", ")
+                    );
+                    let release =
+                        releases::activate_canary(&client, &router, staged, canary).await?;
+                    client.flush().await?;
+                    if let Some(canary) = &release.canary {
+                        println!(
+                            "plugin {name}: canary of {version} serving {}{}; the others keep {}",
+                            canary.describe(),
+                            thresholds(canary),
+                            what(release.digest.as_deref())
+                        );
+                    }
+                    return Ok(());
+                }
+                match staged {
                     None => println!("plugin {name}: the fleet already runs {version}"),
                     Some(staged) => {
                         let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
@@ -133,6 +280,24 @@ impl PluginCommand {
                     wait_for(&client, &router, &name, &version, secs).await?;
                 }
             }
+            PluginCommand::Promote { fleet, name } => {
+                let (config, client) = fleet.connect().await?;
+                configured(&config, &fleet, &name)?;
+                let router = router_of(&config);
+                let release = releases::end_canary(
+                    &client,
+                    &router,
+                    &name,
+                    None,
+                    Outcome::Promoted,
+                    "operator",
+                    "weir plugin promote".to_string(),
+                )
+                .await?
+                .context("the release vanished meanwhile")?;
+                client.flush().await?;
+                announce(&name, &release);
+            }
             PluginCommand::Rollback {
                 fleet,
                 name,
@@ -142,6 +307,32 @@ impl PluginCommand {
                 let (config, client) = fleet.connect().await?;
                 let plugin = configured(&config, &fleet, &name)?;
                 let router = router_of(&config);
+                let running = releases::release(&client, &router, &name).await?;
+                if let Some(canary) = running.as_ref().and_then(|r| r.canary.as_ref()) {
+                    anyhow::ensure!(
+                        to.is_none(),
+                        "plugin `{name}` has a canary of {} running: `weir plugin rollback {name}` ends it first, then --to goes further back",
+                        releases::version_of_digest(&canary.digest)
+                    );
+                    let release = releases::end_canary(
+                        &client,
+                        &router,
+                        &name,
+                        Some(canary),
+                        Outcome::RolledBack,
+                        "operator",
+                        "weir plugin rollback".to_string(),
+                    )
+                    .await?
+                    .context("the canary ended meanwhile")?;
+                    client.flush().await?;
+                    println!(
+                        "plugin {name}: canary of {} ended; every tenant is served by {}",
+                        releases::version_of_digest(&canary.digest),
+                        what(release.digest.as_deref())
+                    );
+                    return Ok(());
+                }
                 let to = RollbackTo::parse(to.as_deref());
                 // Two phases as a push: every live member loads the version
                 // gone back to before the fleet switches to it.
@@ -202,6 +393,10 @@ async fn list(fleet: FleetTarget, name: Option<String>) -> anyhow::Result<()> {
     for name in names {
         let release = releases::release(&client, &router, name).await?;
         list_one(&config, name, release.as_ref(), &members);
+        if let Some(release) = &release {
+            let reports = releases::canary_reports(&client, &router, name).await?;
+            list_canary(release, &reports);
+        }
         if let Some(prepare) = releases::preparing(&client, &router, name).await? {
             println!(
                 "  being prepared (not serving yet): {}, pushed {}",
@@ -280,6 +475,81 @@ fn list_one(
     for (member, plugins) in members {
         let running = plugins.get(name).map_or("nothing", String::as_str);
         println!("  member {member} runs {running}");
+    }
+}
+
+/// A release's canary, both versions' fleet-wide counts side by side, and
+/// how the last canary ended.
+fn list_canary(release: &Release, reports: &std::collections::BTreeMap<String, canary::Report>) {
+    if let Some(canary) = &release.canary {
+        println!(
+            "  canary: {} serving {} since {}{}",
+            canary.digest,
+            canary.describe(),
+            when(canary.started_ms),
+            thresholds(canary)
+        );
+        let (serving, candidate) = canary::fleet_tally(canary, reports.values());
+        let serving_version = release
+            .digest
+            .as_deref()
+            .map_or("file", releases::version_of_digest);
+        println!(
+            "    serving   {serving_version:<12}  {}",
+            serving.describe()
+        );
+        println!(
+            "    candidate {:<12}  {}",
+            releases::version_of_digest(&canary.digest),
+            candidate.describe()
+        );
+        let counted: Vec<&str> = reports
+            .iter()
+            .filter(|(_, r)| r.digest == canary.digest && r.started_ms == canary.started_ms)
+            .map(|(member, _)| member.as_str())
+            .collect();
+        println!(
+            "    counted by {}",
+            match counted.is_empty() {
+                true => "no member yet".to_string(),
+                false => counted.join(", "),
+            }
+        );
+    }
+    if let Some(ended) = &release.ended {
+        println!(
+            "  last canary: {} {} ({}) at {}: {}",
+            releases::version_of_digest(&ended.digest),
+            ended.outcome.as_str(),
+            ended.by,
+            when(ended.at_ms),
+            ended.reason
+        );
+    }
+}
+
+/// `; promoted after 10m under …`, or nothing without thresholds.
+fn thresholds(canary: &Canary) -> String {
+    let Some(auto) = &canary.auto else {
+        return String::new();
+    };
+    let mut limits = Vec::new();
+    if let Some(rate) = auto.max_dead_letter_rate {
+        limits.push(format!("dead letters ≤ {}", canary::percent(rate)));
+    }
+    if let Some(rate) = auto.max_trap_rate {
+        limits.push(format!("traps ≤ {}", canary::percent(rate)));
+    }
+    let limits = match limits.is_empty() {
+        true => "no limit".to_string(),
+        false => limits.join(", "),
+    };
+    match auto.promote_after_ms {
+        Some(ms) => format!(
+            "; rolled back at once past {limits}, promoted after {} under it",
+            humantime::format_duration(Duration::from_millis(ms))
+        ),
+        None => format!("; rolled back at once past {limits}"),
     }
 }
 

@@ -284,6 +284,35 @@ pub fn tables(report: &StatusReport) -> String {
     }
     let _ = writeln!(out);
     out.push_str(&plugins.render());
+    for plugin in &report.plugins {
+        if let Some(canary) = &plugin.canary {
+            let _ = writeln!(
+                out,
+                "canary of {}: {} serving {} since {}\n  serving   {:<12}  {}\n  candidate {:<12}  {}",
+                plugin.name,
+                canary.version,
+                canary.serves,
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(canary.started_ms)
+                ),
+                plugin.version,
+                canary.serving.describe(),
+                canary.version,
+                canary.candidate.describe()
+            );
+        }
+        if let Some(ended) = &plugin.last_canary {
+            let _ = writeln!(
+                out,
+                "last canary of {}: {} {} ({}): {}",
+                plugin.name,
+                weir::reload::releases::version_of_digest(&ended.digest),
+                ended.outcome.as_str(),
+                ended.by,
+                ended.reason
+            );
+        }
+    }
     out
 }
 

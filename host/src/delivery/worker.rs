@@ -34,7 +34,9 @@ use crate::destination::Publisher;
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
 use crate::nats::kv::NatsKv;
+use crate::reload::canary::Tally;
 use crate::reload::generation::Generation;
+use crate::sandbox::FailureKind;
 use crate::state::prune::{AppliedPruning, CONFIRM_TIMEOUT};
 use crate::state::store::{StateStore, UnitState};
 use crate::telemetry::{Metrics, UnitLabels};
@@ -52,7 +54,8 @@ pub enum DeliveryError {
     },
 }
 
-/// A fresh runner (its own instances) for every pipeline of a generation, by index.
+/// A fresh runner (its own instances) for every pipeline variant of a
+/// generation (one per pipeline without canaries), by variant index.
 /// `unit` is the unit consumer's name: a destination's ledger names it;
 /// `publisher` is where a sink granted `nats` publishes.
 fn runners(
@@ -61,12 +64,13 @@ fn runners(
     unit: &str,
     publisher: &Publisher,
 ) -> Vec<Option<PipelineRunner>> {
-    generation
-        .config()
-        .pipelines
-        .iter()
-        .map(|pipeline| {
-            let plugin = |name: &str| generation.plugin(name).cloned();
+    (0..generation.variant_count())
+        .map(|variant| {
+            let pipeline = generation
+                .config()
+                .pipelines
+                .get(generation.variant_pipeline(variant)?)?;
+            let plugin = |name: &str| generation.plugin_in(variant, name).cloned();
             PipelineRunner::new(pipeline, plugin, state.cloned()).map(|runner| {
                 runner
                     .with_destination(unit, true)
@@ -533,13 +537,29 @@ async fn run_pipelines(
             unit: &unit,
             publisher,
         };
+        let canaried = pipelines.variant_canaries(pipeline);
         async {
             let isolated = isolation::run(runner, &rows, indexes, lease).await;
+            let mut tallies = vec![Tally::default(); canaried.len()];
             for (index, result) in isolated.map_err(|_| Fenced)? {
                 verdicts[index] = match result {
-                    Ok(verdict) => verdict,
-                    Err(failure) => failed_row(settings, &batch[index], failure),
+                    Ok(verdict) => {
+                        tally_verdict(&canaried, &mut tallies, &verdict);
+                        verdict
+                    }
+                    Err(failure) => {
+                        tally_failure(&canaried, &mut tallies, &failure);
+                        failed_row(settings, &batch[index], failure)
+                    }
                 };
+            }
+            for ((name, candidate), tally) in canaried.iter().zip(&tallies) {
+                if let (Some(canary), Some(plugin)) =
+                    (pipelines.canary(name), pipelines.plugin_in(pipeline, name))
+                {
+                    let counts = pipelines.canary_counts();
+                    counts.add(name, &canary.canary, *candidate, &plugin.version, tally);
+                }
             }
             Ok(())
         }
@@ -547,6 +567,38 @@ async fn run_pipelines(
         .await?;
     }
     Ok(verdicts)
+}
+
+/// Counts a row's verdict for each canaried plugin of its variant: a row
+/// it ran, and a dead letter if that plugin asked for it.
+fn tally_verdict(canaried: &[(&str, bool)], tallies: &mut [Tally], verdict: &Verdict) {
+    for ((name, _), tally) in canaried.iter().zip(tallies.iter_mut()) {
+        tally.rows += 1;
+        if let Verdict::DeadLetter {
+            plugin: Some(plugin),
+            ..
+        } = verdict
+            && plugin.name() == *name
+        {
+            tally.dead_letters += 1;
+        }
+    }
+}
+
+/// Counts a row whose call failed on its own for each canaried plugin of
+/// its variant: a trap or a deadline overrun of the plugin that failed.
+fn tally_failure(canaried: &[(&str, bool)], tallies: &mut [Tally], failure: &StepFailure) {
+    for ((name, _), tally) in canaried.iter().zip(tallies.iter_mut()) {
+        tally.rows += 1;
+        if failure.plugin.name() != *name {
+            continue;
+        }
+        match failure.error.kind {
+            FailureKind::Trap | FailureKind::Memory | FailureKind::Contract => tally.traps += 1,
+            FailureKind::Deadline => tally.deadlines += 1,
+            FailureKind::Refused => {}
+        }
+    }
 }
 
 /// Up to three distinct values, joined by commas (`…` when there are more):
@@ -589,6 +641,7 @@ fn failed_row(settings: &DeliveryConfig, message: &Message, failure: StepFailure
 /// The rows of one pipeline of a batch, for its isolation.
 struct PipelineRows<'a> {
     generation: &'a Generation,
+    /// The pipeline variant (see `Generation::variant_index`).
     pipeline: usize,
     batch: &'a [Message],
     decoded: &'a [Option<Decoded<'a>>],
@@ -603,14 +656,14 @@ impl isolation::Rows for PipelineRows<'_> {
     }
 
     fn lane_runner(&self) -> Option<PipelineRunner> {
-        let config = self.generation.config().pipelines.get(self.pipeline)?;
-        PipelineRunner::new(config, |name| self.generation.plugin(name).cloned(), None).map(
-            |runner| {
-                runner
-                    .with_destination(self.unit, true)
-                    .with_publisher(self.publisher)
-            },
-        )
+        let pipeline = self.generation.variant_pipeline(self.pipeline)?;
+        let config = self.generation.config().pipelines.get(pipeline)?;
+        let plugin = |name: &str| self.generation.plugin_in(self.pipeline, name).cloned();
+        PipelineRunner::new(config, plugin, None).map(|runner| {
+            runner
+                .with_destination(self.unit, true)
+                .with_publisher(self.publisher)
+        })
     }
 
     fn isolating(&self, failure: &StepFailure, rows: usize) {
@@ -665,6 +718,7 @@ async fn keep_alive<F: std::future::Future>(
 /// What delivery needs of a message besides its payload: the pipeline that
 /// takes it and what the plugins are told. Borrows the subject: no copy.
 struct Decoded<'a> {
+    /// The pipeline variant that takes it.
     pipeline: usize,
     tenant: Cow<'a, str>,
     table: Cow<'a, str>,
@@ -680,8 +734,9 @@ fn decode<'a>(
     let (tenant, table) = router
         .parse(message.subject.as_str())
         .map_err(|err| err.to_string())?;
+    // A tenant's rows run in its variant: a canary's candidate or not.
     let pipeline = pipelines
-        .pipeline_index(&table)
+        .variant_index(&table, &tenant)
         .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
     Ok(Decoded {
         pipeline,

@@ -23,7 +23,9 @@ use tokio::time::Instant;
 use crate::coordination::FleetView;
 use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
-use crate::reload::generation::{Generation, PluginStatus};
+use crate::reload::canary::fleet_tally;
+use crate::reload::generation::{CanaryStatus, Generation, PluginStatus};
+use crate::reload::releases::{Release, Tallies, version_of_digest};
 use crate::telemetry::{Metrics, plural};
 use crate::topology::route::Names;
 
@@ -268,9 +270,45 @@ pub struct StatusSource {
     pub(crate) ledger: Ledger,
     /// The fleet's queued rows, sampled from `ledger` (the page's chart).
     pub(crate) queued_history: crate::ops::history::QueuedHistory,
+    /// The fleet's releases and each member's canary counts, as the
+    /// coordination watch brings them.
+    pub(crate) releases: watch::Receiver<BTreeMap<String, Release>>,
+    pub(crate) tallies: watch::Receiver<Tallies>,
     /// The last reason counts and the dead-letter stream state they were
     /// read at: read again only when that state changed.
     pub(crate) reasons: Arc<Mutex<Option<ReasonScan>>>,
+}
+
+impl StatusSource {
+    /// The running plugins, each with its canary (both versions' fleet-wide
+    /// counts) and how its last canary ended.
+    fn plugin_status(&self) -> Vec<PluginStatus> {
+        let mut plugins = self.generations.borrow().plugin_status();
+        let releases = self.releases.borrow();
+        let tallies = self.tallies.borrow();
+        for plugin in &mut plugins {
+            let Some(release) = releases.get(&plugin.name) else {
+                continue;
+            };
+            plugin.last_canary = release.ended.clone();
+            plugin.canary = release.canary.as_ref().map(|canary| {
+                let reports = tallies
+                    .get(&plugin.name)
+                    .into_iter()
+                    .flat_map(|m| m.values());
+                let (serving, candidate) = fleet_tally(canary, reports);
+                CanaryStatus {
+                    version: version_of_digest(&canary.digest).to_string(),
+                    serves: canary.describe(),
+                    started_ms: canary.started_ms,
+                    auto: canary.auto.clone(),
+                    serving,
+                    candidate,
+                }
+            });
+        }
+        plugins
+    }
 }
 
 /// Reason counts read at a dead-letter stream state (last sequence, kept).
@@ -440,7 +478,7 @@ impl StatusSource {
             totals: reads.totals(),
             fleet: fleet_status,
             units,
-            plugins: self.generations.borrow().plugin_status(),
+            plugins: self.plugin_status(),
             nats: NatsStatus {
                 connected,
                 answered,

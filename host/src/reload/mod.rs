@@ -15,13 +15,14 @@
 //! [`releases`] as a module: its `push`, `check`, `rollback`, `wait_for`…
 //! are named through it.
 
+pub mod canary;
 pub(crate) mod generation;
 pub mod releases;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -29,11 +30,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PluginConfig;
 use crate::config::keys::Reload;
 use crate::config::{Config, ConfigError, Overrides};
+use crate::coordination::FleetView;
 use crate::ingest::front_door::Gate;
-use crate::nats::kv::NatsKv;
+use crate::nats::kv::{KvWrite, NatsKv};
 use crate::sandbox::{LoadError, Plugin, Sandbox, version_of};
 use crate::telemetry::{Metrics, ReloadLabels};
 use crate::topology::route::Names;
+use canary::{Canary, Counts, Outcome, Report};
+use generation::CanaryVersion;
 pub use generation::Generation;
 use releases::{Prepare, Ready, Release};
 
@@ -76,6 +80,11 @@ pub struct Reloader {
     prepared: Mutex<BTreeMap<String, Arc<Plugin>>>,
     /// Reloads asked for through the admin API.
     requests: Option<mpsc::Receiver<ReloadReply>>,
+    /// Candidates of canaries to run beside their releases: name → the
+    /// fetched file and the canary.
+    canaries: Mutex<BTreeMap<String, (PathBuf, Canary)>>,
+    /// What canaried versions did here, kept across generations.
+    counts: Arc<Counts>,
 }
 
 /// Where fleet releases come from: the coordination watch (through a
@@ -94,6 +103,10 @@ pub struct FleetReleases {
     /// Where this host answers them (`ready.<name>.<me>`).
     pub kv: NatsKv,
     pub me: String,
+    /// Each member's counts of each canary (`canary.<name>.<member>`).
+    pub tallies: watch::Receiver<BTreeMap<String, BTreeMap<String, Report>>>,
+    /// Who the members are: the leader judges canaries.
+    pub fleet: watch::Receiver<Arc<FleetView>>,
 }
 
 /// The files of the fleet's releases of `config`'s plugins, fetched into
@@ -143,6 +156,23 @@ pub fn behind_fleet(
         .iter()
         .filter_map(|(name, release)| {
             let plugin = generation.plugin(name)?;
+            let candidate = generation.canary(name);
+            match (&release.canary, candidate) {
+                (None, None) => {}
+                (Some(canary), Some(running)) if running.canary == *canary => {}
+                (Some(canary), _) => {
+                    return Some(format!(
+                        "`{name}` has no canary of {} loaded here",
+                        releases::version_of_digest(&canary.digest)
+                    ));
+                }
+                (None, Some(running)) => {
+                    return Some(format!(
+                        "`{name}` runs a canary of {} here that the fleet ended",
+                        running.plugin.version
+                    ));
+                }
+            }
             match &release.digest {
                 Some(digest) => {
                     let fleet = releases::version_of_digest(digest);
@@ -165,6 +195,34 @@ pub fn behind_fleet(
     (!behind.is_empty()).then(|| behind.join("; "))
 }
 
+/// How often canary counts are shared and judged.
+const CANARY_TICK: Duration = Duration::from_secs(1);
+/// A host's counts are written again at least this often while it runs a
+/// canary (their TTL is [`canary::TALLY_TTL`]).
+const TALLY_REFRESH: Duration = Duration::from_secs(30);
+
+/// Logs each canary that ended between `before` and `after`, and why: on
+/// every host, whoever ended it.
+fn say_ended(before: &BTreeMap<String, Release>, after: &BTreeMap<String, Release>) {
+    for (name, release) in after {
+        let Some(ended) = &release.ended else {
+            continue;
+        };
+        if before.get(name).and_then(|r| r.ended.as_ref()) == Some(ended) {
+            continue;
+        }
+        let version = releases::version_of_digest(&ended.digest);
+        match ended.outcome {
+            Outcome::RolledBack => {
+                tracing::warn!(plugin = %name, %version, by = %ended.by, reason = %ended.reason, "the canary was rolled back")
+            }
+            Outcome::Promoted => {
+                tracing::info!(plugin = %name, %version, by = %ended.by, reason = %ended.reason, "the canary was promoted")
+            }
+        }
+    }
+}
+
 /// The modification time and length of each watched file (`None`: absent).
 pub type Fingerprint = Vec<(PathBuf, Option<(SystemTime, u64)>)>;
 
@@ -176,6 +234,7 @@ impl Reloader {
         metrics: Metrics,
     ) -> Reloader {
         let source = generations.borrow().config().source.clone();
+        let metrics_for_counts = metrics.clone();
         Reloader {
             source,
             sandbox,
@@ -186,6 +245,8 @@ impl Reloader {
             pushed: Mutex::new(BTreeMap::new()),
             prepared: Mutex::new(BTreeMap::new()),
             requests: None,
+            canaries: Mutex::new(BTreeMap::new()),
+            counts: Arc::new(Counts::with_metrics(metrics_for_counts)),
         }
     }
 
@@ -269,6 +330,15 @@ impl Reloader {
                 }
                 // Loaded already for the push that is now the release.
                 _ if let Some(ready) = self.take_prepared(entry, digest.as_deref()) => ready,
+                // A canary's candidate, promoted: loaded already.
+                _ if let Some(candidate) = running.canary(&entry.name).filter(|c| {
+                    c.plugin.config == *entry
+                        && Some(c.plugin.version.as_str()) == digest.as_deref()
+                }) =>
+                {
+                    tracing::info!(plugin = %entry.name, version = %candidate.plugin.version, "switching to the canary's candidate");
+                    candidate.plugin.clone()
+                }
                 // Compile, instantiate and `init` it, as at boot.
                 _ => {
                     let loaded = self.sandbox.load(entry).await?;
@@ -282,7 +352,32 @@ impl Reloader {
             };
             plugins.insert(entry.name.clone(), plugin);
         }
-        let next = Generation::new(Arc::new(config), plugins);
+        let wanted = self
+            .canaries
+            .lock()
+            .map(|canaries| canaries.clone())
+            .unwrap_or_default();
+        let mut canaries = BTreeMap::new();
+        for (name, (path, canary)) in wanted {
+            let Some(base) = config.plugins.get(&name) else {
+                continue;
+            };
+            let entry = PluginConfig {
+                wasm: path,
+                ..base.clone()
+            };
+            let version = releases::version_of_digest(&canary.digest).to_string();
+            let plugin = match running.canary(&name) {
+                Some(c) if c.plugin.config == entry && c.plugin.version == version => {
+                    c.plugin.clone()
+                }
+                _ if let Some(ready) = self.take_prepared(&entry, Some(&version)) => ready,
+                _ => self.sandbox.load(&entry).await?,
+            };
+            canaries.insert(name, CanaryVersion { plugin, canary });
+        }
+        let next =
+            Generation::with_canaries(Arc::new(config), plugins, canaries, self.counts.clone());
         // Workers first: a row the new gate lets in (a new table) finds its
         // pipeline when a worker pulls it.
         let gate = Gate::new(next.config().clone(), |name| next.plugin(name).cloned());
@@ -309,10 +404,18 @@ impl Reloader {
         let mut fleet_prepares = self.fleet.as_ref().map(|fleet| fleet.prepares.clone());
         let mut applied: BTreeMap<String, Release> = BTreeMap::new();
         let mut answered: BTreeMap<String, Prepare> = BTreeMap::new();
+        let mut shared: BTreeMap<String, (Report, Instant)> = BTreeMap::new();
+        let mut canary_tick = tokio::time::interval(CANARY_TICK);
+        canary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let signalled = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(POLL) => false,
+                _ = canary_tick.tick(), if self.fleet.is_some() => {
+                    self.share_counts(&mut shared).await;
+                    self.judge_canaries(&applied).await;
+                    continue;
+                }
                 Ok(()) = async {
                     match fleet_releases.as_mut() {
                         Some(releases) => releases.changed().await,
@@ -324,6 +427,7 @@ impl Reloader {
                         .map(|releases| releases.borrow().clone())
                         .unwrap_or_default();
                     if releases != applied {
+                        say_ended(&applied, &releases);
                         self.take_releases(&releases).await;
                         applied = releases;
                         // The generation now watches the released files: a
@@ -386,6 +490,94 @@ impl Reloader {
                 .iter()
                 .any(|(path, state)| now.iter().any(|(p, s)| p == path && s != state));
             seen = if moved_meanwhile { Vec::new() } else { after };
+        }
+    }
+
+    /// Shares this host's counts of each canary it runs
+    /// (`canary.<name>.<me>`) when they changed, and at least every
+    /// [`TALLY_REFRESH`] so they outlive their TTL while it runs.
+    async fn share_counts(&self, shared: &mut BTreeMap<String, (Report, Instant)>) {
+        let Some(fleet) = &self.fleet else { return };
+        let running: BTreeMap<String, Canary> = self
+            .generations
+            .borrow()
+            .canaries()
+            .iter()
+            .map(|(name, c)| (name.clone(), c.canary.clone()))
+            .collect();
+        let reports = self.counts.reports(&running);
+        shared.retain(|name, _| reports.contains_key(name));
+        for (name, report) in reports {
+            if shared
+                .get(&name)
+                .is_some_and(|(last, at)| *last == report && at.elapsed() < TALLY_REFRESH)
+            {
+                continue;
+            }
+            // Plain data always serializes.
+            let value = bytes::Bytes::from(serde_json::to_vec(&report).unwrap_or_default());
+            let key = format!("{}{name}.{}", canary::TALLIES, fleet.me);
+            match fleet.kv.put_with_ttl(&key, value, canary::TALLY_TTL).await {
+                Ok(_) => {
+                    shared.insert(name, (report, Instant::now()));
+                }
+                Err(err) => {
+                    tracing::debug!(plugin = %name, error = %err, "cannot share a canary's counts")
+                }
+            }
+        }
+    }
+
+    /// As the fleet's leader (its first live member), ends each canary with
+    /// thresholds that the fleet's counts say crossed one (rolled back) or
+    /// outlived its window under them (promoted), recording why.
+    async fn judge_canaries(&self, releases: &BTreeMap<String, Release>) {
+        let Some(fleet) = &self.fleet else { return };
+        let leads = {
+            let view = fleet.fleet.borrow();
+            view.member && view.live_members().first() == Some(&fleet.me.as_str())
+        };
+        if !leads {
+            return;
+        }
+        let tallies = fleet.tallies.borrow().clone();
+        for (name, release) in releases {
+            let Some(canary) = release.canary.as_ref().filter(|c| c.auto.is_some()) else {
+                continue;
+            };
+            let reports = tallies.get(name).into_iter().flat_map(|m| m.values());
+            let (serving, candidate) = canary::fleet_tally(canary, reports);
+            let Some((outcome, reason)) = canary::judge(canary, &candidate, releases::unix_ms())
+            else {
+                continue;
+            };
+            let version = releases::version_of_digest(&canary.digest);
+            let ended = releases::end_canary(
+                &fleet.client,
+                &fleet.router,
+                name,
+                Some(canary),
+                outcome,
+                "automatic",
+                reason.clone(),
+            )
+            .await;
+            match ended {
+                Ok(Some(_)) if outcome == Outcome::RolledBack => tracing::warn!(
+                    plugin = %name, %version, %reason,
+                    serving = %serving.describe(), candidate = %candidate.describe(),
+                    "canary rolled back automatically"
+                ),
+                Ok(Some(_)) => tracing::info!(
+                    plugin = %name, %version, %reason,
+                    serving = %serving.describe(), candidate = %candidate.describe(),
+                    "canary promoted automatically"
+                ),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(plugin = %name, error = %err, "cannot end a canary; trying again")
+                }
+            }
         }
     }
 
@@ -478,14 +670,26 @@ impl Reloader {
     async fn take_releases(&self, releases: &BTreeMap<String, Release>) {
         let Some(fleet) = &self.fleet else { return };
         let mut pushed = BTreeMap::new();
+        let mut canaries = BTreeMap::new();
+        let mut files: Vec<(&String, &String, Option<Canary>)> = Vec::new();
         for (name, release) in releases {
-            let Some(digest) = &release.digest else {
-                continue;
-            };
+            if let Some(digest) = &release.digest {
+                files.push((name, digest, None));
+            }
+            if let Some(canary) = &release.canary {
+                files.push((name, &canary.digest, Some(canary.clone())));
+            }
+        }
+        for (name, digest, canary) in files {
             match releases::fetch(&fleet.client, &fleet.router, name, digest, &fleet.dir).await {
-                Ok(path) => {
-                    pushed.insert(name.clone(), path);
-                }
+                Ok(path) => match canary {
+                    Some(canary) => {
+                        canaries.insert(name.clone(), (path, canary));
+                    }
+                    None => {
+                        pushed.insert(name.clone(), path);
+                    }
+                },
                 Err(err) => {
                     tracing::error!(error = %err, "pushed plugin refused; the running version keeps serving");
                     self.metrics
@@ -498,10 +702,18 @@ impl Reloader {
                 }
             }
         }
+        let same_canaries = self
+            .canaries
+            .lock()
+            .is_ok_and(|current| *current == canaries);
         let before = match self.pushed.lock() {
             // What the host started with, or took already: nothing to load.
-            Ok(current) if *current == pushed => return,
+            Ok(current) if *current == pushed && same_canaries => return,
             Ok(mut current) => std::mem::replace(&mut *current, pushed),
+            Err(_) => return,
+        };
+        let canaries_before = match self.canaries.lock() {
+            Ok(mut current) => std::mem::replace(&mut *current, canaries),
             Err(_) => return,
         };
         let mut result = self.reload().await;
@@ -512,11 +724,14 @@ impl Reloader {
             tracing::warn!("taking the fleet's release into the running config");
             result = self.reload_from(false).await;
         }
-        if result.is_err()
-            && let Ok(mut current) = self.pushed.lock()
-        {
+        if result.is_err() {
             // Refused: keep following what actually runs.
-            *current = before;
+            if let Ok(mut current) = self.pushed.lock() {
+                *current = before;
+            }
+            if let Ok(mut current) = self.canaries.lock() {
+                *current = canaries_before;
+            }
         }
     }
 
@@ -606,6 +821,8 @@ mod tests {
             pushed_ms: 0,
             how: None,
             history: Vec::new(),
+            canary: None,
+            ended: None,
         };
         let fleet = |name: &str, digest: Option<&str>| {
             BTreeMap::from([(name.to_string(), release(digest))])
@@ -640,6 +857,76 @@ mod tests {
         let pushed_here = wasm.parent().unwrap();
         let behind = behind_fleet(&generation, &fleet("p", None), pushed_here).unwrap();
         assert!(behind.contains("each host's own file"), "{behind}");
+    }
+
+    #[tokio::test]
+    async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_is_behind() {
+        let wasm = Path::new(weir_test_artifacts::PASSTHROUGH);
+        let text = format!(
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n\n[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"p\"]\n",
+            wasm.display()
+        );
+        let config = Arc::new(parse(&text, &Overrides::default()));
+        let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
+        let serving = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let candidate = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let digest = releases::digest(&std::fs::read(wasm).unwrap());
+        let canary = Canary {
+            digest: digest.clone(),
+            share: 0,
+            tenants: vec!["b".into()],
+            started_ms: 1,
+            auto: None,
+        };
+        let canaries = BTreeMap::from([(
+            "p".to_string(),
+            CanaryVersion {
+                plugin: candidate.clone(),
+                canary: canary.clone(),
+            },
+        )]);
+        let plugins = HashMap::from([("p".to_string(), serving.clone())]);
+        let generation =
+            Generation::with_canaries(config.clone(), plugins.clone(), canaries, Arc::default());
+        assert_eq!(generation.variant_count(), 2);
+        let (a, b) = (
+            generation.variant_index("t", "a").unwrap(),
+            generation.variant_index("t", "b").unwrap(),
+        );
+        assert_ne!(a, b);
+        assert!(Arc::ptr_eq(generation.plugin_in(a, "p").unwrap(), &serving));
+        assert!(Arc::ptr_eq(
+            generation.plugin_in(b, "p").unwrap(),
+            &candidate
+        ));
+        assert_eq!(generation.variant_canaries(b), [("p", true)]);
+        assert_eq!(generation.variant_index("other", "a"), None);
+
+        let release = Release {
+            digest: None,
+            previous: None,
+            pushed_ms: 0,
+            how: None,
+            history: Vec::new(),
+            canary: Some(canary),
+            ended: None,
+        };
+        let fleet = BTreeMap::from([("p".to_string(), release)]);
+        let pushed_dir = Path::new("/var/lib/weir/pushed");
+        assert_eq!(behind_fleet(&generation, &fleet, pushed_dir), None);
+        // The canary not loaded yet: behind; loaded but ended: behind too.
+        let without = Generation::new(config, plugins);
+        let behind = behind_fleet(&without, &fleet, pushed_dir).unwrap();
+        assert!(behind.contains("no canary of"), "{behind}");
+        let ended = BTreeMap::from([(
+            "p".to_string(),
+            Release {
+                canary: None,
+                ..fleet["p"].clone()
+            },
+        )]);
+        let behind = behind_fleet(&generation, &ended, pushed_dir).unwrap();
+        assert!(behind.contains("that the fleet ended"), "{behind}");
     }
 
     #[test]

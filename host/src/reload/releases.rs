@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use crate::config::PluginConfig;
 use crate::coordination::{KeyFollower, MEMBERS, MemberRecord};
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, WatchEvent, WatchStart};
+use crate::reload::canary::{Canary, Ended, Outcome, Report, TALLIES};
 use crate::sandbox::{LoadError, Sandbox};
 use crate::topology::route::Names;
 
@@ -85,6 +86,12 @@ pub struct Release {
     /// [`HISTORY_KEPT`]); empty in releases written by an older weir.
     #[serde(default)]
     pub history: Vec<Step>,
+    /// A candidate serving some tenants beside this release, if one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+    /// How the last canary ended, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ended>,
 }
 
 /// What made a release.
@@ -93,6 +100,8 @@ pub struct Release {
 pub enum How {
     Push,
     Rollback,
+    /// A canary's candidate made the release.
+    Promote,
 }
 
 impl How {
@@ -100,6 +109,7 @@ impl How {
         match self {
             How::Push => "push",
             How::Rollback => "rollback",
+            How::Promote => "promote",
         }
     }
 }
@@ -141,6 +151,8 @@ impl Release {
             pushed_ms: unix_ms(),
             how: Some(how),
             history,
+            canary: None,
+            ended: self.ended.clone(),
         }
     }
 }
@@ -163,11 +175,16 @@ pub struct ReleaseFollower {
     state: Mutex<Following>,
     published: watch::Sender<BTreeMap<String, Release>>,
     prepares: watch::Sender<BTreeMap<String, Prepare>>,
+    tallies: watch::Sender<Tallies>,
 }
+
+/// Each member's counts of each canary: plugin name → member → report.
+pub type Tallies = BTreeMap<String, BTreeMap<String, Report>>;
 
 struct Following {
     releases: BTreeMap<String, Release>,
     prepares: BTreeMap<String, Prepare>,
+    tallies: Tallies,
     rebuilding: bool,
 }
 
@@ -181,10 +198,12 @@ impl ReleaseFollower {
             state: Mutex::new(Following {
                 releases: BTreeMap::new(),
                 prepares: BTreeMap::new(),
+                tallies: BTreeMap::new(),
                 rebuilding: true,
             }),
             published,
             prepares: watch::channel(BTreeMap::new()).0,
+            tallies: watch::channel(BTreeMap::new()).0,
         };
         (Arc::new(follower), releases)
     }
@@ -192,6 +211,11 @@ impl ReleaseFollower {
     /// The pushes being prepared (`prepare.<name>`), as the watch brings them.
     pub fn prepares(&self) -> watch::Receiver<BTreeMap<String, Prepare>> {
         self.prepares.subscribe()
+    }
+
+    /// Each member's counts of each canary (`canary.<name>.<member>`).
+    pub fn tallies(&self) -> watch::Receiver<Tallies> {
+        self.tallies.subscribe()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, Following> {
@@ -218,13 +242,20 @@ impl ReleaseFollower {
                 }
                 changed
             });
+            self.tallies.send_if_modified(|current| {
+                let changed = *current != following.tallies;
+                if changed {
+                    current.clone_from(&following.tallies);
+                }
+                changed
+            });
         }
     }
 }
 
 impl KeyFollower for ReleaseFollower {
     fn prefixes(&self) -> &'static [&'static str] {
-        &[RELEASES, PREPARES]
+        &[RELEASES, PREPARES, TALLIES]
     }
 
     fn apply(&self, entry: &Entry) {
@@ -246,6 +277,22 @@ impl KeyFollower for ReleaseFollower {
                 Some(prepare) => following.prepares.insert(name.to_string(), prepare),
                 None => following.prepares.remove(name),
             };
+        } else if let Some(rest) = entry.key.strip_prefix(TALLIES) {
+            // Plugin names hold no dot; member ids may.
+            let Some((name, member)) = rest.split_once('.') else {
+                return;
+            };
+            let report = put
+                .then(|| serde_json::from_slice::<Report>(&entry.value).ok())
+                .flatten();
+            let members = following.tallies.entry(name.to_string()).or_default();
+            match report {
+                Some(report) => members.insert(member.to_string(), report),
+                None => members.remove(member),
+            };
+            if members.is_empty() {
+                following.tallies.remove(name);
+            }
         } else {
             return;
         }
@@ -256,6 +303,7 @@ impl KeyFollower for ReleaseFollower {
         let mut following = self.state();
         following.releases.clear();
         following.prepares.clear();
+        following.tallies.clear();
         following.rebuilding = true;
     }
 
@@ -272,6 +320,16 @@ pub enum StoreError {
     Store { bucket: String, reason: String },
     #[error("plugin `{name}`")]
     Kv { name: String, source: KvError },
+    #[error(
+        "plugin `{name}` has a canary of {version} running: promote it (`weir plugin promote {name}`) or end it (`weir plugin rollback {name}`) first"
+    )]
+    CanaryRunning { name: String, version: String },
+    #[error("plugin `{name}` has no canary running")]
+    NoCanary { name: String },
+    #[error(
+        "plugin `{name}`: the fleet already serves {version}; a canary of it would change nothing"
+    )]
+    CanaryOfServing { name: String, version: String },
     #[error("plugin `{name}` has no earlier release to roll back to")]
     NothingToRollBack { name: String },
     #[error(
@@ -442,10 +500,16 @@ pub async fn stage(
             })?;
     }
     let current = current(client, router, name).await?;
-    if let Some((release, _)) = &current
-        && release.digest.as_deref() == Some(digest.as_str())
-    {
-        return Ok(None);
+    if let Some((release, _)) = &current {
+        if let Some(canary) = &release.canary {
+            return Err(StoreError::CanaryRunning {
+                name: name.to_string(),
+                version: version_of_digest(&canary.digest).to_string(),
+            });
+        }
+        if release.digest.as_deref() == Some(digest.as_str()) {
+            return Ok(None);
+        }
     }
     Ok(Some(Staged {
         name: name.to_string(),
@@ -627,6 +691,8 @@ pub async fn activate(
             pushed_ms: unix_ms(),
             how: Some(how),
             history: Vec::new(),
+            canary: None,
+            ended: None,
         },
     };
     write(client, router, &name, &release, current.map(|(_, rev)| rev)).await?;
@@ -635,6 +701,82 @@ pub async fn activate(
         tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
     }
     Ok(release)
+}
+
+/// The second phase of a canary push: the prepared candidate serves the
+/// tenants `canary` names beside the release (every host holds both
+/// loaded), then the prepare request is withdrawn. Refused if another
+/// push or rollback changed the release since [`stage`].
+pub async fn activate_canary(
+    client: &async_nats::Client,
+    router: &Names,
+    staged: Staged,
+    canary: Canary,
+) -> Result<Release, StoreError> {
+    let Staged { name, current, .. } = staged;
+    let mut release = match &current {
+        Some((current, _)) => current.clone(),
+        None => Release {
+            digest: None,
+            previous: None,
+            pushed_ms: unix_ms(),
+            how: None,
+            history: Vec::new(),
+            canary: None,
+            ended: None,
+        },
+    };
+    release.canary = Some(canary);
+    write(client, router, &name, &release, current.map(|(_, rev)| rev)).await?;
+    let kv = kv(client, router, &name).await?;
+    if let Err(err) = kv.delete(&format!("{PREPARES}{name}")).await {
+        tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
+    }
+    Ok(release)
+}
+
+/// Ends plugin `name`'s canary: promoted (its candidate becomes the
+/// release; every host holds it loaded already, so nothing is prepared) or
+/// rolled back (the release serves everyone again), recording who and why.
+/// `only`: end it only if it is still this canary (the leader's judgement
+/// of it); `Ok(None)` when it is not.
+pub async fn end_canary(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+    only: Option<&Canary>,
+    outcome: Outcome,
+    by: &str,
+    reason: String,
+) -> Result<Option<Release>, StoreError> {
+    let no_canary = || StoreError::NoCanary {
+        name: name.to_string(),
+    };
+    let (current, revision) = current(client, router, name).await?.ok_or_else(no_canary)?;
+    let Some(canary) = current.canary.clone() else {
+        return match only {
+            Some(_) => Ok(None),
+            None => Err(no_canary()),
+        };
+    };
+    if only.is_some_and(|only| *only != canary) {
+        return Ok(None);
+    }
+    let ended = Ended {
+        digest: canary.digest.clone(),
+        outcome,
+        by: by.to_string(),
+        reason,
+        at_ms: unix_ms(),
+    };
+    let mut release = match outcome {
+        Outcome::Promoted => current.followed_by(Some(canary.digest.clone()), How::Promote),
+        Outcome::RolledBack => current.clone(),
+    };
+    release.canary = None;
+    release.ended = Some(ended);
+    write(client, router, name, &release, Some(revision)).await?;
+    Ok(Some(release))
 }
 
 /// A member's answer to a prepare request, kept for [`READY_TTL`].
@@ -652,17 +794,9 @@ pub async fn preparing(
     router: &Names,
     name: &str,
 ) -> Result<Option<Prepare>, StoreError> {
-    let entry = kv(client, router, name)
+    Ok(read_put(client, router, name, &format!("{PREPARES}{name}"))
         .await?
-        .entry(&format!("{PREPARES}{name}"))
-        .await
-        .map_err(|source| StoreError::Kv {
-            name: name.to_string(),
-            source,
-        })?;
-    Ok(entry
-        .filter(|e| e.operation.is_put())
-        .and_then(|e| serde_json::from_slice(&e.value).ok()))
+        .map(|(prepare, _)| prepare))
 }
 
 /// What `weir plugin rollback --to` names.
@@ -803,6 +937,43 @@ pub async fn member_versions(
     result
 }
 
+/// Each member's counts of plugin `name`'s canaries (`canary.<name>.`).
+pub async fn canary_reports(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+) -> Result<BTreeMap<String, Report>, KvError> {
+    let kv = NatsKv::open(client, &router.coordination_bucket()).await?;
+    let prefix = format!("{TALLIES}{name}.");
+    let mut watch = kv
+        .watch_prefixes(&[prefix.as_str()], WatchStart::CurrentValues)
+        .await?;
+    let mut reports = BTreeMap::new();
+    let result = loop {
+        match watch.next().await {
+            Some(Ok(WatchEvent::CaughtUp)) => break Ok(reports),
+            Some(Ok(WatchEvent::Update(entry))) => {
+                let Some(member) = entry.key.strip_prefix(prefix.as_str()) else {
+                    continue;
+                };
+                let report = entry
+                    .operation
+                    .is_put()
+                    .then(|| serde_json::from_slice::<Report>(&entry.value).ok())
+                    .flatten();
+                match report {
+                    Some(report) => reports.insert(member.to_string(), report),
+                    None => reports.remove(member),
+                };
+            }
+            Some(Err(err)) => break Err(err),
+            None => break Err(watch_ended(&kv)),
+        }
+    };
+    watch.close().await;
+    result
+}
+
 /// Waits until every live member reports `version` for plugin `name`;
 /// returns them. Member keys carry the versions each host runs and are
 /// renewed every third of their TTL, so this follows them (no polling).
@@ -907,17 +1078,28 @@ async fn current(
     router: &Names,
     name: &str,
 ) -> Result<Option<(Release, u64)>, StoreError> {
+    read_put(client, router, name, &format!("{RELEASES}{name}")).await
+}
+
+/// Key `key` of plugin `name`'s records, decoded with its revision, if it
+/// holds a value (a deleted key, or one an older weir cannot read: none).
+async fn read_put<T: serde::de::DeserializeOwned>(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+    key: &str,
+) -> Result<Option<(T, u64)>, StoreError> {
     let entry = kv(client, router, name)
         .await?
-        .entry(&format!("{RELEASES}{name}"))
+        .entry(key)
         .await
         .map_err(|source| StoreError::Kv {
             name: name.to_string(),
             source,
         })?;
     Ok(entry.filter(|e| e.operation.is_put()).and_then(|e| {
-        let release = serde_json::from_slice(&e.value).ok()?;
-        Some((release, e.revision))
+        let value = serde_json::from_slice(&e.value).ok()?;
+        Some((value, e.revision))
     }))
 }
 
@@ -1000,7 +1182,8 @@ pub async fn fetch(
     Ok(path)
 }
 
-fn unix_ms() -> u64 {
+/// Milliseconds since the Unix epoch, as releases record time.
+pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -1017,6 +1200,8 @@ mod tests {
             pushed_ms: 1,
             how: Some(How::Push),
             history,
+            canary: None,
+            ended: None,
         }
     }
 
@@ -1057,6 +1242,14 @@ mod tests {
         // Keys under neither prefix are not its to follow.
         follower.apply(&entry("ready.p.host-a", Some("{}"), 4));
         assert!(prepares.borrow().is_empty());
+        // Each member's canary counts, by plugin then member (whose id may
+        // hold a dot); a deleted key goes.
+        let tallies = follower.tallies();
+        let report = r#"{"digest":"bb","started_ms":7,"serving":{"rows":3,"dead_letters":0,"traps":0,"deadlines":0},"candidate":{"rows":1,"dead_letters":0,"traps":1,"deadlines":0}}"#;
+        follower.apply(&entry("canary.p.host.a", Some(report), 5));
+        assert_eq!(tallies.borrow()["p"]["host.a"].candidate.traps, 1);
+        follower.apply(&entry("canary.p.host.a", None, 6));
+        assert!(tallies.borrow().is_empty());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
 use crate::config::PluginConfig;
-use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
+use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels, PluginVersionLabels};
 
 use super::bindings::{
     Admission, Batch, Decision, Delivered, Route, TableRoute, Topology, Transformed,
@@ -74,6 +74,7 @@ pub struct Plugin {
     pub(super) engine: Engine,
     pub(super) metrics: Metrics,
     pub(super) labels: PluginLabels,
+    pub(super) version_labels: PluginVersionLabels,
     pub(super) call_labels: PluginCallLabels,
     /// The counter names this version has used (`add-counter`), bounded.
     pub(super) counter_names: Mutex<std::collections::HashSet<String>>,
@@ -322,7 +323,7 @@ impl PluginInstance {
         self.plugin
             .metrics
             .plugin_calls
-            .get_or_create(&self.plugin.labels)
+            .get_or_create(&self.plugin.version_labels)
             .inc();
         Instant::now()
     }
@@ -436,7 +437,7 @@ impl PluginInstance {
         self.plugin
             .metrics
             .plugin_failures
-            .get_or_create(&self.plugin.labels)
+            .get_or_create(&self.plugin.version_labels)
             .inc();
     }
 

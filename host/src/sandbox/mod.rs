@@ -19,7 +19,7 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::capability::{Capability, Linked};
 use crate::config::PluginConfig;
-use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels};
+use crate::telemetry::{Metrics, PluginCallLabels, PluginLabels, PluginVersionLabels};
 use crate::world::World;
 
 pub(crate) mod bindings;
@@ -381,16 +381,21 @@ impl Sandbox {
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
-            version,
+            version: version.clone(),
             pre,
             engine: self.engine.clone(),
             metrics: self.metrics.clone(),
             labels: PluginLabels {
                 plugin: config.name.clone(),
             },
+            version_labels: PluginVersionLabels {
+                plugin: config.name.clone(),
+                version: version.clone(),
+            },
             call_labels: PluginCallLabels {
                 plugin: config.name.clone(),
                 world: config.world.as_str(),
+                version: version.clone(),
             },
             counter_names: Default::default(),
             pauses: self.pauses.clone(),

@@ -177,6 +177,33 @@ function drawGrid(state) {
   for (const consumer of [...history.keys()]) if (!seen.has(consumer)) history.delete(consumer);
 }
 
+// A running canary as two rows (release, candidate), and how the last
+// canary of each plugin ended, and why.
+function drawCanaries(state) {
+  const body = $("canary-rows");
+  const ends = $("canary-ends");
+  body.replaceChildren();
+  ends.replaceChildren();
+  const rate = (n, rows) => fmt(n) + (rows ? " (" + (100 * n / rows).toFixed(2) + "%)" : "");
+  for (const p of state.plugins || []) {
+    const c = p.canary;
+    if (c) {
+      for (const [version, serves, t] of [[p.version, "the others", c.serving], [c.version, c.serves, c.candidate]]) {
+        const row = el("tr");
+        row.dataset.plugin = p.name;
+        row.append(el("td", p.name), el("td", version), el("td", serves), el("td", fmt(t.rows), "num"),
+          el("td", rate(t.dead_letters, t.rows), "num"), el("td", rate(t.traps, t.rows), "num"),
+          el("td", rate(t.deadlines, t.rows), "num"));
+        body.append(row);
+      }
+    }
+    const e = p.last_canary;
+    if (e) ends.append(el("li", p.name + ": last canary " + e.digest.slice(0, 12) + " " +
+      (e.outcome === "promoted" ? "promoted" : "rolled back") + " (" + e.by + "): " + e.reason));
+  }
+  $("canaries").hidden = !body.children.length && !ends.children.length;
+}
+
 function drawTenants(state) {
   $("tenants").hidden = !state.tenants;
   const body = $("tenant-rows");
@@ -221,6 +248,7 @@ async function poll() {
     drawTotals(state);
     drawMembers(state);
     drawGrid(state);
+    drawCanaries(state);
     drawTenants(state);
     document.body.dataset.updated = String(Date.now());
   } catch (err) {
