@@ -50,6 +50,7 @@ use crate::reload::releases::{Prepare, Release, ReleaseFollower, StoreError, Tal
 use crate::reload::{FleetReleases, Reloader, behind_fleet, released_files, with_files};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
+use crate::telemetry::traces::{Traces, TracesError};
 use crate::telemetry::{Metrics, SeverityLabels};
 use crate::topology::manifest::{Manifest, Mismatch, RECHECK_PERIOD, Severity, TopologyError};
 use crate::topology::route::{Names, Unit};
@@ -70,6 +71,8 @@ pub enum StartError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    #[error("[traces]: {0}")]
+    Traces(#[from] TracesError),
     #[error("[tls]: {0}")]
     Tls(#[from] crate::config::TlsFileError),
     #[error("the fleet's plugin releases: {0}")]
@@ -102,6 +105,8 @@ pub struct RunningHost {
     client: async_nats::Client,
     embedded: Option<EmbeddedNats>,
     _sandbox: Arc<Sandbox>,
+    /// Sent on at the stop: spans still batched.
+    traces: Traces,
     /// Held until the host has stopped: one host per data dir.
     data_dir_lock: std::fs::File,
 }
@@ -128,6 +133,7 @@ struct Joined {
     prepares: watch::Receiver<std::collections::BTreeMap<String, Prepare>>,
     /// Each member's canary counts, as the coordination watch brings them.
     tallies: watch::Receiver<Tallies>,
+    traces: Traces,
 }
 
 impl RunningHost {
@@ -220,13 +226,16 @@ impl RunningHost {
             nats: nats_status(&config, &nats_url, embedded.is_some()),
             reasons: Default::default(),
         };
-        let front_door = Arc::new(FrontDoor::new(
-            gate,
-            Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
-            metrics.clone(),
-            joined.ledger,
-            joined.request_keys,
-        ));
+        let front_door = Arc::new(
+            FrontDoor::new(
+                gate,
+                Publisher::new(client.clone(), router.clone(), config.stream.max_bytes),
+                metrics.clone(),
+                joined.ledger,
+                joined.request_keys,
+            )
+            .with_traces(joined.traces.clone()),
+        );
         let ops = Ops {
             status: status.clone(),
             generations: generations.subscribe(),
@@ -258,6 +267,7 @@ impl RunningHost {
             client,
             embedded,
             _sandbox: sandbox,
+            traces: joined.traces,
             data_dir_lock,
         })
     }
@@ -278,6 +288,15 @@ impl RunningHost {
         tasks: &mut Vec<JoinHandle<()>>,
     ) -> Result<Joined, StartError> {
         let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
+        let traces = match &config.traces.otlp_endpoint {
+            Some(endpoint) => Traces::export(
+                endpoint,
+                &config.traces.service_name,
+                &me,
+                config.traces.sample_percent,
+            )?,
+            None => Traces::default(),
+        };
         let (kv, state) = Self::open_buckets(client, router).await?;
         let ledger = Ledger::new(&me);
         let (release_follower, releases) = ReleaseFollower::new();
@@ -302,6 +321,7 @@ impl RunningHost {
                 Arc::new(move |partition| ledger.settled(partition))
             }),
             behind: claims.holds_back.clone(),
+            traces: traces.clone(),
         };
         let coordination = Self::join_fleet(
             config, client, &kv, &me, http_addr, workers, followers, claims,
@@ -325,6 +345,7 @@ impl RunningHost {
             releases,
             prepares,
             tallies,
+            traces,
         })
     }
 
@@ -525,6 +546,12 @@ impl RunningHost {
         }
         for task in self.tasks.drain(..) {
             let _ = task.await;
+        }
+        // The exporter's flush blocks its caller until the collector answers.
+        let traces = self.traces.clone();
+        let flushed = tokio::task::spawn_blocking(move || traces.flush());
+        if tokio::time::timeout(FLUSH_TIMEOUT, flushed).await.is_err() {
+            tracing::warn!("the OTLP collector did not take the last spans in time");
         }
         if self.client.connection_state() != async_nats::connection::State::Connected {
             tracing::warn!("NATS is disconnected; rows not acked yet will be redelivered");

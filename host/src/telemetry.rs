@@ -1,6 +1,8 @@
 //! Metrics (Prometheus text format) and structured logs. The counters here
 //! are also what `/v1/status` and `weir status` report, so both always agree.
 
+pub mod traces;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -558,7 +558,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
         }
         names
     };
-    let publish = |rows, ids| publisher.publish("acme", "orders", &placement, rows, ids);
+    let publish = |rows, ids| publisher.publish("acme", "orders", &placement, rows, ids, None);
 
     // 10 KB of the partition's 16 KiB.
     let fill: Vec<(String, usize)> = (0..10).map(|i| (format!("f{i}"), 1000)).collect();

@@ -46,3 +46,4 @@ mod status;
 mod send;
 mod state;
 mod topology;
+mod traces;

@@ -10,7 +10,7 @@ use serde::de::{self, DeserializeOwned, Visitor};
 use super::keys::{Fallback, Key};
 use super::{
     RawConfig, coordination, dead_letters, delivery, nats, pipelines, plugins, policies, stream,
-    tenants, tls,
+    tenants, tls, traces,
 };
 
 /// A deserializer that only records the field names a derived
@@ -56,7 +56,7 @@ fn fields_of<T: DeserializeOwned>(prefix: &str) -> BTreeSet<String> {
 }
 
 /// The sections' tables, as `RawConfig` names them.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "nats",
     "stream",
     "delivery",
@@ -67,6 +67,7 @@ const SECTIONS: [&str; 10] = [
     "pipelines",
     "policies",
     "tls",
+    "traces",
 ];
 
 /// What each section's raw form accepts, by section as the key table names it.
@@ -99,6 +100,7 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
         ("pipelines", fields_of::<pipelines::RawPipeline>("")),
         ("policies", fields_of::<policies::RawPolicies>("")),
         ("tls", fields_of::<tls::RawTls>("")),
+        ("traces", fields_of::<traces::RawTraces>("")),
     ])
 }
 

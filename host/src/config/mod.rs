@@ -3,7 +3,7 @@
 //!
 //! One file per section (`top`, `nats`, `stream`, `delivery`,
 //! `dead_letters`, `coordination`, `tenants`, `plugins`, `pipelines`,
-//! `policies`, `tls`): its raw form, its
+//! `policies`, `tls`, `traces`): its raw form, its
 //! validated type, its named defaults and its keys with their reload class
 //! ([`keys`]). `checker` holds what the sections share.
 //!
@@ -34,6 +34,7 @@ mod stream;
 mod tenants;
 mod tls;
 mod top;
+mod traces;
 mod units;
 
 use crate::world::World;
@@ -53,6 +54,7 @@ pub(crate) use tenants::*;
 pub use tls::{TlsFileError, TlsFiles};
 pub(crate) use top::*;
 pub use top::{DEFAULT_COMPILE_CACHE_MAX_BYTES, user_compile_cache_dir};
+pub use traces::TracesConfig;
 pub use units::parse_size;
 
 use checker::Checker;
@@ -66,6 +68,7 @@ use policies::RawPolicies;
 use stream::RawStream;
 use tenants::RawTenant;
 use tls::RawTls;
+use traces::RawTraces;
 use units::Size;
 
 /// Why a configuration was refused. `Invalid` lists every problem found.
@@ -173,6 +176,8 @@ pub struct Config {
     pub policies: Policies,
     /// HTTPS for the front door and the operator endpoints; `None`: HTTP.
     pub tls: Option<TlsFiles>,
+    /// Where OTLP traces go, if anywhere.
+    pub traces: TracesConfig,
     /// The plugin instance pool's size as the operator set it; `None`: sized
     /// from the topology and pipelines ([`Config::plugin_instances`]).
     pub max_plugin_instances: Option<u32>,
@@ -202,6 +207,8 @@ struct RawConfig {
     dead_letters: RawDeadLetters,
     #[serde(default)]
     tls: RawTls,
+    #[serde(default)]
+    traces: RawTraces,
     #[serde(default)]
     coordination: RawCoordination,
     #[serde(default)]
@@ -386,6 +393,7 @@ impl Checker<'_> {
         let delivery = self.delivery(&raw.delivery);
         let dead_letters = self.dead_letters(&raw.dead_letters);
         let tls = self.tls(&raw.tls);
+        let traces = self.traces(&raw.traces);
         let coordination = self.coordination(&raw.coordination);
         let mut tenant_keys = HashSet::new();
         let tenants = self.tenants(raw.tenants, &mut tenant_keys);
@@ -431,6 +439,7 @@ impl Checker<'_> {
             policies,
             max_plugin_instances: limits.max_plugin_instances,
             tls,
+            traces,
         })
     }
 }
@@ -450,6 +459,7 @@ pub fn all_keys() -> impl Iterator<Item = &'static Key> {
         pipelines::KEYS,
         policies::KEYS,
         tls::KEYS,
+        traces::KEYS,
     ]
     .into_iter()
     .flatten()

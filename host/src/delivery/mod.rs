@@ -20,6 +20,7 @@ mod pipeline;
 mod pull;
 mod settle;
 mod settler;
+mod traced;
 pub(crate) mod worker;
 
 pub use batch::{Answer, Batch, Outcome, Position};

@@ -11,6 +11,8 @@
 //! no longer holds, the batch is abandoned unanswered (the next owner gets
 //! its rows back) and the worker stops.
 
+use super::traced;
+use crate::telemetry::traces::Traces;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +104,8 @@ pub struct UnitWorker {
     /// Why this host's plugin versions are not the fleet's, if they are not
     /// (a switch it has not loaded yet): no batch runs meanwhile.
     behind: Behind,
+    /// A `deliver` span per traced request of each batch.
+    traces: Traces,
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
@@ -162,6 +166,7 @@ impl UnitWorker {
             settler,
             metrics,
             behind: Arc::new(|| None),
+            traces: Traces::default(),
             state,
             applied: AppliedPruning::default(),
             publisher,
@@ -276,7 +281,7 @@ impl UnitWorker {
             rows = batch.len()
         );
         let processed = self
-            .process_in_span(batch, puller, lease)
+            .process_in_span(batch, began, puller, lease)
             .instrument(span)
             .await;
         self.metrics
@@ -288,6 +293,7 @@ impl UnitWorker {
     async fn process_in_span(
         &mut self,
         batch: Vec<Message>,
+        began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
@@ -359,7 +365,15 @@ impl UnitWorker {
         let ack_wait = self.settings.ack_wait;
         let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
         self.settler.record_acked = stateful;
+        let traced = self
+            .traces
+            .enabled()
+            .then(|| traced::traced_requests(&batch, &verdicts));
         let settled = self.settler.settle(batch, verdicts, lease).await;
+        if let (Some(traced), Ok(())) = (traced, &settled) {
+            let unit = &self.settler.unit_labels.unit;
+            traced::record(&self.traces, unit, began.elapsed(), traced);
+        }
         self.applied.answered(&mut self.settler.acked);
         if let Some(hook) = &self.settled {
             hook(self.unit.partition);
@@ -382,6 +396,8 @@ pub struct Workers {
     pub settled: Option<SettledHook>,
     /// Holds every batch while this host's versions are not the fleet's.
     pub behind: Behind,
+    /// Where the spans of traced rows go (`[traces]`).
+    pub traces: Traces,
 }
 
 impl Workers {
@@ -397,6 +413,7 @@ impl Workers {
         );
         worker.settled = self.settled.clone();
         worker.behind = self.behind.clone();
+        worker.traces = self.traces.clone();
         worker
     }
 }

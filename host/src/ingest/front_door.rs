@@ -4,6 +4,9 @@
 //! [`FrontDoor::process`] is the one path every door (this one, and the
 //! NATS door in `nats_door.rs`) takes from a request to its answer.
 
+use opentelemetry::KeyValue;
+
+use crate::telemetry::traces::{TRACEPARENT, Traces};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -119,6 +122,8 @@ pub struct FrontDoor {
     body_bytes: Arc<Semaphore>,
     request_keys: RequestKeys,
     failed_keys: FailedKeys,
+    /// A span per traced request; its rows carry its context.
+    traces: Traces,
 }
 
 impl FrontDoor {
@@ -139,7 +144,14 @@ impl FrontDoor {
             body_bytes: Arc::new(Semaphore::new(in_flight.min(Semaphore::MAX_PERMITS))),
             request_keys,
             failed_keys: FailedKeys::default(),
+            traces: Traces::default(),
         }
+    }
+
+    /// Traces requests (`[traces]`): a span each, context in every row.
+    pub fn with_traces(mut self, traces: Traces) -> FrontDoor {
+        self.traces = traces;
+        self
     }
 
     /// The HTTP routes, ready to serve. The body is read by the handler,
@@ -392,6 +404,42 @@ impl FrontDoor {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Answer, Refusal> {
+        let producer = headers
+            .get(TRACEPARENT)
+            .and_then(|value| value.to_str().ok());
+        let span = self.traces.request(
+            producer,
+            vec![
+                KeyValue::new("weir.tenant", tenant.to_string()),
+                KeyValue::new("weir.table", table.to_string()),
+                KeyValue::new("weir.body_bytes", body.len() as i64),
+            ],
+        );
+        let traceparent = span.as_ref().map(|span| span.traceparent.as_str());
+        let answer = self
+            .process_rows(gate, tenant, table, headers, body, traceparent)
+            .await;
+        if let Some(span) = span {
+            let (status, stored) = match &answer {
+                Ok(answer) => (202, answer.accepted as i64),
+                Err(refusal) => (refusal.status.as_u16(), 0),
+            };
+            span.answered(status, vec![KeyValue::new("weir.rows_stored", stored)]);
+        }
+        answer
+    }
+
+    /// [`FrontDoor::process`] under the request's span, if traced: its
+    /// rows carry `traceparent`.
+    async fn process_rows(
+        &self,
+        gate: &Gate,
+        tenant: &str,
+        table: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        traceparent: Option<&str>,
+    ) -> Result<Answer, Refusal> {
         let door = self;
         let pipeline = check_table(gate, table)?;
         let kind = BodyKind::of(headers)?;
@@ -432,7 +480,7 @@ impl FrontDoor {
         let mut published = Published::default();
         if !outgoing.rows.is_empty() {
             published = door
-                .store_rows(gate, tenant, table, outgoing, fresh)
+                .store_rows(gate, tenant, table, outgoing, (fresh, traceparent))
                 .await?;
         }
         if !bad.is_empty() {
@@ -465,7 +513,7 @@ impl FrontDoor {
         tenant: &str,
         table: &str,
         outgoing: Outgoing,
-        fresh: bool,
+        (fresh, traceparent): (bool, Option<&str>),
     ) -> Result<Published, Refusal> {
         let door = self;
         let amount = Queued {
@@ -492,6 +540,7 @@ impl FrontDoor {
                 &placement,
                 outgoing.rows,
                 if fresh { Ids::Fresh } else { Ids::MaybeStored },
+                traceparent,
             )
             .await
             .map_err(|err| publish_refusal(err, &numbers))?;

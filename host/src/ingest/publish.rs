@@ -10,6 +10,7 @@
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
 //! so each row's "already stored" is known.
 
+use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -181,6 +182,7 @@ impl Publisher {
         placement: &Placement,
         rows: impl IntoIterator<Item = (Bytes, Option<String>)>,
         ids: Ids,
+        traceparent: Option<&str>,
     ) -> Result<Published, PublishError> {
         if !self.connected() {
             return Err(PublishError::Unavailable("not connected".into()));
@@ -195,6 +197,7 @@ impl Publisher {
                 index,
                 payload,
                 message_id,
+                traceparent: traceparent.map(Arc::<str>::from),
             };
             match units.iter_mut().find(|u| u.unit == unit) {
                 Some(unit_rows) => unit_rows.rows.push(row),
@@ -322,6 +325,9 @@ impl Publisher {
             let mut message = PublishMessage::build().payload(row.payload.clone());
             if let Some(id) = &row.message_id {
                 message = message.message_id(id);
+            }
+            if let Some(traceparent) = &row.traceparent {
+                message = message.header(TRACEPARENT, &**traceparent);
             }
             let ack = self
                 .js
@@ -542,6 +548,9 @@ impl Publisher {
             if let Some(message_id) = &row.message_id {
                 headers.insert(NATS_MESSAGE_ID, message_id.as_str());
             }
+            if let Some(traceparent) = &row.traceparent {
+                headers.insert(TRACEPARENT, &**traceparent);
+            }
             self.client
                 .publish_with_reply_and_headers(
                     unit_rows.subject.clone(),
@@ -748,6 +757,8 @@ struct Row {
     index: usize,
     payload: Bytes,
     message_id: Option<String>,
+    /// The traced request's context (`[traces]`).
+    traceparent: Option<Arc<str>>,
 }
 
 /// A request's rows for one unit, in request order.
@@ -789,6 +800,9 @@ fn batch_headers(id: &str, sequence: usize, row: &Row) -> HeaderMap {
     headers.insert(NATS_BATCH_SEQUENCE, sequence.to_string().as_str());
     if let Some(message_id) = &row.message_id {
         headers.insert(NATS_MESSAGE_ID, message_id.as_str());
+    }
+    if let Some(traceparent) = &row.traceparent {
+        headers.insert(TRACEPARENT, &**traceparent);
     }
     headers
 }

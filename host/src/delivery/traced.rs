@@ -1,0 +1,76 @@
+//! The `deliver` spans of a batch (`[traces]`): one per traced request
+//! among its rows (rows carry their request's `traceparent`), child of
+//! that request's span at the front door, saying what became of them.
+
+use std::time::{Duration, SystemTime};
+
+use async_nats::Message;
+use opentelemetry::KeyValue;
+
+use super::pipeline::Verdict;
+use crate::telemetry::traces::{TRACEPARENT, Traces};
+
+/// What became of one traced request's rows in a batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Outcomes {
+    delivered: i64,
+    dropped: i64,
+    retried: i64,
+    dead_lettered: i64,
+}
+
+/// The batch's traced requests, in order of first row, with their rows'
+/// outcomes (`verdicts` is the batch's, row for row).
+pub(super) fn traced_requests(batch: &[Message], verdicts: &[Verdict]) -> Vec<(String, Outcomes)> {
+    let mut requests: Vec<(String, Outcomes)> = Vec::new();
+    for (message, verdict) in batch.iter().zip(verdicts) {
+        let Some(traceparent) = message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(TRACEPARENT))
+            .map(|value| value.as_str())
+        else {
+            continue;
+        };
+        // Rows of one request come together: the last entry is the usual hit.
+        let index = match requests.iter().rposition(|(tp, _)| tp == traceparent) {
+            Some(index) => index,
+            None => {
+                requests.push((traceparent.to_string(), Outcomes::default()));
+                requests.len() - 1
+            }
+        };
+        let outcomes = &mut requests[index].1;
+        match verdict {
+            Verdict::Done => outcomes.delivered += 1,
+            Verdict::Dropped => outcomes.dropped += 1,
+            Verdict::Retry { .. } => outcomes.retried += 1,
+            Verdict::DeadLetter { .. } => outcomes.dead_lettered += 1,
+        }
+    }
+    requests
+}
+
+/// Ends a `deliver` span per traced request of a batch of `unit` that ran
+/// for `took` until now.
+pub(super) fn record(
+    traces: &Traces,
+    unit: &str,
+    took: Duration,
+    requests: Vec<(String, Outcomes)>,
+) {
+    let began = SystemTime::now() - took;
+    for (traceparent, outcomes) in requests {
+        traces.delivered(
+            &traceparent,
+            began,
+            vec![
+                KeyValue::new("weir.unit", unit.to_string()),
+                KeyValue::new("weir.rows_delivered", outcomes.delivered),
+                KeyValue::new("weir.rows_dropped", outcomes.dropped),
+                KeyValue::new("weir.rows_retried", outcomes.retried),
+                KeyValue::new("weir.rows_dead_lettered", outcomes.dead_lettered),
+            ],
+        );
+    }
+}
