@@ -134,6 +134,35 @@ struct Joined {
     /// Each member's canary counts, as the coordination watch brings them.
     tallies: watch::Receiver<Tallies>,
     traces: Traces,
+    /// The page's chart, sampled from `ledger`.
+    queued_history: QueuedHistory,
+}
+
+impl Joined {
+    /// What the status report reads: the counters, the running
+    /// generation, NATS, and the fleet as this host joined it.
+    fn status_source(
+        &self,
+        (metrics, registry): (&Metrics, Registry),
+        generations: &watch::Sender<Arc<Generation>>,
+        (client, router): (&async_nats::Client, &Names),
+        nats: NatsStatus,
+    ) -> StatusSource {
+        StatusSource {
+            metrics: metrics.clone(),
+            registry: Arc::new(registry),
+            generations: generations.subscribe(),
+            client: client.clone(),
+            router: router.clone(),
+            nats,
+            fleet: self.coordination.view(),
+            ledger: self.ledger.clone(),
+            queued_history: self.queued_history.clone(),
+            releases: self.releases.clone(),
+            tallies: self.tallies.clone(),
+            reasons: Default::default(),
+        }
+    }
 }
 
 impl RunningHost {
@@ -196,8 +225,8 @@ impl RunningHost {
                 router: router.clone(),
                 dir: pushed_dir,
                 started_with: released,
-                prepares: joined.prepares,
-                kv: joined.kv,
+                prepares: joined.prepares.clone(),
+                kv: joined.kv.clone(),
                 me: joined.me.clone(),
                 tallies: joined.tallies.clone(),
                 fleet: joined.coordination.view(),
@@ -206,26 +235,12 @@ impl RunningHost {
         tasks.push(tokio::spawn(reloader.watch(baseline, shutdown.clone())));
 
         // The front door and the operator endpoints, on one listener.
-        let queued_history = QueuedHistory::default();
-        tasks.push(tokio::spawn(
-            queued_history
-                .clone()
-                .record(joined.ledger.clone(), shutdown.clone()),
-        ));
-        let status = StatusSource {
-            metrics: metrics.clone(),
-            registry: Arc::new(registry),
-            generations: generations.subscribe(),
-            client: client.clone(),
-            router: router.clone(),
-            fleet: joined.coordination.view(),
-            ledger: joined.ledger.clone(),
-            queued_history,
-            releases: joined.releases,
-            tallies: joined.tallies,
-            nats: nats_status(&config, &nats_url, embedded.is_some()),
-            reasons: Default::default(),
-        };
+        let status = joined.status_source(
+            (&metrics, registry),
+            &generations,
+            (&client, &router),
+            nats_status(&config, &nats_url, embedded.is_some()),
+        );
         let front_door = Arc::new(
             FrontDoor::new(
                 gate,
@@ -336,8 +351,15 @@ impl RunningHost {
             shutdown.clone(),
         )));
 
+        let queued_history = QueuedHistory::default();
+        tasks.push(tokio::spawn(
+            queued_history
+                .clone()
+                .record(ledger.clone(), shutdown.clone()),
+        ));
         Ok(Joined {
             me,
+            queued_history,
             coordination,
             ledger,
             request_keys,
