@@ -27,7 +27,7 @@ use crate::coordination::{
     ClaimGate, Coordination, CoordinationError, KeyFollower, Lease, Membership, PluginVersions,
     UnitEnd, UnitError, UnitRunner, host_id,
 };
-use crate::delivery::worker::{DeliveryError, ISOLATION_LANES, Workers};
+use crate::delivery::worker::{Behind, DeliveryError, ISOLATION_LANES, Workers};
 use crate::ingest::front_door::{FrontDoor, Gate};
 use crate::ingest::idempotency::RequestKeys;
 use crate::ingest::listener;
@@ -136,6 +136,8 @@ struct Joined {
     traces: Traces,
     /// The page's chart, sampled from `ledger`.
     queued_history: QueuedHistory,
+    /// Why this host's plugin versions are not the fleet's, if not.
+    behind: Behind,
 }
 
 impl Joined {
@@ -214,6 +216,8 @@ impl RunningHost {
             &mut tasks,
         )
         .await?;
+
+        readiness.follow_fleet(joined.behind.clone());
 
         // Reload: files, SIGHUP, the admin API and fleet releases.
         let (reload_requests, requests) = tokio::sync::mpsc::channel(4);
@@ -338,6 +342,7 @@ impl RunningHost {
             behind: claims.holds_back.clone(),
             traces: traces.clone(),
         };
+        let behind = claims.holds_back.clone();
         let coordination = Self::join_fleet(
             config, client, &kv, &me, http_addr, workers, followers, claims,
         )
@@ -360,6 +365,7 @@ impl RunningHost {
         Ok(Joined {
             me,
             queued_history,
+            behind,
             coordination,
             ledger,
             request_keys,

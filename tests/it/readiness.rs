@@ -105,3 +105,60 @@ async fn readyz_is_503_with_the_reason_while_nats_is_frozen_or_dead_and_200_once
     );
     host.shutdown().await;
 }
+
+/// A host that cannot run the fleet's release of a plugin (here: a release
+/// naming a component no host has) is not ready once that has lasted past
+/// the grace a switch takes, saying why; ready again once the release is
+/// gone. Its budget and router policies answer the front door.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_503_while_the_host_is_behind_the_fleets_plugin_versions() {
+    let nats = Nats::start();
+    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    readyz_becomes(&host, 200, "started").await;
+
+    let js = async_nats::jetstream::new(nats.client().await);
+    let kv = js.get_key_value("weir_coord").await.unwrap();
+    let missing = "ab".repeat(32);
+    let release = serde_json::json!({ "digest": missing, "previous": null, "pushed_ms": 0 });
+    kv.put("plugins.validate", release.to_string().into())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let body = loop {
+        let answer = host.http.get(host.url("/readyz")).send().await.unwrap();
+        let (status, body) = (answer.status().as_u16(), answer.text().await.unwrap());
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "/readyz still {status} ({body}) with a release no host can load"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let after = started.elapsed();
+    println!("behind the fleet: /readyz 503 after {after:?}: {body}");
+    assert!(
+        body.contains("behind the fleet's plugin versions") && body.contains("validate"),
+        "{body}"
+    );
+    assert!(
+        after >= weir::ops::BEHIND_GRACE,
+        "a switch's moments do not count"
+    );
+
+    kv.delete("plugins.validate").await.unwrap();
+    let started = Instant::now();
+    loop {
+        let answer = host.http.get(host.url("/readyz")).send().await.unwrap();
+        if answer.status() == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "/readyz not 200 again once the release is gone"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    host.shutdown().await;
+}

@@ -5,7 +5,9 @@
 //!
 //! Exported: the status report and its parts (`StatusReport`,
 //! `FleetTotals`, `ReasonCount`, `RowCounts`), how it shows an unknown
-//! count (`known`) and the backlog of every unit (`unit_backlogs`).
+//! count (`known`), the backlog of every unit (`unit_backlogs`) and how
+//! long a host may be behind the fleet's plugins and still be ready
+//! (`BEHIND_GRACE`).
 
 pub(crate) mod history;
 pub(crate) mod http;
@@ -13,4 +15,5 @@ pub(crate) mod page;
 pub(crate) mod readiness;
 pub(crate) mod status;
 
+pub use readiness::BEHIND_GRACE;
 pub use status::{FleetTotals, ReasonCount, RowCounts, StatusReport, known, unit_backlogs};

@@ -20,6 +20,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::delivery::worker::Behind;
 use crate::topology::route::Names;
 
 /// How often the echo probe goes through the server.
@@ -31,11 +32,19 @@ pub const ANSWER_BOUND: Duration = Duration::from_secs(1);
 /// per host, where one every `PROBE_EVERY` was 5/s.
 pub const JETSTREAM_PROBE_EVERY: Duration = Duration::from_secs(5);
 
+/// How long a host may be behind the fleet's plugin versions before it is
+/// not ready: a push switches every host within moments, which should not
+/// take a host out of a load balancer.
+pub const BEHIND_GRACE: Duration = Duration::from_secs(2);
+
 /// What the probe and the topology checks saw last; shared with `/readyz`.
 #[derive(Clone)]
 pub struct Readiness {
     client: async_nats::Client,
     seen: Arc<Mutex<Seen>>,
+    /// Why this host's plugin versions are not the fleet's, if they are not
+    /// (its budget and router policies answer the front door).
+    behind: Arc<Mutex<Option<Behind>>>,
 }
 
 struct Seen {
@@ -47,6 +56,8 @@ struct Seen {
     refused: Option<String>,
     /// Required topology differences found by the last verification.
     topology: Vec<String>,
+    /// Since when this host has been behind the fleet's plugin versions.
+    behind_since: Option<Instant>,
 }
 
 impl Readiness {
@@ -59,17 +70,46 @@ impl Readiness {
                 jetstream_answered: Instant::now(),
                 refused: None,
                 topology: Vec::new(),
+                behind_since: None,
             })),
+            behind: Arc::default(),
+        }
+    }
+
+    /// Not ready while this host has run other plugin versions than the
+    /// fleet's for longer than [`BEHIND_GRACE`].
+    pub fn follow_fleet(&self, behind: Behind) {
+        if let Ok(mut slot) = self.behind.lock() {
+            *slot = Some(behind);
         }
     }
 
     /// Why this host cannot store a row now; `None`: it can.
     pub fn not_ready_because(&self) -> Option<String> {
         let connected = self.client.connection_state() == async_nats::connection::State::Connected;
-        let Ok(seen) = self.seen.lock() else {
+        let behind = self
+            .behind
+            .lock()
+            .ok()
+            .and_then(|behind| behind.as_ref().and_then(|behind| behind()));
+        let Ok(mut seen) = self.seen.lock() else {
             return Some("readiness state unavailable".to_string());
         };
-        judge(connected, Instant::now(), &seen)
+        let now = Instant::now();
+        seen.behind_since = match behind {
+            Some(_) => Some(seen.behind_since.unwrap_or(now)),
+            None => None,
+        };
+        judge(connected, now, &seen).or_else(|| {
+            let since = seen.behind_since?;
+            (now.saturating_duration_since(since) > BEHIND_GRACE).then(|| {
+                format!(
+                    "behind the fleet's plugin versions for {} ms: {}",
+                    now.saturating_duration_since(since).as_millis(),
+                    behind.unwrap_or_default()
+                )
+            })
+        })
     }
 
     /// Records the required topology differences of the last verification
@@ -240,6 +280,7 @@ mod tests {
             jetstream_answered: answered,
             refused: None,
             topology: Vec::new(),
+            behind_since: None,
         }
     }
 
