@@ -96,10 +96,7 @@ impl Readiness {
             return Some("readiness state unavailable".to_string());
         };
         let now = Instant::now();
-        seen.behind_since = match behind {
-            Some(_) => Some(seen.behind_since.unwrap_or(now)),
-            None => None,
-        };
+        seen.behind_since = behind.as_ref().map(|_| seen.behind_since.unwrap_or(now));
         judge(connected, now, &seen).or_else(|| {
             let since = seen.behind_since?;
             (now.saturating_duration_since(since) > BEHIND_GRACE).then(|| {
