@@ -163,6 +163,7 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
         keys: &[
             key("grants.http", KeyDefault::Empty),
             key("http_keep_alive", KeyDefault::Bool(true)),
+            key("http_ca", KeyDefault::Off),
         ],
         linked: Linked::WhenImported,
         checks: &[Check {

@@ -120,6 +120,74 @@ impl axum::serve::Listener for Counting {
     }
 }
 
+/// A listener that counts the TCP connections it accepts and speaks TLS on
+/// them (a connection whose handshake fails is counted and dropped).
+struct TlsCounting {
+    inner: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl axum::serve::Listener for TlsCounting {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (tcp, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            self.accepted.fetch_add(1, Ordering::SeqCst);
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+impl Endpoint {
+    /// The same endpoint over HTTPS, with a certificate of a test-made CA.
+    async fn start_tls(then: u16, files: &crate::nats_auth::tls::TlsFiles) -> Endpoint {
+        let script = Arc::new(Mutex::new(Script {
+            next: VecDeque::new(),
+            then,
+            received: Vec::new(),
+        }));
+        let app = axum::Router::new()
+            .route("/ingest", axum::routing::post(answer))
+            .with_state(script.clone());
+        let server = weir::config::TlsFiles {
+            cert: files.server_cert.clone(),
+            key: files.server_key.clone(),
+        }
+        .server_config()
+        .expect("a TLS server config");
+        let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the test endpoint");
+        let addr = inner.local_addr().expect("endpoint address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let listener = TlsCounting {
+            inner,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            accepted: accepted.clone(),
+        };
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .await
+                .expect("test endpoint serves");
+        });
+        Endpoint {
+            addr,
+            script,
+            accepted,
+            task,
+        }
+    }
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.task.abort();
@@ -445,4 +513,57 @@ async fn without_keep_alive_every_batch_opens_a_connection_of_its_own() {
         accepted, requests,
         "{accepted} connections for {requests} requests: some were reused"
     );
+}
+
+/// An HTTPS endpoint whose certificate a private CA signed: with `http_ca`
+/// naming that CA the sink's requests trust it and batches share a few
+/// pooled TLS connections; without it no request gets through (the rows
+/// stay queued, retried) and nothing reaches the endpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_endpoint_of_a_private_ca_is_trusted_through_http_ca_and_pooled() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = crate::nats_auth::tls::tls_files(dir.path());
+    let endpoint = Endpoint::start_tls(200, &files).await;
+    let url = format!("https://localhost:{}/ingest", endpoint.addr.port());
+    let grant = format!("[\"localhost:{}\"]", endpoint.addr.port());
+
+    // Without the CA: the handshake fails, nothing is delivered.
+    let nats = Nats::start();
+    let untrusted = TestHost::start(&base_config(nats.url(), &http_pipeline(&url, &grant))).await;
+    assert_eq!(untrusted.ingest("events", orders(0, 1)).await.status(), 202);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        endpoint.received().is_empty(),
+        "a certificate of an untrusted CA was accepted"
+    );
+    assert!(
+        endpoint.accepted.load(Ordering::SeqCst) > 0,
+        "no attempt made"
+    );
+    untrusted.shutdown().await;
+    drop(nats);
+
+    // With it: every batch delivered, over a few kept-alive connections.
+    let nats = Nats::start();
+    let before = endpoint.accepted.load(Ordering::SeqCst);
+    let grant = format!("{grant}\nhttp_ca = \"{}\"", files.ca.display());
+    let host = TestHost::start(&base_config(nats.url(), &http_pipeline(&url, &grant))).await;
+    const BATCHES: usize = 30;
+    for id in 0..BATCHES {
+        assert_eq!(host.ingest("events", orders(id, 1)).await.status(), 202);
+        eventually(
+            Duration::from_secs(30),
+            "the row posted over HTTPS",
+            || async { (endpoint.delivered_lines().len() == id + 1).then_some(()) },
+        )
+        .await;
+    }
+    settled(&nats).await;
+    let connections = endpoint.accepted.load(Ordering::SeqCst) - before;
+    println!("https sink with http_ca: {BATCHES} batches over {connections} TLS connections");
+    assert!(
+        connections <= 8,
+        "{connections} TLS connections for {BATCHES} batches: not kept alive"
+    );
+    host.shutdown().await;
 }

@@ -51,7 +51,7 @@ pub(crate) use policies::*;
 pub(crate) use stream::*;
 pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
 pub(crate) use tenants::*;
-pub use tls::{TlsFileError, TlsFiles};
+pub use tls::{TlsFileError, TlsFiles, read_roots};
 pub(crate) use top::*;
 pub use top::{DEFAULT_COMPILE_CACHE_MAX_BYTES, user_compile_cache_dir};
 pub use traces::TracesConfig;

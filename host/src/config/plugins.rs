@@ -109,6 +109,9 @@ pub struct PluginConfig {
     /// Whether its `grants.http` requests reuse pooled keep-alive
     /// connections; `false`: a fresh connection per request, closed after.
     pub http_keep_alive: bool,
+    /// A PEM file of root certificates its HTTPS requests trust besides the
+    /// public ones (a private CA).
+    pub http_ca: Option<PathBuf>,
     /// Its `http-batch` requests in flight at once, across its instances.
     pub http_max_in_flight: usize,
     pub grants: Grants,
@@ -323,6 +326,7 @@ pub(super) struct RawPlugin {
     recycle_after_growth: Option<Spanned<Size>>,
     recycle_after_growth_mb: Option<Spanned<u32>>,
     http_keep_alive: Option<bool>,
+    http_ca: Option<Spanned<String>>,
     http_max_in_flight: Option<Spanned<u64>>,
     #[serde(default)]
     grants: RawGrants,
@@ -495,6 +499,19 @@ impl Checker<'_> {
             None => DEFAULT_HTTP_MAX_IN_FLIGHT,
         };
         let http_max_in_flight = usize::try_from(http_max_in_flight).unwrap_or(usize::MAX);
+        let http_ca = plugin.http_ca.as_ref().and_then(|file| {
+            let path = self.resolve(file.get_ref());
+            match crate::config::read_roots(&path) {
+                Ok(_) => Some(path),
+                Err(err) => {
+                    self.report(
+                        file.span().start,
+                        format!("plugin `{}`: http_ca: {err}", name.get_ref()),
+                    );
+                    None
+                }
+            }
+        });
         let world = self.world(&name, &plugin.world);
         let grants = self.grants(name.get_ref(), world, plugin.grants, prefix);
         let settings = serde_json::to_value(plugin.settings.unwrap_or_default())
@@ -514,6 +531,7 @@ impl Checker<'_> {
             recycle_after_growth_bytes: usize::try_from(recycle_after_growth_bytes)
                 .unwrap_or(usize::MAX),
             http_keep_alive: plugin.http_keep_alive.unwrap_or(true),
+            http_ca,
             http_max_in_flight,
             grants,
         }

@@ -575,3 +575,18 @@ fn a_required_key_that_is_wrong_is_one_problem_not_two() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains(":2:10: "), "{found:?}");
 }
+
+#[test]
+fn an_http_ca_that_is_not_a_pem_file_is_named_at_its_key() {
+    let found = problems(
+        "[plugins.h]\nwasm = \"h.wasm\"\nworld = \"sink\"\ngrants.http = [\"localhost:1\"]\nhttp_ca = \"/nonexistent/ca.pem\"\n",
+    );
+    let ca: Vec<&String> = found.iter().filter(|p| p.contains("http_ca")).collect();
+    assert_eq!(ca.len(), 1, "{found:?}");
+    assert!(
+        ca[0].starts_with(
+            "/etc/weir/weir.toml:5:11: plugin `h`: http_ca: cannot read /nonexistent/ca.pem"
+        ),
+        "{found:?}"
+    );
+}

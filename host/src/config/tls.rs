@@ -75,6 +75,25 @@ impl TlsFiles {
     }
 }
 
+/// The root certificates in a PEM file (a private CA a plugin's HTTPS
+/// requests trust, `http_ca`): at least one.
+pub fn read_roots(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
+    let read = |reason: String| TlsFileError::Read {
+        path: path.display().to_string(),
+        reason,
+    };
+    let roots: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|err| read(err.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|err| read(err.to_string()))?;
+    if roots.is_empty() {
+        return Err(TlsFileError::NoCertificate {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(roots)
+}
+
 /// `[tls]` as written in the file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

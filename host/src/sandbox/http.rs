@@ -25,20 +25,28 @@ pub(crate) const MAX_IDLE_PER_AUTHORITY: usize = 32;
 pub(crate) type HttpPool = Client<hyper_rustls::HttpsConnector<HttpConnector>, WasiBody>;
 
 /// The pool of a plugin version: plain HTTP or TLS (trusting the roots
-/// `wasmtime_wasi_http`'s own client trusts), HTTP/1 with keep-alive.
+/// `wasmtime_wasi_http`'s own client trusts, and `private_roots`: the
+/// plugin's `http_ca`), HTTP/1 with keep-alive.
 /// `connect_timeout` bounds a TCP connect; each request's own bounds are
 /// applied around it by [`HttpGate`]. Without `keep_alive` nothing is kept
 /// idle, which turns hyper's pool off: each request connects anew. Fails
 /// only if ring's TLS provider lacks rustls's default protocol versions.
-pub(crate) fn pool(connect_timeout: Duration, keep_alive: bool) -> Result<HttpPool, rustls::Error> {
+pub(crate) fn pool(
+    connect_timeout: Duration,
+    keep_alive: bool,
+    private_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+) -> Result<HttpPool, rustls::Error> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     // A request is one or two small writes: Nagle would hold the second.
     tcp.set_nodelay(true);
     tcp.set_connect_timeout(Some(connect_timeout));
-    let roots = rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.into(),
     };
+    for root in private_roots {
+        roots.add(root)?;
+    }
     let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

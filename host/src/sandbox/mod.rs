@@ -366,18 +366,7 @@ impl Sandbox {
             Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
             None => None,
         };
-        // A connect never usefully outlasts a call.
-        let http_pool =
-            match config.grants.http.is_empty() {
-                true => None,
-                false => Some(http::pool(config.deadline, config.http_keep_alive).map_err(
-                    |err| LoadError::Grant {
-                        plugin: config.name.clone(),
-                        dir: "grants.http".to_string(),
-                        reason: format!("no TLS client: {err}"),
-                    },
-                )?),
-            };
+        let http_pool = http_pool(config)?;
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -512,6 +501,29 @@ pub fn version_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The plugin's outbound HTTP pool, if it is granted any host: trusting
+/// its `http_ca` besides the public roots. A connect never usefully
+/// outlasts a call.
+fn http_pool(config: &PluginConfig) -> Result<Option<http::HttpPool>, LoadError> {
+    if config.grants.http.is_empty() {
+        return Ok(None);
+    }
+    let refused = |reason: String| LoadError::Grant {
+        plugin: config.name.clone(),
+        dir: "grants.http".to_string(),
+        reason,
+    };
+    let private_roots = match &config.http_ca {
+        Some(path) => {
+            crate::config::read_roots(path).map_err(|err| refused(format!("http_ca: {err}")))?
+        }
+        None => Vec::new(),
+    };
+    http::pool(config.deadline, config.http_keep_alive, private_roots)
+        .map(Some)
+        .map_err(|err| refused(format!("no TLS client: {err}")))
 }
 
 #[cfg(test)]
