@@ -164,6 +164,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         state: None,
         settled: None,
         behind: Arc::new(|| None),
+        shadows: Default::default(),
     }));
 
     // Members join 16 at a time, as a fleet rolling out would.

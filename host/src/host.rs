@@ -302,6 +302,7 @@ impl RunningHost {
                 Arc::new(move |partition| ledger.settled(partition))
             }),
             behind: claims.holds_back.clone(),
+            shadows: Default::default(),
         };
         let coordination = Self::join_fleet(
             config, client, &kv, &me, http_addr, workers, followers, claims,

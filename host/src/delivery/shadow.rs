@@ -1,0 +1,157 @@
+//! A shadow's side of delivery (`reload::shadow`): when the release of a
+//! shadowed transform answers a batch, a tap copies the rows it was given
+//! and what it answered into a bounded queue; one task per shadow and host
+//! runs the candidate on the copy, compares each row's outcomes and adds
+//! the differences to the host's counts. The candidate's answer goes
+//! nowhere else: no sink, no ack, no dead letter, no state.
+//!
+//! The bound: the serving path only looks whether the queue has room
+//! (copying the batch if it has) and never waits. A full queue skips the
+//! batch, counted as not compared, so a slow candidate costs comparisons,
+//! not delivery; what it costs besides is its own CPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::delivery::batch::Batch;
+use crate::delivery::pipeline::{Observer, Stepped, call_alone, row_results};
+use crate::reload::canary::{Canary, Counts};
+use crate::reload::generation::{CanaryVersion, Generation};
+use crate::reload::shadow::{Diff, RowResult};
+use crate::sandbox::Plugin;
+
+/// Batch copies queued per shadow and host; past it batches are skipped.
+pub const QUEUE_BATCHES: usize = 4;
+
+/// A copy of what the release was given and what it answered.
+struct Job {
+    given: Batch,
+    serving: Vec<RowResult>,
+}
+
+/// Which shadow a queue runs: plugin, candidate digest, start.
+type Key = (String, String, u64);
+
+/// Every shadow's queue on this host, shared by its unit workers; a queue
+/// (and its task) ends once no worker's runner taps it any more.
+#[derive(Clone, Default)]
+pub struct Shadows {
+    queues: Arc<Mutex<HashMap<Key, mpsc::WeakSender<Job>>>>,
+}
+
+impl Shadows {
+    /// The tap for variant `variant` of `generation`'s runner, if a shadow
+    /// runs beside one of its transforms.
+    pub fn tap(&self, generation: &Generation, variant: usize) -> Option<Arc<dyn Observer>> {
+        let shadows = generation.variant_shadows(variant);
+        // Outside a runtime (never in a host) there is no task to run it.
+        if shadows.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+            return None;
+        }
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.retain(|_, weak| weak.upgrade().is_some());
+        let mut lanes = Vec::new();
+        for (name, candidate) in shadows {
+            let Some(serving) = generation.plugin(name) else {
+                continue;
+            };
+            let key = (
+                name.to_string(),
+                candidate.canary.digest.clone(),
+                candidate.canary.started_ms,
+            );
+            let sender = match queues.get(&key).and_then(mpsc::WeakSender::upgrade) {
+                Some(sender) => sender,
+                None => {
+                    let (sender, receiver) = mpsc::channel(QUEUE_BATCHES);
+                    let counts = generation.canary_counts().clone();
+                    tokio::spawn(run(name.to_string(), candidate.clone(), counts, receiver));
+                    queues.insert(key, sender.downgrade());
+                    sender
+                }
+            };
+            lanes.push(Lane {
+                name: name.to_string(),
+                serving: serving.version.clone(),
+                canary: candidate.canary.clone(),
+                sender,
+                counts: generation.canary_counts().clone(),
+            });
+        }
+        (!lanes.is_empty()).then(|| Arc::new(Tap { lanes }) as Arc<dyn Observer>)
+    }
+}
+
+/// One shadow as a runner's tap sees it.
+struct Lane {
+    name: String,
+    /// The release's version: only its answers are copied.
+    serving: String,
+    canary: Canary,
+    sender: mpsc::Sender<Job>,
+    counts: Arc<Counts>,
+}
+
+/// Copies the release's answers of shadowed transforms into their queues.
+struct Tap {
+    lanes: Vec<Lane>,
+}
+
+impl Observer for Tap {
+    fn answered(&self, plugin: &Plugin, given: &Batch, stepped: &Stepped) {
+        for lane in &self.lanes {
+            if plugin.name() != lane.name || plugin.version != lane.serving {
+                continue;
+            }
+            // Looked at before the copy: a full queue costs no copy.
+            let sent = lane.sender.capacity() > 0
+                && lane
+                    .sender
+                    .try_send(Job {
+                        given: given.clone(),
+                        serving: row_results(given, stepped),
+                    })
+                    .is_ok();
+            if !sent {
+                let skipped = Diff {
+                    skipped: given.len() as u64,
+                    ..Diff::default()
+                };
+                lane.counts.add_diff(&lane.name, &lane.canary, &skipped);
+            }
+        }
+    }
+}
+
+/// Runs the candidate on each queued copy and counts the differences.
+async fn run(
+    name: String,
+    candidate: CanaryVersion,
+    counts: Arc<Counts>,
+    mut jobs: mpsc::Receiver<Job>,
+) {
+    let mut instance = None;
+    while let Some(job) = jobs.recv().await {
+        let given = &job.given;
+        let answered = match call_alone(&candidate.plugin, &mut instance, given).await {
+            Ok(stepped) => row_results(given, &stepped),
+            // The whole call failed: every row of it did.
+            Err(failure) => vec![RowResult::Failed(failure.error.message); given.len()],
+        };
+        let mut diff = Diff::default();
+        for (row, (serving, candidate)) in job.serving.iter().zip(&answered).enumerate() {
+            let at = (
+                given.tenant(row),
+                given.table(row),
+                given.position(row).sequence,
+            );
+            diff.compare(at, serving, candidate);
+        }
+        counts.add_diff(&name, &candidate.canary, &diff);
+    }
+}
