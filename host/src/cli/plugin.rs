@@ -488,7 +488,7 @@ async fn diff(fleet: FleetTarget, name: String, json: bool) -> anyhow::Result<()
         .and_then(|r| r.digest.as_deref())
         .map_or("file", releases::version_of_digest);
     let reports = releases::canary_reports(&client, &router, &name).await?;
-    let diff = weir::reload::shadow::fleet_diff(shadow, reports.values());
+    let diff = canary::fleet_diff(shadow, reports.values());
     if json {
         let value = serde_json::json!({
             "plugin": name,
@@ -601,7 +601,7 @@ fn list_one(
 /// how the last canary ended.
 fn list_canary(release: &Release, reports: &std::collections::BTreeMap<String, canary::Report>) {
     if let Some(shadow) = release.canary.as_ref().filter(|c| c.shadow) {
-        let diff = weir::reload::shadow::fleet_diff(shadow, reports.values());
+        let diff = canary::fleet_diff(shadow, reports.values());
         println!(
             "  shadow: {} beside the release since {} (serves no tenant)",
             shadow.digest,

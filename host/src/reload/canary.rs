@@ -306,6 +306,18 @@ pub fn fleet_tally<'a>(
     (serving, candidate)
 }
 
+/// The fleet's differences of one shadow: the members' reports of it, summed.
+pub fn fleet_diff<'a>(shadow: &Canary, reports: impl Iterator<Item = &'a Report>) -> Diff {
+    let mut diff = Diff::default();
+    for report in reports.filter(|r| r.digest == shadow.digest && r.started_ms == shadow.started_ms)
+    {
+        if let Some(theirs) = &report.diff {
+            diff.add(theirs);
+        }
+    }
+    diff
+}
+
 /// How a canary ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

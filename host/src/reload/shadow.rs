@@ -192,21 +192,6 @@ impl Diff {
     }
 }
 
-/// The fleet's differences of one shadow: the members' reports of it, summed.
-pub fn fleet_diff<'a>(
-    shadow: &crate::reload::canary::Canary,
-    reports: impl Iterator<Item = &'a crate::reload::canary::Report>,
-) -> Diff {
-    let mut diff = Diff::default();
-    for report in reports.filter(|r| r.digest == shadow.digest && r.started_ms == shadow.started_ms)
-    {
-        if let Some(theirs) = &report.diff {
-            diff.add(theirs);
-        }
-    }
-    diff
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
