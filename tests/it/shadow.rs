@@ -60,6 +60,13 @@ async fn dead_lettered(host: &TestHost) -> u64 {
         .map_or(0, |value| value.trim().parse::<f64>().unwrap_or(0.0) as u64)
 }
 
+/// The shadow's version, as `weir plugin diff --json` names it.
+fn diff_version(host: &TestHost) -> String {
+    let output = plugin(host, "diff", &["validate", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    json["candidate"].as_str().expect("a version").to_string()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_shadow_reports_its_differences_and_delivers_nothing() {
     let nats = crate::support::Nats::start();
@@ -176,6 +183,18 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
     assert!(
         listed.contains("shadow: ") && listed.contains(&format!("compared {ROWS} rows")),
         "{listed}"
+    );
+    let status = std::process::Command::new(crate::support::WEIR)
+        .args(["status", "--url", &b.url("")])
+        .output()
+        .expect("weir runs");
+    let status = stdout(&status);
+    assert!(
+        status.contains(&format!("shadow of validate: {} beside ", diff_version(&a)))
+            && status.contains(&format!(
+                "compared {ROWS} rows, {ROWS} differ, 0 not compared"
+            )),
+        "{status}"
     );
 
     // Nothing of the shadow was delivered or dead-lettered: every row as

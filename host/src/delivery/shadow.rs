@@ -155,3 +155,89 @@ async fn run(
         counts.add_diff(&name, &candidate.canary, &diff);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use crate::delivery::batch::Position;
+    use crate::sandbox::Sandbox;
+
+    #[tokio::test]
+    async fn the_serving_path_never_waits_a_full_queue_skips_and_the_rest_is_compared() {
+        let text = format!(
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n\n[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"p\"]\n",
+            weir_test_artifacts::PASSTHROUGH
+        );
+        let config = Config::parse(
+            Path::new("/etc/weir/weir.toml"),
+            &text,
+            &Overrides::default(),
+        );
+        let config = Arc::new(config.unwrap());
+        let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
+        let serving = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let candidate = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let shadow = Canary {
+            digest: "aa".into(),
+            share: 0,
+            tenants: Vec::new(),
+            started_ms: 1,
+            auto: None,
+            shadow: true,
+        };
+        let counts = Arc::new(Counts::default());
+        let generation = Generation::with_canaries(
+            config,
+            HashMap::from([("p".to_string(), serving.clone())]),
+            BTreeMap::from([(
+                "p".to_string(),
+                CanaryVersion {
+                    plugin: candidate,
+                    canary: shadow.clone(),
+                },
+            )]),
+            counts.clone(),
+        );
+        let tap = Shadows::default()
+            .tap(&generation, 0)
+            .expect("a shadow runs there");
+        let mut batch = Batch::default();
+        for sequence in 0..2 {
+            batch.push(
+                "acme",
+                "t",
+                b"{\"a\":1}",
+                [],
+                Position {
+                    sequence,
+                    attempt: 1,
+                },
+            );
+        }
+        // One thread, not yielded: the task has taken nothing yet, so the
+        // queue fills and the batches past it are skipped, at once.
+        for _ in 0..QUEUE_BATCHES + 2 {
+            tap.answered(&serving, &batch, &Stepped::Unchanged);
+        }
+        let running = BTreeMap::from([("p".to_string(), shadow)]);
+        let diff = |counts: &Counts| counts.reports(&running)["p"].diff.clone().unwrap();
+        assert_eq!(diff(&counts).skipped, 4);
+        for _ in 0..500 {
+            if diff(&counts).compared == (QUEUE_BATCHES * 2) as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let diff = diff(&counts);
+        assert_eq!(
+            (diff.compared, diff.skipped),
+            ((QUEUE_BATCHES * 2) as u64, 4)
+        );
+        assert_eq!(diff.differing(), 0, "{diff:?}");
+    }
+}

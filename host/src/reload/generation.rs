@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::reload::canary::{Auto, Canary, Counts, Ended, Tally};
+use crate::reload::shadow::Diff;
 use crate::sandbox::Plugin;
 
 /// At most this many canaried plugins in one pipeline (2^N variants);
@@ -249,4 +250,8 @@ pub struct CanaryStatus {
     /// What the fleet's hosts counted, serving version and candidate.
     pub serving: Tally,
     pub candidate: Tally,
+    /// A shadow's differences from the release, fleet-wide (`None`: a
+    /// canary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Diff>,
 }
