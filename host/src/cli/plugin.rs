@@ -127,7 +127,8 @@ pub struct CanaryArgs {
     /// Serve no tenant with the new version: every host runs it on copies
     /// of the rows the release transforms, off the serving path, and
     /// records where their outcomes differ (`weir plugin diff NAME`).
-    /// Transforms only, and none granted `state` or outbound HTTP.
+    /// Transforms only, and none granted `state`, outbound HTTP or a
+    /// writable directory.
     #[arg(long, conflicts_with_all = ["canary", "tenants", "promote_after", "max_dead_letter_rate", "max_trap_rate"])]
     shadow: bool,
 }
@@ -233,6 +234,18 @@ fn shadow(plugin: &weir::config::PluginConfig, digest: String) -> anyhow::Result
         plugin.grants.http.is_empty(),
         "plugin `{name}` is granted outbound HTTP ({}): its shadow would call those hosts a second time per row; canary it instead (--canary, --tenants)",
         plugin.grants.http.join(", ")
+    );
+    let writable: Vec<String> = plugin
+        .grants
+        .dirs
+        .iter()
+        .filter(|dir| dir.writable)
+        .map(|dir| dir.guest.clone())
+        .collect();
+    anyhow::ensure!(
+        writable.is_empty(),
+        "plugin `{name}` may write to {}: its shadow would write there beside the release; canary it instead (--canary, --tenants)",
+        writable.join(", ")
     );
     Ok(Canary {
         digest,
