@@ -5,7 +5,7 @@
 //! shadow reports those rows' difference class with examples, the sinks
 //! write exactly what the pass-through passed (nothing masked, nothing
 //! dead-lettered), and a shadow of a sink or of a plugin granted `state`
-//! is refused with the reason.
+//! is refused with the reason. Promoted, the candidate serves.
 
 use std::time::Duration;
 
@@ -231,6 +231,65 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
         )
         .await;
     }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Promoted, the shadow's candidate serves every row: the validator
+/// masks from then on, and no shadow runs any more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_promoted_shadow_serves_every_row() {
+    let nats = crate::support::Nats::start();
+    let a = TestHost::start(&config(nats.url(), "host-a")).await;
+    let b = TestHost::start(&config(nats.url(), "host-b")).await;
+    let hosts = [&a, &b];
+    stdout(&plugin(
+        &a,
+        "push",
+        &["validate", VALIDATOR, "--shadow", "--wait", "30"],
+    ));
+    let row = |n: u64| format!("{{\"id\":{n},\"seq\":{n},\"email\":\"u{n}@example.com\"}}\n");
+    assert_eq!(a.ingest("orders", row(0)).await.status(), 202);
+    eventually(Duration::from_secs(30), "the first row", || async {
+        (written(&hosts).len() == 1).then_some(())
+    })
+    .await;
+    let promoted = stdout(&plugin(&a, "promote", &["validate"]));
+    assert!(promoted.contains("the fleet now runs"), "{promoted}");
+    let validator = weir::sandbox::version_of(&std::fs::read(VALIDATOR).unwrap());
+    for host in hosts {
+        eventually(Duration::from_secs(10), "every host serves it", || async {
+            let report = host.host.status().report().await;
+            report
+                .plugins
+                .iter()
+                .any(|p| p.name == "validate" && p.version == validator && p.canary.is_none())
+                .then_some(())
+        })
+        .await;
+    }
+    assert_eq!(a.ingest("orders", row(1)).await.status(), 202);
+    let rows = eventually(Duration::from_secs(30), "the second row", || async {
+        let rows = written(&hosts);
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    let email = |seq: u64| {
+        rows.iter()
+            .find(|r| r["seq"] == seq)
+            .map(|r| r["email"].clone())
+    };
+    assert_eq!(
+        email(0),
+        Some("u0@example.com".into()),
+        "before: the release"
+    );
+    assert_eq!(email(1), Some("***".into()), "after: the candidate");
+    let listed = stdout(&plugin(&a, "list", &["validate"]));
+    assert!(
+        !listed.contains("shadow: ") && listed.contains("promoted (operator)"),
+        "{listed}"
+    );
     a.shutdown().await;
     b.shutdown().await;
 }
