@@ -167,10 +167,12 @@ mod tests {
     use crate::delivery::batch::Position;
     use crate::sandbox::Sandbox;
 
-    #[tokio::test]
-    async fn the_serving_path_never_waits_a_full_queue_skips_and_the_rest_is_compared() {
+    /// A generation whose pipeline of table `t` runs the pass-through,
+    /// with a shadow of `candidate` (settings: chaos's trap mode, which
+    /// the pass-through ignores), and the counts it adds to.
+    async fn shadowed(candidate: &str) -> (Generation, Arc<Plugin>, Canary, Arc<Counts>) {
         let text = format!(
-            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\n\n[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"p\"]\n",
+            "[plugins.p]\nwasm = \"{}\"\nworld = \"transform\"\nsettings = {{ mode = \"trap\" }}\n\n[[pipelines]]\ntables = [\"t\"]\ntransforms = [\"p\"]\n",
             weir_test_artifacts::PASSTHROUGH
         );
         let config = Config::parse(
@@ -181,7 +183,9 @@ mod tests {
         let config = Arc::new(config.unwrap());
         let sandbox = Sandbox::new(crate::telemetry::Metrics::default()).unwrap();
         let serving = sandbox.load(&config.plugins["p"]).await.unwrap();
-        let candidate = sandbox.load(&config.plugins["p"]).await.unwrap();
+        let mut other = config.plugins["p"].clone();
+        other.wasm = candidate.into();
+        let candidate = sandbox.load(&other).await.unwrap();
         let shadow = Canary {
             digest: "aa".into(),
             share: 0,
@@ -203,11 +207,12 @@ mod tests {
             )]),
             counts.clone(),
         );
-        let tap = Shadows::default()
-            .tap(&generation, 0)
-            .expect("a shadow runs there");
+        (generation, serving, shadow, counts)
+    }
+
+    fn batch(rows: u64) -> Batch {
         let mut batch = Batch::default();
-        for sequence in 0..2 {
+        for sequence in 0..rows {
             batch.push(
                 "acme",
                 "t",
@@ -219,25 +224,63 @@ mod tests {
                 },
             );
         }
+        batch
+    }
+
+    /// The counts' diff once `compared` rows were compared (or after 5 s).
+    async fn compared(counts: &Counts, shadow: &Canary, rows: u64) -> Diff {
+        let running = BTreeMap::from([("p".to_string(), shadow.clone())]);
+        let diff = || {
+            let reports = counts.reports(&running);
+            reports
+                .get("p")
+                .and_then(|r| r.diff.clone())
+                .unwrap_or_default()
+        };
+        for _ in 0..500 {
+            if diff().compared >= rows {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        diff()
+    }
+
+    #[tokio::test]
+    async fn the_serving_path_never_waits_a_full_queue_skips_and_the_rest_is_compared() {
+        let (generation, serving, shadow, counts) =
+            shadowed(weir_test_artifacts::PASSTHROUGH).await;
+        let tap = Shadows::default()
+            .tap(&generation, 0)
+            .expect("a shadow runs there");
+        let batch = batch(2);
         // One thread, not yielded: the task has taken nothing yet, so the
         // queue fills and the batches past it are skipped, at once.
         for _ in 0..QUEUE_BATCHES + 2 {
             tap.answered(&serving, &batch, &Stepped::Unchanged);
         }
-        let running = BTreeMap::from([("p".to_string(), shadow)]);
-        let diff = |counts: &Counts| counts.reports(&running)["p"].diff.clone().unwrap();
-        assert_eq!(diff(&counts).skipped, 4);
-        for _ in 0..500 {
-            if diff(&counts).compared == (QUEUE_BATCHES * 2) as u64 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let diff = diff(&counts);
+        let diff = compared(&counts, &shadow, (QUEUE_BATCHES * 2) as u64).await;
         assert_eq!(
             (diff.compared, diff.skipped),
             ((QUEUE_BATCHES * 2) as u64, 4)
         );
         assert_eq!(diff.differing(), 0, "{diff:?}");
+    }
+
+    #[tokio::test]
+    async fn a_candidate_that_traps_is_a_difference_of_every_row_of_its_call() {
+        let (generation, serving, shadow, counts) = shadowed(weir_test_artifacts::CHAOS).await;
+        let tap = Shadows::default()
+            .tap(&generation, 0)
+            .expect("a shadow runs there");
+        tap.answered(&serving, &batch(3), &Stepped::Unchanged);
+        let diff = compared(&counts, &shadow, 3).await;
+        let failed = &diff.classes["ok→failed"];
+        assert_eq!((diff.compared, failed.rows), (3, 3), "{diff:?}");
+        assert!(
+            failed.examples[0].candidate.contains("trapping on purpose"),
+            "{:?}",
+            failed.examples[0]
+        );
     }
 }
