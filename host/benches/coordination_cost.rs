@@ -165,6 +165,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         settled: None,
         behind: Arc::new(|| None),
         traces: Default::default(),
+        shadows: Default::default(),
     }));
 
     // Members join 16 at a time, as a fleet rolling out would.

@@ -341,6 +341,7 @@ impl RunningHost {
             }),
             behind: claims.holds_back.clone(),
             traces: traces.clone(),
+            shadows: Default::default(),
         };
         let behind = claims.holds_back.clone();
         let coordination = Self::join_fleet(

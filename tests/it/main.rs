@@ -42,6 +42,7 @@ mod rollout;
 mod stops;
 mod sandbox;
 mod secrets;
+mod shadow;
 mod status;
 mod send;
 mod state;

@@ -81,6 +81,18 @@ pub enum PluginCommand {
         /// Only this plugin.
         name: Option<String>,
     },
+    /// Where plugin NAME's shadow and its release answered rows
+    /// differently, fleet-wide: each difference class (`ok→dead_letter`,
+    /// `emit payload differs`) with its count and a few examples.
+    Diff {
+        #[command(flatten)]
+        fleet: FleetTarget,
+        /// The plugin's name in the config.
+        name: String,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a new plugin project (Rust, Python or JavaScript) that builds
     /// on its own, with fixture rows, their expected outcomes and a test.
     New(super::plugin_new::NewArgs),
@@ -112,6 +124,13 @@ pub struct CanaryArgs {
     /// than this share of its rows (`0`: the first trap).
     #[arg(long, value_name = "RATE", value_parser = parse_share)]
     max_trap_rate: Option<u32>,
+    /// Serve no tenant with the new version: every host runs it on copies
+    /// of the rows the release transforms, off the serving path, and
+    /// records where their outcomes differ (`weir plugin diff NAME`).
+    /// Transforms only, and none granted `state`, outbound HTTP or a
+    /// writable directory.
+    #[arg(long, conflicts_with_all = ["canary", "tenants", "promote_after", "max_dead_letter_rate", "max_trap_rate"])]
+    shadow: bool,
 }
 
 fn parse_share(text: &str) -> Result<u32, String> {
@@ -132,6 +151,9 @@ impl CanaryArgs {
         plugin: &weir::config::PluginConfig,
         digest: String,
     ) -> anyhow::Result<Option<Canary>> {
+        if self.shadow {
+            return shadow(plugin, digest).map(Some);
+        }
         let share = self.canary.unwrap_or(0);
         let thresholds = self.promote_after.is_some()
             || self.max_dead_letter_rate.is_some()
@@ -185,8 +207,54 @@ impl CanaryArgs {
             tenants: self.tenants.clone(),
             started_ms: releases::unix_ms(),
             auto,
+            shadow: false,
         }))
     }
+}
+
+/// A shadow of `plugin`, or why it cannot have one: its candidate's calls
+/// must have no effect outside the call.
+fn shadow(plugin: &weir::config::PluginConfig, digest: String) -> anyhow::Result<Canary> {
+    let (name, world) = (&plugin.name, plugin.world.as_str());
+    anyhow::ensure!(
+        world == "transform",
+        "plugin `{name}` is a {world}: a shadow runs transforms only. {}",
+        match world {
+            "sink" =>
+                "A sink's outcome is its side effect (a write, a publish): its shadow would deliver every row a second time; canary it instead (--canary, --tenants)",
+            _ =>
+                "A budget or router is asked at the front door per request, where there is no copy to run a second version on; push it to serve every tenant, and roll it back if needed",
+        }
+    );
+    anyhow::ensure!(
+        plugin.grants.state.is_none(),
+        "plugin `{name}` is granted `state`: its shadow would read and write the scopes the release keeps (a second, diverging writer); canary it instead (--canary, --tenants)"
+    );
+    anyhow::ensure!(
+        plugin.grants.http.is_empty(),
+        "plugin `{name}` is granted outbound HTTP ({}): its shadow would call those hosts a second time per row; canary it instead (--canary, --tenants)",
+        plugin.grants.http.join(", ")
+    );
+    let writable: Vec<String> = plugin
+        .grants
+        .dirs
+        .iter()
+        .filter(|dir| dir.writable)
+        .map(|dir| dir.guest.clone())
+        .collect();
+    anyhow::ensure!(
+        writable.is_empty(),
+        "plugin `{name}` may write to {}: its shadow would write there beside the release; canary it instead (--canary, --tenants)",
+        writable.join(", ")
+    );
+    Ok(Canary {
+        digest,
+        share: 0,
+        tenants: Vec::new(),
+        started_ms: releases::unix_ms(),
+        auto: None,
+        shadow: true,
+    })
 }
 
 impl PluginCommand {
@@ -252,7 +320,13 @@ impl PluginCommand {
                     let release =
                         releases::activate_canary(&client, &router, staged, canary).await?;
                     client.flush().await?;
-                    if let Some(canary) = &release.canary {
+                    if let Some(canary) = release.canary.as_ref().filter(|c| c.shadow) {
+                        println!(
+                            "plugin {name}: shadow of {} running beside {} on copies of its rows, delivering nothing; `weir plugin diff {name}` shows where they differ",
+                            releases::version_of_digest(&canary.digest),
+                            what(release.digest.as_deref())
+                        );
+                    } else if let Some(canary) = &release.canary {
                         println!(
                             "plugin {name}: canary of {version} serving {}{}; the others keep {}",
                             canary.describe(),
@@ -372,6 +446,7 @@ impl PluginCommand {
                 }
             }
             PluginCommand::List { fleet, name } => list(fleet, name).await?,
+            PluginCommand::Diff { fleet, name, json } => diff(fleet, name, json).await?,
         }
         Ok(())
     }
@@ -402,6 +477,63 @@ async fn list(fleet: FleetTarget, name: Option<String>) -> anyhow::Result<()> {
                 "  being prepared (not serving yet): {}, pushed {}",
                 prepare.digest,
                 when(prepare.pushed_ms)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `weir plugin diff`: the fleet's differences of plugin `name`'s shadow.
+async fn diff(fleet: FleetTarget, name: String, json: bool) -> anyhow::Result<()> {
+    let (config, client) = fleet.connect().await?;
+    configured(&config, &fleet, &name)?;
+    let router = router_of(&config);
+    let release = releases::release(&client, &router, &name).await?;
+    let shadow = release
+        .as_ref()
+        .and_then(|r| r.canary.as_ref())
+        .filter(|c| c.shadow)
+        .with_context(|| {
+            format!("plugin `{name}` has no shadow running (`weir plugin push {name} FILE --shadow` starts one)")
+        })?;
+    let serving = release
+        .as_ref()
+        .and_then(|r| r.digest.as_deref())
+        .map_or("file", releases::version_of_digest);
+    let reports = releases::canary_reports(&client, &router, &name).await?;
+    let diff = canary::fleet_diff(shadow, reports.values());
+    if json {
+        let value = serde_json::json!({
+            "plugin": name,
+            "serving": serving,
+            "candidate": releases::version_of_digest(&shadow.digest),
+            "started_ms": shadow.started_ms,
+            "diff": diff,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!(
+        "plugin {name}: shadow of {} beside {serving} since {}",
+        releases::version_of_digest(&shadow.digest),
+        when(shadow.started_ms)
+    );
+    let share = match diff.compared {
+        0 => String::new(),
+        rows => format!(" ({:.2}%)", diff.differing() as f64 * 100.0 / rows as f64),
+    };
+    println!(
+        "  compared {} rows, {} differ{share}, {} not compared (shadow queue full)",
+        diff.compared,
+        diff.differing(),
+        diff.skipped
+    );
+    for (class, found) in &diff.classes {
+        println!("  {class}: {} rows", found.rows);
+        for example in &found.examples {
+            println!(
+                "    {}/{} #{}: serving {} | candidate {}",
+                example.tenant, example.table, example.sequence, example.serving, example.candidate
             );
         }
     }
@@ -481,7 +613,20 @@ fn list_one(
 /// A release's canary, both versions' fleet-wide counts side by side, and
 /// how the last canary ended.
 fn list_canary(release: &Release, reports: &std::collections::BTreeMap<String, canary::Report>) {
-    if let Some(canary) = &release.canary {
+    if let Some(shadow) = release.canary.as_ref().filter(|c| c.shadow) {
+        let diff = canary::fleet_diff(shadow, reports.values());
+        println!(
+            "  shadow: {} beside the release since {} (serves no tenant)",
+            shadow.digest,
+            when(shadow.started_ms)
+        );
+        println!(
+            "    compared {} rows, {} differ, {} not compared; `weir plugin diff` shows them",
+            diff.compared,
+            diff.differing(),
+            diff.skipped
+        );
+    } else if let Some(canary) = &release.canary {
         println!(
             "  canary: {} serving {} since {}{}",
             canary.digest,

@@ -285,7 +285,19 @@ pub fn tables(report: &StatusReport) -> String {
     let _ = writeln!(out);
     out.push_str(&plugins.render());
     for plugin in &report.plugins {
-        if let Some(canary) = &plugin.canary {
+        if let Some(diff) = plugin.canary.as_ref().and_then(|c| c.shadow.as_ref()) {
+            let _ = writeln!(
+                out,
+                "shadow of {}: {} beside {}: compared {} rows, {} differ, {} not compared (`weir plugin diff {}`)",
+                plugin.name,
+                plugin.canary.as_ref().map_or("?", |c| c.version.as_str()),
+                plugin.version,
+                diff.compared,
+                diff.differing(),
+                diff.skipped,
+                plugin.name
+            );
+        } else if let Some(canary) = &plugin.canary {
             let _ = writeln!(
                 out,
                 "canary of {}: {} serving {} since {}\n  serving   {:<12}  {}\n  candidate {:<12}  {}",

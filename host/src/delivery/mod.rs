@@ -2,7 +2,8 @@
 //! [`pull`]s rows, packs them into a [`batch`], runs the table's
 //! [`pipeline`] of plugins and settles every row: ack, nak with a delay, or
 //! [`dead_letter`] then ack (`settle` plans it from the verdicts, `settler`
-//! carries the plan out).
+//! carries the plan out). A shadow's candidate runs off that path, on
+//! copies ([`shadow`]).
 
 //!
 //! Exported: the batch a pipeline is given (`Batch`, `Position`, `Answer`,
@@ -10,7 +11,7 @@
 //! `Verdict`, `RowOutcome`, `Stepped`, `StepFailure`, `RunError`,
 //! `Observer`), the dead letters (`DeadLetters`, `LetterFilter`,
 //! `StoredLetter`, `parse_since`, `SinceError`, their `headers`), the
-//! `Workers` a host runs, and [`isolation`] (a failing row found by
+//! `Workers` a host runs and the `Shadows` they feed, and [`isolation`] (a failing row found by
 //! halving) as a module: its `run` and `Rows` are named through it.
 
 pub(crate) mod batch;
@@ -19,6 +20,7 @@ pub mod isolation;
 mod pipeline;
 mod pull;
 mod settle;
+mod shadow;
 mod settler;
 mod traced;
 pub(crate) mod worker;
@@ -28,4 +30,5 @@ pub use dead_letter::{
     DeadLetters, LetterFilter, Replayed, SinceError, StoredLetter, headers, parse_since,
 };
 pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped, Verdict};
+pub use shadow::{QUEUE_BATCHES as SHADOW_QUEUE_BATCHES, Shadows};
 pub use worker::Workers;

@@ -19,6 +19,7 @@ use crate::config::Pipeline as PipelineConfig;
 use crate::coordination::Lease;
 use crate::delivery::batch::{Answer, Batch, Malformed, Outcome};
 use crate::destination::{Ending, Finished, PostgresStep, PublishStep, Publisher};
+use crate::reload::shadow::RowResult;
 use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
@@ -581,6 +582,65 @@ fn read(reply: &Reply, given: &Batch) -> Result<Stepped, Malformed> {
         outcomes,
         rows,
         parents,
+    })
+}
+
+/// What a transform's answer `stepped` means for each row `given`, owned:
+/// what a shadow compares.
+pub fn row_results(given: &Batch, stepped: &Stepped) -> Vec<RowResult> {
+    let Stepped::Changed {
+        outcomes,
+        rows,
+        parents,
+    } = stepped
+    else {
+        return vec![RowResult::Ok; given.len()];
+    };
+    let mut emitted: Vec<Vec<Vec<u8>>> = vec![Vec::new(); outcomes.len()];
+    for (row, &parent) in parents.iter().enumerate() {
+        if let (Some(RowOutcome::Emit(_)), Some(out)) =
+            (outcomes.get(parent), emitted.get_mut(parent))
+        {
+            out.push(rows.payload(row).to_vec());
+        }
+    }
+    outcomes
+        .iter()
+        .zip(emitted)
+        .map(|(outcome, emitted)| match outcome {
+            RowOutcome::Ok => RowResult::Ok,
+            RowOutcome::Emit(_) => RowResult::Emit(emitted),
+            RowOutcome::Retry(ms) => RowResult::Retry(*ms),
+            RowOutcome::DeadLetter(reason) => RowResult::DeadLetter(reason.clone()),
+        })
+        .collect()
+}
+
+/// One call of transform `plugin` (its warm instance in `slot`) on
+/// `given`, alone: a shadow's candidate, which no state, destination or
+/// verdict ever sees.
+pub async fn call_alone(
+    plugin: &Arc<Plugin>,
+    slot: &mut Option<PluginInstance>,
+    given: &Batch,
+) -> Result<Stepped, StepFailure> {
+    let instance = warm(plugin, slot).await?;
+    let reply = instance
+        .transform(given.packed())
+        .instrument(call_span(plugin))
+        .await;
+    let answered = match reply {
+        Ok(transformed) => read(&Reply::Transformed(transformed), given)
+            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}"))),
+        Err(error) => Err(error),
+    };
+    answered.map_err(|error| {
+        // A failed call leaves the instance in an unknown state.
+        *slot = None;
+        StepFailure {
+            plugin: plugin.clone(),
+            error,
+        }
     })
 }
 

@@ -32,6 +32,7 @@ use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
+use crate::delivery::shadow::Shadows;
 use crate::destination::Publisher;
 use crate::nats::ack;
 use crate::nats::jetstream::is_delivery_header;
@@ -59,12 +60,14 @@ pub enum DeliveryError {
 /// A fresh runner (its own instances) for every pipeline variant of a
 /// generation (one per pipeline without canaries), by variant index.
 /// `unit` is the unit consumer's name: a destination's ledger names it;
-/// `publisher` is where a sink granted `nats` publishes.
+/// `publisher` is where a sink granted `nats` publishes; a runner with a
+/// shadowed transform feeds its queue in `shadows`.
 fn runners(
     generation: &Generation,
     state: Option<&UnitState>,
     unit: &str,
     publisher: &Publisher,
+    shadows: &Shadows,
 ) -> Vec<Option<PipelineRunner>> {
     (0..generation.variant_count())
         .map(|variant| {
@@ -73,10 +76,12 @@ fn runners(
                 .pipelines
                 .get(generation.variant_pipeline(variant)?)?;
             let plugin = |name: &str| generation.plugin_in(variant, name).cloned();
-            PipelineRunner::new(pipeline, plugin, state.cloned()).map(|runner| {
-                runner
-                    .with_destination(unit, true)
-                    .with_publisher(publisher)
+            let runner = PipelineRunner::new(pipeline, plugin, state.cloned())?
+                .with_destination(unit, true)
+                .with_publisher(publisher);
+            Some(match shadows.tap(generation, variant) {
+                Some(tap) => runner.observed(tap),
+                None => runner,
             })
         })
         .collect()
@@ -101,6 +106,8 @@ pub struct UnitWorker {
     publisher: Publisher,
     /// Told the partition after each settled batch.
     settled: Option<SettledHook>,
+    /// The host's shadow queues, which runners with a shadowed transform feed.
+    shadows: Shadows,
     /// Why this host's plugin versions are not the fleet's, if they are not
     /// (a switch it has not loaded yet): no batch runs meanwhile.
     behind: Behind,
@@ -129,6 +136,7 @@ impl UnitWorker {
         mut generations: watch::Receiver<Arc<Generation>>,
         metrics: Metrics,
         state: Option<StateStore<NatsKv>>,
+        shadows: Shadows,
     ) -> UnitWorker {
         let pipelines = generations.borrow_and_update().clone();
         let settings = pipelines.config().delivery.clone();
@@ -143,6 +151,7 @@ impl UnitWorker {
             state.as_ref(),
             &router.unit_consumer(unit),
             &publisher,
+            &shadows,
         );
         let unit_labels = UnitLabels {
             unit: router.unit_consumer(unit),
@@ -171,6 +180,7 @@ impl UnitWorker {
             applied: AppliedPruning::default(),
             publisher,
             settled: None,
+            shadows,
         }
     }
 
@@ -398,6 +408,8 @@ pub struct Workers {
     pub behind: Behind,
     /// Where the spans of traced rows go (`[traces]`).
     pub traces: Traces,
+    /// Each shadow's queue and task on this host.
+    pub shadows: Shadows,
 }
 
 impl Workers {
@@ -410,6 +422,7 @@ impl Workers {
             self.generations.subscribe(),
             self.metrics.clone(),
             self.state.clone(),
+            self.shadows.clone(),
         );
         worker.settled = self.settled.clone();
         worker.behind = self.behind.clone();
@@ -432,6 +445,7 @@ impl UnitWorker {
             self.state.as_ref(),
             &self.router.unit_consumer(self.unit),
             &self.publisher,
+            &self.shadows,
         );
         if let Some(floor) = self.applied.floor() {
             self.runners

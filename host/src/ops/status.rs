@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::coordination::FleetView;
 use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
-use crate::reload::canary::fleet_tally;
+use crate::reload::canary::{fleet_diff, fleet_tally};
 use crate::reload::generation::{CanaryStatus, Generation, PluginStatus};
 use crate::reload::releases::{Release, Tallies, version_of_digest};
 use crate::telemetry::{Metrics, plural};
@@ -296,8 +296,9 @@ impl StatusSource {
                     .get(&plugin.name)
                     .into_iter()
                     .flat_map(|m| m.values());
-                let (serving, candidate) = fleet_tally(canary, reports);
+                let (serving, candidate) = fleet_tally(canary, reports.clone());
                 CanaryStatus {
+                    shadow: canary.shadow.then(|| fleet_diff(canary, reports)),
                     version: version_of_digest(&canary.digest).to_string(),
                     serves: canary.describe(),
                     started_ms: canary.started_ms,

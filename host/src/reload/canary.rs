@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::reload::shadow::Diff;
 use crate::telemetry::{CanaryLabels, Metrics};
 
 /// Key prefix of each host's counts of a canary: `canary.<name>.<member>`.
@@ -39,6 +40,11 @@ pub struct Canary {
     /// Thresholds for the fleet to promote or roll back on its own.
     #[serde(default)]
     pub auto: Option<Auto>,
+    /// A shadow: the candidate serves no tenant; it runs on copies of the
+    /// rows the release transforms, and only the differences are kept
+    /// (`reload::shadow`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
 }
 
 /// What `--promote-after`, `--max-dead-letter-rate` and `--max-trap-rate` say.
@@ -61,13 +67,17 @@ pub struct Auto {
 impl Canary {
     /// Whether plugin `name`'s candidate serves `tenant`'s rows.
     pub fn serves(&self, name: &str, tenant: &str) -> bool {
-        self.share >= WHOLE
-            || (self.share > 0 && bucket(name, tenant) < self.share)
-            || self.tenants.iter().any(|t| t == tenant)
+        !self.shadow
+            && (self.share >= WHOLE
+                || (self.share > 0 && bucket(name, tenant) < self.share)
+                || self.tenants.iter().any(|t| t == tenant))
     }
 
     /// Who it serves, for people: `25% of tenants`, `tenants a, b`.
     pub fn describe(&self) -> String {
+        if self.shadow {
+            return "no tenant (a shadow beside the release)".to_string();
+        }
         let mut parts = Vec::new();
         if self.share > 0 {
             parts.push(format!("{} of tenants", percent(self.share)));
@@ -180,6 +190,9 @@ pub struct Report {
     pub started_ms: u64,
     pub serving: Tally,
     pub candidate: Tally,
+    /// A shadow's differences from the release, as this host compared them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<Diff>,
 }
 
 /// This host's counts of every canary it runs, by plugin name; kept across
@@ -229,24 +242,21 @@ impl Counts {
             }
         }
         let mut counts = self.lock();
-        let report = counts.entry(name.to_string()).or_insert_with(|| Report {
-            digest: canary.digest.clone(),
-            started_ms: canary.started_ms,
-            serving: Tally::default(),
-            candidate: Tally::default(),
-        });
-        if report.digest != canary.digest || report.started_ms != canary.started_ms {
-            *report = Report {
-                digest: canary.digest.clone(),
-                started_ms: canary.started_ms,
-                serving: Tally::default(),
-                candidate: Tally::default(),
-            };
-        }
+        let report = entry(&mut counts, name, canary);
         match candidate {
             true => report.candidate.add(tally),
             false => report.serving.add(tally),
         }
+    }
+
+    /// Adds what a shadow of plugin `name` (`canary`) found comparing some
+    /// rows with the release.
+    pub fn add_diff(&self, name: &str, canary: &Canary, diff: &Diff) {
+        let mut counts = self.lock();
+        entry(&mut counts, name, canary)
+            .diff
+            .get_or_insert_with(Diff::default)
+            .add(diff);
     }
 
     /// The counts of the canaries still running (`running`: name → its
@@ -262,6 +272,26 @@ impl Counts {
     }
 }
 
+/// Plugin `name`'s report of `canary`, started over if it was another's.
+fn entry<'a>(
+    counts: &'a mut BTreeMap<String, Report>,
+    name: &str,
+    canary: &Canary,
+) -> &'a mut Report {
+    let fresh = || Report {
+        digest: canary.digest.clone(),
+        started_ms: canary.started_ms,
+        serving: Tally::default(),
+        candidate: Tally::default(),
+        diff: None,
+    };
+    let report = counts.entry(name.to_string()).or_insert_with(fresh);
+    if report.digest != canary.digest || report.started_ms != canary.started_ms {
+        *report = fresh();
+    }
+    report
+}
+
 /// The fleet's counts of one canary: the members' reports of it, summed.
 pub fn fleet_tally<'a>(
     canary: &Canary,
@@ -274,6 +304,18 @@ pub fn fleet_tally<'a>(
         candidate.add(&report.candidate);
     }
     (serving, candidate)
+}
+
+/// The fleet's differences of one shadow: the members' reports of it, summed.
+pub fn fleet_diff<'a>(shadow: &Canary, reports: impl Iterator<Item = &'a Report>) -> Diff {
+    let mut diff = Diff::default();
+    for report in reports.filter(|r| r.digest == shadow.digest && r.started_ms == shadow.started_ms)
+    {
+        if let Some(theirs) = &report.diff {
+            diff.add(theirs);
+        }
+    }
+    diff
 }
 
 /// How a canary ended.
@@ -364,6 +406,7 @@ mod tests {
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             started_ms: 1_000,
             auto,
+            shadow: false,
         }
     }
 
@@ -471,6 +514,7 @@ mod tests {
                 started_ms: 2_000,
                 serving: Tally::default(),
                 candidate: one,
+                diff: None,
             }]
             .iter(),
         );

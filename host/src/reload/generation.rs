@@ -6,6 +6,8 @@
 //! With canaries, a pipeline runs in variants: one per combination of its
 //! canaried plugins' versions (serving or candidate). A row's variant is
 //! its tenant's (`Canary::serves`), so a tenant's rows see one version.
+//! A shadow (`reload::shadow`) makes no variant: the release serves, and
+//! the candidate runs beside it on copies.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::reload::canary::{Auto, Canary, Counts, Ended, Tally};
+use crate::reload::shadow::Diff;
 use crate::sandbox::Plugin;
 
 /// At most this many canaried plugins in one pipeline (2^N variants);
@@ -63,7 +66,8 @@ impl Generation {
         for (index, pipeline) in config.pipelines.iter().enumerate() {
             let mut canaried: Vec<String> = Vec::new();
             for name in pipeline.transforms.iter().chain(pipeline.sink.iter()) {
-                if canaries.contains_key(name)
+                // A shadow serves no tenant: no variant runs it.
+                if canaries.get(name).is_some_and(|c| !c.canary.shadow)
                     && !canaried.contains(name)
                     && canaried.len() < MAX_CANARIES_PER_PIPELINE
                 {
@@ -102,6 +106,23 @@ impl Generation {
     /// Plugin `name`'s candidate, if it has one.
     pub fn canary(&self, name: &str) -> Option<&CanaryVersion> {
         self.canaries.get(name)
+    }
+
+    /// The shadows of variant `variant`'s transforms: each candidate runs
+    /// on copies of what the release answers there.
+    pub fn variant_shadows(&self, variant: usize) -> Vec<(&str, &CanaryVersion)> {
+        let Some(pipeline) = self
+            .variants
+            .get(variant)
+            .and_then(|v| self.config.pipelines.get(v.pipeline))
+        else {
+            return Vec::new();
+        };
+        self.canaries
+            .iter()
+            .filter(|(name, c)| c.canary.shadow && pipeline.transforms.contains(name))
+            .map(|(name, c)| (name.as_str(), c))
+            .collect()
     }
 
     /// Where delivery adds what canaried versions did with their rows.
@@ -229,4 +250,8 @@ pub struct CanaryStatus {
     /// What the fleet's hosts counted, serving version and candidate.
     pub serving: Tally,
     pub candidate: Tally,
+    /// A shadow's differences from the release, fleet-wide (`None`: a
+    /// canary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Diff>,
 }

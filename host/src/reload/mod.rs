@@ -18,6 +18,7 @@
 pub mod canary;
 pub(crate) mod generation;
 pub mod releases;
+pub mod shadow;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -877,6 +878,7 @@ mod tests {
             tenants: vec!["b".into()],
             started_ms: 1,
             auto: None,
+            shadow: false,
         };
         let canaries = BTreeMap::from([(
             "p".to_string(),
@@ -901,6 +903,31 @@ mod tests {
         ));
         assert_eq!(generation.variant_canaries(b), [("p", true)]);
         assert_eq!(generation.variant_index("other", "a"), None);
+        assert!(generation.variant_shadows(a).is_empty());
+        // A shadow serves no tenant: one variant, the release's, beside
+        // which the candidate runs on copies.
+        let shadow = CanaryVersion {
+            plugin: candidate.clone(),
+            canary: Canary {
+                shadow: true,
+                ..canary.clone()
+            },
+        };
+        let shadowed = Generation::with_canaries(
+            config.clone(),
+            plugins.clone(),
+            BTreeMap::from([("p".to_string(), shadow)]),
+            Arc::default(),
+        );
+        assert_eq!(shadowed.variant_count(), 1);
+        let only = shadowed.variant_index("t", "b").unwrap();
+        assert!(Arc::ptr_eq(
+            shadowed.plugin_in(only, "p").unwrap(),
+            &serving
+        ));
+        let shadows = shadowed.variant_shadows(only);
+        assert_eq!(shadows.len(), 1);
+        assert!(Arc::ptr_eq(&shadows[0].1.plugin, &candidate));
 
         let release = Release {
             digest: None,

@@ -187,7 +187,13 @@ function drawCanaries(state) {
   const rate = (n, rows) => fmt(n) + (rows ? " (" + (100 * n / rows).toFixed(2) + "%)" : "");
   for (const p of state.plugins || []) {
     const c = p.canary;
-    if (c) {
+    const d = c && c.shadow;
+    // A shadow serves no tenant: its differences, not two versions' rows.
+    if (d) {
+      const differ = Object.values(d.classes || {}).reduce((sum, k) => sum + k.rows, 0);
+      ends.append(el("li", p.name + ": shadow " + c.version + " beside " + p.version + ": compared " +
+        fmt(d.compared) + " rows, " + fmt(differ) + " differ, " + fmt(d.skipped) + " not compared (weir plugin diff " + p.name + ")"));
+    } else if (c) {
       for (const [version, serves, t] of [[p.version, "the others", c.serving], [c.version, c.serves, c.candidate]]) {
         const row = el("tr");
         row.dataset.plugin = p.name;
