@@ -957,14 +957,21 @@ class _World:
         gc.freeze()
 
 
+_TYPES = []
+
+
 def _wit_types():
     """weir's `types` interface: componentize-py names it `weir_plugin_types`
-    when the world imports another `types` too (wasi:http's)."""
-    try:
-        from wit_world.imports import weir_plugin_types as types
-    except ImportError:
-        from wit_world.imports import types
-    return types
+    when the world imports another `types` too (wasi:http's). Looked up
+    once: a failed import per call (the first name, in most worlds) cost
+    more than a small batch's rows."""
+    if not _TYPES:
+        try:
+            from wit_world.imports import weir_plugin_types as types
+        except ImportError:
+            from wit_world.imports import types
+        _TYPES.append(types)
+    return _TYPES[0]
 
 
 class _TransformWorld(_World):
