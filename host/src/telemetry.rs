@@ -24,6 +24,14 @@ pub struct StateWriteLabels {
     pub result: &'static str,
 }
 
+/// A plugin's `http-batch` requests, by how each ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginHttpLabels {
+    pub plugin: String,
+    /// `response` (any status), `refused`, `timeout` or `failed`.
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginCallLabels {
     pub plugin: String,
@@ -181,6 +189,8 @@ pub struct Metrics {
     pub plugin_counters: Family<PluginCounterLabels, Counter>,
     /// `add-counter` calls refused: a malformed name, or one name too many.
     pub plugin_counter_refusals: Family<PluginLabels, Counter>,
+    /// `http-batch` requests (`fetch-all`), by result.
+    pub plugin_http_requests: Family<PluginHttpLabels, Counter>,
     /// Plugin instances alive now.
     pub plugin_instances: Gauge,
     /// Times an instance had to wait for a free slot in the instance pool.
@@ -242,6 +252,7 @@ impl Default for Metrics {
             requests_rejected: Counter::default(),
             connections_refused: Counter::default(),
             plugin_failures: Family::default(),
+            plugin_http_requests: Family::default(),
             plugin_calls: Family::default(),
             canary_rows: Family::default(),
             plugin_call_duration: Family::new_with_constructor(call_buckets),
@@ -384,6 +395,11 @@ impl Metrics {
             "canary_rows",
             "Rows of canaried plugins, by version, role (serving, candidate) and outcome",
             self.canary_rows.clone(),
+        );
+        weir.register(
+            "plugin_http_requests",
+            "Requests plugins sent through http-batch, by result",
+            self.plugin_http_requests.clone(),
         );
         weir.register(
             "plugin_counter_refusals",

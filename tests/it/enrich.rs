@@ -211,7 +211,23 @@ async fn a_lookup_that_times_out_dead_letters_only_its_row() {
     assert_eq!(lines.len(), 20, "{lines:?}");
     assert!(lines.iter().all(|line| line.contains("\"info\":{\"key\":")));
     assert_eq!(dead_letter_reasons(&nats, 1).await.len(), 1);
+    let metrics = host.get_text("/metrics").await;
+    assert_eq!(http_requests(&metrics, "timeout"), 1, "{metrics}");
+    assert!(http_requests(&metrics, "response") >= 20, "{metrics}");
+    assert_eq!(http_requests(&metrics, "refused"), 0, "{metrics}");
     host.shutdown().await;
+}
+
+/// `weir_plugin_http_requests_total` of plugin `enrich` with `result`.
+fn http_requests(metrics: &str, result: &str) -> u64 {
+    let prefix =
+        format!("weir_plugin_http_requests_total{{plugin=\"enrich\",result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |value| {
+            value.trim().parse::<f64>().expect("a counter's value") as u64
+        })
 }
 
 /// A lookup with no timeout of its own ends with the call's deadline, less
@@ -308,6 +324,9 @@ async fn without_grants_http_every_lookup_is_refused_and_its_row_dead_lettered()
     assert_eq!(reasons, expected);
     assert_eq!(lookup.received(), 0, "a refused lookup reached the service");
     assert!(host.sink_lines("lookups").is_empty());
+    let metrics = host.get_text("/metrics").await;
+    assert_eq!(http_requests(&metrics, "refused"), 3, "{metrics}");
+    assert_eq!(http_requests(&metrics, "response"), 0, "{metrics}");
     host.shutdown().await;
 }
 

@@ -21,6 +21,8 @@ const NOT_EXERCISED: &[&str] = &[
     "weir_topology_mismatches",
     // Only a row lost in flight with a NATS node (tests/it/cluster.rs).
     "weir_rows_out_of_order",
+    // Only plugins calling http-batch (tests/it/enrich.rs).
+    "weir_plugin_http_requests",
     // Only plugins granted state (tests/it/state.rs).
     "weir_state_writes",
     "weir_state_rows_settled_again",

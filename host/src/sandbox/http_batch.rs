@@ -27,7 +27,36 @@ impl api::Host for PluginState {
         requests: Vec<Request>,
         options: FetchOptions,
     ) -> Vec<Result<Response, FetchError>> {
-        fetch_all(&self.gate, requests, options).await
+        let answers = fetch_all(&self.gate, requests, options).await;
+        count_results(&self.plugin, &answers);
+        answers
+    }
+}
+
+/// `weir_plugin_http_requests_total`: each answer by how it ended (a copy
+/// of a deduplicated GET counts as its own request).
+fn count_results(plugin: &super::Plugin, answers: &[Result<Response, FetchError>]) {
+    let mut counts = [0u64; 4];
+    for answer in answers {
+        counts[match answer {
+            Ok(_) => 0,
+            Err(FetchError::Refused(_)) => 1,
+            Err(FetchError::Timeout) => 2,
+            Err(FetchError::Failed(_)) => 3,
+        }] += 1;
+    }
+    let results = ["response", "refused", "timeout", "failed"];
+    for (result, count) in results.into_iter().zip(counts) {
+        if count > 0 {
+            plugin
+                .metrics
+                .plugin_http_requests
+                .get_or_create(&crate::telemetry::PluginHttpLabels {
+                    plugin: plugin.config.name.clone(),
+                    result,
+                })
+                .inc_by(count);
+        }
     }
 }
 

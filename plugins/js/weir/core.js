@@ -13,20 +13,37 @@ const SAME_TABLE = 0xffffffff;
 const utf8 = new TextDecoder();
 const encoder = new TextEncoder();
 
-/** One input row: `payload` is its bytes as sent; `json()` parses them once. */
+/** One input row: `payload` is its bytes as sent; `json()` parses them once.
+ * A row handed over by weir is a view of its packed batch: each field is
+ * decoded when first read, so a plugin pays only for what it looks at. */
 export class Row {
-  constructor(tenant, table, payload, headers = [], sequence = 1n, attempts = 1, index = 0) {
-    this.tenant = tenant;
-    this.table = table;
-    this.payload = payload;
-    /** [name, value] pairs in order; a name may repeat. */
-    this.headers = headers;
-    this.sequence = sequence;
-    this.attempts = attempts;
+  // `view` (internal): the packed batch a row of weir's is read from.
+  constructor(tenant, table, payload, headers, sequence, attempts, index = 0, view = undefined) {
+    this._tenant = tenant;
+    this._table = table;
+    this._payload = payload;
+    this._view = view;
+    this._headers = view === undefined ? (headers ?? []) : undefined;
+    this._sequence = view === undefined ? (sequence ?? 1n) : undefined;
+    this._attempts = view === undefined ? (attempts ?? 1) : undefined;
     /** Its place in the batch: what `state` calls name it by. */
     this.index = index;
     this._json = undefined;
   }
+
+  get tenant() { return this._tenant ??= this._view.text(this.index, 0); }
+  set tenant(value) { this._tenant = value; }
+  get table() { return this._table ??= this._view.text(this.index, 2); }
+  set table(value) { this._table = value; }
+  get payload() { return this._payload ??= this._view.bytes(this.index, 4); }
+  set payload(value) { this._payload = value; this._json = undefined; }
+  /** [name, value] pairs in order; a name may repeat. */
+  get headers() { return this._headers ??= this._view.headers(this.index); }
+  set headers(value) { this._headers = value; }
+  get sequence() { return this._sequence ??= this._view.sequences[this.index]; }
+  set sequence(value) { this._sequence = value; }
+  get attempts() { return this._attempts ??= this._view.attempts[this.index]; }
+  set attempts(value) { this._attempts = value; }
 
   /** The payload parsed as JSON (parsed on first call, then kept). */
   json() {
@@ -36,6 +53,7 @@ export class Row {
 
   /** The payload as UTF-8 text. */
   text() {
+    if (this._payload === undefined && this._view !== undefined) return this._view.text(this.index, 4);
     return utf8.decode(this.payload);
   }
 
@@ -46,17 +64,80 @@ export class Row {
   }
 }
 
+/** A packed batch read in place. Its bytes are decoded once, as one
+ * string, when every byte is one UTF-16 unit (ASCII, the common case):
+ * a row's text is then a substring (no copy in SpiderMonkey) instead of a
+ * TextDecoder call per piece. */
+class View {
+  constructor(batch) {
+    this.data = batch.data;
+    this.nums = batch.rows;
+    this.heads = batch.headers;
+    this.sequences = batch.sequences;
+    this.attempts = batch.attempts;
+    this.whole = undefined;
+  }
+
+  /** The text at `offset`, `length` bytes in `data`. */
+  piece(offset, length) {
+    if (this.whole === undefined) {
+      const whole = utf8.decode(this.data);
+      // Equal lengths: no multi-byte sequence, so character offsets are byte
+      // offsets (an invalid byte is one U+FFFD either way).
+      this.whole = whole.length === this.data.length ? whole : null;
+    }
+    if (this.whole !== null) return this.whole.substring(offset, offset + length);
+    return utf8.decode(this.data.subarray(offset, offset + length));
+  }
+
+  /** Field `field` (0 tenant, 2 table, 4 payload) of row `row` as text. */
+  text(row, field) {
+    const at = 8 * row + field;
+    return this.piece(this.nums[at], this.nums[at + 1]);
+  }
+
+  bytes(row, field) {
+    const at = 8 * row + field;
+    return this.data.slice(this.nums[at], this.nums[at] + this.nums[at + 1]);
+  }
+
+  headerCount(row) {
+    return this.nums[8 * row + 7];
+  }
+
+  headers(row) {
+    const { nums, heads } = this;
+    const headers = [];
+    for (let h = nums[8 * row + 6]; h < nums[8 * row + 6] + nums[8 * row + 7]; h++) {
+      headers.push([this.piece(heads[4 * h], heads[4 * h + 1]), this.piece(heads[4 * h + 2], heads[4 * h + 3])]);
+    }
+    return headers;
+  }
+}
+
 /** A row to emit: `table` undefined keeps the input row's table, `headers`
  * undefined keeps its headers ([[name, value], …] replaces them). */
 export function out(payload, { table, headers } = {}) {
-  return { [OUT]: true, payload: payloadBytes(payload), table, headers };
+  return new Out(payload, table, headers);
 }
-const OUT = Symbol("weir.out");
 
-function payloadBytes(payload) {
-  if (payload instanceof Uint8Array) return payload;
-  if (typeof payload === "string") return encoder.encode(payload);
-  return encoder.encode(JSON.stringify(payload));
+/** A row to emit. A payload given as a value is kept as its JSON text:
+ * the batch's texts are encoded together when the answer is packed. */
+class Out {
+  constructor(payload, table, headers) {
+    if (payload instanceof Uint8Array) {
+      this._bytes = payload;
+      this._text = undefined;
+    } else {
+      this._bytes = undefined;
+      this._text = typeof payload === "string" ? payload : (JSON.stringify(payload) ?? "");
+    }
+    this.table = table;
+    this.headers = headers;
+  }
+
+  /** The payload's bytes. */
+  get payload() { return this._bytes ??= encoder.encode(this._text); }
 }
 
 const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
@@ -65,7 +146,12 @@ const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
 export const ok = () => OK_OUTCOME;
 /** Replace the row by `rows`: each out(...) or a payload (Uint8Array,
  * string, or a value written as JSON) keeping table and headers. */
-export const emit = (...rows) => ({ code: EMIT, rows: rows.map((r) => (r && r[OUT] ? r : out(r))) });
+export const emit = (...rows) => {
+  for (let i = 0; i < rows.length; i++) {
+    if (!(rows[i] instanceof Out)) rows[i] = new Out(rows[i], undefined, undefined);
+  }
+  return { code: EMIT, rows };
+};
 /** Drop the row: nothing is emitted and it is acked. */
 export const drop = () => ({ code: EMIT, rows: [] });
 /** Try the row again after `afterMs` milliseconds. */
@@ -142,6 +228,10 @@ export function perRow(decide, row) {
     report(error);
     return deadLetter(shortReason(error));
   }
+  return checked(outcome);
+}
+
+function checked(outcome) {
   if (outcome === undefined || outcome === null) return OK_OUTCOME;
   if (typeof outcome.code !== "number") {
     throw new TypeError(`a row's outcome must be ok(), emit(...), drop(), retry(ms) or deadLetter(reason), not ${JSON.stringify(outcome)}`);
@@ -149,26 +239,12 @@ export function perRow(decide, row) {
   return outcome;
 }
 
-/** The rows of a packed batch. */
+/** The rows of a packed batch: views of it, decoded when read. */
 export function unpack(batch) {
-  const { data, rows: nums, headers: heads, sequences, attempts } = batch;
-  const text = (o, l) => utf8.decode(data.subarray(o, o + l));
-  const rows = new Array(sequences.length);
-  for (let i = 0; i < sequences.length; i++) {
-    const n = 8 * i;
-    const headers = [];
-    for (let h = nums[n + 6]; h < nums[n + 6] + nums[n + 7]; h++) {
-      headers.push([text(heads[4 * h], heads[4 * h + 1]), text(heads[4 * h + 2], heads[4 * h + 3])]);
-    }
-    rows[i] = new Row(
-      text(nums[n], nums[n + 1]),
-      text(nums[n + 2], nums[n + 3]),
-      data.slice(nums[n + 4], nums[n + 4] + nums[n + 5]),
-      headers,
-      sequences[i],
-      attempts[i],
-      i,
-    );
+  const view = new View(batch);
+  const rows = new Array(batch.sequences.length);
+  for (let i = 0; i < rows.length; i++) {
+    rows[i] = new Row(undefined, undefined, undefined, undefined, undefined, undefined, i, view);
   }
   return rows;
 }
@@ -195,9 +271,99 @@ class Bytes {
   }
 }
 
-/** The `transformed` record for `outcomes` of `rows`. */
+/** The `transformed` record for `outcomes` of `rows`. Every text (JSON
+ * payloads, tables, headers) is laid out in one string and encoded with one
+ * TextEncoder call; if that string turns out not to be ASCII its character
+ * offsets are not byte offsets, and the pieces are encoded one by one. */
 export function packTransformed(rows, outcomes) {
   if (outcomes.length !== rows.length) throw new Error(`${outcomes.length} outcomes for ${rows.length} rows`);
+  const texts = [], blobs = [], blobSlots = [];
+  let chars = 0, blobBytes = 0;
+  const codes = new Uint32Array(2 * rows.length);
+  const emitted = [], headerNums = [], reasons = [];
+  const putText = (text) => {
+    texts.push(text);
+    chars += text.length;
+    return chars - text.length;
+  };
+  const putHeaders = (pairs) => {
+    const first = headerNums.length / 4;
+    for (const [name, value] of pairs) {
+      headerNums.push(putText(name), name.length, putText(value), value.length);
+    }
+    return first;
+  };
+  for (let i = 0; i < rows.length; i++) {
+    const outcome = outcomes[i];
+    const code = outcome.code;
+    if (code === EMIT) {
+      let first = -1, count = 0;
+      for (const r of outcome.rows) {
+        if (r.table === undefined) emitted.push(0, SAME_TABLE);
+        else emitted.push(putText(r.table), r.table.length);
+        if (r._text !== undefined) {
+          emitted.push(putText(r._text), r._text.length);
+        } else {
+          // Bytes go after the texts: their offsets are fixed up below.
+          const bytes = r.payload;
+          blobSlots.push(emitted.length);
+          blobs.push(bytes);
+          emitted.push(blobBytes, bytes.length);
+          blobBytes += bytes.length;
+        }
+        if (r.headers !== undefined) {
+          emitted.push(putHeaders(r.headers), r.headers.length);
+        } else {
+          // Every row emitted for one input shares its headers' bytes; a
+          // row without headers has none to decode.
+          if (first < 0) {
+            const row = rows[i];
+            if (row._headers === undefined && row._view !== undefined && row._view.headerCount(row.index) === 0) {
+              first = headerNums.length / 4;
+            } else {
+              count = row.headers.length;
+              first = putHeaders(row.headers);
+            }
+          }
+          emitted.push(first, count);
+        }
+      }
+      codes[2 * i] = EMIT;
+      codes[2 * i + 1] = outcome.rows.length;
+    } else if (code === DEAD_LETTER) {
+      codes[2 * i] = DEAD_LETTER;
+      codes[2 * i + 1] = reasons.length;
+      reasons.push(outcome.reason);
+    } else {
+      codes[2 * i] = code;
+      codes[2 * i + 1] = outcome.argument;
+    }
+  }
+  const encoded = encoder.encode(texts.length === 1 ? texts[0] : texts.join(""));
+  if (encoded.length !== chars) return packTransformedPieces(rows, outcomes);
+  let data = encoded;
+  if (blobs.length > 0) {
+    data = new Uint8Array(encoded.length + blobBytes);
+    data.set(encoded);
+    let at = encoded.length;
+    for (const blob of blobs) {
+      data.set(blob, at);
+      at += blob.length;
+    }
+    for (const slot of blobSlots) emitted[slot] += encoded.length;
+  }
+  return {
+    data,
+    outcomes: codes,
+    emitted: new Uint32Array(emitted),
+    headers: new Uint32Array(headerNums),
+    reasons,
+  };
+}
+
+/** `packTransformed` for answers with non-ASCII text: each piece encoded
+ * on its own. */
+function packTransformedPieces(rows, outcomes) {
   const data = new Bytes();
   const codes = [], emitted = [], headerNums = [], reasons = [];
   const putHeaders = (pairs) => {
@@ -258,8 +424,21 @@ export function packDelivered(rows, outcomes) {
  * `routeTable`/`routeKey`. */
 export function runBatch(plugin, rows) {
   if (typeof plugin.batch === "function") return plugin.batch(rows);
-  const decide = typeof plugin.row === "function" ? plugin.row.bind(plugin) : () => OK_OUTCOME;
-  return rows.map((row) => perRow(decide, row));
+  const outcomes = new Array(rows.length);
+  if (typeof plugin.row !== "function") return outcomes.fill(OK_OUTCOME);
+  // One loop, no closure per row: this runs for every row of every batch.
+  for (let i = 0; i < rows.length; i++) {
+    let outcome;
+    try {
+      outcome = plugin.row(rows[i]);
+    } catch (error) {
+      report(error);
+      outcomes[i] = deadLetter(shortReason(error));
+      continue;
+    }
+    outcomes[i] = checked(outcome);
+  }
+  return outcomes;
 }
 
 /** Calls `plugin.init` with the parsed settings; throws the message as a

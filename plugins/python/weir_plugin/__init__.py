@@ -11,7 +11,10 @@ Nothing here imports the generated bindings at import time, so a plugin's
 logic also runs in plain CPython (see `weir_plugin.testing`).
 """
 
+import gc
 import json
+import json.encoder
+import json.scanner
 import sys
 import traceback
 
@@ -34,27 +37,98 @@ _SAME_TABLE = 0xFFFFFFFF
 
 
 class Row:
-    """One input row. `payload` is its bytes as sent; `json()` parses them once."""
+    """One input row. `payload` is its bytes as sent; `json()` parses them once.
 
-    __slots__ = ("tenant", "table", "payload", "headers", "sequence", "attempts", "index", "_json")
+    Rows of a batch from weir are views of the packed batch: tenant, table,
+    payload, headers, sequence and attempts are decoded when first read, so
+    a plugin pays only for what it looks at."""
+
+    __slots__ = ("_tenant", "_table", "_payload", "_headers", "_sequence", "_attempts",
+                 "index", "_json", "_view")
 
     def __init__(self, tenant, table, payload, headers=(), sequence=1, attempts=1, index=0):
-        self.tenant = tenant
-        self.table = table
-        self.payload = payload
+        self._tenant = tenant
+        self._table = table
+        self._payload = payload
         # (name, value) pairs in order; a name may repeat.
-        self.headers = list(headers)
-        self.sequence = sequence
-        self.attempts = attempts
+        self._headers = list(headers)
+        self._sequence = sequence
+        self._attempts = attempts
         # Its place in the batch: what `state` calls name it by.
         self.index = index
         self._json = None
+        self._view = None
+
+    @property
+    def tenant(self):
+        if self._tenant is None:
+            self._tenant = self._view.text(self.index, 0)
+        return self._tenant
+
+    @tenant.setter
+    def tenant(self, value):
+        self._tenant = value
+
+    @property
+    def table(self):
+        if self._table is None:
+            self._table = self._view.text(self.index, 2)
+        return self._table
+
+    @table.setter
+    def table(self, value):
+        self._table = value
+
+    @property
+    def payload(self):
+        if self._payload is None:
+            self._payload = self._view.payload(self.index)
+        return self._payload
+
+    @payload.setter
+    def payload(self, value):
+        self._payload = value
+        self._json = None
+
+    @property
+    def headers(self):
+        """(name, value) pairs in order; a name may repeat."""
+        if self._headers is None:
+            self._headers = self._view.headers(self.index)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value):
+        self._headers = list(value)
+
+    @property
+    def sequence(self):
+        if self._sequence is None:
+            self._sequence = self._view.sequences[self.index]
+        return self._sequence
+
+    @sequence.setter
+    def sequence(self, value):
+        self._sequence = value
+
+    @property
+    def attempts(self):
+        if self._attempts is None:
+            self._attempts = self._view.attempts[self.index]
+        return self._attempts
+
+    @attempts.setter
+    def attempts(self, value):
+        self._attempts = value
 
     def json(self):
         """The payload parsed as JSON (parsed on first call, then kept).
         Mutating the result is fine: emit it to send the changed row on."""
         if self._json is None:
-            self._json = json.loads(self.payload)
+            payload = self._payload
+            if payload is None:
+                payload = self._payload = self._view.payload(self.index)
+            self._json = _parse_json(payload)
         return self._json
 
     def text(self):
@@ -72,6 +146,100 @@ class Row:
         return "Row(tenant=%r, table=%r, payload=%r)" % (self.tenant, self.table, self.payload)
 
 
+class _View:
+    """A packed batch as componentize-py hands it over, read in place: a
+    row's pieces are sliced out of `data` only when asked for."""
+
+    __slots__ = ("data", "nums", "heads", "sequences", "attempts")
+
+    def __init__(self, batch):
+        self.data = batch.data
+        self.nums = batch.rows
+        self.heads = batch.headers
+        self.sequences = batch.sequences
+        self.attempts = batch.attempts
+
+    def text(self, row, field):
+        at = 8 * row + field
+        offset = self.nums[at]
+        return self.data[offset:offset + self.nums[at + 1]].decode("utf-8")
+
+    def payload(self, row):
+        at = 8 * row + 4
+        offset = self.nums[at]
+        return bytes(self.data[offset:offset + self.nums[at + 1]])
+
+    def header_span(self, row):
+        return self.nums[8 * row + 6], self.nums[8 * row + 7]
+
+    def headers(self, row):
+        first, count = self.header_span(row)
+        data, heads = self.data, self.heads
+        headers = []
+        for h in range(first, first + count):
+            no, nl, vo, vl = heads[4 * h: 4 * h + 4]
+            headers.append((data[no:no + nl].decode("utf-8"), data[vo:vo + vl].decode("utf-8")))
+        return headers
+
+
+def _packed_rows(batch):
+    """The rows of a packed `batch`, as lazy `Row` views of it."""
+    view = _View(batch)
+    new = Row.__new__
+    rows = []
+    append = rows.append
+    for i in range(len(view.sequences)):
+        row = new(Row)
+        row._tenant = row._table = row._payload = row._headers = None
+        row._sequence = row._attempts = row._json = None
+        row._view = view
+        row.index = i
+        append(row)
+    return rows
+
+
+# JSON with the standard library's C scanner and encoder called directly:
+# `json.loads` and `json.dumps` add a Python-level layer per call (encoding
+# detection, a regex per end, an encoder built per call) that cost as much
+# as the parse itself for a row-sized object. Anything off the fast path
+# goes through `json.loads` for its exact behaviour and errors.
+_json_scan = json.scanner.make_scanner(json.JSONDecoder())
+_JSON_SPACE = " \t\n\r"
+
+
+def _parse_json(payload):
+    try:
+        text = payload.decode("utf-8")
+        value, end = _json_scan(text, 0)
+    except (UnicodeDecodeError, StopIteration, AttributeError):
+        return json.loads(payload)
+    if end != len(text) and text[end:].strip(_JSON_SPACE):
+        return json.loads(payload)
+    return value
+
+
+_json_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _make_json_dump():
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is not None:
+        try:
+            # No circular-reference markers: a cycle still fails (RecursionError).
+            encode = c_make_encoder(None, _json_encoder.default, json.encoder.encode_basestring,
+                                    None, ":", ",", False, False, True)
+            join = "".join
+            dump = lambda value: join(encode(value, 0))  # noqa: E731
+            if dump({"a": [1, "é", None]}) == '{"a":[1,"é",null]}':
+                return dump
+        except Exception:
+            pass
+    return _json_encoder.encode
+
+
+_json_dump = _make_json_dump()
+
+
 class Out:
     """A row to emit. `payload` is bytes, str, or anything else (written as
     compact JSON). `table` None keeps the input row's table; `headers` None
@@ -86,11 +254,16 @@ class Out:
 
 
 def _payload_bytes(payload):
+    kind = type(payload)
+    if kind is dict or kind is list:
+        return _json_dump(payload).encode("utf-8")
+    if kind is bytes:
+        return payload
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
     if isinstance(payload, str):
         return payload.encode("utf-8")
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _json_dump(payload).encode("utf-8")
 
 
 # ---------------------------------------------------------------- outcomes
@@ -233,7 +406,7 @@ class Transform(Plugin):
         return ok()
 
     def batch(self, rows):
-        return [_per_row(self.row, row) for row in rows]
+        return _per_rows(self.row, rows)
 
 
 class Sink(Plugin):
@@ -246,7 +419,7 @@ class Sink(Plugin):
         return ok()
 
     def batch(self, rows):
-        return [_per_row(self.row, row) for row in rows]
+        return _per_rows(self.row, rows)
 
 
 class Budget(Plugin):
@@ -274,11 +447,29 @@ class Router(Plugin):
 
 def _per_row(decide, row):
     """`decide(row)`, an exception becoming the row's dead letter."""
-    try:
-        outcome = decide(row)
-    except Exception as error:  # a bad row must not take its batch down
-        _print_exception()
-        return dead_letter(_short_reason(error))
+    return _per_rows(decide, (row,))[0]
+
+
+def _per_rows(decide, rows):
+    """`decide(row)` for each row, in one loop (a call per row less: this
+    runs for every row of every batch); an exception becomes that row's
+    dead letter."""
+    outcomes = []
+    append_outcome = outcomes.append
+    for row in rows:
+        try:
+            outcome = decide(row)
+        except Exception as error:  # a bad row must not take its batch down
+            _print_exception()
+            outcome = dead_letter(_short_reason(error))
+        else:
+            if outcome.__class__ is not Outcome:
+                outcome = _checked(outcome)
+        append_outcome(outcome)
+    return outcomes
+
+
+def _checked(outcome):
     if outcome is None:
         return _OK_OUTCOME
     if not isinstance(outcome, Outcome):
@@ -609,78 +800,76 @@ def _http_api():
 
 
 def unpack(batch):
-    """The rows of a packed `batch`, as `Row` objects."""
-    data = batch.data
-    nums = batch.rows
-    heads = batch.headers
-    sequences = batch.sequences
-    attempts = batch.attempts
-    rows = []
-    for i in range(len(sequences)):
-        n = nums[8 * i: 8 * i + 8]
-        headers = []
-        for h in range(n[6], n[6] + n[7]):
-            no, nl, vo, vl = heads[4 * h: 4 * h + 4]
-            headers.append((data[no:no + nl].decode("utf-8"), data[vo:vo + vl].decode("utf-8")))
-        rows.append(Row(
-            data[n[0]:n[0] + n[1]].decode("utf-8"),
-            data[n[2]:n[2] + n[3]].decode("utf-8"),
-            bytes(data[n[4]:n[4] + n[5]]),
-            headers,
-            sequences[i],
-            attempts[i],
-            i,
-        ))
-    return rows
+    """The rows of a packed `batch`, as `Row` objects (views of the batch:
+    each piece is decoded when first read)."""
+    return _packed_rows(batch)
 
 
 def pack_transformed(rows, outcomes):
     """The fields of a `transformed` record for `outcomes` of `rows`:
-    (data, outcomes, emitted, headers, reasons)."""
-    data = bytearray()
+    (data, outcomes, emitted, headers, reasons). The bytes are gathered
+    as pieces and joined once."""
+    if len(outcomes) != len(rows):
+        raise ValueError("%d outcomes for %d rows" % (len(outcomes), len(rows)))
+    pieces = []
+    put_piece = pieces.append
+    size = 0
     codes = []
     emitted = []
     header_nums = []
     reasons = []
 
-    def put(raw):
-        offset = len(data)
-        data.extend(raw)
-        return offset, len(raw)
-
     def put_headers(pairs):
+        nonlocal size
         first = len(header_nums) // 4
         for name, value in pairs:
-            header_nums.extend(put(name.encode("utf-8")))
-            header_nums.extend(put(value.encode("utf-8")))
+            name = name.encode("utf-8")
+            value = value.encode("utf-8")
+            header_nums.extend((size, len(name), size + len(name), len(value)))
+            pieces.append(name)
+            pieces.append(value)
+            size += len(name) + len(value)
         return first, len(pairs)
 
-    if len(outcomes) != len(rows):
-        raise ValueError("%d outcomes for %d rows" % (len(outcomes), len(rows)))
     for row, outcome in zip(rows, outcomes):
-        if outcome.code == _EMIT:
+        code = outcome.code
+        if code == _EMIT:
             inherited = None
             for out in outcome.rows:
                 if out.table is None:
-                    table = (0, _SAME_TABLE)
+                    table_at, table_len = 0, _SAME_TABLE
                 else:
-                    table = put(out.table.encode("utf-8"))
-                payload = put(out.payload)
+                    table = out.table.encode("utf-8")
+                    table_at, table_len = size, len(table)
+                    put_piece(table)
+                    size += table_len
+                payload = out.payload
+                payload_at = size
+                put_piece(payload)
+                size += len(payload)
                 if out.headers is not None:
                     headers = put_headers(out.headers)
                 else:
                     # Every row emitted for one input shares its headers' bytes.
                     if inherited is None:
-                        inherited = put_headers(row.headers)
+                        inherited = _inherited_headers(row, put_headers, header_nums)
                     headers = inherited
-                emitted.extend((table[0], table[1], payload[0], payload[1], headers[0], headers[1]))
+                emitted.extend((table_at, table_len, payload_at, len(payload), headers[0], headers[1]))
             codes.extend((_EMIT, len(outcome.rows)))
-        elif outcome.code == _DEAD_LETTER:
+        elif code == _DEAD_LETTER:
             codes.extend((_DEAD_LETTER, len(reasons)))
             reasons.append(outcome.reason)
         else:
-            codes.extend((outcome.code, outcome.argument))
-    return bytes(data), codes, emitted, header_nums, reasons
+            codes.extend((code, outcome.argument))
+    return b"".join(pieces), codes, emitted, header_nums, reasons
+
+
+def _inherited_headers(row, put_headers, header_nums):
+    # A row read from a batch without headers (the common case) has none
+    # to copy: no need to decode them.
+    if row._headers is None and row._view is not None and row._view.header_span(row.index)[1] == 0:
+        return len(header_nums) // 4, 0
+    return put_headers(row.headers)
 
 
 def pack_delivered(rows, outcomes):
@@ -761,16 +950,28 @@ class _World:
             raise Err(message or "%s: %s" % (type(error).__name__, error))
         del _PLUGIN[1:]
         _PLUGIN.append(plugin)
+        # Everything alive now (the interpreter's snapshot: every module,
+        # the plugin) is kept out of the cycle collector's scans: with it
+        # in, each collection walked megabytes of objects that never die,
+        # most of a row's cost, and the heap grew call after call.
+        gc.freeze()
+
+
+_TYPES = []
 
 
 def _wit_types():
     """weir's `types` interface: componentize-py names it `weir_plugin_types`
-    when the world imports another `types` too (wasi:http's)."""
-    try:
-        from wit_world.imports import weir_plugin_types as types
-    except ImportError:
-        from wit_world.imports import types
-    return types
+    when the world imports another `types` too (wasi:http's). Looked up
+    once: a failed import per call (the first name, in most worlds) cost
+    more than a small batch's rows."""
+    if not _TYPES:
+        try:
+            from wit_world.imports import weir_plugin_types as types
+        except ImportError:
+            from wit_world.imports import types
+        _TYPES.append(types)
+    return _TYPES[0]
 
 
 class _TransformWorld(_World):
