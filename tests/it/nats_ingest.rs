@@ -58,11 +58,21 @@ struct Server {
 
 impl Server {
     fn start(template: &str) -> Server {
+        Server::start_for(template, &["acme", "beta"])
+    }
+
+    /// The same, with a producer user for each of `tenants`.
+    fn start_for(template: &str, tenants: &[&str]) -> Server {
         let host = permissions(template, &[]);
-        let acme = permissions(template, &["--producer", "acme"]);
-        let beta = permissions(template, &["--producer", "beta"]);
+        let producers: String = tenants
+            .iter()
+            .map(|tenant| {
+                let allowed = permissions(template, &["--producer", tenant]);
+                format!("      {{ user: {tenant}, password: {tenant}-secret, permissions: {allowed} }}\n")
+            })
+            .collect();
         let nats = Nats::start_with(&format!(
-            "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n      {{ user: acme, password: acme-secret, permissions: {acme} }}\n      {{ user: beta, password: beta-secret, permissions: {beta} }}\n    ]\n  }}\n}}\n"
+            "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n{producers}    ]\n  }}\n}}\n"
         ));
         let port = nats.server.port();
         let server = Server { _nats: nats, port };
@@ -275,6 +285,45 @@ async fn a_producer_sends_as_its_own_tenant_and_the_server_refuses_it_another() 
         "{}",
         String::from_utf8_lossy(&unknown.stderr)
     );
+    host.shutdown().await;
+}
+
+/// A tenant that only produces over NATS has no API key: the config is
+/// valid (`weir check` clean), its producer's rows are stored, and the
+/// HTTP door has no way in for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_only_tenant_needs_no_api_key() {
+    let with_gamma = |url: &str| format!("{}\n[[tenants]]\nname = \"gamma\"\n", config(url, ""));
+    let server = Server::start_for(&with_gamma("nats://127.0.0.1:1"), &["gamma"]);
+    let text = with_gamma(&server.url("weir"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, &text).unwrap();
+    let checked = std::process::Command::new(crate::support::WEIR)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let host = TestHost::start(&text).await;
+    let (gamma, _) = server.producer("gamma").await;
+    let (status, answer) = request(&gamma, "weir.ingest.gamma.orders", &[], orders(0, 4)).await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(4)),
+        "{answer}"
+    );
+    // No key of the config is gamma's: over HTTP it is no one.
+    let (status, _) = post(&host, "gamma-key-1234", "orders", &[], orders(10, 1)).await;
+    assert_eq!(status, 401);
+    drained(&server.admin().await).await;
+    let rows = host.dir.path().join("out/gamma/orders.ndjson");
+    assert_eq!(lines(&rows), 4, "gamma's rows stored");
     host.shutdown().await;
 }
 

@@ -388,7 +388,7 @@ impl Checker<'_> {
         let tls = self.tls(&raw.tls);
         let coordination = self.coordination(&raw.coordination);
         let mut tenant_keys = HashSet::new();
-        let tenants = self.tenants(raw.tenants, &mut tenant_keys);
+        let tenants = self.tenants(raw.tenants, &mut tenant_keys, &nats);
         let admin_api_keys = self.admin_keys(
             raw.admin_api_keys,
             raw.admin_api_keys_file.as_ref(),
