@@ -1,5 +1,5 @@
-//! `weir send`: streams NDJSON (a file or stdin) to a front door in chunks,
-//! several requests at once. Each chunk carries an `Idempotency-Key` made
+//! `weir send`: streams NDJSON (a file or stdin) to a front door (HTTP, or
+//! the NATS door) in chunks, several requests at once. Each chunk carries an `Idempotency-Key` made
 //! of its own bytes, so a retry (or the same input sent again) stores no
 //! row twice; 429/503 answers are waited out as the server says.
 
@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,14 @@ pub enum SendError {
         cause: String,
         sent: Sent,
     },
+    #[error(
+        "no weir host answers on {subject}: {cause} (is weir running with `[nats] ingest` on, on this NATS?){sent}"
+    )]
+    NoDoor {
+        subject: String,
+        cause: String,
+        sent: Sent,
+    },
     /// The server refused a chunk (4xx other than 429).
     #[error("{place}: refused ({status}): {message}{sent}")]
     Refused {
@@ -117,7 +126,7 @@ pub enum SendError {
     },
     /// Every chunk was offered, and the server refused some (4xx): the rest
     /// were stored.
-    #[error("{} refused ({rows} rows not stored): {}", plural(*count, "chunk", "chunks"), .places.join(", "))]
+    #[error("{} refused ({} not stored): {}", plural(*count, "chunk", "chunks"), plural(*rows, "row", "rows"), .places.join(", "))]
     PartlyRefused {
         count: usize,
         rows: u64,
@@ -213,13 +222,44 @@ impl Input {
     }
 }
 
+/// Which door a send goes through.
+#[derive(Debug, Clone)]
+pub enum Door {
+    /// `POST <url>/v1/ingest/<table>`, the tenant named by its API key.
+    Http {
+        /// The host's base URL, e.g. `http://127.0.0.1:8080`.
+        url: String,
+        api_key: String,
+    },
+    /// NATS requests to the table's ingest subject, the tenant named by it.
+    Nats(NatsDoor),
+}
+
+/// The NATS door as a producer reaches it: a connection logged in as the
+/// tenant's producer (answers on its own inbox prefix) and the subject.
+#[derive(Clone)]
+pub struct NatsDoor {
+    pub client: async_nats::Client,
+    /// `<prefix>.ingest.<tenant>.<table>`.
+    pub subject: String,
+    /// What the server refused this connection so far (permission
+    /// violations): a request it refused gets no answer, this says why.
+    pub refused: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+}
+
+impl fmt::Debug for NatsDoor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsDoor")
+            .field("subject", &self.subject)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What to send, and where.
 #[derive(Debug, Clone)]
 pub struct SendOptions {
-    /// The host's base URL, e.g. `http://127.0.0.1:8080`.
-    pub url: String,
+    pub door: Door,
     pub table: String,
-    pub api_key: String,
     pub input: Input,
     /// Lines per request, at most.
     pub chunk_rows: usize,
@@ -304,19 +344,28 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         input: input.clone(),
         cause,
     })?;
-    let endpoint = ingest_url(&options.url, &options.table)?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
-        .timeout(REQUEST_TIMEOUT.min(options.timeout))
-        .build()
-        .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
-    let chunks = spawn_reader(reader, options.chunk_rows, options.chunk_bytes)?;
+    let (transport, chunk_bytes) = match &options.door {
+        Door::Http { url, api_key } => {
+            let endpoint = ingest_url(url, &options.table)?;
+            let client = reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
+                .timeout(REQUEST_TIMEOUT.min(options.timeout))
+                .build()
+                .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
+            let transport = Transport::Http {
+                client,
+                endpoint,
+                api_key: api_key.clone(),
+            };
+            (transport, options.chunk_bytes)
+        }
+        Door::Nats(door) => (Transport::Nats(door.clone()), options.chunk_bytes),
+    };
+    let chunks = spawn_reader(reader, options.chunk_rows, chunk_bytes)?;
     let progress = Progress::new(options.progress, size);
     let context = Context {
-        client,
-        endpoint,
+        transport,
         table: &options.table,
-        api_key: &options.api_key,
         bar: &progress.bar,
         reached: AtomicBool::new(false),
         input: &input,
@@ -331,7 +380,7 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         Ok(tally) => tally,
         Err(failure) => {
             progress.bar.finish_and_clear();
-            return Err(failure.into_error(&input, &context.endpoint));
+            return Err(failure.into_error(&input, &context.transport));
         }
     };
     // The summary line takes the bar's place.
@@ -421,10 +470,8 @@ fn spawn_reader(
 
 /// What every chunk's requests share.
 struct Context<'a> {
-    client: reqwest::Client,
-    endpoint: String,
+    transport: Transport,
     table: &'a str,
-    api_key: &'a str,
     bar: &'a ProgressBar,
     /// Set by the first answer: until then a refused connection means a
     /// wrong URL or no host, not worth retrying.
@@ -459,7 +506,8 @@ struct Failure {
 }
 
 impl Failure {
-    fn into_error(self, input: &str, url: &str) -> SendError {
+    fn into_error(self, input: &str, transport: &Transport) -> SendError {
+        let url = transport.target();
         let (first_line, last_line) = self.lines;
         let place = |line: Option<usize>| Place {
             input: input.to_string(),
@@ -484,7 +532,14 @@ impl Failure {
                 sent,
             },
             ChunkError::BadUrl { cause } => SendError::BadUrl { url, cause },
-            ChunkError::Unreachable { cause } => SendError::Unreachable { url, cause, sent },
+            ChunkError::Unreachable { cause } => match transport {
+                Transport::Http { .. } => SendError::Unreachable { url, cause, sent },
+                Transport::Nats(_) => SendError::NoDoor {
+                    subject: url,
+                    cause,
+                    sent,
+                },
+            },
             ChunkError::Refused {
                 status,
                 message,
@@ -732,34 +787,32 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
     };
     let out_of_time = |wait: Duration| started.elapsed() + wait > context.timeout;
     for attempt in 1..=max_attempts {
-        let mut request = context
-            .client
-            .post(&context.endpoint)
-            .bearer_auth(context.api_key)
-            .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
-            .header("idempotency-key", &key)
-            // The server numbers lines as the input does.
-            .header("weir-first-line", first_line.to_string());
-        if let Some(mode) = context.bad_lines {
-            request = request.header("weir-bad-lines", mode);
-        }
-        let remaining = context.timeout.saturating_sub(started.elapsed());
-        let sent = request
-            .timeout(remaining.clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT))
-            .body(body.clone())
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(err) if err.is_builder() => {
-                return Err(ChunkError::BadUrl {
-                    cause: cause_of(&err),
+        let offer = Offer {
+            key: &key,
+            first_line,
+            bad_lines: context.bad_lines,
+            body: body.clone(),
+            timeout: context
+                .timeout
+                .saturating_sub(started.elapsed())
+                .clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT),
+        };
+        let answered = match context.transport.offer(offer).await {
+            Ok(answered) => answered,
+            Err(Unanswered::BadUrl(cause)) => return Err(ChunkError::BadUrl { cause }),
+            Err(Unanswered::Refused { status, message }) => {
+                return Err(ChunkError::Refused {
+                    status,
+                    message,
+                    line: None,
                 });
             }
-            Err(err) => {
-                let cause = cause_of(&err);
+            Err(Unanswered::BadReply(detail)) => {
+                return Err(ChunkError::BadReply { status: 0, detail });
+            }
+            Err(Unanswered::NoAnswer { cause, connect }) => {
                 transient += 1;
-                let never_reached = err.is_connect() && !context.reached.load(Ordering::Relaxed);
+                let never_reached = connect && !context.reached.load(Ordering::Relaxed);
                 if never_reached || transient > MAX_TRANSIENT_FAILURES {
                     return Err(ChunkError::Unreachable { cause });
                 }
@@ -771,18 +824,7 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 last = cause;
                 continue;
             }
-        };
-        context.reached.store(true, Ordering::Relaxed);
-        let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let answer = match read_answer(response).await {
-            Ok(answer) => answer,
-            Err(cause) => {
+            Err(Unanswered::Broken(cause)) => {
                 // The connection broke mid-answer: the rows may be stored,
                 // which the key makes harmless to retry.
                 transient += 1;
@@ -797,6 +839,12 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 continue;
             }
         };
+        context.reached.store(true, Ordering::Relaxed);
+        let Answered {
+            status,
+            retry_after,
+            body: answer,
+        } = answered;
         if status.is_success() {
             return serde_json::from_slice::<Reply>(&answer).map_err(|err| ChunkError::BadReply {
                 status: status.as_u16(),
@@ -850,6 +898,209 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
         });
     }
     Err(gave_up(max_attempts, last))
+}
+
+/// The NATS door's answer header with its status code (the door's
+/// `STATUS_HEADER`).
+const STATUS_HEADER: &str = "Weir-Status";
+/// How often a NATS request waiting for its answer looks at what the
+/// server refused (a publish it refused is never answered).
+const REFUSALS_EVERY: Duration = Duration::from_millis(100);
+
+/// How the chunks' requests are made: one of [`Door`], ready.
+enum Transport {
+    Http {
+        client: reqwest::Client,
+        endpoint: String,
+        api_key: String,
+    },
+    Nats(NatsDoor),
+}
+
+/// One request of a chunk.
+struct Offer<'a> {
+    key: &'a str,
+    first_line: usize,
+    bad_lines: Option<&'a str>,
+    body: Bytes,
+    /// How long to wait for its answer.
+    timeout: Duration,
+}
+
+/// A door's answer: its status, `Retry-After` and body (the first
+/// `MAX_ANSWER_BYTES`).
+struct Answered {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: Vec<u8>,
+}
+
+/// Why a request got no answer from a host.
+enum Unanswered {
+    /// It could not be made (never retried).
+    BadUrl(String),
+    /// Not taken, nor answered, in time; `connect`: no door was reached
+    /// (a refused connection, no host serving the subject).
+    NoAnswer { cause: String, connect: bool },
+    /// The answer broke off: the rows may be stored.
+    Broken(String),
+    /// The way in refused it before any host saw it (a NATS message over
+    /// the server's `max_payload`, a publish its permissions forbid).
+    Refused { status: u16, message: String },
+    /// Something answered that is not a weir door.
+    BadReply(String),
+}
+
+impl Transport {
+    /// Where requests go, for errors: the URL or the subject.
+    fn target(&self) -> &str {
+        match self {
+            Transport::Http { endpoint, .. } => endpoint,
+            Transport::Nats(door) => &door.subject,
+        }
+    }
+
+    async fn offer(&self, offer: Offer<'_>) -> Result<Answered, Unanswered> {
+        match self {
+            Transport::Http {
+                client,
+                endpoint,
+                api_key,
+            } => offer_http(client, endpoint, api_key, offer).await,
+            Transport::Nats(door) => offer_nats(door, offer).await,
+        }
+    }
+}
+
+async fn offer_http(
+    client: &reqwest::Client,
+    endpoint: &str,
+    api_key: &str,
+    offer: Offer<'_>,
+) -> Result<Answered, Unanswered> {
+    let mut request = client
+        .post(endpoint)
+        .bearer_auth(api_key)
+        .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+        .header("idempotency-key", offer.key)
+        // The server numbers lines as the input does.
+        .header("weir-first-line", offer.first_line.to_string());
+    if let Some(mode) = offer.bad_lines {
+        request = request.header("weir-bad-lines", mode);
+    }
+    let response = match request.timeout(offer.timeout).body(offer.body).send().await {
+        Ok(response) => response,
+        Err(err) if err.is_builder() => return Err(Unanswered::BadUrl(cause_of(&err))),
+        Err(err) => {
+            return Err(Unanswered::NoAnswer {
+                cause: cause_of(&err),
+                connect: err.is_connect(),
+            });
+        }
+    };
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = read_answer(response).await.map_err(Unanswered::Broken)?;
+    Ok(Answered {
+        status,
+        retry_after,
+        body,
+    })
+}
+
+async fn offer_nats(door: &NatsDoor, offer: Offer<'_>) -> Result<Answered, Unanswered> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Content-Type", "application/x-ndjson");
+    headers.insert("Idempotency-Key", offer.key);
+    headers.insert("Weir-First-Line", offer.first_line.to_string().as_str());
+    if let Some(mode) = offer.bad_lines {
+        headers.insert("Weir-Bad-Lines", mode);
+    }
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(offer.body)
+        .timeout(Some(offer.timeout));
+    let refused_before = (door.refused)().len();
+    let answer = door.client.send_request(door.subject.clone(), request);
+    tokio::pin!(answer);
+    // A publish the server refused (permissions) is never answered: say
+    // why as soon as the server does.
+    let mut watch = tokio::time::interval(REFUSALS_EVERY);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut answer => break answer,
+            _ = watch.tick() => {
+                let refused = (door.refused)();
+                if let Some(said) = refused
+                    .iter()
+                    .skip(refused_before)
+                    .find(|said| said.contains(&door.subject))
+                {
+                    return Err(Unanswered::Refused {
+                        status: 403,
+                        message: format!("the NATS server refused the request: {said}; nothing was stored (is this user a producer of the tenant? weir mq permissions --producer)"),
+                    });
+                }
+            }
+        }
+    };
+    let message = match answer {
+        Ok(message) => message,
+        Err(err) => {
+            use async_nats::client::RequestErrorKind;
+            return Err(match err.kind() {
+                RequestErrorKind::MaxPayloadExceeded => Unanswered::Refused {
+                    status: 413,
+                    message: format!(
+                        "over the NATS server's max_payload ({err}); nothing was stored"
+                    ),
+                },
+                RequestErrorKind::NoResponders => Unanswered::NoAnswer {
+                    cause: "no weir host serves the NATS door (no responders)".to_string(),
+                    connect: true,
+                },
+                RequestErrorKind::TimedOut => Unanswered::NoAnswer {
+                    cause: "no answer in time".to_string(),
+                    connect: false,
+                },
+                RequestErrorKind::InvalidSubject => Unanswered::BadUrl(err.to_string()),
+                RequestErrorKind::Other => Unanswered::NoAnswer {
+                    cause: err.to_string(),
+                    connect: false,
+                },
+            });
+        }
+    };
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str().trim().to_string())
+    };
+    let status = header(STATUS_HEADER)
+        .and_then(|code| code.parse::<u16>().ok())
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| {
+            Unanswered::BadReply(format!(
+                "no {STATUS_HEADER} header in the answer: {}",
+                snippet(&message.payload)
+            ))
+        })?;
+    let retry_after = header("Retry-After")
+        .and_then(|value| value.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = message.payload[..message.payload.len().min(MAX_ANSWER_BYTES)].to_vec();
+    Ok(Answered {
+        status,
+        retry_after,
+        body,
+    })
 }
 
 /// Says on the progress bar why a chunk waits; without a bar, says the

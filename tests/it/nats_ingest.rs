@@ -58,11 +58,12 @@ struct Server {
 
 impl Server {
     fn start(template: &str) -> Server {
-        Server::start_for(template, &["acme", "beta"])
+        Server::start_for(template, &["acme", "beta"], "")
     }
 
-    /// The same, with a producer user for each of `tenants`.
-    fn start_for(template: &str, tenants: &[&str]) -> Server {
+    /// The same, with a producer user for each of `tenants`, and
+    /// `settings` in the server's config.
+    fn start_for(template: &str, tenants: &[&str], settings: &str) -> Server {
         let host = permissions(template, &[]);
         let producers: String = tenants
             .iter()
@@ -72,7 +73,7 @@ impl Server {
             })
             .collect();
         let nats = Nats::start_with(&format!(
-            "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n{producers}    ]\n  }}\n}}\n"
+            "{settings}\naccounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n{producers}    ]\n  }}\n}}\n"
         ));
         let port = nats.server.port();
         let server = Server { _nats: nats, port };
@@ -294,7 +295,7 @@ async fn a_producer_sends_as_its_own_tenant_and_the_server_refuses_it_another() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_nats_only_tenant_needs_no_api_key() {
     let with_gamma = |url: &str| format!("{}\n[[tenants]]\nname = \"gamma\"\n", config(url, ""));
-    let server = Server::start_for(&with_gamma("nats://127.0.0.1:1"), &["gamma"]);
+    let server = Server::start_for(&with_gamma("nats://127.0.0.1:1"), &["gamma"], "");
     let text = with_gamma(&server.url("weir"));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weir.toml");
@@ -784,4 +785,137 @@ async fn a_stopping_host_answers_every_request_it_took() {
             "the request of rows {first}.. was taken, its rows stored, and left unanswered"
         );
     }
+}
+
+/// `weir send --nats` as `tenant`'s producer (user `<tenant>`, password
+/// `<tenant>-secret`) to table `orders`, with `args`: its output.
+async fn send_over_nats(port: u16, tenant: &str, args: &[&str]) -> std::process::Output {
+    let password = format!("{tenant}-secret");
+    let command = tokio::process::Command::new(crate::support::WEIR)
+        .args(["send", "--quiet", "--table", "orders", "--tenant", tenant])
+        .args(["--nats", &format!("nats://127.0.0.1:{port}")])
+        .args(["--nats-user", tenant, "--nats-password", &password])
+        .args(args)
+        .env_remove("WEIR_API_KEY")
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), command)
+        .await
+        .expect("weir send finishes")
+        .expect("weir runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `weir send --nats` sends a file through the NATS door as over HTTP: the
+/// same chunks, a refused chunk named by `file:line` while the rest goes,
+/// `--fail-fast`, dead-lettered lines, the summary and exit code; with no
+/// host serving the door, or no NATS at all, it stops with the reason
+/// within `--timeout`.
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_send_over_nats_chunks_reports_and_stops_as_over_http() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.ndjson");
+    let mut rows = orders(0, 6);
+    rows.push_str("{\"id\": broken\n");
+    rows.push_str(&orders(100, 18));
+    std::fs::write(&file, rows).unwrap();
+    let file_arg = file.to_str().unwrap().to_string();
+
+    // No host yet: nobody serves the door; said at once.
+    let started = std::time::Instant::now();
+    let output = send_over_nats(server.port, "acme", &[&file_arg]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains(
+            "no weir host answers on weir.ingest.acme.orders: no weir host serves the NATS door (no responders)"
+        ),
+        "{}",
+        text(&output.stderr)
+    );
+    // Not the request's own 60 s timeout.
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let chunks = ["--chunk-rows", "10", "-j", "2"];
+    let output = send_over_nats(server.port, "acme", &[&chunks[..], &[&file_arg]].concat()).await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(5), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "15 rows accepted, 0 duplicates, 1 chunk refused (10 rows not stored), in "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:7: refused (400): invalid JSON")),
+        "{stderr}"
+    );
+
+    // Again, bad lines dead-lettered: what was stored comes back as
+    // duplicates, the bad line is named.
+    let output = send_over_nats(
+        server.port,
+        "acme",
+        &[&chunks[..], &["--bad-lines", "dead-letter", &file_arg]].concat(),
+    )
+    .await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("24 rows accepted, 15 duplicates, 1 line dead-lettered, in "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:7: invalid JSON")),
+        "{stderr}"
+    );
+
+    // --fail-fast: nothing after the refused chunk.
+    let late = dir.path().join("late.ndjson");
+    std::fs::write(&late, format!("{{\"id\": broken\n{}", orders(500, 30))).unwrap();
+    let late_arg = late.to_str().unwrap();
+    let output = send_over_nats(
+        server.port,
+        "acme",
+        &["--chunk-rows", "10", "-j", "1", "--fail-fast", late_arg],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains(&format!("{late_arg}:1: refused (400)")),
+        "{}",
+        text(&output.stderr)
+    );
+    drained(&server.admin().await).await;
+    let ids: BTreeSet<u64> = host
+        .sink_lines("orders")
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|row| row["id"].as_u64())
+        .collect();
+    let expected: BTreeSet<u64> = (0..6).chain(100..118).collect();
+    assert_eq!(
+        ids, expected,
+        "each good row once, none after the fail-fast"
+    );
+    host.shutdown().await;
+
+    // No NATS at all: the reason within --timeout.
+    let started = std::time::Instant::now();
+    let output = send_over_nats(free_port(), "acme", &["--timeout", "2", &file_arg]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("cannot reach NATS"),
+        "{}",
+        text(&output.stderr)
+    );
+    // Not the connection's own 10 s of retries.
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -100,6 +100,13 @@ pub struct NatsArgs {
     /// absent everywhere: `weir run` starts its own nats-server.
     #[arg(long, short = 's', visible_alias = "server", env = "WEIR_NATS_URL")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub login: NatsLogin,
+}
+
+/// How to log in to NATS, as the `nats` CLI takes it.
+#[derive(clap::Args, Clone, Default)]
+pub struct NatsLogin {
     /// A .creds file (user JWT and nkey seed) to log in with.
     #[arg(long, env = "NATS_CREDS", value_name = "FILE")]
     pub nats_creds: Option<PathBuf>,
@@ -135,6 +142,21 @@ impl NatsArgs {
     }
 
     pub fn auth(&self) -> NatsAuth {
+        self.login.auth()
+    }
+
+    /// Overrides carrying these settings (for `Config::load`).
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            nats_url: self.url(),
+            nats_auth: self.auth(),
+            ..Overrides::default()
+        }
+    }
+}
+
+impl NatsLogin {
+    pub fn auth(&self) -> NatsAuth {
         NatsAuth {
             creds: self.nats_creds.clone(),
             nkey: self.nats_nkey.clone(),
@@ -144,15 +166,6 @@ impl NatsArgs {
             tls_ca: self.tls_ca.clone(),
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
-        }
-    }
-
-    /// Overrides carrying these settings (for `Config::load`).
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            nats_url: self.url(),
-            nats_auth: self.auth(),
-            ..Overrides::default()
         }
     }
 }

@@ -48,7 +48,7 @@ pub(crate) use plugins::*;
 pub use plugins::{PluginConfig, PluginPlaces};
 pub(crate) use policies::*;
 pub(crate) use stream::*;
-pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
+pub use stream::{DEFAULT_PARTITIONS, DEFAULT_PREFIX, DEFAULT_SHARDS};
 pub(crate) use tenants::*;
 pub use tls::{TlsFileError, TlsFiles};
 pub(crate) use top::*;
