@@ -263,7 +263,8 @@ pub struct SendOptions {
     pub input: Input,
     /// Lines per request, at most.
     pub chunk_rows: usize,
-    /// Bytes per request, at most (unless one line is longer).
+    /// Bytes per request, at most (unless one line is longer); over NATS
+    /// also below the server's `max_payload`.
     pub chunk_bytes: usize,
     /// Requests in flight at once.
     pub concurrency: usize,
@@ -359,7 +360,13 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
             };
             (transport, options.chunk_bytes)
         }
-        Door::Nats(door) => (Transport::Nats(door.clone()), options.chunk_bytes),
+        Door::Nats(door) => {
+            // The server refuses a message past its `max_payload`, headers
+            // included: chunks stay below it.
+            let max_payload = door.client.server_info().max_payload;
+            let room = max_payload.saturating_sub(HEADER_ROOM).max(1);
+            (Transport::Nats(door.clone()), options.chunk_bytes.min(room))
+        }
     };
     let chunks = spawn_reader(reader, options.chunk_rows, chunk_bytes)?;
     let progress = Progress::new(options.progress, size);
@@ -900,6 +907,9 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
     Err(gave_up(max_attempts, last))
 }
 
+/// The headers a request of `weir send` carries, beside its body, and what
+/// over NATS they may take of the server's `max_payload`.
+const HEADER_ROOM: usize = 1024;
 /// The NATS door's answer header with its status code (the door's
 /// `STATUS_HEADER`).
 const STATUS_HEADER: &str = "Weir-Status";

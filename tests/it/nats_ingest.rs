@@ -919,3 +919,111 @@ async fn weir_send_over_nats_chunks_reports_and_stops_as_over_http() {
         started.elapsed()
     );
 }
+
+/// A NATS message over the server's `max_payload` never reaches a host: a
+/// client that checks (async-nats, as nats.go and nats-py do) refuses it
+/// before sending, and the server answers one that does not check with
+/// `-ERR 'Maximum Payload Violation'` and closes its connection. Nothing
+/// is stored. `weir send --nats` keeps its chunks below the limit it
+/// learns from the server, and refuses (413) only a line that alone is
+/// over it, sending the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_over_the_servers_max_payload_is_refused_and_weir_send_splits_below_it() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    const MAX_PAYLOAD: usize = 16 << 10;
+    let template = config("nats://127.0.0.1:1", "");
+    let server = Server::start_for(&template, &["acme"], "max_payload: 16384");
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let (acme, _) = server.producer("acme").await;
+    assert_eq!(acme.server_info().max_payload, MAX_PAYLOAD);
+    let big = orders(0, 1000);
+    assert!(big.len() > MAX_PAYLOAD);
+
+    let refused = acme
+        .request("weir.ingest.acme.orders", big.clone().into())
+        .await
+        .expect_err("over max_payload");
+    assert_eq!(
+        refused.kind(),
+        async_nats::client::RequestErrorKind::MaxPayloadExceeded
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("Payload size limit of 16384 exceeded"),
+        "{refused}"
+    );
+
+    // A client that does not check: the server refuses it and hangs up.
+    let socket = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let (read, mut write) = socket.into_split();
+    let mut read = tokio::io::BufReader::new(read);
+    let mut line = String::new();
+    read.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("INFO "), "{line}");
+    let mut raw = format!(
+        "CONNECT {{\"user\":\"acme\",\"pass\":\"acme-secret\",\"verbose\":false,\"pedantic\":false}}\r\nPUB weir.ingest.acme.orders _INBOX.weir.acme.raw {}\r\n",
+        big.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(big.as_bytes());
+    raw.extend_from_slice(b"\r\n");
+    // The server may hang up before reading it all.
+    let _ = write.write_all(&raw).await;
+    let mut said = Vec::new();
+    loop {
+        line.clear();
+        match tokio::time::timeout(Duration::from_secs(5), read.read_line(&mut line)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => said.push(line.trim().to_string()),
+            Err(_) => panic!("the server neither answered nor hung up: {said:?}"),
+        }
+    }
+    assert!(
+        said.iter()
+            .any(|line| line == "-ERR 'Maximum Payload Violation'"),
+        "{said:?}"
+    );
+    assert_eq!(
+        weir::client::fetch_status(&host.url(""), None)
+            .await
+            .unwrap()
+            .rows
+            .accepted,
+        0,
+        "nothing stored"
+    );
+
+    // weir send --nats: 1000-row chunks (about 60 KB) go in pieces below
+    // 16 KiB; a line longer than that alone is refused, by its place.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.ndjson");
+    let mut rows = orders(0, 1000);
+    rows.push_str(&format!(
+        "{{\"id\":5000,\"pad\":\"{}\"}}\n",
+        "x".repeat(MAX_PAYLOAD)
+    ));
+    rows.push_str(&orders(1000, 1000));
+    std::fs::write(&file, rows).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let output = send_over_nats(server.port, "acme", &[file_arg]).await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(5), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "2000 rows accepted, 0 duplicates, 1 chunk refused (1 row not stored), in "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{file_arg}, lines 1001-1001: refused (413): over the NATS server's max_payload"
+        )),
+        "{stderr}"
+    );
+    drained(&server.admin().await).await;
+    assert_eq!(host.sink_lines("orders").len(), 2000);
+    host.shutdown().await;
+}
