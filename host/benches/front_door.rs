@@ -60,6 +60,7 @@ const TARGET_ROWS_PER_SEC: f64 = 100_000.0;
 const TARGET_P99_MS: f64 = 50.0;
 
 fn main() {
+    support::install_tls_provider();
     let rows = env_count("WEIR_BENCH_ROWS", 200_000);
     let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
     let runtime = tokio::runtime::Builder::new_multi_thread()

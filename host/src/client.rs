@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -141,6 +141,8 @@ pub enum SendError {
     },
     #[error("cannot start weir send: {0}")]
     Setup(String),
+    #[error("cannot trust --ca {path}: {reason}")]
+    Ca { path: String, reason: String },
 }
 
 /// Where in the input a chunk failed: a line when the server named one,
@@ -227,9 +229,12 @@ impl Input {
 pub enum Door {
     /// `POST <url>/v1/ingest/<table>`, the tenant named by its API key.
     Http {
-        /// The host's base URL, e.g. `http://127.0.0.1:8080`.
+        /// The host's base URL, e.g. `http://127.0.0.1:8080` (or `https://`).
         url: String,
         api_key: String,
+        /// A PEM file of certificates to trust besides the system's (a
+        /// private CA that signed the host's `[tls]` certificate).
+        ca: Option<PathBuf>,
     },
     /// NATS requests to the table's ingest subject, the tenant named by it.
     Nats(NatsDoor),
@@ -346,9 +351,9 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         cause,
     })?;
     let (transport, chunk_bytes) = match &options.door {
-        Door::Http { url, api_key } => {
+        Door::Http { url, api_key, ca } => {
             let endpoint = ingest_url(url, &options.table)?;
-            let client = reqwest::Client::builder()
+            let client = http_client(ca.as_deref())?
                 .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
                 .timeout(REQUEST_TIMEOUT.min(options.timeout))
                 .build()
@@ -410,10 +415,10 @@ fn ingest_url(base: &str, table: &str) -> Result<String, SendError> {
         cause,
     };
     let mut url = reqwest::Url::parse(base).map_err(|err| bad(err.to_string()))?;
-    // This build of reqwest has no TLS: say so before the first request.
-    if url.scheme() != "http" {
+    // Said before the first request rather than as a connection failure.
+    if !matches!(url.scheme(), "http" | "https") {
         return Err(bad(format!(
-            "weir send speaks http://, not {}://",
+            "weir send speaks http:// and https://, not {}://",
             url.scheme()
         )));
     }
@@ -1247,6 +1252,42 @@ fn style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
+/// An HTTP client for weir's commands: HTTPS through the ring rustls the
+/// host serves `[tls]` with (not reqwest's own provider), trusting the
+/// system's roots and the PEM certificates in `ca` (a private CA).
+fn http_client(ca: Option<&Path>) -> Result<reqwest::ClientBuilder, SendError> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot read is one fewer root, not an error.
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca {
+        let bad = |reason: String| SendError::Ca {
+            path: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|err| bad(err.to_string()))?;
+        let mut trusted = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|err| bad(err.to_string()))?;
+            roots.add(cert).map_err(|err| bad(err.to_string()))?;
+            trusted += 1;
+        }
+        if trusted == 0 {
+            return Err(bad("no PEM certificate in it".to_string()));
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|err| SendError::Setup(format!("no TLS: {err}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+}
+
 /// Default front door URL for the client commands.
 pub fn default_url() -> String {
     format!("http://{}", crate::config::DEFAULT_LISTEN)
@@ -1258,12 +1299,22 @@ pub async fn fetch_status(
     url: &str,
     key: Option<&str>,
 ) -> Result<crate::ops::status::StatusReport, SendError> {
+    fetch_status_trusting(url, key, None).await
+}
+
+/// The same, over HTTPS trusting the certificates in `ca` too (a PEM file).
+pub async fn fetch_status_trusting(
+    url: &str,
+    key: Option<&str>,
+    ca: Option<&Path>,
+) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
+    let client = http_client(ca)?
+        .build()
+        .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
     // A host answers within its NATS read bound; a frozen host must not
     // hang `weir status` (or `--wait-drained`) for ever.
-    let mut request = reqwest::Client::new()
-        .get(&endpoint)
-        .timeout(STATUS_TIMEOUT);
+    let mut request = client.get(&endpoint).timeout(STATUS_TIMEOUT);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
@@ -1304,9 +1355,10 @@ mod tests {
             url("http://h:1/weir/", "a/b?c").unwrap(),
             "http://h:1/weir/v1/ingest/a%2Fb%3Fc"
         );
+        assert_eq!(url("https://h", "t").unwrap(), "https://h/v1/ingest/t");
         assert_eq!(
-            url("https://h", "t").unwrap_err(),
-            "https://h is not a URL weir can post to: weir send speaks http://, not https://"
+            url("ftp://h", "t").unwrap_err(),
+            "ftp://h is not a URL weir can post to: weir send speaks http:// and https://, not ftp://"
         );
         assert!(url("127.0.0.1:8080", "t").is_err());
     }

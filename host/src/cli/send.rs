@@ -129,6 +129,7 @@ impl SendArgs {
             _ => Door::Http {
                 url: self.host.url()?,
                 api_key: self.key.clone().unwrap_or_default(),
+                ca: self.host.ca.clone(),
             },
         };
         let options = SendOptions {

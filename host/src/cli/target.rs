@@ -16,9 +16,14 @@ pub struct HostTarget {
     /// address of --config, else http://127.0.0.1:8080.
     #[arg(short, long, env = "WEIR_URL")]
     pub url: Option<String>,
-    /// A config file whose `listen` address names the host.
+    /// A config file whose `listen` address names the host (https:// when
+    /// it has `[tls]`).
     #[arg(short, long, env = "WEIR_CONFIG")]
     pub config: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust, besides the system's, for
+    /// an https:// host (a private CA that signed its `[tls]` cert).
+    #[arg(long, env = "WEIR_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 impl HostTarget {
@@ -29,7 +34,12 @@ impl HostTarget {
         match &self.config {
             Some(path) => {
                 let config = Config::load(path, &Overrides::default())?;
-                Ok(format!("http://{}", config.listen))
+                let scheme = if config.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                Ok(format!("{scheme}://{}", config.listen))
             }
             None => Ok(default_url()),
         }
