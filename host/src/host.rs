@@ -257,11 +257,15 @@ impl RunningHost {
             tls,
             shutdown.clone(),
         )));
-        // The NATS door, through the same front door.
+        // The NATS door, through the same front door, on a connection of its
+        // own: one task reads and writes a connection, and on `client` that
+        // task carries every row's publish and PubAck; the requests' bodies
+        // and answers must not queue behind them (nor they behind a body).
         if config.nats.ingest {
+            let door_client =
+                connection::connect(&nats_url, &config.nats.auth, &Refusals::default()).await?;
             tasks.push(
-                nats_door::start(client.clone(), router.clone(), front_door, shutdown.clone())
-                    .await?,
+                nats_door::start(door_client, router.clone(), front_door, shutdown.clone()).await?,
             );
         }
         tracing::info!(listen = %http_addr, scheme, nats = %connection::redact(&nats_url), member = %me, "weir is running");
