@@ -796,7 +796,9 @@ async fn send_over_nats(port: u16, tenant: &str, args: &[&str]) -> std::process:
         .args(["--nats", &format!("nats://127.0.0.1:{port}")])
         .args(["--nats-user", tenant, "--nats-password", &password])
         .args(args)
-        .env_remove("WEIR_API_KEY")
+        // An HTTP producer's settings in the environment are not used.
+        .env("WEIR_API_KEY", "not-used-over-nats")
+        .env("WEIR_URL", "http://127.0.0.1:1")
         .output();
     tokio::time::timeout(Duration::from_secs(120), command)
         .await

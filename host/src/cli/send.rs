@@ -50,8 +50,9 @@ pub struct SendArgs {
     /// comma-separated seed list). Rows go as requests to
     /// `<prefix>.ingest.<tenant>.<table>` (the prefix of --config, else
     /// `weir`), logged in as the tenant's producer (--nats-creds,
-    /// --nats-user/--nats-password, --nats-token …); no API key.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["url", "key"], requires = "tenant")]
+    /// --nats-user/--nats-password, --nats-token …); --url and --key
+    /// (or WEIR_URL, WEIR_API_KEY) are not used then.
+    #[arg(long, value_name = "URL", requires = "tenant")]
     nats: Option<String>,
     /// The tenant the rows are for (with --nats: its subject names it).
     #[arg(long, requires = "nats")]
