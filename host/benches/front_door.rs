@@ -22,9 +22,12 @@
 //!    retry after a lost answer is (rows/s; each duplicate counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
 //!    requests to `weir.ingest.acme.events` by `CLIENTS` requesters back to
-//!    back (rows/s, its ratio to HTTP and to raw publish), and offered
-//!    open-loop at the HTTP run's offered rate (p50, p99 from send to the
-//!    answer), each answer a `Weir-Status: 202`.
+//!    back, each on a connection of its own as each HTTP client has (rows/s,
+//!    its ratio to HTTP and to raw publish; a request's mean time at the
+//!    client and in the door, from `weir_ingest_request_duration_seconds`,
+//!    for both doors: the difference is the way there and back), and
+//!    offered open-loop at the HTTP run's offered rate (p50, p99 from send
+//!    to the answer), each answer a `Weir-Status: 202`.
 //!
 //! The host delivers while it ingests (pass-through transform, null sink),
 //! as in production. Every request must be answered 202 and the host must
@@ -60,6 +63,7 @@ const TARGET_ROWS_PER_SEC: f64 = 100_000.0;
 const TARGET_P99_MS: f64 = 50.0;
 
 fn main() {
+    support::install_tls_provider();
     let rows = env_count("WEIR_BENCH_ROWS", 200_000);
     let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -138,31 +142,50 @@ async fn run(rows: usize, latency_window: Duration) {
     );
     let http = reqwest::Client::new();
 
+    let metrics_url = format!("http://{}/metrics", host.http_addr());
     // Throughput: clients take the next body until none is left.
+    let http_before = door_seconds(&http, &metrics_url, "http").await;
     let took = run_clients(bodies.clone(), {
         let (http, url) = (http.clone(), url.clone());
-        move |_, body| {
+        move |_, _, body| {
             let (http, url) = (http.clone(), url.clone());
             async move { post(&http, &url, body).await }
         }
     })
     .await;
     let weir_rows_per_sec = rows as f64 / took.as_secs_f64();
+    let http_in_door = door_seconds(&http, &metrics_url, "http").await - http_before;
+    let http_client_ms = took.as_secs_f64() * 1000.0 * CLIENTS as f64 / bodies.len() as f64;
     let accepted = host.status().rows().accepted;
     assert_eq!(accepted, rows as u64, "the host accepted every row sent");
     wait_delivered(&host, 2 * rows as u64).await;
 
     // The NATS door, the same bodies back to back.
     let subject = async_nats::Subject::from(router.ingest_subject(TENANT, TABLE));
+    let nats_before = door_seconds(&http, &metrics_url, "nats").await;
+    // One connection per requester, as each HTTP client has its own.
+    let mut requesters = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        requesters.push(
+            async_nats::connect(server.url())
+                .await
+                .expect("a requester connects"),
+        );
+    }
+    let requesters = Arc::new(requesters);
     let took = run_clients(bodies.clone(), {
-        let (client, subject) = (client.clone(), subject.clone());
-        move |_, body| {
-            let (client, subject) = (client.clone(), subject.clone());
+        let (requesters, subject) = (requesters.clone(), subject.clone());
+        move |requester, _, body| {
+            let (client, subject) = (requesters[requester].clone(), subject.clone());
             async move { request(&client, subject, body).await }
         }
     })
     .await;
     let nats_rows_per_sec = rows as f64 / took.as_secs_f64();
+    let nats_in_door = door_seconds(&http, &metrics_url, "nats").await - nats_before;
+    let nats_client_ms = took.as_secs_f64() * 1000.0 * CLIENTS as f64 / bodies.len() as f64;
+    let http_door_ms = http_in_door * 1000.0 / bodies.len() as f64;
+    let nats_door_ms = nats_in_door * 1000.0 / bodies.len() as f64;
     assert_eq!(
         host.status().rows().accepted,
         2 * rows as u64,
@@ -171,7 +194,6 @@ async fn run(rows: usize, latency_window: Duration) {
     // The throughput runs' rows delivered first: their acks would count in
     // the latency run's histogram, and their backlog would slow it.
     wait_delivered(&host, 3 * rows as u64).await;
-    let metrics_url = format!("http://{}/metrics", host.http_addr());
     let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.
@@ -271,6 +293,10 @@ async fn run(rows: usize, latency_window: Duration) {
         "ratio_nats_door_to_raw_publish",
         nats_rows_per_sec / raw_rows_per_sec,
     );
+    print_figure(BENCH, "http_request_ms", http_client_ms);
+    print_figure(BENCH, "http_request_in_door_ms", http_door_ms);
+    print_figure(BENCH, "nats_request_ms", nats_client_ms);
+    print_figure(BENCH, "nats_request_in_door_ms", nats_door_ms);
     print_figure(BENCH, "nats_door_latency_p50_ms", nats_p50);
     print_figure(BENCH, "nats_door_latency_p99_ms", nats_p99);
     print_figure(BENCH, "weir_new_keys_rows_per_sec", new_keys_rows_per_sec);
@@ -315,6 +341,11 @@ async fn run(rows: usize, latency_window: Duration) {
             nats_rows_per_sec / raw_rows_per_sec
         ),
         "≥ 1.0× HTTP".into(),
+    ]);
+    table.push(vec![
+        "one request in the throughput runs: at the client (in the door)".into(),
+        format!("NATS {nats_client_ms:.1} ms ({nats_door_ms:.1} ms)"),
+        format!("HTTP {http_client_ms:.1} ms ({http_door_ms:.1} ms)"),
     ]);
     table.push(vec![
         format!(
@@ -412,7 +443,7 @@ async fn post_keyed_all(
     duplicates: usize,
 ) -> Duration {
     let (http, url) = (http.clone(), url.to_string());
-    run_clients(Arc::new(bodies.to_vec()), move |index, body| {
+    run_clients(Arc::new(bodies.to_vec()), move |_, index, body| {
         let (http, url) = (http.clone(), url.clone());
         async move {
             let response = http
@@ -435,17 +466,17 @@ async fn post_keyed_all(
     .await
 }
 
-/// `CLIENTS` clients, each taking the next of `bodies` (with its index)
-/// until none is left; how long they took.
+/// `CLIENTS` clients, each taking the next of `bodies` (with the client's
+/// number and the body's index) until none is left; how long they took.
 async fn run_clients<F, Fut>(bodies: Arc<Vec<Bytes>>, send: F) -> Duration
 where
-    F: Fn(usize, Bytes) -> Fut + Clone + Send + 'static,
+    F: Fn(usize, usize, Bytes) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
+        .map(|client| {
             let (bodies, next, send) = (bodies.clone(), next.clone(), send.clone());
             tokio::spawn(async move {
                 loop {
@@ -453,7 +484,7 @@ where
                     let Some(body) = bodies.get(index) else {
                         return;
                     };
-                    send(index, body.clone()).await;
+                    send(client, index, body.clone()).await;
                 }
             })
         })
@@ -462,6 +493,24 @@ where
         client.await.expect("a client finished");
     }
     started.elapsed()
+}
+
+/// Seconds the host spent answering 202s through `door`, in all (the sum
+/// of `weir_ingest_request_duration_seconds`).
+async fn door_seconds(http: &reqwest::Client, url: &str, door: &str) -> f64 {
+    let text = http
+        .get(url)
+        .send()
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("/metrics is text");
+    let prefix =
+        format!("weir_ingest_request_duration_seconds_sum{{door=\"{door}\",code=\"202\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The cumulative buckets `(le, count)` of `weir_accept_to_ack_seconds`,

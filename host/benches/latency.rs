@@ -55,6 +55,7 @@ const TARGET_P99_MS: &[(&str, f64)] = &[("10pct", 20.0), ("50pct", 100.0)];
 const TARGET_RATIO_TO_RAW: f64 = 2.0;
 
 fn main() {
+    support::install_tls_provider();
     let rows = env_count("WEIR_BENCH_ROWS", 100_000);
     let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
     let runtime = tokio::runtime::Builder::new_multi_thread()

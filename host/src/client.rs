@@ -1,12 +1,13 @@
-//! `weir send`: streams NDJSON (a file or stdin) to a front door in chunks,
-//! several requests at once. Each chunk carries an `Idempotency-Key` made
+//! `weir send`: streams NDJSON (a file or stdin) to a front door (HTTP, or
+//! the NATS door) in chunks, several requests at once. Each chunk carries an `Idempotency-Key` made
 //! of its own bytes, so a retry (or the same input sent again) stores no
 //! row twice; 429/503 answers are waited out as the server says.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,14 @@ pub enum SendError {
         cause: String,
         sent: Sent,
     },
+    #[error(
+        "no weir host answers on {subject}: {cause} (is weir running with `[nats] ingest` on, on this NATS?){sent}"
+    )]
+    NoDoor {
+        subject: String,
+        cause: String,
+        sent: Sent,
+    },
     /// The server refused a chunk (4xx other than 429).
     #[error("{place}: refused ({status}): {message}{sent}")]
     Refused {
@@ -122,7 +131,7 @@ pub enum SendError {
     },
     /// Every chunk was offered, and the server refused some (4xx): the rest
     /// were stored.
-    #[error("{} refused ({rows} rows not stored): {}", plural(*count, "chunk", "chunks"), .places.join(", "))]
+    #[error("{} refused ({} not stored): {}", plural(*count, "chunk", "chunks"), plural(*rows, "row", "rows"), .places.join(", "))]
     PartlyRefused {
         count: usize,
         rows: u64,
@@ -137,6 +146,8 @@ pub enum SendError {
     },
     #[error("cannot start weir send: {0}")]
     Setup(String),
+    #[error("cannot trust --ca {path}: {reason}")]
+    Ca { path: String, reason: String },
 }
 
 /// Where the rows come from.
@@ -163,17 +174,52 @@ impl Input {
     }
 }
 
+/// Which door a send goes through.
+#[derive(Debug, Clone)]
+pub enum Door {
+    /// `POST <url>/v1/ingest/<table>`, the tenant named by its API key.
+    Http {
+        /// The host's base URL, e.g. `http://127.0.0.1:8080` (or `https://`).
+        url: String,
+        api_key: String,
+        /// A PEM file of certificates to trust besides the system's (a
+        /// private CA that signed the host's `[tls]` certificate).
+        ca: Option<PathBuf>,
+    },
+    /// NATS requests to the table's ingest subject, the tenant named by it.
+    Nats(NatsDoor),
+}
+
+/// The NATS door as a producer reaches it: a connection logged in as the
+/// tenant's producer (answers on its own inbox prefix) and the subject.
+#[derive(Clone)]
+pub struct NatsDoor {
+    pub client: async_nats::Client,
+    /// `<prefix>.ingest.<tenant>.<table>`.
+    pub subject: String,
+    /// What the server refused this connection so far (permission
+    /// violations): a request it refused gets no answer, this says why.
+    pub refused: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+}
+
+impl fmt::Debug for NatsDoor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsDoor")
+            .field("subject", &self.subject)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What to send, and where.
 #[derive(Debug, Clone)]
 pub struct SendOptions {
-    /// The host's base URL, e.g. `http://127.0.0.1:8080`.
-    pub url: String,
+    pub door: Door,
     pub table: String,
-    pub api_key: String,
     pub input: Input,
     /// Lines per request, at most.
     pub chunk_rows: usize,
-    /// Bytes per request, at most (unless one line is longer).
+    /// Bytes per request, at most (unless one line is longer); over NATS
+    /// also below the server's `max_payload`.
     pub chunk_bytes: usize,
     /// Requests in flight at once.
     pub concurrency: usize,
@@ -250,19 +296,34 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         input: input.clone(),
         cause,
     })?;
-    let endpoint = ingest_url(&options.url, &options.table)?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
-        .timeout(REQUEST_TIMEOUT.min(options.timeout))
-        .build()
-        .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
-    let chunks = spawn_reader(reader, options.chunk_rows, options.chunk_bytes)?;
+    let (transport, chunk_bytes) = match &options.door {
+        Door::Http { url, api_key, ca } => {
+            let endpoint = ingest_url(url, &options.table)?;
+            let client = http_client(ca.as_deref())?
+                .connect_timeout(CONNECT_TIMEOUT.min(options.timeout))
+                .timeout(REQUEST_TIMEOUT.min(options.timeout))
+                .build()
+                .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
+            let transport = Transport::Http {
+                client,
+                endpoint,
+                api_key: api_key.clone(),
+            };
+            (transport, options.chunk_bytes)
+        }
+        Door::Nats(door) => {
+            // The server refuses a message past its `max_payload`, headers
+            // included: chunks stay below it.
+            let max_payload = door.client.server_info().max_payload;
+            let room = max_payload.saturating_sub(HEADER_ROOM).max(1);
+            (Transport::Nats(door.clone()), options.chunk_bytes.min(room))
+        }
+    };
+    let chunks = spawn_reader(reader, options.chunk_rows, chunk_bytes)?;
     let progress = Progress::new(options.progress, size);
     let context = Context {
-        client,
-        endpoint,
+        transport,
         table: &options.table,
-        api_key: &options.api_key,
         bar: &progress.bar,
         reached: AtomicBool::new(false),
         input: &input,
@@ -277,7 +338,7 @@ pub async fn send(options: &SendOptions) -> Result<Summary, SendError> {
         Ok(tally) => tally,
         Err(failure) => {
             progress.bar.finish_and_clear();
-            return Err(failure.into_error(&input, &context.endpoint));
+            return Err(failure.into_error(&input, &context.transport));
         }
     };
     // The summary line takes the bar's place.
@@ -300,10 +361,10 @@ fn ingest_url(base: &str, table: &str) -> Result<String, SendError> {
         cause,
     };
     let mut url = reqwest::Url::parse(base).map_err(|err| bad(err.to_string()))?;
-    // This build of reqwest has no TLS: say so before the first request.
-    if url.scheme() != "http" {
+    // Said before the first request rather than as a connection failure.
+    if !matches!(url.scheme(), "http" | "https") {
         return Err(bad(format!(
-            "weir send speaks http://, not {}://",
+            "weir send speaks http:// and https://, not {}://",
             url.scheme()
         )));
     }
@@ -367,10 +428,8 @@ fn spawn_reader(
 
 /// What every chunk's requests share.
 struct Context<'a> {
-    client: reqwest::Client,
-    endpoint: String,
+    transport: Transport,
     table: &'a str,
-    api_key: &'a str,
     bar: &'a ProgressBar,
     /// Set by the first answer: until then a refused connection means a
     /// wrong URL or no host, not worth retrying.
@@ -405,7 +464,8 @@ struct Failure {
 }
 
 impl Failure {
-    fn into_error(self, input: &str, url: &str) -> SendError {
+    fn into_error(self, input: &str, transport: &Transport) -> SendError {
+        let url = transport.target();
         let (first_line, last_line) = self.lines;
         let place = |line: Option<usize>| Place {
             input: input.to_string(),
@@ -430,7 +490,14 @@ impl Failure {
                 sent,
             },
             ChunkError::BadUrl { cause } => SendError::BadUrl { url, cause },
-            ChunkError::Unreachable { cause } => SendError::Unreachable { url, cause, sent },
+            ChunkError::Unreachable { cause } => match transport {
+                Transport::Http { .. } => SendError::Unreachable { url, cause, sent },
+                Transport::Nats(_) => SendError::NoDoor {
+                    subject: url,
+                    cause,
+                    sent,
+                },
+            },
             ChunkError::Refused {
                 status,
                 message,
@@ -661,42 +728,6 @@ struct Refusal {
     retry_after_ms: Option<u64>,
 }
 
-/// One attempt at a chunk: its rows, keyed, numbered from `first_line`,
-/// within what is left of the chunk's time (`remaining`).
-async fn post(
-    context: &Context<'_>,
-    key: &str,
-    first_line: usize,
-    body: Bytes,
-    remaining: Duration,
-) -> reqwest::Result<reqwest::Response> {
-    let mut request = context
-        .client
-        .post(&context.endpoint)
-        .bearer_auth(context.api_key)
-        .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
-        .header("idempotency-key", key)
-        // The server numbers lines as the input does.
-        .header("weir-first-line", first_line.to_string());
-    if let Some(mode) = context.bad_lines {
-        request = request.header("weir-bad-lines", mode);
-    }
-    request
-        .timeout(remaining.clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT))
-        .body(body)
-        .send()
-        .await
-}
-
-/// A `Retry-After` header in seconds, if the answer has one.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    headers
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
-}
-
 /// Offers one chunk until it is accepted, refused, or the attempts run out.
 async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkError> {
     let key = idempotency_key(context.table, chunk.first_line, &chunk.bytes);
@@ -714,19 +745,32 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
     };
     let out_of_time = |wait: Duration| started.elapsed() + wait > context.timeout;
     for attempt in 1..=max_attempts {
-        let remaining = context.timeout.saturating_sub(started.elapsed());
-        let sent = post(context, &key, first_line, body.clone(), remaining).await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(err) if err.is_builder() => {
-                return Err(ChunkError::BadUrl {
-                    cause: cause_of(&err),
+        let offer = Offer {
+            key: &key,
+            first_line,
+            bad_lines: context.bad_lines,
+            body: body.clone(),
+            timeout: context
+                .timeout
+                .saturating_sub(started.elapsed())
+                .clamp(MIN_RETRY_WAIT, REQUEST_TIMEOUT),
+        };
+        let answered = match context.transport.offer(offer).await {
+            Ok(answered) => answered,
+            Err(Unanswered::BadUrl(cause)) => return Err(ChunkError::BadUrl { cause }),
+            Err(Unanswered::Refused { status, message }) => {
+                return Err(ChunkError::Refused {
+                    status,
+                    message,
+                    line: None,
                 });
             }
-            Err(err) => {
-                let cause = cause_of(&err);
+            Err(Unanswered::BadReply(detail)) => {
+                return Err(ChunkError::BadReply { status: 0, detail });
+            }
+            Err(Unanswered::NoAnswer { cause, connect }) => {
                 transient += 1;
-                let never_reached = err.is_connect() && !context.reached.load(Ordering::Relaxed);
+                let never_reached = connect && !context.reached.load(Ordering::Relaxed);
                 if never_reached || transient > MAX_TRANSIENT_FAILURES {
                     return Err(ChunkError::Unreachable { cause });
                 }
@@ -738,13 +782,7 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 last = cause;
                 continue;
             }
-        };
-        context.reached.store(true, Ordering::Relaxed);
-        let status = response.status();
-        let retry_after = retry_after(response.headers());
-        let answer = match read_answer(response).await {
-            Ok(answer) => answer,
-            Err(cause) => {
+            Err(Unanswered::Broken(cause)) => {
                 // The connection broke mid-answer: the rows may be stored,
                 // which the key makes harmless to retry.
                 transient += 1;
@@ -759,6 +797,12 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
                 continue;
             }
         };
+        context.reached.store(true, Ordering::Relaxed);
+        let Answered {
+            status,
+            retry_after,
+            body: answer,
+        } = answered;
         if status.is_success() {
             return serde_json::from_slice::<Reply>(&answer).map_err(|err| ChunkError::BadReply {
                 status: status.as_u16(),
@@ -812,6 +856,212 @@ async fn send_chunk(context: &Context<'_>, chunk: Chunk) -> Result<Reply, ChunkE
         });
     }
     Err(gave_up(max_attempts, last))
+}
+
+/// The headers a request of `weir send` carries, beside its body, and what
+/// over NATS they may take of the server's `max_payload`.
+const HEADER_ROOM: usize = 1024;
+/// The NATS door's answer header with its status code (the door's
+/// `STATUS_HEADER`).
+const STATUS_HEADER: &str = "Weir-Status";
+/// How often a NATS request waiting for its answer looks at what the
+/// server refused (a publish it refused is never answered).
+const REFUSALS_EVERY: Duration = Duration::from_millis(100);
+
+/// How the chunks' requests are made: one of [`Door`], ready.
+enum Transport {
+    Http {
+        client: reqwest::Client,
+        endpoint: String,
+        api_key: String,
+    },
+    Nats(NatsDoor),
+}
+
+/// One request of a chunk.
+struct Offer<'a> {
+    key: &'a str,
+    first_line: usize,
+    bad_lines: Option<&'a str>,
+    body: Bytes,
+    /// How long to wait for its answer.
+    timeout: Duration,
+}
+
+/// A door's answer: its status, `Retry-After` and body (the first
+/// `MAX_ANSWER_BYTES`).
+struct Answered {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: Vec<u8>,
+}
+
+/// Why a request got no answer from a host.
+enum Unanswered {
+    /// It could not be made (never retried).
+    BadUrl(String),
+    /// Not taken, nor answered, in time; `connect`: no door was reached
+    /// (a refused connection, no host serving the subject).
+    NoAnswer { cause: String, connect: bool },
+    /// The answer broke off: the rows may be stored.
+    Broken(String),
+    /// The way in refused it before any host saw it (a NATS message over
+    /// the server's `max_payload`, a publish its permissions forbid).
+    Refused { status: u16, message: String },
+    /// Something answered that is not a weir door.
+    BadReply(String),
+}
+
+impl Transport {
+    /// Where requests go, for errors: the URL or the subject.
+    fn target(&self) -> &str {
+        match self {
+            Transport::Http { endpoint, .. } => endpoint,
+            Transport::Nats(door) => &door.subject,
+        }
+    }
+
+    async fn offer(&self, offer: Offer<'_>) -> Result<Answered, Unanswered> {
+        match self {
+            Transport::Http {
+                client,
+                endpoint,
+                api_key,
+            } => offer_http(client, endpoint, api_key, offer).await,
+            Transport::Nats(door) => offer_nats(door, offer).await,
+        }
+    }
+}
+
+async fn offer_http(
+    client: &reqwest::Client,
+    endpoint: &str,
+    api_key: &str,
+    offer: Offer<'_>,
+) -> Result<Answered, Unanswered> {
+    let mut request = client
+        .post(endpoint)
+        .bearer_auth(api_key)
+        .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+        .header("idempotency-key", offer.key)
+        // The server numbers lines as the input does.
+        .header("weir-first-line", offer.first_line.to_string());
+    if let Some(mode) = offer.bad_lines {
+        request = request.header("weir-bad-lines", mode);
+    }
+    let response = match request.timeout(offer.timeout).body(offer.body).send().await {
+        Ok(response) => response,
+        Err(err) if err.is_builder() => return Err(Unanswered::BadUrl(cause_of(&err))),
+        Err(err) => {
+            return Err(Unanswered::NoAnswer {
+                cause: cause_of(&err),
+                connect: err.is_connect(),
+            });
+        }
+    };
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = read_answer(response).await.map_err(Unanswered::Broken)?;
+    Ok(Answered {
+        status,
+        retry_after,
+        body,
+    })
+}
+
+async fn offer_nats(door: &NatsDoor, offer: Offer<'_>) -> Result<Answered, Unanswered> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Content-Type", "application/x-ndjson");
+    headers.insert("Idempotency-Key", offer.key);
+    headers.insert("Weir-First-Line", offer.first_line.to_string().as_str());
+    if let Some(mode) = offer.bad_lines {
+        headers.insert("Weir-Bad-Lines", mode);
+    }
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(offer.body)
+        .timeout(Some(offer.timeout));
+    let refused_before = (door.refused)().len();
+    let answer = door.client.send_request(door.subject.clone(), request);
+    tokio::pin!(answer);
+    // A publish the server refused (permissions) is never answered: say
+    // why as soon as the server does.
+    let mut watch = tokio::time::interval(REFUSALS_EVERY);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut answer => break answer,
+            _ = watch.tick() => {
+                let refused = (door.refused)();
+                if let Some(said) = refused
+                    .iter()
+                    .skip(refused_before)
+                    .find(|said| said.contains(&door.subject))
+                {
+                    return Err(Unanswered::Refused {
+                        status: 403,
+                        message: format!("the NATS server refused the request: {said}; nothing was stored (is this user a producer of the tenant? weir mq permissions --producer)"),
+                    });
+                }
+            }
+        }
+    };
+    let message = match answer {
+        Ok(message) => message,
+        Err(err) => {
+            use async_nats::client::RequestErrorKind;
+            return Err(match err.kind() {
+                RequestErrorKind::MaxPayloadExceeded => Unanswered::Refused {
+                    status: 413,
+                    message: format!(
+                        "over the NATS server's max_payload ({err}); nothing was stored"
+                    ),
+                },
+                RequestErrorKind::NoResponders => Unanswered::NoAnswer {
+                    cause: "no weir host serves the NATS door (no responders)".to_string(),
+                    connect: true,
+                },
+                RequestErrorKind::TimedOut => Unanswered::NoAnswer {
+                    cause: "no answer in time".to_string(),
+                    connect: false,
+                },
+                RequestErrorKind::InvalidSubject => Unanswered::BadUrl(err.to_string()),
+                RequestErrorKind::Other => Unanswered::NoAnswer {
+                    cause: err.to_string(),
+                    connect: false,
+                },
+            });
+        }
+    };
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str().trim().to_string())
+    };
+    let status = header(STATUS_HEADER)
+        .and_then(|code| code.parse::<u16>().ok())
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| {
+            Unanswered::BadReply(format!(
+                "no {STATUS_HEADER} header in the answer: {}",
+                snippet(&message.payload)
+            ))
+        })?;
+    let retry_after = header("Retry-After")
+        .and_then(|value| value.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = message.payload[..message.payload.len().min(MAX_ANSWER_BYTES)].to_vec();
+    Ok(Answered {
+        status,
+        retry_after,
+        body,
+    })
 }
 
 /// Says on the progress bar why a chunk waits; without a bar, says the
@@ -905,6 +1155,42 @@ fn idempotency_key(table: &str, first_line: usize, bytes: &[u8]) -> String {
     format!("send-{hex}")
 }
 
+/// An HTTP client for weir's commands: HTTPS through the ring rustls the
+/// host serves `[tls]` with (not reqwest's own provider), trusting the
+/// system's roots and the PEM certificates in `ca` (a private CA).
+fn http_client(ca: Option<&Path>) -> Result<reqwest::ClientBuilder, SendError> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot read is one fewer root, not an error.
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca {
+        let bad = |reason: String| SendError::Ca {
+            path: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|err| bad(err.to_string()))?;
+        let mut trusted = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|err| bad(err.to_string()))?;
+            roots.add(cert).map_err(|err| bad(err.to_string()))?;
+            trusted += 1;
+        }
+        if trusted == 0 {
+            return Err(bad("no PEM certificate in it".to_string()));
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|err| SendError::Setup(format!("no TLS: {err}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+}
+
 /// Default front door URL for the client commands.
 pub fn default_url() -> String {
     format!("http://{}", crate::config::DEFAULT_LISTEN)
@@ -916,12 +1202,22 @@ pub async fn fetch_status(
     url: &str,
     key: Option<&str>,
 ) -> Result<crate::ops::status::StatusReport, SendError> {
+    fetch_status_trusting(url, key, None).await
+}
+
+/// The same, over HTTPS trusting the certificates in `ca` too (a PEM file).
+pub async fn fetch_status_trusting(
+    url: &str,
+    key: Option<&str>,
+    ca: Option<&Path>,
+) -> Result<crate::ops::status::StatusReport, SendError> {
     let endpoint = format!("{}/v1/status", url.trim_end_matches('/'));
+    let client = http_client(ca)?
+        .build()
+        .map_err(|err| SendError::Setup(format!("no HTTP client: {}", cause_of(&err))))?;
     // A host answers within its NATS read bound; a frozen host must not
     // hang `weir status` (or `--wait-drained`) for ever.
-    let mut request = reqwest::Client::new()
-        .get(&endpoint)
-        .timeout(STATUS_TIMEOUT);
+    let mut request = client.get(&endpoint).timeout(STATUS_TIMEOUT);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }

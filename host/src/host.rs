@@ -267,7 +267,7 @@ impl RunningHost {
             &config,
             listener,
             (front_door, ops, page),
-            (&client, &router),
+            (&nats_url, &router),
             &metrics,
             &shutdown,
             &mut tasks,
@@ -385,7 +385,7 @@ impl RunningHost {
         config: &Config,
         listener: tokio::net::TcpListener,
         (front_door, ops, page): (Arc<FrontDoor>, Ops, Page),
-        (client, router): (&async_nats::Client, &Names),
+        (nats_url, router): (&str, &Names),
         metrics: &Metrics,
         shutdown: &CancellationToken,
         tasks: &mut Vec<JoinHandle<()>>,
@@ -411,10 +411,15 @@ impl RunningHost {
             tls,
             shutdown.clone(),
         )));
+        // The NATS door, through the same front door, on a connection of its
+        // own: one task reads and writes a connection, and on `client` that
+        // task carries every row's publish and PubAck; the requests' bodies
+        // and answers must not queue behind them (nor they behind a body).
         if config.nats.ingest {
+            let door_client =
+                connection::connect(nats_url, &config.nats.auth, &Refusals::default()).await?;
             tasks.push(
-                nats_door::start(client.clone(), router.clone(), front_door, shutdown.clone())
-                    .await?,
+                nats_door::start(door_client, router.clone(), front_door, shutdown.clone()).await?,
             );
         }
         Ok(scheme)

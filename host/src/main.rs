@@ -12,6 +12,9 @@ use weir::config::ConfigError;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     weir::telemetry::init_logging_at(cli.log_level());
+    // reqwest is built without a TLS provider of its own: every client in
+    // this process (the OTLP exporter's too) uses ring, as the rest does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if !matches!(cli.command, cli::Command::Run(_)) {
         // A command piped into `head` ends quietly, as Unix tools do, instead
         // of panicking on a closed stdout. (`weir run` keeps SIGPIPE ignored:

@@ -23,6 +23,9 @@ const MAY_USE_NATS: &[&str] = &[
     "host",
     "main",
     "cli",
+    // `weir send --nats`: requests to the NATS door on a connection the
+    // CLI made as the tenant's producer.
+    "client",
 ];
 /// Subsystems that may use wasmtime: only the sandbox runs plugins.
 const MAY_USE_WASMTIME: &[&str] = &["sandbox"];

@@ -166,3 +166,75 @@ fn a_tls_key_that_is_not_a_key_is_named_at_its_line() {
         "{text}"
     );
 }
+
+/// `weir send` and `weir status` speak HTTPS to a `[tls]` host: with
+/// `--ca` naming the test-made CA they are served; without it the host's
+/// certificate is not trusted and they say so (exit code 4).
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_send_and_status_speak_https_trusting_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = tls_files(&dir.path().join("pki"));
+    let nats = Nats::start();
+    let config = base_config(
+        nats.url(),
+        &format!(
+            "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            pki.server_cert.display(),
+            pki.server_key.display()
+        ),
+    );
+    let host = TestHost::start(&config).await;
+    let url = format!("https://{}", host.host.http_addr());
+    let rows = dir.path().join("rows.ndjson");
+    std::fs::write(&rows, crate::support::orders(0, 30)).unwrap();
+    let weir = |args: &[&str]| {
+        std::process::Command::new(crate::support::WEIR)
+            .args(args)
+            .env_remove("WEIR_CA")
+            .output()
+            .unwrap()
+    };
+    let ca = pki.ca.to_str().unwrap();
+    let rows = rows.to_str().unwrap();
+
+    let sent = weir(&[
+        "send", "--url", &url, "--ca", ca, "--key", ACME_KEY, "-t", "orders", rows,
+    ]);
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(stdout.starts_with("30 rows accepted"), "{stdout}");
+
+    let status = weir(&["status", "--url", &url, "--ca", ca, "--key", ACME_KEY]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+
+    // Without the CA, the host's certificate is nobody's the system trusts.
+    for args in [
+        &[
+            "send", "--url", &url, "--key", ACME_KEY, "-t", "orders", rows,
+        ][..],
+        &["status", "--url", &url, "--key", ACME_KEY][..],
+    ] {
+        let refused = weir(args);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(4), "{args:?}: {stderr}");
+        assert!(stderr.contains("certificate"), "{args:?}: {stderr}");
+    }
+    // A --ca that holds no certificate is said as such.
+    let refused = weir(&["status", "--url", &url, "--ca", rows, "--key", ACME_KEY]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot trust --ca {rows}: no PEM certificate in it"
+        )),
+        "{stderr}"
+    );
+    host.shutdown().await;
+}

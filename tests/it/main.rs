@@ -5,6 +5,19 @@
 mod nats_auth;
 mod support;
 
+/// reqwest's TLS (for `weir send` and `weir status` over HTTPS) has no
+/// crypto provider of its own: weir's clients bring ring's, and the tests'
+/// own `reqwest::Client`s take the process-wide one, installed here before
+/// any test runs (as the `ctor` crate would, on Linux).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INSTALL_RING_PROVIDER: extern "C" fn() = {
+    extern "C" fn install() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    install
+};
+
 mod authors;
 mod boundaries;
 mod browser;

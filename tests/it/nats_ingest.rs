@@ -58,11 +58,22 @@ struct Server {
 
 impl Server {
     fn start(template: &str) -> Server {
+        Server::start_for(template, &["acme", "beta"], "")
+    }
+
+    /// The same, with a producer user for each of `tenants`, and
+    /// `settings` in the server's config.
+    fn start_for(template: &str, tenants: &[&str], settings: &str) -> Server {
         let host = permissions(template, &[]);
-        let acme = permissions(template, &["--producer", "acme"]);
-        let beta = permissions(template, &["--producer", "beta"]);
+        let producers: String = tenants
+            .iter()
+            .map(|tenant| {
+                let allowed = permissions(template, &["--producer", tenant]);
+                format!("      {{ user: {tenant}, password: {tenant}-secret, permissions: {allowed} }}\n")
+            })
+            .collect();
         let nats = Nats::start_with(&format!(
-            "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n      {{ user: acme, password: acme-secret, permissions: {acme} }}\n      {{ user: beta, password: beta-secret, permissions: {beta} }}\n    ]\n  }}\n}}\n"
+            "{settings}\naccounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {host} }}\n{producers}    ]\n  }}\n}}\n"
         ));
         let port = nats.server.port();
         let server = Server { _nats: nats, port };
@@ -275,6 +286,45 @@ async fn a_producer_sends_as_its_own_tenant_and_the_server_refuses_it_another() 
         "{}",
         String::from_utf8_lossy(&unknown.stderr)
     );
+    host.shutdown().await;
+}
+
+/// A tenant that only produces over NATS has no API key: the config is
+/// valid (`weir check` clean), its producer's rows are stored, and the
+/// HTTP door has no way in for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_only_tenant_needs_no_api_key() {
+    let with_gamma = |url: &str| format!("{}\n[[tenants]]\nname = \"gamma\"\n", config(url, ""));
+    let server = Server::start_for(&with_gamma("nats://127.0.0.1:1"), &["gamma"], "");
+    let text = with_gamma(&server.url("weir"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, &text).unwrap();
+    let checked = std::process::Command::new(crate::support::WEIR)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let host = TestHost::start(&text).await;
+    let (gamma, _) = server.producer("gamma").await;
+    let (status, answer) = request(&gamma, "weir.ingest.gamma.orders", &[], orders(0, 4)).await;
+    assert_eq!(
+        (status, answer["accepted"].as_u64()),
+        (202, Some(4)),
+        "{answer}"
+    );
+    // No key of the config is gamma's: over HTTP it is no one.
+    let (status, _) = post(&host, "gamma-key-1234", "orders", &[], orders(10, 1)).await;
+    assert_eq!(status, 401);
+    drained(&server.admin().await).await;
+    let rows = host.dir.path().join("out/gamma/orders.ndjson");
+    assert_eq!(lines(&rows), 4, "gamma's rows stored");
     host.shutdown().await;
 }
 
@@ -735,4 +785,247 @@ async fn a_stopping_host_answers_every_request_it_took() {
             "the request of rows {first}.. was taken, its rows stored, and left unanswered"
         );
     }
+}
+
+/// `weir send --nats` as `tenant`'s producer (user `<tenant>`, password
+/// `<tenant>-secret`) to table `orders`, with `args`: its output.
+async fn send_over_nats(port: u16, tenant: &str, args: &[&str]) -> std::process::Output {
+    let password = format!("{tenant}-secret");
+    let command = tokio::process::Command::new(crate::support::WEIR)
+        .args(["send", "--quiet", "--table", "orders", "--tenant", tenant])
+        .args(["--nats", &format!("nats://127.0.0.1:{port}")])
+        .args(["--nats-user", tenant, "--nats-password", &password])
+        .args(args)
+        // An HTTP producer's settings in the environment are not used.
+        .env("WEIR_API_KEY", "not-used-over-nats")
+        .env("WEIR_URL", "http://127.0.0.1:1")
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), command)
+        .await
+        .expect("weir send finishes")
+        .expect("weir runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `weir send --nats` sends a file through the NATS door as over HTTP: the
+/// same chunks, a refused chunk named by `file:line` while the rest goes,
+/// `--fail-fast`, dead-lettered lines, the summary and exit code; with no
+/// host serving the door, or no NATS at all, it stops with the reason
+/// within `--timeout`.
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_send_over_nats_chunks_reports_and_stops_as_over_http() {
+    let server = Server::start(&config("nats://127.0.0.1:1", ""));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.ndjson");
+    let mut rows = orders(0, 6);
+    rows.push_str("{\"id\": broken\n");
+    rows.push_str(&orders(100, 18));
+    std::fs::write(&file, rows).unwrap();
+    let file_arg = file.to_str().unwrap().to_string();
+
+    // No host yet: nobody serves the door; said at once.
+    let started = std::time::Instant::now();
+    let output = send_over_nats(server.port, "acme", &[&file_arg]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains(
+            "no weir host answers on weir.ingest.acme.orders: no weir host serves the NATS door (no responders)"
+        ),
+        "{}",
+        text(&output.stderr)
+    );
+    // Not the request's own 60 s timeout.
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let chunks = ["--chunk-rows", "10", "-j", "2"];
+    let output = send_over_nats(server.port, "acme", &[&chunks[..], &[&file_arg]].concat()).await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(5), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "15 rows accepted, 0 duplicates, 1 chunk refused (10 rows not stored), in "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:7: refused (400): invalid JSON")),
+        "{stderr}"
+    );
+
+    // Again, bad lines dead-lettered: what was stored comes back as
+    // duplicates, the bad line is named.
+    let output = send_over_nats(
+        server.port,
+        "acme",
+        &[&chunks[..], &["--bad-lines", "dead-letter", &file_arg]].concat(),
+    )
+    .await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("24 rows accepted, 15 duplicates, 1 line dead-lettered, in "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{file_arg}:7: invalid JSON")),
+        "{stderr}"
+    );
+
+    // --fail-fast: nothing after the refused chunk.
+    let late = dir.path().join("late.ndjson");
+    std::fs::write(&late, format!("{{\"id\": broken\n{}", orders(500, 30))).unwrap();
+    let late_arg = late.to_str().unwrap();
+    let output = send_over_nats(
+        server.port,
+        "acme",
+        &["--chunk-rows", "10", "-j", "1", "--fail-fast", late_arg],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains(&format!("{late_arg}:1: refused (400)")),
+        "{}",
+        text(&output.stderr)
+    );
+    drained(&server.admin().await).await;
+    let ids: BTreeSet<u64> = host
+        .sink_lines("orders")
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|row| row["id"].as_u64())
+        .collect();
+    let expected: BTreeSet<u64> = (0..6).chain(100..118).collect();
+    assert_eq!(
+        ids, expected,
+        "each good row once, none after the fail-fast"
+    );
+    host.shutdown().await;
+
+    // No NATS at all: the reason within --timeout.
+    let started = std::time::Instant::now();
+    let output = send_over_nats(free_port(), "acme", &["--timeout", "2", &file_arg]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("cannot reach NATS"),
+        "{}",
+        text(&output.stderr)
+    );
+    // Not the connection's own 10 s of retries.
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A NATS message over the server's `max_payload` never reaches a host: a
+/// client that checks (async-nats, as nats.go and nats-py do) refuses it
+/// before sending, and the server answers one that does not check with
+/// `-ERR 'Maximum Payload Violation'` and closes its connection. Nothing
+/// is stored. `weir send --nats` keeps its chunks below the limit it
+/// learns from the server, and refuses (413) only a line that alone is
+/// over it, sending the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_over_the_servers_max_payload_is_refused_and_weir_send_splits_below_it() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    const MAX_PAYLOAD: usize = 16 << 10;
+    let template = config("nats://127.0.0.1:1", "");
+    let server = Server::start_for(&template, &["acme"], "max_payload: 16384");
+    let host = TestHost::start(&config(&server.url("weir"), "")).await;
+    let (acme, _) = server.producer("acme").await;
+    assert_eq!(acme.server_info().max_payload, MAX_PAYLOAD);
+    let big = orders(0, 1000);
+    assert!(big.len() > MAX_PAYLOAD);
+
+    let refused = acme
+        .request("weir.ingest.acme.orders", big.clone().into())
+        .await
+        .expect_err("over max_payload");
+    assert_eq!(
+        refused.kind(),
+        async_nats::client::RequestErrorKind::MaxPayloadExceeded
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("Payload size limit of 16384 exceeded"),
+        "{refused}"
+    );
+
+    // A client that does not check: the server refuses it and hangs up.
+    let socket = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let (read, mut write) = socket.into_split();
+    let mut read = tokio::io::BufReader::new(read);
+    let mut line = String::new();
+    read.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("INFO "), "{line}");
+    let mut raw = format!(
+        "CONNECT {{\"user\":\"acme\",\"pass\":\"acme-secret\",\"verbose\":false,\"pedantic\":false}}\r\nPUB weir.ingest.acme.orders _INBOX.weir.acme.raw {}\r\n",
+        big.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(big.as_bytes());
+    raw.extend_from_slice(b"\r\n");
+    // The server may hang up before reading it all.
+    let _ = write.write_all(&raw).await;
+    let mut said = Vec::new();
+    loop {
+        line.clear();
+        match tokio::time::timeout(Duration::from_secs(5), read.read_line(&mut line)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => said.push(line.trim().to_string()),
+            Err(_) => panic!("the server neither answered nor hung up: {said:?}"),
+        }
+    }
+    assert!(
+        said.iter()
+            .any(|line| line == "-ERR 'Maximum Payload Violation'"),
+        "{said:?}"
+    );
+    assert_eq!(
+        weir::client::fetch_status(&host.url(""), None)
+            .await
+            .unwrap()
+            .rows
+            .accepted,
+        0,
+        "nothing stored"
+    );
+
+    // weir send --nats: 1000-row chunks (about 60 KB) go in pieces below
+    // 16 KiB; a line longer than that alone is refused, by its place.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.ndjson");
+    let mut rows = orders(0, 1000);
+    rows.push_str(&format!(
+        "{{\"id\":5000,\"pad\":\"{}\"}}\n",
+        "x".repeat(MAX_PAYLOAD)
+    ));
+    rows.push_str(&orders(1000, 1000));
+    std::fs::write(&file, rows).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let output = send_over_nats(server.port, "acme", &[file_arg]).await;
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(5), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "2000 rows accepted, 0 duplicates, 1 chunk refused (1 row not stored), in "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{file_arg}, lines 1001-1001: refused (413): over the NATS server's max_payload"
+        )),
+        "{stderr}"
+    );
+    drained(&server.admin().await).await;
+    assert_eq!(host.sink_lines("orders").len(), 2000);
+    host.shutdown().await;
 }

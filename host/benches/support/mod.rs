@@ -497,3 +497,9 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
         .port()
 }
+
+/// reqwest's TLS has no crypto provider of its own (weir's clients bring
+/// ring's): a bench's own `reqwest::Client`s take the process-wide one.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

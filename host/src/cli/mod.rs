@@ -152,7 +152,7 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
             return 5;
         }
         match cause.downcast_ref::<SendError>() {
-            Some(SendError::Unreachable { .. }) => return 4,
+            Some(SendError::Unreachable { .. } | SendError::NoDoor { .. }) => return 4,
             Some(SendError::Refused { .. } | SendError::PartlyRefused { .. }) => return 5,
             _ => {}
         }

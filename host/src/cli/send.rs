@@ -1,15 +1,20 @@
-//! `weir send`: NDJSON from a file or stdin to a front door.
+//! `weir send`: NDJSON from a file or stdin to a front door, HTTP or NATS.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 
 use clap::builder::RangedU64ValueParser;
+use std::sync::Arc;
+
 use weir::client::{
     DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_TIMEOUT, DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_ATTEMPTS, Input, SendError, SendOptions, send,
+    DEFAULT_MAX_ATTEMPTS, Door, Input, NatsDoor, SendError, SendOptions, send,
 };
+use weir::config::{Config, DEFAULT_PARTITIONS, DEFAULT_PREFIX, DEFAULT_SHARDS, Overrides};
+use weir::nats::{ConnectError, Refusals, connect_producer, redact};
+use weir::topology::Names;
 
-use super::target::HostTarget;
+use super::target::{HostTarget, NatsLogin, router_of};
 
 /// The rows of a file or stdin, in chunks, several requests at once.
 // The subcommand's one-line about is in cli/mod.rs; how retries and
@@ -31,10 +36,29 @@ pub struct SendArgs {
     #[arg(short, long)]
     table: String,
     /// The tenant's API key (sent as `Authorization: Bearer <key>`).
-    #[arg(short, long, env = "WEIR_API_KEY", hide_env_values = true)]
-    key: String,
+    #[arg(
+        short,
+        long,
+        env = "WEIR_API_KEY",
+        hide_env_values = true,
+        required_unless_present = "nats"
+    )]
+    key: Option<String>,
     #[command(flatten)]
     host: HostTarget,
+    /// Send over the NATS door instead: the NATS server's URL (or a
+    /// comma-separated seed list). Rows go as requests to
+    /// `<prefix>.ingest.<tenant>.<table>` (the prefix of --config, else
+    /// `weir`), logged in as the tenant's producer (--nats-creds,
+    /// --nats-user/--nats-password, --nats-token …); --url and --key
+    /// (or WEIR_URL, WEIR_API_KEY) are not used then.
+    #[arg(long, value_name = "URL", requires = "tenant")]
+    nats: Option<String>,
+    /// The tenant the rows are for (with --nats: its subject names it).
+    #[arg(long, requires = "nats")]
+    tenant: Option<String>,
+    #[command(flatten)]
+    login: NatsLogin,
     /// Lines per request, at most (a request also closes at 4 MiB).
     #[arg(long, default_value_t = DEFAULT_CHUNK_ROWS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
@@ -70,18 +94,55 @@ pub struct SendArgs {
 }
 
 impl SendArgs {
+    /// The NATS door of `tenant` at `url`, logged in as its producer, with
+    /// answers on its inbox prefix; a server that does not answer within
+    /// `timeout` is a failed send.
+    async fn nats_door(
+        &self,
+        url: &str,
+        tenant: &str,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<NatsDoor> {
+        let names = match &self.host.config {
+            Some(path) => router_of(&Config::load(path, &Overrides::default())?),
+            None => Names::new(DEFAULT_PREFIX, DEFAULT_PARTITIONS, DEFAULT_SHARDS),
+        };
+        let refusals = Refusals::default();
+        let (auth, inbox) = (self.login.auth(), names.tenant_inbox(tenant));
+        let connect = connect_producer(url, &auth, &refusals, &inbox);
+        let client = tokio::time::timeout(timeout, connect).await.map_err(|_| {
+            ConnectError::Unreachable {
+                url: redact(url),
+                reason: format!("no answer in {} s (--timeout)", timeout.as_secs()),
+            }
+        })??;
+        Ok(NatsDoor {
+            client,
+            subject: names.ingest_subject(tenant, &self.table),
+            refused: Arc::new(move || refusals.list()),
+        })
+    }
+
     pub async fn run(self) -> anyhow::Result<()> {
+        let timeout = std::time::Duration::from_secs(self.timeout);
+        let door = match (&self.nats, &self.tenant) {
+            (Some(url), Some(tenant)) => Door::Nats(self.nats_door(url, tenant, timeout).await?),
+            _ => Door::Http {
+                url: self.host.url()?,
+                api_key: self.key.clone().unwrap_or_default(),
+                ca: self.host.ca.clone(),
+            },
+        };
         let options = SendOptions {
-            url: self.host.url()?,
+            door,
             table: self.table,
-            api_key: self.key,
             input: Input::from_arg(self.file),
             chunk_rows: self.chunk_rows,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             concurrency: self.concurrency,
             progress: !self.quiet && std::io::stderr().is_terminal(),
             fail_fast: self.fail_fast,
-            timeout: std::time::Duration::from_secs(self.timeout),
+            timeout,
             max_attempts: self.retries.saturating_add(1),
             bad_lines: self.bad_lines,
         };

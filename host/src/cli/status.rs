@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use weir::client::fetch_status;
+use weir::client::fetch_status_trusting;
 use weir::ops::{StatusReport, known};
 
 use super::target::HostTarget;
@@ -53,7 +53,7 @@ impl StatusArgs {
         // The wait counts from the start: the first report may take a
         // while too (NATS frozen).
         let started = tokio::time::Instant::now();
-        let mut report = fetch_status(url, key).await?;
+        let mut report = fetch_status_trusting(url, key, self.host.ca.as_deref()).await?;
         if let Some(seconds) = self.wait_drained {
             let deadline = started + Duration::from_secs(seconds);
             while !report.drained() {
@@ -64,7 +64,12 @@ impl StatusArgs {
                 tokio::time::sleep(left.min(Duration::from_millis(200))).await;
                 // A report still on its way at the deadline is not waited
                 // for: the last one says why it is not drained.
-                match tokio::time::timeout_at(deadline, fetch_status(url, key)).await {
+                match tokio::time::timeout_at(
+                    deadline,
+                    fetch_status_trusting(url, key, self.host.ca.as_deref()),
+                )
+                .await
+                {
                     Ok(fetched) => report = fetched?,
                     Err(_) => break,
                 }
@@ -89,7 +94,7 @@ impl StatusArgs {
         let mut stop = std::pin::pin!(tokio::signal::ctrl_c());
         loop {
             let fetched = tokio::select! {
-                fetched = fetch_status(url, self.key.as_deref()) => fetched,
+                fetched = fetch_status_trusting(url, self.key.as_deref(), self.host.ca.as_deref()) => fetched,
                 _ = &mut stop => return Ok(()),
             };
             let screen = match fetched {

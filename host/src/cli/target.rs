@@ -16,9 +16,14 @@ pub struct HostTarget {
     /// address of --config, else http://127.0.0.1:8080.
     #[arg(short, long, env = "WEIR_URL")]
     pub url: Option<String>,
-    /// A config file whose `listen` address names the host.
+    /// A config file whose `listen` address names the host (https:// when
+    /// it has `[tls]`).
     #[arg(short, long, env = "WEIR_CONFIG")]
     pub config: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust, besides the system's, for
+    /// an https:// host (a private CA that signed its `[tls]` cert).
+    #[arg(long, env = "WEIR_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 impl HostTarget {
@@ -29,7 +34,12 @@ impl HostTarget {
         match &self.config {
             Some(path) => {
                 let config = Config::load(path, &Overrides::default())?;
-                Ok(format!("http://{}", config.listen))
+                let scheme = if config.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                Ok(format!("{scheme}://{}", config.listen))
             }
             None => Ok(default_url()),
         }
@@ -100,6 +110,13 @@ pub struct NatsArgs {
     /// absent everywhere: `weir run` starts its own nats-server.
     #[arg(long, short = 's', visible_alias = "server", env = "WEIR_NATS_URL")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub login: NatsLogin,
+}
+
+/// How to log in to NATS, as the `nats` CLI takes it.
+#[derive(clap::Args, Clone, Default)]
+pub struct NatsLogin {
     /// A .creds file (user JWT and nkey seed) to log in with.
     #[arg(long, env = "NATS_CREDS", value_name = "FILE")]
     pub nats_creds: Option<PathBuf>,
@@ -135,6 +152,21 @@ impl NatsArgs {
     }
 
     pub fn auth(&self) -> NatsAuth {
+        self.login.auth()
+    }
+
+    /// Overrides carrying these settings (for `Config::load`).
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            nats_url: self.url(),
+            nats_auth: self.auth(),
+            ..Overrides::default()
+        }
+    }
+}
+
+impl NatsLogin {
+    pub fn auth(&self) -> NatsAuth {
         NatsAuth {
             creds: self.nats_creds.clone(),
             nkey: self.nats_nkey.clone(),
@@ -144,15 +176,6 @@ impl NatsArgs {
             tls_ca: self.tls_ca.clone(),
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
-        }
-    }
-
-    /// Overrides carrying these settings (for `Config::load`).
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            nats_url: self.url(),
-            nats_auth: self.auth(),
-            ..Overrides::default()
         }
     }
 }

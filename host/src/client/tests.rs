@@ -13,9 +13,10 @@ fn the_table_is_one_path_segment_of_the_url() {
         url("http://h:1/weir/", "a/b?c").unwrap(),
         "http://h:1/weir/v1/ingest/a%2Fb%3Fc"
     );
+    assert_eq!(url("https://h", "t").unwrap(), "https://h/v1/ingest/t");
     assert_eq!(
-        url("https://h", "t").unwrap_err(),
-        "https://h is not a URL weir can post to: weir send speaks http://, not https://"
+        url("ftp://h", "t").unwrap_err(),
+        "ftp://h is not a URL weir can post to: weir send speaks http:// and https://, not ftp://"
     );
     assert!(url("127.0.0.1:8080", "t").is_err());
 }

@@ -49,7 +49,7 @@ pub(crate) use plugins::*;
 pub use plugins::{PluginConfig, PluginPlaces};
 pub(crate) use policies::*;
 pub(crate) use stream::*;
-pub use stream::{DEFAULT_PARTITIONS, DEFAULT_SHARDS};
+pub use stream::{DEFAULT_PARTITIONS, DEFAULT_PREFIX, DEFAULT_SHARDS};
 pub(crate) use tenants::*;
 pub use tls::{TlsFileError, TlsFiles, read_roots};
 pub(crate) use top::*;
@@ -396,7 +396,7 @@ impl Checker<'_> {
         let traces = self.traces(&raw.traces);
         let coordination = self.coordination(&raw.coordination);
         let mut tenant_keys = HashSet::new();
-        let tenants = self.tenants(raw.tenants, &mut tenant_keys);
+        let tenants = self.tenants(raw.tenants, &mut tenant_keys, &nats);
         let admin_api_keys = self.admin_keys(
             raw.admin_api_keys,
             raw.admin_api_keys_file.as_ref(),

@@ -1,4 +1,5 @@
-//! `[[tenants]]`: who may send rows, by api key.
+//! `[[tenants]]`: who may send rows, by api key (over HTTP) or by the
+//! subject (over the NATS door).
 
 use std::collections::HashSet;
 
@@ -7,6 +8,7 @@ use toml::Spanned;
 
 use super::checker::Checker;
 use super::keys::{Fallback, Key, Reload};
+use super::nats::NatsConfig;
 use super::top::MIN_API_KEY_CHARS;
 
 /// `[[tenants]]`: the front door takes them before its next request.
@@ -35,11 +37,14 @@ pub(super) struct RawTenant {
 }
 
 impl Checker<'_> {
-    /// The tenants; every key they use goes into `seen_keys`.
+    /// The tenants; every key they use goes into `seen_keys`. A tenant
+    /// without keys sends over the NATS door only, so it needs one that an
+    /// outside producer can reach (`nats`: an operator's server, the door on).
     pub(super) fn tenants(
         &self,
         raw: Vec<RawTenant>,
         seen_keys: &mut HashSet<String>,
+        nats: &NatsConfig,
     ) -> Vec<Tenant> {
         let mut tenants = Vec::new();
         let mut seen_tenants: HashSet<String> = HashSet::new();
@@ -54,10 +59,24 @@ impl Checker<'_> {
             let mut keys: Vec<Spanned<String>> = tenant.api_keys;
             keys.extend(self.keys_from_file(tenant.api_keys_file.as_ref()));
             if keys.is_empty() {
-                self.report(
-                    tenant.name.span().start,
-                    format!("tenant `{}` has no api_keys", tenant.name.get_ref()),
-                );
+                let why_not = if !nats.ingest {
+                    Some("and the NATS door is off (`[nats] ingest = false`)")
+                } else if nats.url.is_none() {
+                    Some(
+                        "and the NATS door is on the embedded nats-server, which lets in no one but weir (set `[nats] url`)",
+                    )
+                } else {
+                    None
+                };
+                if let Some(why_not) = why_not {
+                    self.report(
+                        tenant.name.span().start,
+                        format!(
+                            "tenant `{}` has no api_keys {why_not}: it could send no rows",
+                            tenant.name.get_ref()
+                        ),
+                    );
+                }
             }
             for key in &keys {
                 self.check_key_whitespace("this api key", key);

@@ -590,3 +590,32 @@ fn an_http_ca_that_is_not_a_pem_file_is_named_at_its_key() {
         "{found:?}"
     );
 }
+
+#[test]
+fn a_tenant_without_api_keys_sends_over_the_nats_door_of_an_operators_server() {
+    let tenant = "[[tenants]]\nname = \"acme\"\n";
+    let config = parse(&format!(
+        "[nats]\nurl = \"nats://127.0.0.1:4222\"\n{tenant}"
+    ))
+    .unwrap();
+    assert_eq!(config.tenants[0].name, "acme");
+    assert!(config.tenants[0].api_keys.is_empty());
+
+    let found = problems(&format!(
+        "[nats]\nurl = \"nats://127.0.0.1:4222\"\ningest = false\n{tenant}"
+    ));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(":5:8: tenant `acme` has no api_keys and the NATS door is off"),
+        "{found:?}"
+    );
+    // The embedded server lets no producer in.
+    let found = problems(tenant);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(
+            ":2:8: tenant `acme` has no api_keys and the NATS door is on the embedded nats-server"
+        ),
+        "{found:?}"
+    );
+}

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::ingest::front_door::{Answer, FrontDoor, NATS_DOOR, Refusal};
+use crate::nats::connection::close;
 use crate::topology::route::Names;
 
 /// The answer's header with its status code, as the HTTP door's.
@@ -30,6 +31,8 @@ const MAX_IN_FLIGHT: usize = 1024;
 /// How long a stop waits for the requests taken to be answered, as the
 /// HTTP listener's grace.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long the door's connection may take to flush its last answers.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the NATS door could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,9 +49,10 @@ struct Door {
     front_door: Arc<FrontDoor>,
 }
 
-/// Subscribes to the ingest subjects (as the hosts' queue group) and
-/// serves them until `stop`; then drains the subscription: the server
-/// sends no more, and what it sent is answered.
+/// Subscribes to the ingest subjects (as the hosts' queue group) on
+/// `client`, a connection of the door's own, and serves them until `stop`;
+/// then drains the subscription (the server sends no more, and what it
+/// sent is answered) and closes the connection.
 pub async fn start(
     client: async_nats::Client,
     names: Names,
@@ -106,6 +110,12 @@ async fn serve(mut requests: async_nats::Subscriber, door: Arc<Door>, stop: Canc
         tracing::warn!(
             "NATS ingest requests still unanswered after the stop grace period: their producers get no answer and retry"
         );
+    }
+    // The connection is the door's alone: its last answers flushed, closed.
+    if door.client.connection_state() == async_nats::connection::State::Connected
+        && let Err(err) = close(&door.client, CLOSE_TIMEOUT).await
+    {
+        tracing::warn!(error = %err, "cannot close the NATS door's connection cleanly");
     }
 }
 

@@ -87,6 +87,27 @@ pub async fn connect(
     auth: &NatsAuth,
     refusals: &Refusals,
 ) -> Result<async_nats::Client, ConnectError> {
+    connect_with(urls, auth, refusals, None).await
+}
+
+/// The same, for a producer of the NATS door: its answers come on
+/// `inbox_prefix` (`_INBOX.<prefix>.<tenant>`), the one inbox its
+/// permissions let it read.
+pub async fn connect_producer(
+    urls: &str,
+    auth: &NatsAuth,
+    refusals: &Refusals,
+    inbox_prefix: &str,
+) -> Result<async_nats::Client, ConnectError> {
+    connect_with(urls, auth, refusals, Some(inbox_prefix)).await
+}
+
+async fn connect_with(
+    urls: &str,
+    auth: &NatsAuth,
+    refusals: &Refusals,
+    inbox_prefix: Option<&str>,
+) -> Result<async_nats::Client, ConnectError> {
     let shown = redact(urls);
     let mut servers = Vec::new();
     for url in urls.split(',').map(str::trim).filter(|url| !url.is_empty()) {
@@ -102,7 +123,10 @@ pub async fn connect(
             reason: "no server in it".to_string(),
         });
     }
-    let options = login_options(&servers, auth).await?;
+    let mut options = login_options(&servers, auth).await?;
+    if let Some(prefix) = inbox_prefix {
+        options = options.custom_inbox_prefix(prefix);
+    }
     // The client logs the addresses it connects to (at DEBUG): it gets them
     // without credentials, which went into `options` above.
     let servers = servers

@@ -14,6 +14,6 @@ mod error;
 pub(crate) mod jetstream;
 pub mod kv;
 
-pub use connection::{ConnectError, Refusals, close, connect};
+pub use connection::{ConnectError, Refusals, close, connect, connect_producer, redact};
 pub use embedded::{EmbeddedNats, EmbeddedOptions};
 pub(crate) use error::NatsError;

@@ -56,6 +56,8 @@ impl Traces {
         instance: &str,
         sample_percent: u64,
     ) -> Result<Traces, TracesError> {
+        // The exporter's reqwest client has no TLS provider of its own.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let exporter = SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpJson)
