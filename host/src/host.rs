@@ -218,7 +218,6 @@ impl RunningHost {
         .await?;
 
         readiness.follow_fleet(joined.behind.clone());
-
         // Reload: files, SIGHUP, the admin API and fleet releases.
         let (reload_requests, requests) = tokio::sync::mpsc::channel(4);
         let reloader = Reloader::new(sandbox.clone(), generations.clone(), gates, metrics.clone())
@@ -261,7 +260,6 @@ impl RunningHost {
             reloads: reload_requests,
             readiness: readiness.clone(),
         };
-
         let page = Page::new(status.clone(), generations.subscribe());
         let scheme = Self::serve_doors(
             &config,

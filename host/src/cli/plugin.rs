@@ -269,91 +269,7 @@ impl PluginCommand {
                 file,
                 wait,
                 canary,
-            } => {
-                let bytes = std::fs::read(&file)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-                let config = Config::load(&fleet.config, &Default::default())?;
-                let plugin = configured(&config, &fleet, &name)?;
-                // Refused before anything is checked or stored.
-                let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
-                // Checked before connecting: a plugin no host can run is
-                // refused without touching the fleet. With the config's
-                // compiled cache: a version compiled before (here, or by a
-                // host on this machine) is not compiled again.
-                let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?
-                    .with_cache(
-                        config.compile_cache_dir.clone(),
-                        config.compile_cache_max_bytes,
-                    );
-                let version = weir::sandbox::version_of(&bytes);
-                let began = std::time::Instant::now();
-                releases::check(&sandbox, plugin, &file, &bytes).await?;
-                let cached = sandbox
-                    .compile_cache()
-                    .is_some_and(|cache| cache.hits() > 0);
-                println!(
-                    "plugin {name}: {version} checked in {:.1} s ({})",
-                    began.elapsed().as_secs_f64(),
-                    match cached {
-                        true => "from the compiled cache",
-                        false => "compiled",
-                    }
-                );
-                drop(sandbox);
-                let (config, client) = fleet.connect().await?;
-                let router = router_of(&config);
-                let staged = releases::stage(&client, &router, &name, &bytes).await?;
-                if let Some(canary) = canary {
-                    let Some(staged) = staged else {
-                        return Err(releases::StoreError::CanaryOfServing {
-                            name: name.clone(),
-                            version: version.clone(),
-                        }
-                        .into());
-                    };
-                    let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
-                    let ready = releases::prepare(&client, &router, &staged, timeout).await?;
-                    println!(
-                        "plugin {name}: every live member is ready to run {version} ({})",
-                        ready.join(", ")
-                    );
-                    let release =
-                        releases::activate_canary(&client, &router, staged, canary).await?;
-                    client.flush().await?;
-                    if let Some(canary) = release.canary.as_ref().filter(|c| c.shadow) {
-                        println!(
-                            "plugin {name}: shadow of {} running beside {} on copies of its rows, delivering nothing; `weir plugin diff {name}` shows where they differ",
-                            releases::version_of_digest(&canary.digest),
-                            what(release.digest.as_deref())
-                        );
-                    } else if let Some(canary) = &release.canary {
-                        println!(
-                            "plugin {name}: canary of {version} serving {}{}; the others keep {}",
-                            canary.describe(),
-                            thresholds(canary),
-                            what(release.digest.as_deref())
-                        );
-                    }
-                    return Ok(());
-                }
-                match staged {
-                    None => println!("plugin {name}: the fleet already runs {version}"),
-                    Some(staged) => {
-                        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
-                        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
-                        println!(
-                            "plugin {name}: every live member is ready to run {version} ({})",
-                            ready.join(", ")
-                        );
-                        let release = releases::activate(&client, &router, staged).await?;
-                        client.flush().await?;
-                        announce(&name, &release);
-                    }
-                }
-                if let Some(secs) = wait {
-                    wait_for(&client, &router, &name, &version, secs).await?;
-                }
-            }
+            } => push(fleet, name, file, wait, canary).await?,
             PluginCommand::Promote { fleet, name } => {
                 let (config, client) = fleet.connect().await?;
                 configured(&config, &fleet, &name)?;
@@ -377,79 +293,181 @@ impl PluginCommand {
                 name,
                 to,
                 wait,
-            } => {
-                let (config, client) = fleet.connect().await?;
-                let plugin = configured(&config, &fleet, &name)?;
-                let router = router_of(&config);
-                let running = releases::release(&client, &router, &name).await?;
-                if let Some(canary) = running.as_ref().and_then(|r| r.canary.as_ref()) {
-                    anyhow::ensure!(
-                        to.is_none(),
-                        "plugin `{name}` has a canary of {} running: `weir plugin rollback {name}` ends it first, then --to goes further back",
-                        releases::version_of_digest(&canary.digest)
-                    );
-                    let release = releases::end_canary(
-                        &client,
-                        &router,
-                        &name,
-                        Some(canary),
-                        Outcome::RolledBack,
-                        "operator",
-                        "weir plugin rollback".to_string(),
-                    )
-                    .await?
-                    .context("the canary ended meanwhile")?;
-                    client.flush().await?;
-                    println!(
-                        "plugin {name}: canary of {} ended; every tenant is served by {}",
-                        releases::version_of_digest(&canary.digest),
-                        what(release.digest.as_deref())
-                    );
-                    return Ok(());
-                }
-                let to = RollbackTo::parse(to.as_deref());
-                // Two phases as a push: every live member loads the version
-                // gone back to before the fleet switches to it.
-                let release = match releases::stage_rollback(&client, &router, &name, &to).await? {
-                    None => releases::release(&client, &router, &name)
-                        .await?
-                        .context("the release vanished meanwhile")?,
-                    Some(staged) => {
-                        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
-                        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
-                        if let Some(digest) = &staged.digest {
-                            println!(
-                                "plugin {name}: every live member is ready to run {} ({})",
-                                releases::version_of_digest(digest),
-                                ready.join(", ")
-                            );
-                        }
-                        releases::activate(&client, &router, staged).await?
-                    }
-                };
-                client.flush().await?;
-                announce(&name, &release);
-                if let Some(secs) = wait {
-                    let version = match &release.digest {
-                        Some(digest) => releases::version_of_digest(digest).to_string(),
-                        None => {
-                            let bytes = std::fs::read(&plugin.wasm).with_context(|| {
-                                format!(
-                                    "cannot read {} to know the version to wait for",
-                                    plugin.wasm.display()
-                                )
-                            })?;
-                            weir::sandbox::version_of(&bytes)
-                        }
-                    };
-                    wait_for(&client, &router, &name, &version, secs).await?;
-                }
-            }
+            } => rollback(fleet, name, to, wait).await?,
             PluginCommand::List { fleet, name } => list(fleet, name).await?,
             PluginCommand::Diff { fleet, name, json } => diff(fleet, name, json).await?,
         }
         Ok(())
     }
+}
+
+/// `weir plugin push`: checked here (through the compiled cache), then the
+/// two phases: every live member ready, then the release (or canary).
+async fn push(
+    fleet: FleetTarget,
+    name: String,
+    file: PathBuf,
+    wait: Option<u64>,
+    canary: CanaryArgs,
+) -> anyhow::Result<()> {
+    let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    let config = Config::load(&fleet.config, &Default::default())?;
+    let plugin = configured(&config, &fleet, &name)?;
+    // Refused before anything is checked or stored.
+    let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
+    // Checked before connecting: a plugin no host can run is
+    // refused without touching the fleet. With the config's
+    // compiled cache: a version compiled before (here, or by a
+    // host on this machine) is not compiled again.
+    let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
+        config.compile_cache_dir.clone(),
+        config.compile_cache_max_bytes,
+    );
+    let version = weir::sandbox::version_of(&bytes);
+    let began = std::time::Instant::now();
+    releases::check(&sandbox, plugin, &file, &bytes).await?;
+    let cached = sandbox
+        .compile_cache()
+        .is_some_and(|cache| cache.hits() > 0);
+    println!(
+        "plugin {name}: {version} checked in {:.1} s ({})",
+        began.elapsed().as_secs_f64(),
+        match cached {
+            true => "from the compiled cache",
+            false => "compiled",
+        }
+    );
+    drop(sandbox);
+    let (config, client) = fleet.connect().await?;
+    let router = router_of(&config);
+    let staged = releases::stage(&client, &router, &name, &bytes).await?;
+    if let Some(canary) = canary {
+        let Some(staged) = staged else {
+            return Err(releases::StoreError::CanaryOfServing {
+                name: name.clone(),
+                version: version.clone(),
+            }
+            .into());
+        };
+        let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+        let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+        println!(
+            "plugin {name}: every live member is ready to run {version} ({})",
+            ready.join(", ")
+        );
+        let release = releases::activate_canary(&client, &router, staged, canary).await?;
+        client.flush().await?;
+        if let Some(canary) = release.canary.as_ref().filter(|c| c.shadow) {
+            println!(
+                "plugin {name}: shadow of {} running beside {} on copies of its rows, delivering nothing; `weir plugin diff {name}` shows where they differ",
+                releases::version_of_digest(&canary.digest),
+                what(release.digest.as_deref())
+            );
+        } else if let Some(canary) = &release.canary {
+            println!(
+                "plugin {name}: canary of {version} serving {}{}; the others keep {}",
+                canary.describe(),
+                thresholds(canary),
+                what(release.digest.as_deref())
+            );
+        }
+        return Ok(());
+    }
+    match staged {
+        None => println!("plugin {name}: the fleet already runs {version}"),
+        Some(staged) => {
+            let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+            let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+            println!(
+                "plugin {name}: every live member is ready to run {version} ({})",
+                ready.join(", ")
+            );
+            let release = releases::activate(&client, &router, staged).await?;
+            client.flush().await?;
+            announce(&name, &release);
+        }
+    }
+    if let Some(secs) = wait {
+        wait_for(&client, &router, &name, &version, secs).await?;
+    }
+    Ok(())
+}
+
+/// `weir plugin rollback`: ends a running canary, else goes back (`--to`)
+/// through the same two phases as a push.
+async fn rollback(
+    fleet: FleetTarget,
+    name: String,
+    to: Option<String>,
+    wait: Option<u64>,
+) -> anyhow::Result<()> {
+    let (config, client) = fleet.connect().await?;
+    let plugin = configured(&config, &fleet, &name)?;
+    let router = router_of(&config);
+    let running = releases::release(&client, &router, &name).await?;
+    if let Some(canary) = running.as_ref().and_then(|r| r.canary.as_ref()) {
+        anyhow::ensure!(
+            to.is_none(),
+            "plugin `{name}` has a canary of {} running: `weir plugin rollback {name}` ends it first, then --to goes further back",
+            releases::version_of_digest(&canary.digest)
+        );
+        let release = releases::end_canary(
+            &client,
+            &router,
+            &name,
+            Some(canary),
+            Outcome::RolledBack,
+            "operator",
+            "weir plugin rollback".to_string(),
+        )
+        .await?
+        .context("the canary ended meanwhile")?;
+        client.flush().await?;
+        println!(
+            "plugin {name}: canary of {} ended; every tenant is served by {}",
+            releases::version_of_digest(&canary.digest),
+            what(release.digest.as_deref())
+        );
+        return Ok(());
+    }
+    let to = RollbackTo::parse(to.as_deref());
+    // Two phases as a push: every live member loads the version
+    // gone back to before the fleet switches to it.
+    let release = match releases::stage_rollback(&client, &router, &name, &to).await? {
+        None => releases::release(&client, &router, &name)
+            .await?
+            .context("the release vanished meanwhile")?,
+        Some(staged) => {
+            let timeout = Duration::from_secs(wait.unwrap_or(DEFAULT_WAIT_SECS));
+            let ready = releases::prepare(&client, &router, &staged, timeout).await?;
+            if let Some(digest) = &staged.digest {
+                println!(
+                    "plugin {name}: every live member is ready to run {} ({})",
+                    releases::version_of_digest(digest),
+                    ready.join(", ")
+                );
+            }
+            releases::activate(&client, &router, staged).await?
+        }
+    };
+    client.flush().await?;
+    announce(&name, &release);
+    if let Some(secs) = wait {
+        let version = match &release.digest {
+            Some(digest) => releases::version_of_digest(digest).to_string(),
+            None => {
+                let bytes = std::fs::read(&plugin.wasm).with_context(|| {
+                    format!(
+                        "cannot read {} to know the version to wait for",
+                        plugin.wasm.display()
+                    )
+                })?;
+                weir::sandbox::version_of(&bytes)
+            }
+        };
+        wait_for(&client, &router, &name, &version, secs).await?;
+    }
+    Ok(())
 }
 
 /// `weir plugin list`: each configured plugin (or `name` only), its
