@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use weir::reload::canary::{Outcome, bucket};
 use weir_test_artifacts::{CHAOS, PASSTHROUGH};
 
-use crate::support::{TestHost, base_config, eventually, operator};
+use crate::support::{TestHost, base_config, eventually, every_host_runs, operator};
 
 /// Eight tenants: two that `validate`'s 25% canary serves (by the stable
 /// hash, as every host computes it) and six it does not.
@@ -147,21 +147,13 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
         "{said}"
     );
     // A host that sees the canary holds its batches until it runs it.
-    for host in hosts {
-        eventually(
-            Duration::from_secs(10),
-            "every host sees the canary",
-            || async {
-                let report = host.host.status().report().await;
-                report
-                    .plugins
-                    .iter()
-                    .any(|p| p.name == "validate" && p.canary.is_some())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    every_host_runs(
+        &hosts,
+        "every host sees the canary",
+        ("validate", None),
+        true,
+    )
+    .await;
     // Two waves, the second once the first is in.
     for wave in [20..40, 40..60] {
         for tenant in &all {
@@ -270,21 +262,13 @@ async fn a_canary_serves_only_its_tenants_until_it_is_promoted() {
     // Promoted: every tenant gets the candidate, which is now the release.
     plugin(&a, "promote", &["validate"]);
     let passthrough = weir::sandbox::version_of(&std::fs::read(PASSTHROUGH).unwrap());
-    for host in hosts {
-        eventually(
-            Duration::from_secs(10),
-            "every host runs the promoted version",
-            || async {
-                let report = host.host.status().report().await;
-                report
-                    .plugins
-                    .iter()
-                    .any(|p| p.name == "validate" && p.version == passthrough && p.canary.is_none())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    every_host_runs(
+        &hosts,
+        "every host runs the promoted version",
+        ("validate", Some(&passthrough)),
+        false,
+    )
+    .await;
     for tenant in &all {
         send(&a, tenant, 70..90).await;
     }

@@ -47,6 +47,27 @@ struct Endpoint {
 
 impl Endpoint {
     async fn start(next: &[u16], then: u16) -> Endpoint {
+        Endpoint::serve(next, then, None).await
+    }
+
+    /// The same endpoint over HTTPS, with a certificate of a test-made CA.
+    async fn start_tls(then: u16, files: &crate::nats_auth::tls::TlsFiles) -> Endpoint {
+        let server = weir::config::TlsFiles {
+            cert: files.server_cert.clone(),
+            key: files.server_key.clone(),
+        }
+        .server_config()
+        .expect("a TLS server config");
+        Endpoint::serve(
+            &[],
+            then,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(server))),
+        )
+        .await
+    }
+
+    /// Answers `next`, then `then`; over TLS with `tls`.
+    async fn serve(next: &[u16], then: u16, tls: Option<tokio_rustls::TlsAcceptor>) -> Endpoint {
         let script = Arc::new(Mutex::new(Script {
             next: next.iter().copied().collect(),
             then,
@@ -55,19 +76,34 @@ impl Endpoint {
         let app = axum::Router::new()
             .route("/ingest", axum::routing::post(answer))
             .with_state(script.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the test endpoint");
-        let addr = listener.local_addr().expect("endpoint address");
+        let addr = inner.local_addr().expect("endpoint address");
         let accepted = Arc::new(AtomicUsize::new(0));
-        let listener = Counting {
-            inner: listener,
-            accepted: accepted.clone(),
-        };
+        let counted = accepted.clone();
         let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .await
-                .expect("test endpoint serves");
+            let served = match tls {
+                None => {
+                    axum::serve(
+                        Counting {
+                            inner,
+                            accepted: counted,
+                        },
+                        app,
+                    )
+                    .await
+                }
+                Some(acceptor) => {
+                    let listener = TlsCounting {
+                        inner,
+                        acceptor,
+                        accepted: counted,
+                    };
+                    axum::serve(listener, app).await
+                }
+            };
+            served.expect("test endpoint serves");
         });
         Endpoint {
             addr,
@@ -144,47 +180,6 @@ impl axum::serve::Listener for TlsCounting {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         self.inner.local_addr()
-    }
-}
-
-impl Endpoint {
-    /// The same endpoint over HTTPS, with a certificate of a test-made CA.
-    async fn start_tls(then: u16, files: &crate::nats_auth::tls::TlsFiles) -> Endpoint {
-        let script = Arc::new(Mutex::new(Script {
-            next: VecDeque::new(),
-            then,
-            received: Vec::new(),
-        }));
-        let app = axum::Router::new()
-            .route("/ingest", axum::routing::post(answer))
-            .with_state(script.clone());
-        let server = weir::config::TlsFiles {
-            cert: files.server_cert.clone(),
-            key: files.server_key.clone(),
-        }
-        .server_config()
-        .expect("a TLS server config");
-        let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the test endpoint");
-        let addr = inner.local_addr().expect("endpoint address");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let listener = TlsCounting {
-            inner,
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
-            accepted: accepted.clone(),
-        };
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .await
-                .expect("test endpoint serves");
-        });
-        Endpoint {
-            addr,
-            script,
-            accepted,
-            task,
-        }
     }
 }
 

@@ -625,14 +625,7 @@ async fn a_host_killed_while_answering_loses_no_acknowledged_row() {
             while !stop.load(Ordering::Relaxed) {
                 let first = (request * 4 + producer) * 20;
                 request += 1;
-                let body: String = (first..first + 20)
-                    .map(|id| format!("{{\"id\":{id}}}\n"))
-                    .collect();
-                let answer = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    client.request("weir.ingest.acme.orders", body.into()),
-                )
-                .await;
+                let answer = request_rows(&client, first..first + 20).await;
                 match answer {
                     Ok(Ok(reply)) if crate::support::header_of(&reply, STATUS) == "202" => {
                         acked.extend(first..first + 20)
@@ -690,6 +683,20 @@ async fn a_host_killed_while_answering_loses_no_acknowledged_row() {
     b.terminate();
 }
 
+/// Rows `ids` (`{"id":N}` each) to acme/orders as one NATS request,
+/// waited for at most 5 s.
+async fn request_rows(
+    client: &async_nats::Client,
+    ids: std::ops::Range<u64>,
+) -> Result<Result<async_nats::Message, async_nats::RequestError>, tokio::time::error::Elapsed> {
+    let body: String = ids.map(|id| format!("{{\"id\":{id}}}\n")).collect();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request("weir.ingest.acme.orders", body.into()),
+    )
+    .await
+}
+
 /// A host that stops drains its subscription: it takes no new request and
 /// answers every one it took, so no producer waits out a timeout and every
 /// row answered 202 is stored.
@@ -708,14 +715,7 @@ async fn a_stopping_host_answers_every_request_it_took() {
             while !stop.load(Ordering::Relaxed) {
                 let first = (request * 8 + producer) * 50;
                 request += 1;
-                let body: String = (first..first + 50)
-                    .map(|id| format!("{{\"id\":{id}}}\n"))
-                    .collect();
-                let answer = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    client.request("weir.ingest.acme.orders", body.into()),
-                )
-                .await;
+                let answer = request_rows(&client, first..first + 50).await;
                 match answer {
                     Ok(Ok(reply)) => {
                         let status = crate::support::header_of(&reply, STATUS);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use weir_test_artifacts::{NDJSON_SINK, VALIDATOR, WINDOW};
 
-use crate::support::{TestHost, base_config, eventually, operator};
+use crate::support::{TestHost, base_config, eventually, every_host_runs, operator};
 
 /// Rows sent; every twentieth has no `id`.
 const ROWS: u64 = 100;
@@ -111,21 +111,13 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
             && said.contains("delivering nothing"),
         "{said}"
     );
-    for host in hosts {
-        eventually(
-            Duration::from_secs(10),
-            "every host runs the shadow",
-            || async {
-                let report = host.host.status().report().await;
-                report
-                    .plugins
-                    .iter()
-                    .any(|p| p.name == "validate" && p.canary.is_some())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    every_host_runs(
+        &hosts,
+        "every host runs the shadow",
+        ("validate", None),
+        true,
+    )
+    .await;
 
     let body: String = (0..ROWS)
         .map(|n| match n % 20 {
@@ -216,21 +208,13 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
     assert!(ended.contains("ended"), "{ended}");
     let listed = stdout(&plugin(&a, "list", &["validate"]));
     assert!(!listed.contains("shadow: "), "{listed}");
-    for host in hosts {
-        eventually(
-            Duration::from_secs(10),
-            "every host ends the shadow",
-            || async {
-                let report = host.host.status().report().await;
-                report
-                    .plugins
-                    .iter()
-                    .any(|p| p.name == "validate" && p.canary.is_none())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    every_host_runs(
+        &hosts,
+        "every host ends the shadow",
+        ("validate", None),
+        false,
+    )
+    .await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -257,17 +241,13 @@ async fn a_promoted_shadow_serves_every_row() {
     let promoted = stdout(&plugin(&a, "promote", &["validate"]));
     assert!(promoted.contains("the fleet now runs"), "{promoted}");
     let validator = weir::sandbox::version_of(&std::fs::read(VALIDATOR).unwrap());
-    for host in hosts {
-        eventually(Duration::from_secs(10), "every host serves it", || async {
-            let report = host.host.status().report().await;
-            report
-                .plugins
-                .iter()
-                .any(|p| p.name == "validate" && p.version == validator && p.canary.is_none())
-                .then_some(())
-        })
-        .await;
-    }
+    every_host_runs(
+        &hosts,
+        "every host serves it",
+        ("validate", Some(&validator)),
+        false,
+    )
+    .await;
     assert_eq!(a.ingest("orders", row(1)).await.status(), 202);
     let rows = eventually(Duration::from_secs(30), "the second row", || async {
         let rows = written(&hosts);

@@ -217,6 +217,31 @@ impl TestHost {
     }
 }
 
+/// Waits until every host's status shows plugin `name` at `version` (any
+/// version when `None`) with a canary or shadow running, or without.
+pub async fn every_host_runs(
+    hosts: &[&TestHost],
+    what: &str,
+    (name, version): (&str, Option<&str>),
+    canary_running: bool,
+) {
+    for host in hosts {
+        eventually(Duration::from_secs(10), what, || async {
+            let report = host.host.status().report().await;
+            report
+                .plugins
+                .iter()
+                .any(|p| {
+                    p.name == name
+                        && version.is_none_or(|v| p.version == v)
+                        && p.canary.is_some() == canary_running
+                })
+                .then_some(())
+        })
+        .await;
+    }
+}
+
 /// Runs the operator command `weir GROUP COMMAND --config CONFIG ARGS…`
 /// (e.g. `["plugin", "push"]`) to its end, whatever its exit status.
 pub fn operator(config: &Path, command: [&str; 2], args: &[&str]) -> std::process::Output {

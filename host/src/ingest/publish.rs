@@ -189,6 +189,8 @@ impl Publisher {
         }
         // A request's rows go to one unit, or (routed by key) to a few.
         let mut units: Vec<UnitRows> = Vec::new();
+        // One copy of the request's context, shared by its rows.
+        let traceparent: Option<Arc<str>> = traceparent.map(Arc::from);
         for (index, (payload, message_id)) in rows.into_iter().enumerate() {
             let unit = placement
                 .unit(index)
@@ -197,7 +199,7 @@ impl Publisher {
                 index,
                 payload,
                 message_id,
-                traceparent: traceparent.map(Arc::<str>::from),
+                traceparent: traceparent.clone(),
             };
             match units.iter_mut().find(|u| u.unit == unit) {
                 Some(unit_rows) => unit_rows.rows.push(row),

@@ -555,8 +555,20 @@ pub async fn activate(
             ended: None,
         },
     };
-    write(client, router, &name, &release, current.map(|(_, rev)| rev)).await?;
-    let kv = kv(client, router, &name).await?;
+    write_and_withdraw(client, router, &name, release, current.map(|(_, rev)| rev)).await
+}
+
+/// Writes `release` over revision `revision` (compare-and-set), then
+/// withdraws the prepare request the push made: its second phase is done.
+async fn write_and_withdraw(
+    client: &async_nats::Client,
+    router: &Names,
+    name: &str,
+    release: Release,
+    revision: Option<u64>,
+) -> Result<Release, StoreError> {
+    write(client, router, name, &release, revision).await?;
+    let kv = kv(client, router, name).await?;
     if let Err(err) = kv.delete(&format!("{PREPARES}{name}")).await {
         tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
     }
@@ -587,12 +599,7 @@ pub async fn activate_canary(
         },
     };
     release.canary = Some(canary);
-    write(client, router, &name, &release, current.map(|(_, rev)| rev)).await?;
-    let kv = kv(client, router, &name).await?;
-    if let Err(err) = kv.delete(&format!("{PREPARES}{name}")).await {
-        tracing::warn!(error = %err, plugin = %name, "cannot withdraw the push's prepare request");
-    }
-    Ok(release)
+    write_and_withdraw(client, router, &name, release, current.map(|(_, rev)| rev)).await
 }
 
 /// Ends plugin `name`'s canary: promoted (its candidate becomes the
