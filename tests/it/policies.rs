@@ -246,16 +246,19 @@ async fn a_tenant_over_its_fleet_wide_budget_is_throttled_on_every_front_door_an
         admitted <= BUDGET_BYTES + margin,
         "admitted {admitted} B, more than the budget plus its margin"
     );
-    let usage = eventually(
+    // A snapshot read while a request's rows were being stored may count
+    // some of them twice (documented: a brief overcount, never a loss)
+    // until the leader's next read of that partition.
+    eventually(
         Duration::from_secs(10),
-        "alpha's usage in the status",
+        &format!("alpha's usage in the status to be the {admitted} B admitted"),
         || async {
             let report = second.status_as(ALPHA_KEY).await?;
-            report.tenants.into_iter().find(|t| t.tenant == "alpha")
+            let usage = report.tenants.into_iter().find(|t| t.tenant == "alpha")?;
+            (usage.queued_bytes == admitted).then_some(())
         },
     )
     .await;
-    assert_eq!(usage.queued_bytes, admitted, "{usage:?}");
     eventually(
         Duration::from_secs(60),
         "beta's rows are delivered meanwhile",
