@@ -683,24 +683,32 @@ async fn a_page_opened_after_rows_came_and_went_shows_them_in_its_history() {
     .await;
 
     // The first page state ever asked for.
-    let history = eventually(Duration::from_secs(30), "the queue back to 0", || async {
+    let (history, moved) = eventually(Duration::from_secs(30), "the queue back to 0", || async {
         let state: Value = reqwest::get(host.url("/v1/page"))
             .await
             .ok()?
             .json()
             .await
             .ok()?;
-        let samples: Vec<u64> = state["queued_history"]
-            .as_array()?
+        let samples = state["queued_history"].as_array()?;
+        let queued: Vec<u64> = samples
             .iter()
             .filter_map(|s| s["queued_rows"].as_u64())
             .collect();
-        (samples.last() == Some(&0)).then_some(samples)
+        let sum = |key: &str| samples.iter().filter_map(|s| s[key].as_u64()).sum::<u64>();
+        let moved = (sum("accepted_rows"), sum("delivered_rows"));
+        // The sample after the last delivery carries its count.
+        (queued.last() == Some(&0) && moved.1 == 40).then_some((queued, moved))
     })
     .await;
     let queued_at_most = history.iter().copied().max().unwrap_or(0);
     assert!(
         queued_at_most >= 40,
         "the 40 rows queued for seconds show in the host's history: {history:?}"
+    );
+    assert_eq!(
+        moved,
+        (40, 40),
+        "the host's rate history counts each row accepted and delivered once"
     );
 }

@@ -116,8 +116,9 @@ pub struct UnitWorker {
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
-/// re-reads that partition's counts).
-pub type SettledHook = Arc<dyn Fn(u32) + Send + Sync>;
+/// re-reads that partition's counts) and how many of its rows were
+/// delivered (the fleet's delivered rate).
+pub type SettledHook = Arc<dyn Fn(u32, u64) + Send + Sync>;
 
 /// Why this host's running plugin versions are not the fleet's, if they
 /// are not; the host plugs in what it means.
@@ -385,8 +386,9 @@ impl UnitWorker {
             traced::record(&self.traces, unit, began.elapsed(), traced);
         }
         self.applied.answered(&mut self.settler.acked);
+        let delivered = std::mem::take(&mut self.settler.delivered);
         if let Some(hook) = &self.settled {
-            hook(self.unit.partition);
+            hook(self.unit.partition, delivered);
         }
         settled
     }
