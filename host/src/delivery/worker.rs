@@ -28,7 +28,7 @@ use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::batch::{Batch, Position};
 use crate::delivery::isolation;
-use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
+use crate::delivery::pipeline::{CallRecord, PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
@@ -360,6 +360,12 @@ impl UnitWorker {
                 .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
         }
+        if self.traces.enabled() {
+            self.runners
+                .iter_mut()
+                .flatten()
+                .for_each(PipelineRunner::record_calls);
+        }
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -374,7 +380,15 @@ impl UnitWorker {
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
-        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
+        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await;
+        // Taken whatever the outcome: a later batch's spans show only its own.
+        let calls: Vec<CallRecord> = self
+            .runners
+            .iter_mut()
+            .flatten()
+            .flat_map(PipelineRunner::take_calls)
+            .collect();
+        let verdicts = verdicts?;
         self.settler.record_acked = stateful;
         let traced = self
             .traces
@@ -383,7 +397,7 @@ impl UnitWorker {
         let settled = self.settler.settle(batch, verdicts, lease).await;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
-            traced::record(&self.traces, unit, began.elapsed(), traced);
+            traced::record(&self.traces, unit, began.elapsed(), traced, &calls);
         }
         self.applied.answered(&mut self.settler.acked);
         let delivered = std::mem::take(&mut self.settler.delivered);
