@@ -550,7 +550,7 @@ async fn run_pipelines(
     // Batch indexes by pipeline, in batch order.
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (index, message) in batch.iter().enumerate() {
-        match decode(router, pipelines, message) {
+        match decode(router, pipelines, destinations.unit, message) {
             Ok(row) => {
                 match groups.iter_mut().find(|(p, _)| *p == row.pipeline) {
                     Some((_, indexes)) => indexes.push(index),
@@ -775,6 +775,7 @@ struct Decoded<'a> {
 fn decode<'a>(
     router: &Names,
     pipelines: &Generation,
+    unit: Unit,
     message: &'a Message,
 ) -> Result<Decoded<'a>, String> {
     let info = ack::info(message).ok_or("no delivery info: not a JetStream delivery")?;
@@ -783,7 +784,7 @@ fn decode<'a>(
         .map_err(|err| err.to_string())?;
     // A tenant's rows run in its variant: a canary's candidate or not.
     let pipeline = pipelines
-        .variant_index(&table, &tenant)
+        .variant_index(&table, &tenant, unit)
         .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
     Ok(Decoded {
         pipeline,
