@@ -64,6 +64,10 @@ const BENCHES: &[(&str, &str)] = &[
         "rows into PostgreSQL through weir's postgres-sink (one transaction per batch with weir's ledger) against a native tokio-postgres client sending the same bulk statements alone, and against a native async-nats pull consumer doing them and acking after COMMIT; same connection count",
     ),
     (
+        "memory",
+        "resident memory of one `weir run` host by the number of transforms it runs (1 and 4) and their language (Rust, Python, JavaScript), each plugin warm",
+    ),
+    (
         "nats_sink",
         "rows into a JetStream stream through weir's nats-sink against a raw async-nats publisher sending the same rows with the same Nats-Msg-Ids, PubAcks pipelined",
     ),
@@ -107,6 +111,7 @@ impl Goal {
 
 /// Each target as (bench, figure, goal): the figures the targets are read from.
 const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
+    ("front_door", "ratio_retry_to_fresh", Goal::AtLeast(0.5)),
     ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.9)),
     (
         "delivery",
