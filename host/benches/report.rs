@@ -68,6 +68,10 @@ const BENCHES: &[(&str, &str)] = &[
         "push to serving on a fleet of three hosts (`weir plugin push --wait`) for a new and a cached 20 MB Python component and a cached small Rust one; one host's drain rate with a shadow running against without",
     ),
     (
+        "memory",
+        "resident memory of one `weir run` host by the number of transforms it runs (1 and 4) and their language (Rust, Python, JavaScript), each plugin warm",
+    ),
+    (
         "nats_sink",
         "rows into a JetStream stream through weir's nats-sink against a raw async-nats publisher sending the same rows with the same Nats-Msg-Ids, PubAcks pipelined",
     ),
@@ -111,6 +115,7 @@ impl Goal {
 
 /// Each target as (bench, figure, goal): the figures the targets are read from.
 const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
+    ("front_door", "ratio_retry_to_fresh", Goal::AtLeast(0.5)),
     ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.9)),
     (
         "delivery",
