@@ -52,6 +52,10 @@ const BENCHES: &[(&str, &str)] = &[
         "202 to sink (weir's HTTP sink posting to the bench) at 10 % and 50 % of the measured maximum, against PubAck to a raw pull consumer at the same offered rates, and through a host whose sink has `http_keep_alive = false` (no pooling); TCP connections per 1,000 batches; default topology",
     ),
     (
+        "whole_path",
+        "one host's whole path (HTTP POST → front door → JetStream → validator → NDJSON sink → ack) at saturation against raw JetStream publish + consume in the same run; CPU per row split by front door, delivery, sandbox and nats-server",
+    ),
+    (
         "replication",
         "raw JetStream and weir's delivery path on an R1 stream (one server) and an R3 stream (three nodes on this machine)",
     ),
@@ -78,6 +82,7 @@ const TARGETS: &[&str] = &[
     "front door ≥ 100,000 rows/s with 1000-row requests; p99 ≤ 50 ms at half that load",
     "202 to sink p99 ≤ 3 ms at 10 % load and ≤ 15 ms at 50 % load with the defaults, within 5 × the raw path's p99",
     "rows into PostgreSQL through weir ≥ 0.8 × a native consumer doing the same bulk statements over the same connections",
+    "the whole path on one host (front door and delivery together, validator + NDJSON sink) ≥ 0.7 × raw JetStream publish + consume, same run",
 ];
 
 /// Which way a figure must go to meet its target.
@@ -143,6 +148,7 @@ const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
     ("latency", "ratio_p99_to_raw_at_10pct", Goal::AtMost(5.0)),
     ("latency", "ratio_p99_to_raw_at_50pct", Goal::AtMost(5.0)),
     ("postgres", "weir_over_native_consumer", Goal::AtLeast(0.8)),
+    ("whole_path", "ratio_whole_path_to_raw", Goal::AtLeast(0.7)),
 ];
 
 /// Units a figure's name may carry, most specific first; figures are
