@@ -208,6 +208,9 @@ async fn run(rows: usize, rounds: usize) {
             results.push(measured);
         }
     }
+    // The rounds' figures first: a scale run short of disk (each unit's
+    // stream reserves its `max_bytes`) leaves them printed.
+    report(rows, &limit, &weir_one, &weir_default, &weir_many);
     // Scale: more units on one host (a partition each, as the default
     // grows), once each after the rounds.
     let mut scale = Vec::new();
@@ -220,7 +223,6 @@ async fn run(rows: usize, rounds: usize) {
         scale.push((units, measured));
     }
     drop(client);
-    report(rows, &limit, &weir_one, &weir_default, &weir_many);
     report_scale(&weir_one, &scale);
     drop(server);
 }
