@@ -42,40 +42,13 @@ fn list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `.wasm` of a transform in `lang`.
+/// The `.wasm` of a transform in `lang`: Rust's pass-through, else the
+/// project `weir plugin new --lang LANG` writes, built (as the authors bench).
 fn plugin(lang: &str) -> PathBuf {
     if lang == "rust" {
         return PathBuf::from(weir_test_artifacts::PASSTHROUGH);
     }
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors");
-    let dir = target.join("bench").join(lang);
-    let name = format!("enrich-{lang}");
-    let wasm = dir.join(format!("{name}.wasm"));
-    let weir = Path::new(env!("CARGO_BIN_EXE_weir"));
-    let modified = |path: &Path| path.metadata().and_then(|m| m.modified()).ok();
-    if wasm.is_file() && modified(&wasm) > modified(weir) {
-        return wasm;
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).expect("remove the old project");
-    }
-    let status = Command::new(weir)
-        .args(["plugin", "new", &name, "--lang", lang, "--dir"])
-        .arg(&dir)
-        .stdout(std::io::stderr())
-        .status()
-        .expect("weir runs");
-    assert!(status.success(), "weir plugin new {name}");
-    let status = Command::new(dir.join("build.sh"))
-        .env("CARGO_TARGET_DIR", &target)
-        .stdout(std::io::stderr())
-        .status()
-        .expect("build.sh runs");
-    assert!(
-        status.success(),
-        "{name}'s build.sh failed: did `. .ci/setup` run?"
-    );
-    wasm
+    support::authored_plugin(lang)
 }
 
 fn config(nats_url: &str, dir: &Path, port: u16, wasm: &Path, plugins: usize) -> String {
