@@ -120,7 +120,6 @@ impl Goal {
 
 /// Each target as (bench, figure, goal): the figures the targets are read from.
 const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
-    ("front_door", "ratio_retry_to_fresh", Goal::AtLeast(0.5)),
     ("delivery", "ratio_weir_to_limit", Goal::AtLeast(0.95)),
     (
         "delivery",

@@ -8,10 +8,7 @@
 //! fresh ids go as one fast batch (nats-server 2.14+, stored as they
 //! arrive, ended at the first refusal); rows that may be stored already (a
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
-//! so each row's "already stored" is known. A batch the server refuses for
-//! holding a stored id is split on the server's answer: every row's id is
-//! asked about at once (nothing stored), and the missing rows go as one
-//! atomic batch.
+//! so each row's "already stored" is known.
 
 use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
@@ -50,10 +47,6 @@ const BATCHES_PER_STREAM: usize = 16;
 /// (too many open, or lost with a leader change) is sent again.
 const BATCH_ATTEMPTS: u32 = 6;
 const BATCH_BACKOFF: Duration = Duration::from_millis(20);
-
-/// How often a retry's rows are asked about and sent again when another
-/// writer stores some of them in between, before they go one at a time.
-const PROBE_ROUNDS: usize = 3;
 
 /// Rows of a fast batch sent ahead of the server's flow acks; and how many
 /// rows the server may let pass between acks (it starts lower when other
@@ -299,16 +292,16 @@ impl Publisher {
                 .min(self.batches.max_rows.load(Ordering::Relaxed));
             let (batch, after) = rest.split_at(take);
             if batch.len() == 1 {
-                self.publish_in_turn(&unit_rows.subject, batch.iter(), &mut stored)
+                self.publish_in_turn(&unit_rows.subject, batch, &mut stored)
                     .await?;
             } else {
-                let whole: Vec<&Row> = batch.iter().collect();
-                match self.publish_batch(unit_rows, &whole).await? {
+                match self.publish_batch(unit_rows, batch).await? {
                     BatchOutcome::Stored(ack) => stored.add_new(batch, ack.sequence),
-                    // Some rows are stored already (a retry): learn which,
-                    // then store the others as one batch, in their order.
+                    // Some rows are stored already (a retry): one at a time
+                    // keeps their order, each stored at most once.
                     BatchOutcome::HoldsDuplicates => {
-                        self.publish_unstored(unit_rows, whole, &mut stored).await?
+                        self.publish_in_turn(&unit_rows.subject, batch, &mut stored)
+                            .await?
                     }
                     BatchOutcome::Smaller(limit) => {
                         tracing::warn!(limit, "the NATS server takes smaller atomic batches");
@@ -322,111 +315,12 @@ impl Publisher {
         Ok(stored)
     }
 
-    /// A batch the server refused for holding rows it has already: each
-    /// row's id is asked about (pipelined, nothing stored), then the rows
-    /// it lacks go as one atomic batch, in request order, so what is stored
-    /// stays a prefix. A writer storing some of them meanwhile (a
-    /// concurrent retry) refuses that batch too: ask again, a few times,
-    /// then one row at a time.
-    async fn publish_unstored(
-        &self,
-        unit_rows: &UnitRows,
-        mut rows: Vec<&Row>,
-        stored: &mut UnitStored,
-    ) -> Result<(), PublishError> {
-        for _ in 0..PROBE_ROUNDS {
-            let known = self.stored_already(&unit_rows.subject, &rows).await?;
-            // A request may name one id twice: the server refuses a batch
-            // that holds it twice, and stores it once.
-            let mut ids = std::collections::HashSet::new();
-            let mut missing = Vec::with_capacity(rows.len());
-            for (row, known) in rows.into_iter().zip(known) {
-                let repeated = row.message_id.as_ref().is_some_and(|id| !ids.insert(id));
-                if known || repeated {
-                    stored.duplicates += 1;
-                } else {
-                    missing.push(row);
-                }
-            }
-            match missing.as_slice() {
-                [] => return Ok(()),
-                [_] => {
-                    return self
-                        .publish_in_turn(&unit_rows.subject, missing.into_iter(), stored)
-                        .await;
-                }
-                _ => {}
-            }
-            match self.publish_batch(unit_rows, &missing).await? {
-                BatchOutcome::Stored(ack) => {
-                    stored.add_new(missing.iter().copied(), ack.sequence);
-                    return Ok(());
-                }
-                BatchOutcome::HoldsDuplicates | BatchOutcome::Smaller(_) => rows = missing,
-            }
-        }
-        self.publish_in_turn(&unit_rows.subject, rows.into_iter(), stored)
-            .await
-    }
-
-    /// Whether the stream holds each row's id (within its duplicate
-    /// window), learnt without storing anything: an empty message with the
-    /// row's id that expects a last message id no message has. The server
-    /// answers a stored id as a duplicate and refuses any other on the
-    /// expectation (checked after the dedupe, on one server and in a
-    /// cluster; pinned by `front_door::a_probe_of_ids_stores_nothing`).
-    async fn stored_already(
-        &self,
-        subject: &async_nats::Subject,
-        rows: &[&Row],
-    ) -> Result<Vec<bool>, PublishError> {
-        let never = format!("{}-probe", self.batches.id_prefix);
-        let mut answers = Vec::with_capacity(rows.len());
-        for row in rows {
-            let Some(id) = &row.message_id else {
-                answers.push(None);
-                continue;
-            };
-            let probe = PublishMessage::build()
-                .message_id(id)
-                .expected_last_message_id(&never);
-            let ack = self
-                .js
-                .send_publish(subject.clone(), probe)
-                .await
-                .map_err(|err| classify(&err, row.index))?;
-            answers.push(Some(ack));
-        }
-        let mut known = Vec::with_capacity(rows.len());
-        for (row, answer) in rows.iter().zip(answers) {
-            known.push(match answer {
-                None => false,
-                Some(ack) => match ack.await {
-                    Ok(ack) if ack.duplicate => true,
-                    Ok(_) => {
-                        return Err(PublishError::Other(format!(
-                            "the stream stored the empty probe of row {}",
-                            row.index
-                        )));
-                    }
-                    Err(err)
-                        if server_code(&err) == Some(ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID) =>
-                    {
-                        false
-                    }
-                    Err(err) => return Err(classify(&err, row.index)),
-                },
-            });
-        }
-        Ok(known)
-    }
-
     /// Rows one at a time, each waiting for the one before it to be stored:
     /// a single publish is atomic already.
-    async fn publish_in_turn<'r>(
+    async fn publish_in_turn(
         &self,
         subject: &async_nats::Subject,
-        rows: impl Iterator<Item = &'r Row>,
+        rows: &[Row],
         stored: &mut UnitStored,
     ) -> Result<(), PublishError> {
         for row in rows {
@@ -447,7 +341,7 @@ impl Publisher {
             if ack.duplicate {
                 stored.duplicates += 1;
             } else {
-                stored.add_new([row], ack.sequence);
+                stored.add_new(std::slice::from_ref(row), ack.sequence);
             }
         }
         Ok(())
@@ -459,7 +353,7 @@ impl Publisher {
     async fn publish_batch(
         &self,
         unit_rows: &UnitRows,
-        batch: &[&Row],
+        batch: &[Row],
     ) -> Result<BatchOutcome, PublishError> {
         let Some(last) = batch.last() else {
             return Err(PublishError::Other("an empty batch".into()));
@@ -886,11 +780,9 @@ struct UnitStored {
 }
 
 impl UnitStored {
-    fn add_new<'r>(&mut self, rows: impl IntoIterator<Item = &'r Row>, last_seq: u64) {
-        for row in rows {
-            self.new_rows += 1;
-            self.new_bytes += row.payload.len() as u64;
-        }
+    fn add_new(&mut self, rows: &[Row], last_seq: u64) {
+        self.new_rows += rows.len() as u64;
+        self.new_bytes += rows.iter().map(|r| r.payload.len() as u64).sum::<u64>();
         self.last_seq = self.last_seq.max(last_seq);
     }
 }
