@@ -16,10 +16,6 @@ pub const DEFAULT_BATCH_BYTES: u64 = 1 << 20;
 /// Largest `batch_bytes`: 4 GiB.
 const MAX_BATCH_BYTES: u64 = 1 << 32;
 pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
-/// A batch closes as soon as no further row is waiting: at low load a
-/// request's rows go at once; under load rows wait while a batch runs, so
-/// batches grow with the load (up to `batch_rows`, `batch_bytes`, `batch_wait`).
-pub const DEFAULT_BATCH_IDLE: Duration = Duration::ZERO;
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 const MIN_ACK_WAIT: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
@@ -55,7 +51,7 @@ pub(super) const KEYS: &[Key] = &[
     Key::new(
         "delivery",
         "batch_idle",
-        Fallback::Time(DEFAULT_BATCH_IDLE),
+        Fallback::SameAs("batch_wait"),
         Reload::Hot,
     ),
     Key::new(
@@ -110,9 +106,9 @@ pub struct DeliveryConfig {
     pub batch_bytes: usize,
     /// How long a batch may go on filling after its first row.
     pub batch_wait: Duration,
-    /// A batch also closes once no row arrived for this long (zero, the
-    /// default: as soon as none is waiting), so a lone request's rows need
-    /// not wait out `batch_wait`; at least `batch_wait`: no early close.
+    /// A batch also closes once no row arrived for this long (zero: as
+    /// soon as none is waiting), so a lone request's rows need not wait
+    /// out `batch_wait`. Defaults to `batch_wait`: no early close.
     pub batch_idle: Duration,
     /// Time JetStream waits for an ack before redelivering a row.
     pub ack_wait: Duration,
@@ -212,7 +208,7 @@ impl Checker<'_> {
                 &d.batch_idle,
                 (Legacy::Millis, &None),
                 Duration::ZERO,
-                DEFAULT_BATCH_IDLE,
+                batch_wait,
             ),
             ack_wait: self.duration(
                 "ack_wait",
