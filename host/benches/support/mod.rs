@@ -362,11 +362,36 @@ pub struct CountingAllocator;
 static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static ALLOCATED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Upper bounds (bytes) of the allocation size classes [`CountingAllocator`]
+/// counts bytes by; the last class takes every larger one. Where a row's
+/// bytes go shows in the class: subjects, header values and small boxes;
+/// one row's copy, a header map, a per-row vector of a small batch; a
+/// batch's buffers and vectors; a connection's read buffer growing.
+pub const ALLOC_CLASSES: [(usize, &str); 4] = [
+    (128, "≤ 128 B"),
+    (2048, "129 B – 2 KiB"),
+    (64 << 10, "2 – 64 KiB"),
+    (usize::MAX, "> 64 KiB"),
+];
+static CLASS_BYTES: [std::sync::atomic::AtomicU64; 4] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+
 impl CountingAllocator {
     fn count(bytes: usize) {
         use std::sync::atomic::Ordering::Relaxed;
         ALLOCATIONS.fetch_add(1, Relaxed);
         ALLOCATED_BYTES.fetch_add(bytes as u64, Relaxed);
+        let class = ALLOC_CLASSES
+            .iter()
+            .position(|(bound, _)| bytes <= *bound)
+            .unwrap_or(ALLOC_CLASSES.len() - 1);
+        CLASS_BYTES[class].fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Bytes allocated so far in each of [`ALLOC_CLASSES`].
+    pub fn by_class() -> [u64; 4] {
+        use std::sync::atomic::Ordering::Relaxed;
+        std::array::from_fn(|class| CLASS_BYTES[class].load(Relaxed))
     }
 
     /// (allocations, bytes) since the process started.

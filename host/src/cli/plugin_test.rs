@@ -615,7 +615,7 @@ impl FileRows<'_> {
 }
 
 impl isolation::Rows for FileRows<'_> {
-    fn pack(&self, part: &[usize]) -> Batch {
+    fn pack(&self, part: &[usize], _: Batch) -> Batch {
         let lines: Vec<&Line> = part.iter().filter_map(|&i| self.lines.get(i)).collect();
         self.args.batch(&lines)
     }

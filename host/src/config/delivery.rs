@@ -16,6 +16,10 @@ pub const DEFAULT_BATCH_BYTES: u64 = 1 << 20;
 /// Largest `batch_bytes`: 4 GiB.
 const MAX_BATCH_BYTES: u64 = 1 << 32;
 pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
+/// A batch closes as soon as no further row is waiting: at low load a
+/// request's rows go at once; under load rows wait while a batch runs, so
+/// batches grow with the load (up to `batch_rows`, `batch_bytes`, `batch_wait`).
+pub const DEFAULT_BATCH_IDLE: Duration = Duration::ZERO;
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 const MIN_ACK_WAIT: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
@@ -51,7 +55,7 @@ pub(super) const KEYS: &[Key] = &[
     Key::new(
         "delivery",
         "batch_idle",
-        Fallback::SameAs("batch_wait"),
+        Fallback::Time(DEFAULT_BATCH_IDLE),
         Reload::Hot,
     ),
     Key::new(
@@ -106,9 +110,9 @@ pub struct DeliveryConfig {
     pub batch_bytes: usize,
     /// How long a batch may go on filling after its first row.
     pub batch_wait: Duration,
-    /// A batch also closes once no row arrived for this long (zero: as
-    /// soon as none is waiting), so a lone request's rows need not wait
-    /// out `batch_wait`. Defaults to `batch_wait`: no early close.
+    /// A batch also closes once no row arrived for this long (zero, the
+    /// default: as soon as none is waiting), so a lone request's rows need
+    /// not wait out `batch_wait`; at least `batch_wait`: no early close.
     pub batch_idle: Duration,
     /// Time JetStream waits for an ack before redelivering a row.
     pub ack_wait: Duration,
@@ -208,7 +212,7 @@ impl Checker<'_> {
                 &d.batch_idle,
                 (Legacy::Millis, &None),
                 Duration::ZERO,
-                batch_wait,
+                DEFAULT_BATCH_IDLE,
             ),
             ack_wait: self.duration(
                 "ack_wait",

@@ -138,11 +138,13 @@ fn durations_and_sizes_take_units_and_the_older_keys_still_work() {
     assert_eq!(config.delivery.failure_delay, Duration::from_millis(250));
     assert_eq!(config.delivery.drain_timeout, Duration::from_secs(10));
     assert_eq!(config.coordination.member_ttl, Duration::from_secs(7));
-    // No early close unless asked: the idle gap is the whole wait.
-    assert_eq!(config.delivery.batch_idle, config.delivery.batch_wait);
+    // A batch closes early by default, as soon as no further row is waiting.
+    assert_eq!(config.delivery.batch_idle, Duration::ZERO);
     let eager = parse("[delivery]\nbatch_wait = \"20ms\"\nbatch_idle = \"1ms\"\n").unwrap();
     assert_eq!(eager.delivery.batch_wait, Duration::from_millis(20));
     assert_eq!(eager.delivery.batch_idle, Duration::from_millis(1));
+    let patient = parse("[delivery]\nbatch_idle = \"5ms\"\n").unwrap();
+    assert_eq!(patient.delivery.batch_idle, patient.delivery.batch_wait);
     // The default topology: four partitions of one shard.
     assert_eq!((config.stream.partitions, config.stream.shards), (4, 1));
 

@@ -58,6 +58,30 @@ impl Batch {
         }
     }
 
+    /// Empties the batch, keeping its buffers for the next rows.
+    pub fn clear(&mut self) {
+        let packed = &mut self.packed;
+        packed.data.clear();
+        packed.rows.clear();
+        packed.sequences.clear();
+        packed.attempts.clear();
+        packed.headers.clear();
+    }
+
+    /// Bytes the batch's row buffer holds without growing.
+    pub fn capacity(&self) -> usize {
+        self.packed.data.capacity()
+    }
+
+    /// Makes room for `rows` more rows of `bytes` more bytes.
+    pub fn reserve(&mut self, rows: usize, bytes: usize) {
+        let packed = &mut self.packed;
+        packed.data.reserve(bytes);
+        packed.rows.reserve(rows * row::WIDTH);
+        packed.sequences.reserve(rows);
+        packed.attempts.reserve(rows);
+    }
+
     /// Appends a row. `headers` are (name, value) pairs.
     pub fn push<'a>(
         &mut self,
@@ -295,12 +319,20 @@ impl<'a> Answer<'a> {
 }
 
 /// A sink's answer, checked against a batch of `rows` rows: one outcome per
-/// row (ok, retry or dead letter).
-pub fn delivered(delivered: &Delivered, rows: usize) -> Result<Vec<Outcome<'_>>, Malformed> {
+/// row (ok, retry or dead letter), each made a `T` as it is read: one
+/// vector, sized once (collecting `Result`s would grow it row by row).
+pub fn delivered_as<'a, T>(
+    delivered: &'a Delivered,
+    rows: usize,
+    each: impl Fn(Outcome<'a>) -> T,
+) -> Result<Vec<T>, Malformed> {
     check_outcomes(&delivered.outcomes, rows)?;
-    (0..rows)
-        .map(|row| read_outcome(&delivered.outcomes, &delivered.reasons, row, false))
-        .collect()
+    let mut outcomes = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let outcome = read_outcome(&delivered.outcomes, &delivered.reasons, row, false)?;
+        outcomes.push(each(outcome));
+    }
+    Ok(outcomes)
 }
 
 fn check_outcomes(outcomes: &[u32], rows: usize) -> Result<(), Malformed> {
@@ -513,7 +545,7 @@ mod tests {
                 .collect(),
             reasons: vec![],
         };
-        let err = delivered(&sink, 2).unwrap_err();
+        let err = delivered_as(&sink, 2, |outcome| outcome).unwrap_err();
         assert!(err.to_string().contains("outcome code 1"), "{err}");
     }
 }

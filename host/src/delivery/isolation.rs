@@ -25,8 +25,9 @@ pub const ISOLATION_LANES: usize = 8;
 
 /// The rows being isolated, by the caller's indexes.
 pub trait Rows: Sync {
-    /// The rows `part`, packed for the pipeline.
-    fn pack(&self, part: &[usize]) -> Batch;
+    /// The rows `part`, packed for the pipeline into `into` (empty; its
+    /// buffers, the last batch's, may be reused).
+    fn pack(&self, part: &[usize], into: Batch) -> Batch;
     /// A runner of the same pipeline on instances of its own and without
     /// state: one lane of a deadline's isolation.
     fn lane_runner(&self) -> Option<PipelineRunner>;
@@ -55,7 +56,8 @@ pub async fn run(
     let mut parts = vec![indexes];
     let mut isolating = false;
     while let Some(part) = parts.pop() {
-        let failure = match runner.run(rows.pack(&part), lease).await {
+        let packed = rows.pack(&part, runner.take_spare());
+        let failure = match runner.run(packed, lease).await {
             Ok(verdicts) => {
                 results.extend(part.into_iter().zip(verdicts.into_iter().map(Ok)));
                 continue;
@@ -114,7 +116,8 @@ async fn lane(
         return Ok(results);
     };
     while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
-        let result = match runner.run(rows.pack(&[index]), lease).await {
+        let packed = rows.pack(&[index], runner.take_spare());
+        let result = match runner.run(packed, lease).await {
             Ok(verdicts) => Ok(verdicts.into_iter().next().unwrap_or(Verdict::Done)),
             Err(RunError::Failed(failure)) => Err(failure),
             Err(RunError::Fenced) => return Err(Fenced),

@@ -189,6 +189,8 @@ pub trait Observer: Send + Sync {
 struct Flow {
     rows: Batch,
     origins: Vec<usize>,
+    /// The first batch a step replaced: its buffers serve the next batch.
+    spent: Option<Batch>,
 }
 
 impl Flow {
@@ -199,7 +201,8 @@ impl Flow {
             rows.push_from(&self.rows, row);
         }
         self.origins = kept.iter().map(|&row| self.origins[row]).collect();
-        self.rows = rows;
+        let spent = std::mem::replace(&mut self.rows, rows);
+        self.spent.get_or_insert(spent);
     }
 
     /// Folds a step's outcomes into the input rows' verdicts; the rows it
@@ -221,7 +224,11 @@ impl Flow {
             verdicts[origin].merge(Verdict::of(outcome, &step.plugin, what));
         }
         let origins = parents.iter().map(|&parent| self.origins[parent]).collect();
-        Flow { rows, origins }
+        Flow {
+            rows,
+            origins,
+            spent: self.spent.or(Some(self.rows)),
+        }
     }
 }
 
@@ -546,9 +553,10 @@ fn read(reply: &Reply, given: &Batch) -> Result<Stepped, Malformed> {
     let transformed = match reply {
         Reply::Transformed(transformed) => transformed,
         Reply::Delivered(delivered) => {
-            let outcomes = crate::delivery::batch::delivered(delivered, given.len())?;
+            let outcomes =
+                crate::delivery::batch::delivered_as(delivered, given.len(), RowOutcome::from)?;
             return Ok(Stepped::Changed {
-                outcomes: outcomes.into_iter().map(RowOutcome::from).collect(),
+                outcomes,
                 rows: Batch::default(),
                 parents: Vec::new(),
             });
@@ -668,6 +676,10 @@ pub struct CallRecord {
     pub error: Option<String>,
 }
 
+/// Largest batch buffer a runner keeps between batches: more than a
+/// default batch of 256 rows of 256 bytes, far less than `batch_bytes`' cap.
+const SPARE_MAX_BYTES: usize = 256 << 10;
+
 /// Runs one pipeline for one delivery worker. Not shared: each worker owns
 /// its instances, so a call never waits for another worker's.
 pub struct PipelineRunner {
@@ -677,6 +689,8 @@ pub struct PipelineRunner {
     /// The calls made on rows of traced requests since the last take;
     /// `None`: not recorded (traces are off).
     calls: Option<Vec<CallRecord>>,
+    /// The last batch run, its buffers kept for the next ([`Self::take_spare`]).
+    spare: Option<Batch>,
 }
 
 impl PipelineRunner {
@@ -718,7 +732,15 @@ impl PipelineRunner {
             steps,
             observer: None,
             calls: None,
+            spare: None,
         })
+    }
+
+    /// An empty batch for the next run: the last run's, its buffers kept.
+    pub fn take_spare(&mut self) -> Batch {
+        let mut batch = self.spare.take().unwrap_or_default();
+        batch.clear();
+        batch
     }
 
     /// The same runner, its sink's statements committed (or, when not
@@ -864,6 +886,7 @@ impl PipelineRunner {
         let mut flow = Flow {
             origins: (0..rows.len()).collect(),
             rows,
+            spent: None,
         };
         for step in &mut self.steps {
             if !step
@@ -905,6 +928,12 @@ impl PipelineRunner {
         // Without a sink, rows that come out of the last transform are done.
         let reached = reached.unwrap_or(flow.origins);
         mark_dropped(&mut verdicts, &reached);
+        // The batch given (or the one that went on unchanged) serves the
+        // next, unless it is large: a runner of each unit keeps one.
+        self.spare = flow
+            .spent
+            .or(Some(flow.rows))
+            .filter(|batch| batch.capacity() <= SPARE_MAX_BYTES);
         Ok(verdicts)
     }
 }

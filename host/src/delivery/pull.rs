@@ -160,8 +160,9 @@ pub struct Puller {
     /// The consumer's last delivery when this puller opened: later ones
     /// are this puller's (it holds the unit).
     delivered_at_open: u64,
-    /// The ack subject of the last row received.
-    last_reply: Option<async_nats::Subject>,
+    /// The ack subject of the last row received (empty: none yet), copied
+    /// into one buffer: a clone of each row's subject would allocate.
+    last_reply: String,
     /// The last request ended without a row: the next one waits long.
     idle: bool,
     /// Until when a request the unit's old owner left may still wait on
@@ -214,7 +215,7 @@ impl Puller {
             kept_alive: Instant::now(),
             lease,
             delivered_at_open,
-            last_reply: None,
+            last_reply: String::new(),
             idle: false,
             stale_requests_until,
         })
@@ -389,10 +390,7 @@ impl Puller {
 
     /// The consumer sequence of the last row received (0: none yet).
     fn highest_delivery(&self) -> u64 {
-        self.last_reply
-            .as_deref()
-            .and_then(crate::nats::ack::parse)
-            .map_or(0, |info| info.consumer_sequence)
+        crate::nats::ack::parse(&self.last_reply).map_or(0, |info| info.consumer_sequence)
     }
 
     /// Flushes, then takes every row already in the subscription.
@@ -441,7 +439,7 @@ impl Puller {
         let batch = self.size.rows_for(self.mean_row_bytes);
         let without_pin = self.pin.is_none();
         let checks_stale = without_pin
-            && self.last_reply.is_none()
+            && self.last_reply.is_empty()
             && self
                 .stale_requests_until
                 .is_some_and(|until| Instant::now() < until);
@@ -499,7 +497,7 @@ impl Puller {
     /// row yet: a pin now belongs to a request the old owner left, which
     /// is ended and its rows sent back ahead of newer ones.
     async fn reclaim_from_stale_request(&mut self) {
-        if self.pin.is_some() || self.last_reply.is_some() || !self.lease.held() {
+        if self.pin.is_some() || !self.last_reply.is_empty() || !self.lease.held() {
             return;
         }
         match reclaim_from_stale_request(&self.client, &self.stream, &self.consumer).await {
@@ -521,7 +519,10 @@ impl Puller {
             None | Some(StatusCode::OK) => {
                 // Read only at a release: deliveries come in order, so the
                 // last one's sequence is the highest.
-                self.last_reply.clone_from(&message.reply);
+                self.last_reply.clear();
+                if let Some(reply) = &message.reply {
+                    self.last_reply.push_str(reply);
+                }
                 if let Some(pin) = message
                     .headers
                     .as_ref()

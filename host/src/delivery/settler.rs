@@ -90,7 +90,7 @@ impl Settler {
     /// left are the next owner's.
     pub(super) async fn settle(
         &mut self,
-        batch: Vec<Message>,
+        batch: &[Message],
         verdicts: Vec<Verdict>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
@@ -113,9 +113,9 @@ impl Settler {
             &mut self.order,
         );
         self.count_late(&plan.late);
-        let stored = self.store_letters(&plan, &batch, &infos, &deliveries).await;
+        let stored = self.store_letters(&plan, batch, &infos, &deliveries).await;
         let answers = plan.answers(&stored, self.settings.failure_delay);
-        let answered = self.answer_all(&batch, &infos, answers, lease).await;
+        let answered = self.answer_all(batch, &infos, answers, lease).await;
         // The server says with every delivery how many rows are left after
         // it: the unit's backlog, without asking for the consumer's info.
         if let Some(Some(info)) = infos.last() {

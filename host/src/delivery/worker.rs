@@ -220,6 +220,8 @@ impl UnitWorker {
             consumer: consumer_name.clone(),
             source,
         })?;
+        // One buffer of messages for every batch: no allocation per batch.
+        let mut batch = Vec::with_capacity(self.settings.batch_rows);
         loop {
             // Biased: a worker past its lease sends no further pull request,
             // which could take the pin from the unit's next owner.
@@ -236,9 +238,11 @@ impl UnitWorker {
                 continue;
             };
             let began = Instant::now();
-            let batch = fill_batch(&self.settings, first, &mut puller, &lease).await;
+            fill_batch(&self.settings, first, &mut puller, &lease, &mut batch).await;
             let rows = batch.len();
-            if let Err(Fenced) = self.process(batch, began, Some(&mut puller), &lease).await {
+            let processed = self.process(&batch, began, Some(&mut puller), &lease).await;
+            batch.clear();
+            if let Err(Fenced) = processed {
                 return Ok(self.fenced(&consumer_name, rows));
             }
         }
@@ -247,7 +251,7 @@ impl UnitWorker {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
             let rows = batch.len();
-            if let Err(Fenced) = self.process(batch, Instant::now(), None, &lease).await {
+            if let Err(Fenced) = self.process(&batch, Instant::now(), None, &lease).await {
                 return Ok(self.fenced(&consumer_name, rows));
             }
         }
@@ -281,7 +285,7 @@ impl UnitWorker {
     /// `began`: when its first row was pulled.
     async fn process(
         &mut self,
-        batch: Vec<Message>,
+        batch: &[Message],
         began: Instant,
         puller: Option<&mut Puller>,
         lease: &Lease,
@@ -303,7 +307,7 @@ impl UnitWorker {
 
     async fn process_in_span(
         &mut self,
-        batch: Vec<Message>,
+        batch: &[Message],
         began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
@@ -329,7 +333,7 @@ impl UnitWorker {
             let client = &self.settler.client;
             let ack_wait = self.settings.ack_wait;
             keep_alive(
-                &batch,
+                batch,
                 client,
                 puller.as_deref_mut(),
                 ack_wait,
@@ -371,7 +375,7 @@ impl UnitWorker {
             &self.pipelines,
             &self.router,
             &self.settings,
-            &batch,
+            batch,
             lease,
             Destinations {
                 unit: self.unit,
@@ -380,7 +384,7 @@ impl UnitWorker {
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
-        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await;
+        let verdicts = keep_alive(batch, client, puller, ack_wait, lease, work).await;
         // Taken whatever the outcome: a later batch's spans show only its own.
         let calls: Vec<CallRecord> = self
             .runners
@@ -393,7 +397,7 @@ impl UnitWorker {
         let traced = self
             .traces
             .enabled()
-            .then(|| traced::traced_requests(&batch, &verdicts));
+            .then(|| traced::traced_requests(batch, &verdicts));
         let settled = self.settler.settle(batch, verdicts, lease).await;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
@@ -554,7 +558,12 @@ async fn run_pipelines(
             Ok(row) => {
                 match groups.iter_mut().find(|(p, _)| *p == row.pipeline) {
                     Some((_, indexes)) => indexes.push(index),
-                    None => groups.push((row.pipeline, vec![index])),
+                    None => {
+                        // Most batches are one pipeline's: sized once.
+                        let mut indexes = Vec::with_capacity(batch.len() - index);
+                        indexes.push(index);
+                        groups.push((row.pipeline, indexes));
+                    }
                 }
                 decoded.push(Some(row));
             }
@@ -698,8 +707,8 @@ struct PipelineRows<'a> {
 }
 
 impl isolation::Rows for PipelineRows<'_> {
-    fn pack(&self, part: &[usize]) -> Batch {
-        pack(self.batch, self.decoded, part)
+    fn pack(&self, part: &[usize], into: Batch) -> Batch {
+        pack(self.batch, self.decoded, part, into)
     }
 
     fn lane_runner(&self) -> Option<PipelineRunner> {
@@ -797,10 +806,12 @@ fn decode<'a>(
     })
 }
 
-/// Packs the rows `part` of a batch for the plugins, straight from their messages.
-fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch {
+/// Packs the rows `part` of a batch for the plugins, straight from their
+/// messages, into `rows` (empty; the last batch's buffers are reused, so
+/// a full batch's copy costs no allocation).
+fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize], mut rows: Batch) -> Batch {
     let bytes = part.iter().map(|&i| batch[i].payload.len() + 64).sum();
-    let mut rows = Batch::with_capacity(part.len(), bytes);
+    rows.reserve(part.len(), bytes);
     for &index in part {
         let (Some(message), Some(Some(row))) = (batch.get(index), decoded.get(index)) else {
             continue;
@@ -827,30 +838,34 @@ fn pack(batch: &[Message], decoded: &[Option<Decoded>], part: &[usize]) -> Batch
 }
 
 /// Adds rows to a batch until it is full, `batch_wait` has passed, or no
-/// row came for `batch_idle` (zero: none is waiting).
+/// row came for `batch_idle` (zero: none is waiting). `batch` is empty.
 async fn fill_batch(
     settings: &DeliveryConfig,
     first: Message,
     puller: &mut Puller,
     lease: &Lease,
-) -> Vec<Message> {
+    batch: &mut Vec<Message>,
+) {
     let mut bytes = first.payload.len();
-    let mut batch = Vec::with_capacity(settings.batch_rows);
     batch.push(first);
     let deadline = Instant::now() + settings.batch_wait;
-    // Only an idle gap shorter than the wait can close a batch first; at
-    // the default (the whole wait) no clock is read per row.
+    // Only an idle gap shorter than the wait can close a batch first;
+    // with a gap of the whole wait no clock is read per row.
     let closes_when_idle = settings.batch_idle < settings.batch_wait;
     // Past the lease, no further pull request (see `UnitWorker::run`).
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
         // A batch at low load goes when its rows stop coming, not after the
         // whole wait: that wait was most of a row's way to its sink.
-        let until = if closes_when_idle {
-            deadline.min(Instant::now() + settings.batch_idle)
+        let next = if closes_when_idle {
+            let until = deadline.min(Instant::now() + settings.batch_idle);
+            // Out of tokio's cooperative budget a waiting row would look
+            // absent and close the batch early (at ~128 rows under load);
+            // the loop is bounded by the batch, so the budget is not needed.
+            tokio::task::unconstrained(puller.next_until(Some(until))).await
         } else {
-            deadline
+            puller.next_until(Some(deadline)).await
         };
-        match puller.next_until(Some(until)).await {
+        match next {
             Some(message) => {
                 bytes += message.payload.len();
                 batch.push(message);
@@ -858,7 +873,6 @@ async fn fill_batch(
             None => break,
         }
     }
-    batch
 }
 
 #[cfg(test)]
