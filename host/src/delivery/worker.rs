@@ -856,19 +856,21 @@ async fn fill_batch(
     while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
         // A batch at low load goes when its rows stop coming, not after the
         // whole wait: that wait was most of a row's way to its sink.
-        let next = if closes_when_idle {
-            let until = deadline.min(Instant::now() + settings.batch_idle);
-            // Out of tokio's cooperative budget a waiting row would look
-            // absent and close the batch early (at ~128 rows under load);
-            // the loop is bounded by the batch, so the budget is not needed.
-            tokio::task::unconstrained(puller.next_until(Some(until))).await
+        let until = if closes_when_idle {
+            deadline.min(Instant::now() + settings.batch_idle)
         } else {
-            puller.next_until(Some(deadline)).await
+            deadline
         };
-        match next {
+        match puller.next_until(Some(until)).await {
             Some(message) => {
                 bytes += message.payload.len();
                 batch.push(message);
+            }
+            // Out of tokio's cooperative budget a waiting row looks absent,
+            // which would close a batch at ~128 rows under load: yield (the
+            // thread's other tasks run, the budget is renewed) and look again.
+            None if !tokio::task::coop::has_budget_remaining() && Instant::now() < deadline => {
+                tokio::task::yield_now().await;
             }
             None => break,
         }
