@@ -609,6 +609,167 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     }
 }
 
+/// A retry whose rows are partly stored, in any pattern, is split on the
+/// server's answer: the publisher asks about every row's id without storing
+/// anything, then stores the missing rows as one atomic batch in request
+/// order. Pins the server's behaviour it relies on: an atomic batch holding
+/// a stored id is refused whole (10201), and an empty message with a
+/// stored id and an impossible expected last message id is answered as a
+/// duplicate, one with a new id refused (10070), neither stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_of_ids_stores_nothing_and_a_partly_stored_retry_stores_the_rest_in_order() {
+    use async_nats::jetstream::{self, ErrorCode, context::PublishError, message::PublishMessage};
+    use bytes::Bytes;
+    use weir::config::Config;
+    use weir::ingest::{Ids, Placement, Publisher};
+    use weir::topology::{Manifest, Names, Unit};
+
+    let nats = Nats::start();
+    let config = base_config(nats.url(), "").replace(
+        "[stream]\ncreate = true",
+        "[stream]\ncreate = true\npartitions = 1",
+    );
+    let config = Config::parse(
+        std::path::Path::new("weir.toml"),
+        &config,
+        &Default::default(),
+    )
+    .unwrap();
+    let router = Names::new(&config.stream.prefix, 1, 1);
+    let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    let partition = router.partition_stream(0);
+    js.create_stream(
+        manifest
+            .streams
+            .iter()
+            .find(|s| s.name == partition)
+            .unwrap()
+            .clone(),
+    )
+    .await
+    .unwrap();
+    let subject = router.subject(
+        Unit {
+            partition: 0,
+            shard: 0,
+        },
+        "acme",
+        "orders",
+    );
+    let stored = || async {
+        let mut stream = js.get_stream(&partition).await.unwrap();
+        let state = stream.info().await.unwrap().state.clone();
+        let mut names = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            if let Ok(message) = stream.get_raw_message(sequence).await {
+                names.push(String::from_utf8_lossy(&message.payload).to_string());
+            }
+        }
+        names
+    };
+    let code = |err: &PublishError| {
+        std::error::Error::source(err)
+            .and_then(|source| source.downcast_ref::<jetstream::Error>())
+            .map(jetstream::Error::error_code)
+    };
+
+    let first = PublishMessage::build()
+        .payload("r1".into())
+        .message_id("id-1");
+    js.send_publish(subject.clone(), first)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let probe = |id: &'static str| {
+        let js = js.clone();
+        let subject = subject.clone();
+        async move {
+            let message = PublishMessage::build()
+                .message_id(id)
+                .expected_last_message_id("never-an-id");
+            js.send_publish(subject, message).await.unwrap().await
+        }
+    };
+    let known = probe("id-1").await.expect("a stored id is a duplicate");
+    assert!(known.duplicate, "{known:?}");
+    let unknown = probe("id-2").await.expect_err("a new id is refused");
+    assert_eq!(
+        code(&unknown),
+        Some(ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID),
+        "{unknown}"
+    );
+    assert_eq!(stored().await, ["r1"], "probes store nothing");
+    js.delete_stream(&partition).await.unwrap();
+    js.create_stream(
+        manifest
+            .streams
+            .iter()
+            .find(|s| s.name == partition)
+            .unwrap()
+            .clone(),
+    )
+    .await
+    .unwrap();
+
+    let publisher = Publisher::new(client.clone(), router.clone(), config.stream.max_bytes);
+    let placement = Placement::Table(Unit {
+        partition: 0,
+        shard: 0,
+    });
+    let rows = |names: &[&str]| -> Vec<(Bytes, Option<String>)> {
+        names
+            .iter()
+            .map(|name| {
+                let id = name.trim_end_matches('\'');
+                (Bytes::from(name.to_string()), Some(format!("id-{id}")))
+            })
+            .collect()
+    };
+    let publish = |rows, ids| publisher.publish("acme", "orders", &placement, rows, ids, None);
+    let published = publish(rows(&["a", "c", "e"]), Ids::Fresh).await.unwrap();
+    assert_eq!((published.stored, published.duplicates), (3, 0));
+    // Stored rows at 0, 2 and 4 (not a prefix: rows with their own keys),
+    // and `b'` repeats `b`'s id within the request.
+    let request = ["a", "b", "c", "d", "b'", "e", "f"];
+    let published = publish(rows(&request), Ids::MaybeStored).await.unwrap();
+    assert_eq!((published.stored, published.duplicates), (7, 4));
+    assert_eq!(
+        published.accepts.iter().map(|a| a.rows).sum::<u64>(),
+        3,
+        "{published:?}"
+    );
+    assert_eq!(stored().await, ["a", "c", "e", "b", "d", "f"]);
+    // The same again: everything is stored.
+    let published = publish(rows(&request), Ids::MaybeStored).await.unwrap();
+    assert_eq!((published.stored, published.duplicates), (7, 7));
+    assert!(published.accepts.is_empty(), "{published:?}");
+    let mut expected: Vec<String> = ["a", "c", "e", "b", "d", "f"].map(String::from).to_vec();
+    assert_eq!(stored().await, expected);
+
+    // A retry under one request key: what an earlier attempt stored is a
+    // prefix of the rows, found by a binary search of probes, at every
+    // length from none to all.
+    const RETRIED: usize = 7;
+    for before in 0..=RETRIED {
+        let names: Vec<String> = (0..RETRIED).map(|i| format!("p{before}.{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        if before > 0 {
+            publish(rows(&names[..before]), Ids::Fresh).await.unwrap();
+        }
+        let published = publish(rows(&names), Ids::Retry).await.unwrap();
+        assert_eq!(
+            (published.stored, published.duplicates),
+            (RETRIED, before),
+            "{before} stored before"
+        );
+        expected.extend(names.iter().map(|name| name.to_string()));
+        assert_eq!(stored().await, expected, "{before} stored before");
+    }
+}
+
 pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     use std::io::Write as _;
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
