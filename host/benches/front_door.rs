@@ -23,12 +23,10 @@
 //!    Then retries of partly stored requests, through the publisher the
 //!    front door uses: `KEYED_REQUESTS` requests, the first half of each
 //!    stored before (as a request cut short leaves them), sent again as a
-//!    retry under the same request key is (`Ids::Retry`: the stored
-//!    prefix found by a binary search of probes, the rest stored as an
-//!    atomic batch), and as rows with their own keys are (`Ids::MaybeStored`:
-//!    every row's id asked about), beside the same requests with new ids
-//!    (`Ids::Fresh`); rows/s of each, `ratio_retry_to_fresh` and
-//!    `ratio_own_keys_retry_to_fresh` (each retry's rows all counted).
+//!    retry is (`Ids::MaybeStored`: an atomic batch the server refuses
+//!    for its stored ids, then one row at a time), beside the same
+//!    requests with new ids (`Ids::Fresh`); rows/s of each and
+//!    `ratio_retry_to_fresh` (each retry's rows all counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
 //!    requests to `weir.ingest.acme.events` by `CLIENTS` requesters back to
 //!    back, each on a connection of its own as each HTTP client has (rows/s,
@@ -266,7 +264,7 @@ async fn run(rows: usize, latency_window: Duration) {
         / post_keyed_all(&http, &url, keyed, ROWS_PER_REQUEST)
             .await
             .as_secs_f64();
-    let (fresh_rows_per_sec, partly_stored_rows_per_sec, own_keys_rows_per_sec) =
+    let (fresh_rows_per_sec, partly_stored_rows_per_sec) =
         retry_rates(&client, &router, &bodies[..keyed.len()]).await;
     host.shutdown().await;
     drop(server);
@@ -326,11 +324,6 @@ async fn run(rows: usize, latency_window: Duration) {
         BENCH,
         "ratio_retry_to_fresh",
         partly_stored_rows_per_sec / fresh_rows_per_sec,
-    );
-    print_figure(
-        BENCH,
-        "ratio_own_keys_retry_to_fresh",
-        own_keys_rows_per_sec / fresh_rows_per_sec,
     );
     let mut table = Table::new(&["figure", "measured", "target"]);
     table.push(vec![
@@ -405,25 +398,12 @@ async fn run(rows: usize, latency_window: Duration) {
         ),
         "≥ 0.5× fresh".into(),
     ]);
-    table.push(vec![
-        "the same as rows with their own keys (publisher)".into(),
-        format!(
-            "{own_keys_rows_per_sec:.0} rows/s ({:.2}× fresh)",
-            own_keys_rows_per_sec / fresh_rows_per_sec
-        ),
-        "(every row's id asked about)".into(),
-    ]);
     table.print();
 }
 
 /// Rows/s of `bodies` published with new ids, and of the same sent again
-/// after their first half was stored, as a request key's retry and as rows
-/// with their own keys, by `CLIENTS` at a time.
-async fn retry_rates(
-    client: &async_nats::Client,
-    router: &Names,
-    bodies: &[Bytes],
-) -> (f64, f64, f64) {
+/// as retries after their first half was stored, by `CLIENTS` at a time.
+async fn retry_rates(client: &async_nats::Client, router: &Names, bodies: &[Bytes]) -> (f64, f64) {
     use futures::StreamExt;
     use weir::ingest::{Ids, Placement, Publisher};
 
@@ -471,10 +451,8 @@ async fn retry_rates(
     let fresh = run(all("fresh", usize::MAX), Ids::Fresh, 0).await;
     let half = ROWS_PER_REQUEST / 2;
     run(all("retry", half), Ids::Fresh, 0).await;
-    let retried = run(all("retry", usize::MAX), Ids::Retry, half).await;
-    run(all("own", half), Ids::Fresh, 0).await;
-    let own_keys = run(all("own", usize::MAX), Ids::MaybeStored, half).await;
-    (fresh, retried, own_keys)
+    let retried = run(all("retry", usize::MAX), Ids::MaybeStored, half).await;
+    (fresh, retried)
 }
 
 /// Sends `body` to the NATS door; the answer must be a 202.

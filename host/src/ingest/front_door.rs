@@ -532,18 +532,16 @@ impl FrontDoor {
             tracing::Span::current().record("unit", door.publisher.unit_name(*unit));
         }
         let numbers = outgoing.numbers;
-        let ids = if fresh {
-            Ids::Fresh
-        } else if outgoing.keyed == 0 && !gate.policies.routes_by_plugin() {
-            // Every id from the request's key, every row to the table's
-            // unit: what an earlier attempt stored is a prefix.
-            Ids::Retry
-        } else {
-            Ids::MaybeStored
-        };
         let mut published = door
             .publisher
-            .publish(tenant, table, &placement, outgoing.rows, ids, traceparent)
+            .publish(
+                tenant,
+                table,
+                &placement,
+                outgoing.rows,
+                if fresh { Ids::Fresh } else { Ids::MaybeStored },
+                traceparent,
+            )
             .await
             .map_err(|err| publish_refusal(err, &numbers))?;
         door.metrics

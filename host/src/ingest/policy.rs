@@ -138,12 +138,6 @@ impl Policies {
         self.budget.is_some()
     }
 
-    /// Whether a router plugin places rows (otherwise every table has its
-    /// default unit, the same for every request).
-    pub fn routes_by_plugin(&self) -> bool {
-        self.router.is_some()
-    }
-
     /// Asks the budget about a request of `rows` rows and `bytes` bytes.
     pub async fn admit(
         &self,

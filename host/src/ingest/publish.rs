@@ -8,12 +8,7 @@
 //! fresh ids go as one fast batch (nats-server 2.14+, stored as they
 //! arrive, ended at the first refusal); rows that may be stored already (a
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
-//! so each row's "already stored" is known. A retry under the same request
-//! key first finds how much of its prefix is stored by a binary search of
-//! probes (nothing stored by a probe), and sends only the rest. A batch the
-//! server refuses for holding a stored id is split on the server's answer:
-//! every row's id is asked about at once, and the missing rows go as one
-//! atomic batch.
+//! so each row's "already stored" is known.
 
 use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
@@ -52,10 +47,6 @@ const BATCHES_PER_STREAM: usize = 16;
 /// (too many open, or lost with a leader change) is sent again.
 const BATCH_ATTEMPTS: u32 = 6;
 const BATCH_BACKOFF: Duration = Duration::from_millis(20);
-
-/// How often a retry's rows are asked about and sent again when another
-/// writer stores some of them in between, before they go one at a time.
-const PROBE_ROUNDS: usize = 3;
 
 /// Rows of a fast batch sent ahead of the server's flow acks; and how many
 /// rows the server may let pass between acks (it starts lower when other
@@ -104,13 +95,7 @@ pub enum PublishError {
 pub enum Ids {
     /// No id, or ids no earlier request used (a new `Idempotency-Key`).
     Fresh,
-    /// A retry under the same request key, every row's id made from that
-    /// key and every row sent to its table's default unit: what an earlier
-    /// attempt stored of a unit's rows is a prefix of them (see the
-    /// module), found by a binary search of probes.
-    Retry,
-    /// Rows with their own keys (stored by any request, in any pattern), or
-    /// placed by a router plugin: each row's id is asked about.
+    /// A retry under the same key, or rows with their own keys.
     MaybeStored,
 }
 
@@ -301,27 +286,22 @@ impl Publisher {
             return Ok(stored);
         }
         let mut rest = unit_rows.rows.as_slice();
-        if ids == Ids::Retry {
-            let known = self.stored_prefix(&unit_rows.subject, rest).await?;
-            stored.duplicates += known;
-            rest = &rest[known..];
-        }
         while !rest.is_empty() {
             let take = rest
                 .len()
                 .min(self.batches.max_rows.load(Ordering::Relaxed));
             let (batch, after) = rest.split_at(take);
             if batch.len() == 1 {
-                self.publish_in_turn(&unit_rows.subject, batch.iter(), &mut stored)
+                self.publish_in_turn(&unit_rows.subject, batch, &mut stored)
                     .await?;
             } else {
-                let whole: Vec<&Row> = batch.iter().collect();
-                match self.publish_batch(unit_rows, &whole).await? {
+                match self.publish_batch(unit_rows, batch).await? {
                     BatchOutcome::Stored(ack) => stored.add_new(batch, ack.sequence),
-                    // Some rows are stored already (a retry): learn which,
-                    // then store the others as one batch, in their order.
+                    // Some rows are stored already (a retry): one at a time
+                    // keeps their order, each stored at most once.
                     BatchOutcome::HoldsDuplicates => {
-                        self.publish_unstored(unit_rows, whole, &mut stored).await?
+                        self.publish_in_turn(&unit_rows.subject, batch, &mut stored)
+                            .await?
                     }
                     BatchOutcome::Smaller(limit) => {
                         tracing::warn!(limit, "the NATS server takes smaller atomic batches");
@@ -335,136 +315,12 @@ impl Publisher {
         Ok(stored)
     }
 
-    /// A batch the server refused for holding rows it has already: each
-    /// row's id is asked about (pipelined, nothing stored), then the rows
-    /// it lacks go as one atomic batch, in request order, so what is stored
-    /// stays a prefix. A writer storing some of them meanwhile (a
-    /// concurrent retry) refuses that batch too: ask again, a few times,
-    /// then one row at a time.
-    async fn publish_unstored(
-        &self,
-        unit_rows: &UnitRows,
-        mut rows: Vec<&Row>,
-        stored: &mut UnitStored,
-    ) -> Result<(), PublishError> {
-        for _ in 0..PROBE_ROUNDS {
-            let known = self.stored_already(&unit_rows.subject, &rows).await?;
-            // A request may name one id twice: the server refuses a batch
-            // that holds it twice, and stores it once.
-            let mut ids = std::collections::HashSet::new();
-            let mut missing = Vec::with_capacity(rows.len());
-            for (row, known) in rows.into_iter().zip(known) {
-                let repeated = row.message_id.as_ref().is_some_and(|id| !ids.insert(id));
-                if known || repeated {
-                    stored.duplicates += 1;
-                } else {
-                    missing.push(row);
-                }
-            }
-            match missing.as_slice() {
-                [] => return Ok(()),
-                [_] => {
-                    return self
-                        .publish_in_turn(&unit_rows.subject, missing.into_iter(), stored)
-                        .await;
-                }
-                _ => {}
-            }
-            match self.publish_batch(unit_rows, &missing).await? {
-                BatchOutcome::Stored(ack) => {
-                    stored.add_new(missing.iter().copied(), ack.sequence);
-                    return Ok(());
-                }
-                BatchOutcome::HoldsDuplicates | BatchOutcome::Smaller(_) => rows = missing,
-            }
-        }
-        self.publish_in_turn(&unit_rows.subject, rows.into_iter(), stored)
-            .await
-    }
-
-    /// How many of `rows`, a prefix of them, the stream holds already, when
-    /// what it holds can only be a prefix (`Ids::Retry`): the last row
-    /// probed, then a binary search, about log2(rows) probes in turn
-    /// instead of one per row. Rows after the prefix still go as atomic
-    /// batches, so a row stored meanwhile (a concurrent retry) is found by
-    /// the server, never stored twice.
-    async fn stored_prefix(
+    /// Rows one at a time, each waiting for the one before it to be stored:
+    /// a single publish is atomic already.
+    async fn publish_in_turn(
         &self,
         subject: &async_nats::Subject,
         rows: &[Row],
-    ) -> Result<usize, PublishError> {
-        let (known, _probes) =
-            find_stored_prefix(rows.len(), |row| self.is_stored(subject, &rows[row])).await?;
-        Ok(known)
-    }
-
-    async fn is_stored(
-        &self,
-        subject: &async_nats::Subject,
-        row: &Row,
-    ) -> Result<bool, PublishError> {
-        let known = self.stored_already(subject, &[row]).await?;
-        Ok(known.first().copied().unwrap_or(false))
-    }
-
-    /// Whether the stream holds each row's id (within its duplicate
-    /// window), learnt without storing anything: an empty message with the
-    /// row's id that expects a last message id no message has. The server
-    /// answers a stored id as a duplicate and refuses any other on the
-    /// expectation (checked after the dedupe, on one server and in a
-    /// cluster; pinned by `front_door::a_probe_of_ids_stores_nothing`).
-    async fn stored_already(
-        &self,
-        subject: &async_nats::Subject,
-        rows: &[&Row],
-    ) -> Result<Vec<bool>, PublishError> {
-        let never = format!("{}-probe", self.batches.id_prefix);
-        let mut answers = Vec::with_capacity(rows.len());
-        for row in rows {
-            let Some(id) = &row.message_id else {
-                answers.push(None);
-                continue;
-            };
-            let probe = PublishMessage::build()
-                .message_id(id)
-                .expected_last_message_id(&never);
-            let ack = self
-                .js
-                .send_publish(subject.clone(), probe)
-                .await
-                .map_err(|err| classify(&err, row.index))?;
-            answers.push(Some(ack));
-        }
-        let mut known = Vec::with_capacity(rows.len());
-        for (row, answer) in rows.iter().zip(answers) {
-            known.push(match answer {
-                None => false,
-                Some(ack) => match ack.await {
-                    Ok(ack) if ack.duplicate => true,
-                    Ok(_) => {
-                        return Err(PublishError::Other(format!(
-                            "the stream stored the empty probe of row {}",
-                            row.index
-                        )));
-                    }
-                    Err(err)
-                        if server_code(&err) == Some(ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID) =>
-                    {
-                        false
-                    }
-                    Err(err) => return Err(classify(&err, row.index)),
-                },
-            });
-        }
-        Ok(known)
-    }
-
-    /// Rows one at a time, each waiting for the one before it to be stored:
-    /// a single publish is atomic already.
-    async fn publish_in_turn<'r>(
-        &self,
-        subject: &async_nats::Subject,
-        rows: impl Iterator<Item = &'r Row>,
         stored: &mut UnitStored,
     ) -> Result<(), PublishError> {
         for row in rows {
@@ -485,7 +341,7 @@ impl Publisher {
             if ack.duplicate {
                 stored.duplicates += 1;
             } else {
-                stored.add_new([row], ack.sequence);
+                stored.add_new(std::slice::from_ref(row), ack.sequence);
             }
         }
         Ok(())
@@ -497,7 +353,7 @@ impl Publisher {
     async fn publish_batch(
         &self,
         unit_rows: &UnitRows,
-        batch: &[&Row],
+        batch: &[Row],
     ) -> Result<BatchOutcome, PublishError> {
         let Some(last) = batch.last() else {
             return Err(PublishError::Other("an empty batch".into()));
@@ -573,35 +429,6 @@ impl Publisher {
             }
         }
     }
-}
-
-/// The length of the prefix of `rows` rows for which `is_stored` holds
-/// (it holds for a prefix only), and how many times it was asked: the last
-/// row first (a retry of a request stored whole asks once), then a binary
-/// search.
-async fn find_stored_prefix<E, F: Future<Output = Result<bool, E>>>(
-    rows: usize,
-    mut is_stored: impl FnMut(usize) -> F,
-) -> Result<(usize, usize), E> {
-    let Some(last) = rows.checked_sub(1) else {
-        return Ok((0, 0));
-    };
-    if is_stored(last).await? {
-        return Ok((rows, 1));
-    }
-    let mut probes = 1;
-    // The rows before `stored` are held, the row at `unstored` is not.
-    let (mut stored, mut unstored) = (0, last);
-    while stored < unstored {
-        let middle = stored + (unstored - stored) / 2;
-        probes += 1;
-        if is_stored(middle).await? {
-            stored = middle + 1;
-        } else {
-            unstored = middle;
-        }
-    }
-    Ok((stored, probes))
 }
 
 /// A bad line on its way to the dead-letter stream.
@@ -953,11 +780,9 @@ struct UnitStored {
 }
 
 impl UnitStored {
-    fn add_new<'r>(&mut self, rows: impl IntoIterator<Item = &'r Row>, last_seq: u64) {
-        for row in rows {
-            self.new_rows += 1;
-            self.new_bytes += row.payload.len() as u64;
-        }
+    fn add_new(&mut self, rows: &[Row], last_seq: u64) {
+        self.new_rows += rows.len() as u64;
+        self.new_bytes += rows.iter().map(|r| r.payload.len() as u64).sum::<u64>();
         self.last_seq = self.last_seq.max(last_seq);
     }
 }
@@ -1035,29 +860,7 @@ fn classify_reason(message: &str) -> PublishError {
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_limit, find_stored_prefix};
-
-    #[tokio::test]
-    async fn a_stored_prefix_is_found_in_about_log2_probes_at_every_length() {
-        for rows in 0..=70usize {
-            for held in 0..=rows {
-                let (found, probes) =
-                    find_stored_prefix(rows, |row| async move { Ok::<bool, ()>(row < held) })
-                        .await
-                        .unwrap_or_default();
-                assert_eq!(found, held, "{held} of {rows} held");
-                // The last row, then a search over the others.
-                let bound = 1 + (usize::BITS - rows.saturating_sub(1).leading_zeros()) as usize;
-                assert!(
-                    probes <= bound.min(rows),
-                    "{held} of {rows} held: {probes} probes, more than {bound}"
-                );
-            }
-        }
-        let failed: Result<(usize, usize), &str> =
-            find_stored_prefix(8, |_| async { Err("down") }).await;
-        assert_eq!(failed, Err("down"));
-    }
+    use super::batch_limit;
 
     #[test]
     fn reads_the_servers_batch_limit_from_its_error() {
