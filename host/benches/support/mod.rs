@@ -520,7 +520,10 @@ pub fn authored_plugin(lang: &str) -> PathBuf {
     let wasm = dir.join(format!("{name}.wasm"));
     // Set for weir's own benches; the peer bench's crate (which compiles
     // this module too) has no weir binary and never builds a plugin.
-    let weir = Path::new(option_env!("CARGO_BIN_EXE_weir").expect("a bench of weir's crate"));
+    let Some(weir) = option_env!("CARGO_BIN_EXE_weir") else {
+        panic!("only weir's own benches build plugins");
+    };
+    let weir = Path::new(weir);
     let modified = |path: &Path| path.metadata().and_then(|m| m.modified()).ok();
     if wasm.is_file() && modified(&wasm) > modified(weir) {
         return wasm;
