@@ -11,7 +11,7 @@
 //! follows the keys the batch changed. The bucket keeps each key's last
 //! `history` revisions (64): a read takes the last value and, if it is
 //! changes, the chain back to the whole value (or deletion) it builds on.
-//! Every `history - 1` changes, or once they outweigh the whole, the whole
+//! Every `history - 1` changes, or once they weigh `CHAIN_WEIGHT` wholes, the whole
 //! is written again (compaction), so the chain always fits the history. A
 //! bucket kept at history 1 (made before the change) gets the whole scope
 //! every write, as before; a whole value of that time is a chain's start.
@@ -43,6 +43,11 @@ pub enum StoreError {
 /// Changes written after a whole value at most: bounds a read's chain
 /// (and fits the state bucket's history of 64 with its start).
 pub const MAX_CHAIN: u64 = 63;
+
+/// A chain of changes outweighing this many whole scopes is compacted: a
+/// read costs at most that many more, a write carries the whole at most
+/// once per this many scopes' worth of changes.
+pub const CHAIN_WEIGHT: usize = 8;
 
 /// A scope as read, with the revision a write must still find.
 #[derive(Debug, Clone, Default)]
@@ -210,10 +215,17 @@ impl<K: KvWrite + Sync> StateStore<K> {
         let mut next = read;
         let delta = (next.chain < chain_limit).then(|| changes.encode(next.base));
         Arc::make_mut(&mut next.scope).apply(changes);
-        // Changes that outweigh the whole would make reads cost more than
-        // the whole itself: compact.
+        // A longer chain makes a read (once per scope per runner) cost
+        // more; a shorter one makes writes carry the whole more often. One
+        // batch's changes larger than the whole (a scope emptied and
+        // refilled) go as the whole: it is what `max_bytes` keeps within
+        // the server's `max_payload`.
+        let whole = next.scope.bytes() + 64;
         let (value, chained) = match delta {
-            Some(delta) if next.chain_bytes + delta.len() <= next.scope.bytes() + 64 => {
+            Some(delta)
+                if delta.len() <= whole
+                    && next.chain_bytes + delta.len() <= CHAIN_WEIGHT * whole =>
+            {
                 (delta, true)
             }
             _ => (next.scope.encode(), false),
@@ -404,7 +416,7 @@ mod tests {
 
     /// Writes store changes; a read replays them from the last whole
     /// value, and the whole is written again before the chain outgrows
-    /// the bucket's history or outweighs the whole. A whole value written
+    /// the bucket's history or outweighs `CHAIN_WEIGHT` wholes. A whole value written
     /// before changes existed (format 1) starts a chain as it is.
     #[tokio::test]
     async fn changes_chain_from_the_last_whole_value_and_are_compacted() {
