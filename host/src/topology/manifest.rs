@@ -36,7 +36,7 @@ const COORDINATION_MARKER_TTL: Duration = Duration::from_secs(3600);
 const DEAD_LETTER_SHARE_PERCENT: i64 = 10;
 /// Revisions the state bucket keeps per key: the last whole scope and the
 /// changes written since (`state::store::MAX_CHAIN` + 1).
-const STATE_HISTORY: i64 = 64;
+pub const STATE_HISTORY: i64 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
