@@ -5,9 +5,10 @@
 //! writes land at once or not at all. A value is either the whole scope
 //! (`FORMAT`), or the changes of one batch (`CHANGES`: keys set or
 //! deleted, sequences settled) on top of the scope the key held before;
-//! the store writes changes, and the whole now and then (`store`). The settled sequences let a row redelivered after its state was
-//! written (the host died before its ack, or its dead letter was not
-//! stored) be settled as it was, without a call: acked if it was applied,
+//! the store writes changes, and the whole now and then (`store`). The
+//! settled sequences let a row redelivered after its state was written
+//! (the host died before its ack, or its dead letter was not stored) be
+//! settled as it was, without a call: acked if it was applied,
 //! dead-lettered if it was dead-lettered. Rows that cannot come back (their
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
