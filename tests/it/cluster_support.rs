@@ -83,6 +83,9 @@ impl Node {
     }
 }
 
+/// Starts of a cluster tried before a taken port fails the test.
+const START_ATTEMPTS: usize = 3;
+
 /// One nats-server, or three in a cluster, on loopback.
 pub struct NatsNodes {
     pub nodes: Vec<Node>,
@@ -93,6 +96,25 @@ impl NatsNodes {
     /// `size` nodes (1 or 3), started and ready: JetStream enabled on each
     /// and, for a cluster, a meta leader every node agrees on.
     pub async fn start(size: usize) -> NatsNodes {
+        // A free port can be taken by another process between the pick and
+        // nats-server's bind (tests run beside others): pick again.
+        for _ in 1..START_ATTEMPTS {
+            match NatsNodes::try_start(size).await {
+                Ok(nodes) => return nodes,
+                Err(err) if err.contains("address already in use") => {
+                    eprintln!(
+                        "a nats-server's port was taken before it bound it; starting the nodes again on other ports"
+                    );
+                }
+                Err(err) => panic!("nats-server >= 2.14 starts: {err}"),
+            }
+        }
+        NatsNodes::try_start(size)
+            .await
+            .unwrap_or_else(|err| panic!("nats-server >= 2.14 starts: {err}"))
+    }
+
+    async fn try_start(size: usize) -> Result<NatsNodes, String> {
         let ports: Vec<(u16, u16, u16)> = (0..size)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
@@ -136,11 +158,19 @@ impl NatsNodes {
                 tokio::task::spawn_blocking(move || EmbeddedNats::start(&options))
             })
             .collect();
+        let mut failed = None;
         for (node, start) in nats.nodes.iter_mut().zip(starts) {
-            node.server = Some(start.await.unwrap().expect("nats-server >= 2.14 starts"));
+            match start.await.unwrap() {
+                Ok(server) => node.server = Some(server),
+                Err(err) => failed = Some(format!("{err:?}")),
+            }
+        }
+        // The nodes that did start stop as `nats` drops.
+        if let Some(err) = failed {
+            return Err(err);
         }
         nats.wait_healthy().await;
-        nats
+        Ok(nats)
     }
 
     /// A client of the test's own, on the seed list (it follows the cluster).
