@@ -1,14 +1,18 @@
 //! The host's lease: renewals of its member key say until when it may act
-//! as a member, and each unit runner holds the [`Lease`] its unit was
-//! claimed under, which fences it once that lease no longer holds.
+//! as a member (and write its roster entry when it changes), and each unit
+//! runner holds the [`Lease`] its unit was claimed under, which fences it
+//! once that lease no longer holds.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, to_bytes};
+use super::{
+    MEMBERS, MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, roster_key, to_bytes,
+};
 use crate::nats::kv::{KvWrite, NatsKv};
 
 /// The host's lease as renewals publish it.
@@ -119,26 +123,50 @@ impl Lease {
     }
 }
 
+/// What renewals need besides the record and the lease they publish.
+pub(super) struct Renewal {
+    pub kv: NatsKv,
+    pub me: String,
+    pub plugins: PluginVersions,
+    pub ttl: Duration,
+    /// Notified when the roster entry went (removed by the others).
+    pub rewrite_roster: Arc<Notify>,
+}
+
 /// Renews the member key every third of its TTL (with the plugin versions
-/// running then) and says until when this host may act as a member.
+/// running then) and says until when this host may act as a member. After
+/// a renewal, writes the roster entry when the record changed since it was
+/// last written (the first renewal, new plugin versions) or when asked to:
+/// the member key is always written first, so a roster entry never stands
+/// without a live key behind it but for a member that died.
 pub(super) async fn renew(
-    kv: NatsKv,
-    key: String,
+    renewal: Renewal,
     mut record: MemberRecord,
-    plugins: PluginVersions,
-    ttl: Duration,
     lease: watch::Sender<Option<LeaseState>>,
     stop: CancellationToken,
 ) {
+    let Renewal {
+        kv,
+        me,
+        plugins,
+        ttl,
+        rewrite_roster,
+    } = renewal;
+    let key = format!("{MEMBERS}{me}");
+    let roster = roster_key(&me);
     let period = ttl / 3;
     let mut held: Option<LeaseState> = None;
+    // The record the roster entry holds, as this host last wrote it.
+    let mut in_roster: Option<MemberRecord> = None;
     loop {
         record.plugins = plugins();
         let value = to_bytes(&record);
         let sent = Instant::now();
-        let pause =
+        let mut renewed = false;
+        let mut pause =
             match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
                 Ok(Ok(_)) => {
+                    renewed = true;
                     // Answered within the lease: the key never expired
                     // meanwhile. Answered after it (a freeze, an outage): a
                     // new term, and runners of the old one stay fenced.
@@ -164,9 +192,24 @@ pub(super) async fn renew(
                     Duration::ZERO
                 }
             };
+        if renewed && in_roster.as_ref() != Some(&record) {
+            match tokio::time::timeout(period, kv.put(&roster, value)).await {
+                Ok(Ok(_)) => in_roster = Some(record.clone()),
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot write the roster entry");
+                    pause = RETRY_PAUSE;
+                }
+                Err(_) => {
+                    tracing::warn!("writing the roster entry timed out");
+                    pause = Duration::ZERO;
+                }
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
+            // Written again right after the next renewal.
+            _ = rewrite_roster.notified() => in_roster = None,
         }
     }
 }

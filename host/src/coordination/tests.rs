@@ -33,7 +33,6 @@ fn view(members: &[&str]) -> FleetView {
             })
             .collect(),
         owners: BTreeMap::new(),
-        renewals: Default::default(),
     }
 }
 
