@@ -152,7 +152,8 @@ pub enum OwnerState {
 #[derive(Debug, Clone, Default)]
 pub struct FleetView {
     pub me: String,
-    /// Whether this host currently acts as a member (its lease is valid).
+    /// Whether this host currently acts as a member (its lease is valid
+    /// and its roster entry came through its watch).
     pub member: bool,
     /// The roster: each member's record.
     pub members: BTreeMap<String, MemberRecord>,
@@ -161,8 +162,8 @@ pub struct FleetView {
 }
 
 impl FleetView {
-    /// Members that count: every live key, with this host only while it
-    /// holds its lease.
+    /// Members that count: every roster entry, with this host only while
+    /// it is a member.
     pub fn live_members(&self) -> BTreeSet<&str> {
         let mut live: BTreeSet<&str> = self.members.keys().map(String::as_str).collect();
         if self.member {
