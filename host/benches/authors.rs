@@ -26,7 +26,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use weir::delivery::Batch;
 use weir::sandbox::{Plugin, PluginInstance, Sandbox};
 use weir::telemetry::Metrics;
 
-use support::{Table, env_count, median, print_figure};
+use support::{Table, authored_plugin, env_count, median, print_figure};
 
 const BENCH: &str = "authors";
 const LANGS: [&str; 3] = ["rust", "python", "js"];
@@ -128,52 +127,6 @@ impl Warm {
     }
 }
 
-/// The project of `lang` under `target/authors/bench/`, built: its `.wasm`.
-/// `WEIR_AUTHORS_WASM_RUST` (`_PYTHON`, `_JS`) names another `.wasm` to
-/// time instead: a variant of the project (a built option, a stripped-down
-/// transform) to see where the time goes.
-fn built(lang: &str) -> PathBuf {
-    if let Some(path) = std::env::var_os(format!("WEIR_AUTHORS_WASM_{}", lang.to_uppercase())) {
-        return PathBuf::from(path);
-    }
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors");
-    let dir = target.join("bench").join(lang);
-    let name = format!("enrich-{lang}");
-    let wasm = dir.join(format!("{name}.wasm"));
-    let weir = Path::new(env!("CARGO_BIN_EXE_weir"));
-    let modified = |path: &Path| path.metadata().and_then(|m| m.modified()).ok();
-    if wasm.is_file() && modified(&wasm) > modified(weir) {
-        return wasm;
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).expect("remove the old project");
-    }
-    // Their chatter goes to stderr: stdout is the bench's figures.
-    let status = Command::new(weir)
-        .args(["plugin", "new", &name, "--lang", lang, "--dir"])
-        .arg(&dir)
-        .stdout(std::io::stderr())
-        .status()
-        .expect("weir runs");
-    assert!(status.success(), "weir plugin new {name}");
-    eprintln!("authors bench: building {name}");
-    let started = Instant::now();
-    let status = Command::new(dir.join("build.sh"))
-        .env("CARGO_TARGET_DIR", &target)
-        .stdout(std::io::stderr())
-        .status()
-        .expect("build.sh runs");
-    assert!(
-        status.success(),
-        "{name}'s build.sh failed: did `. .ci/setup` run?"
-    );
-    eprintln!(
-        "authors bench: built {name} in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    wasm
-}
-
 fn main() {
     let rows_per_sample = env_count("WEIR_BENCH_ROWS", DEFAULT_ROWS_PER_SAMPLE)
         .next_multiple_of(BATCH_SIZES[BATCH_SIZES.len() - 1]);
@@ -184,7 +137,7 @@ fn main() {
         .build()
         .expect("tokio runtime");
 
-    let wasms: Vec<PathBuf> = LANGS.iter().map(|lang| built(lang)).collect();
+    let wasms: Vec<PathBuf> = LANGS.iter().map(|lang| authored_plugin(lang)).collect();
     let toml: String = LANGS
         .iter()
         .zip(&wasms)

@@ -64,6 +64,14 @@ const BENCHES: &[(&str, &str)] = &[
         "rows into PostgreSQL through weir's postgres-sink (one transaction per batch with weir's ledger) against a native tokio-postgres client sending the same bulk statements alone, and against a native async-nats pull consumer doing them and acking after COMMIT; same connection count",
     ),
     (
+        "rollout",
+        "push to serving on a fleet of three hosts (`weir plugin push --wait`) for a new and a cached 20 MB Python component and a cached small Rust one; one host's drain rate with a shadow running against without",
+    ),
+    (
+        "memory",
+        "resident memory of one `weir run` host by the number of transforms it runs (1 and 4) and their language (Rust, Python, JavaScript), each plugin warm",
+    ),
+    (
         "nats_sink",
         "rows into a JetStream stream through weir's nats-sink against a raw async-nats publisher sending the same rows with the same Nats-Msg-Ids, PubAcks pipelined",
     ),
@@ -162,6 +170,7 @@ const UNITS: &[&str] = &[
     "_us",
     "kib",
     "per_sec",
+    "seconds",
 ];
 
 fn main() -> ExitCode {

@@ -35,7 +35,7 @@ cargo clippy -p weir-peer-bench --all-targets --locked -- -D warnings
 echo "== building the benchmarks (release)"
 cargo bench "${packages[@]}" --locked --no-run
 started=$(date +%s)
-for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost latency replication state postgres nats_sink; do
+for bench in delivery front_door boundary peer policy kv_watch_cost coordination_cost latency replication state postgres rollout memory nats_sink; do
   echo "== $bench"
   bench_started=$(date +%s)
   cargo bench "${packages[@]}" --locked --bench "$bench" 2>"$dir/$bench.log" | tee "$dir/$bench.txt"

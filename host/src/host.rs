@@ -335,7 +335,7 @@ impl RunningHost {
             state,
             settled: Some({
                 let ledger = ledger.clone();
-                Arc::new(move |partition| ledger.settled(partition))
+                Arc::new(move |partition, delivered| ledger.settled(partition, delivered))
             }),
             behind: claims.holds_back.clone(),
             traces: traces.clone(),

@@ -698,7 +698,9 @@ fn strip_comments_and_strings(code: &str) -> String {
         if rest.starts_with("//") {
             at += rest.find('\n').unwrap_or(rest.len());
         } else if let Some(body) = rest.strip_prefix("/*") {
-            at += body.find("*/").map_or(rest.len(), |end| end + 4);
+            let len = body.find("*/").map_or(rest.len(), |end| end + 4);
+            keep_newlines(&mut out, &rest[..len]);
+            at += len;
         } else if (rest.starts_with("r\"") || rest.starts_with("r#"))
             && (!ident(at) || (at > 0 && bytes[at - 1] == b'b' && !ident(at - 1)))
         {
@@ -710,10 +712,12 @@ fn strip_comments_and_strings(code: &str) -> String {
             }
             let close = format!("\"{}", "#".repeat(hashes));
             let body = 2 + hashes;
-            at += rest[body..]
+            let len = rest[body..]
                 .find(&close)
                 .map_or(rest.len(), |end| body + end + close.len());
             out.push_str("\"\"");
+            keep_newlines(&mut out, &rest[..len]);
+            at += len;
         } else if rest.starts_with('"') {
             let mut i = 1;
             while i < rest.len() {
@@ -723,8 +727,10 @@ fn strip_comments_and_strings(code: &str) -> String {
                     _ => i += 1,
                 }
             }
-            at += i + 1;
+            let len = (i + 1).min(rest.len());
             out.push_str("\"\"");
+            keep_newlines(&mut out, &rest[..len]);
+            at += len;
         } else if let Some(quoted) = rest.strip_prefix('\'') {
             // A char literal ('x', '\n', '\u{..}'), or a lifetime ('a).
             let literal = if let Some(escaped) = quoted.strip_prefix('\\') {
@@ -753,4 +759,143 @@ fn strip_comments_and_strings(code: &str) -> String {
         }
     }
     out
+}
+
+/// Line breaks inside a skipped comment or literal, kept so that line
+/// numbers in the stripped code are the file's.
+fn keep_newlines(out: &mut String, skipped: &str) {
+    out.extend(skipped.chars().filter(|c| *c == '\n'));
+}
+
+/// Files longer than this are split by concern.
+const MAX_FILE_LINES: usize = 1_000;
+/// Functions longer than this are split into named steps.
+const MAX_FN_LINES: usize = 120;
+/// Functions allowed to be longer: they render tables, one row per line.
+const LONG_FNS_ALLOWED: &[(&str, &str)] = &[("cli/status.rs", "tables")];
+
+/// ARCHITECTURE.md's size bounds: no file in `host/src` over 1,000 lines,
+/// no function over 120 but the table renderers.
+#[test]
+fn files_and_functions_stay_within_their_sizes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut problems = Vec::new();
+    for path in rust_files_under(&root) {
+        let code = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+        let file = path
+            .strip_prefix(&root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let lines = code.lines().count();
+        if lines > MAX_FILE_LINES {
+            problems.push(format!("{file}: {lines} lines (at most {MAX_FILE_LINES})"));
+        }
+        for (name, line, length) in long_functions(&code, MAX_FN_LINES) {
+            if !LONG_FNS_ALLOWED.contains(&(file.as_str(), name.as_str())) {
+                problems.push(format!(
+                    "{file}:{line}: fn {name} is {length} lines (at most {MAX_FN_LINES})"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "too long:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_size_check_finds_a_long_function_and_ignores_braces_in_literals() {
+    let body = "    let x = 1;\n".repeat(121);
+    let code = format!(
+        "//! a file\nfn short() {{ let s = \"{{\"; let c = '{{'; }}\n\npub async fn long() {{\n{body}}}\n"
+    );
+    assert_eq!(
+        long_functions(&code, MAX_FN_LINES),
+        vec![("long".to_string(), 4, 123)]
+    );
+    assert!(long_functions(&code, 200).is_empty());
+}
+
+/// Every `.rs` file under `root`.
+fn rust_files_under(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let entries = std::fs::read_dir(&folder)
+            .unwrap_or_else(|err| panic!("cannot list {}: {err}", folder.display()));
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Functions longer than `max` lines, from `fn` to the closing brace: name,
+/// first line (1-based) and length.
+fn long_functions(code: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let stripped = strip_comments_and_strings(code);
+    let lines: Vec<&str> = stripped.lines().collect();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let Some(name) = fn_name(lines[at]) else {
+            at += 1;
+            continue;
+        };
+        let (mut depth, mut opened, mut end) = (0usize, false, None);
+        'scan: for (offset, line) in lines[at..].iter().enumerate() {
+            for c in line.chars() {
+                match c {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth = depth.saturating_sub(1),
+                    // A declaration without a body (in a trait).
+                    ';' if !opened => break 'scan,
+                    _ => {}
+                }
+                if opened && depth == 0 {
+                    end = Some(at + offset);
+                    break 'scan;
+                }
+            }
+        }
+        match end {
+            Some(end) => {
+                if end - at + 1 > max {
+                    found.push((name, at + 1, end - at + 1));
+                }
+                at = end + 1;
+            }
+            None => at += 1,
+        }
+    }
+    found
+}
+
+/// The name a line declares as a function (`pub(crate) async fn name`).
+fn fn_name(line: &str) -> Option<String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|word| *word == "fn")?;
+    let qualifiers = [
+        "pub",
+        "pub(crate)",
+        "pub(super)",
+        "async",
+        "const",
+        "unsafe",
+    ];
+    if !words[..at].iter().all(|word| qualifiers.contains(word)) {
+        return None;
+    }
+    let name = words.get(at + 1)?;
+    let name: String = name
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
 }

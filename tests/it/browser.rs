@@ -683,19 +683,22 @@ async fn a_page_opened_after_rows_came_and_went_shows_them_in_its_history() {
     .await;
 
     // The first page state ever asked for.
-    let history = eventually(Duration::from_secs(30), "the queue back to 0", || async {
+    let (history, moved) = eventually(Duration::from_secs(30), "the queue back to 0", || async {
         let state: Value = reqwest::get(host.url("/v1/page"))
             .await
             .ok()?
             .json()
             .await
             .ok()?;
-        let samples: Vec<u64> = state["queued_history"]
-            .as_array()?
+        let samples = state["queued_history"].as_array()?;
+        let queued: Vec<u64> = samples
             .iter()
             .filter_map(|s| s["queued_rows"].as_u64())
             .collect();
-        (samples.last() == Some(&0)).then_some(samples)
+        let sum = |key: &str| samples.iter().filter_map(|s| s[key].as_u64()).sum::<u64>();
+        let moved = (sum("accepted_rows"), sum("delivered_rows"));
+        // The sample after the last delivery carries its count.
+        (queued.last() == Some(&0) && moved.1 == 40).then_some((queued, moved))
     })
     .await;
     let queued_at_most = history.iter().copied().max().unwrap_or(0);
@@ -703,4 +706,108 @@ async fn a_page_opened_after_rows_came_and_went_shows_them_in_its_history() {
         queued_at_most >= 40,
         "the 40 rows queued for seconds show in the host's history: {history:?}"
     );
+    assert_eq!(
+        moved,
+        (40, 40),
+        "the host's rate history counts each row accepted and delivered once"
+    );
+}
+
+/// How long the host is under load before the page is opened: the chart's
+/// whole window, and a few seconds more.
+const LOADED_FOR: Duration = Duration::from_secs(305);
+/// Rows posted each second: enough to show, too few to cost CPU.
+const ROWS_PER_SECOND: usize = 2;
+/// What the page promises: the last five minutes.
+const WINDOW: Duration = Duration::from_secs(300);
+
+/// What the page's two charts say they cover, read from the DOM.
+#[derive(Debug, Deserialize)]
+struct ChartsShown {
+    /// Per chart (queued, rates): samples, first and last sample's time.
+    covered: Vec<(u64, u64, u64)>,
+    /// Rows accepted and delivered over the rates chart's window.
+    accepted: u64,
+    delivered: u64,
+    span: String,
+}
+
+/// Empty (read again) until the page drew its first state.
+const CHARTS_SHOWN: &str = "(() => {
+    const [lag, rates] = ['lag', 'rates'].map(id => document.getElementById(id));
+    if (!lag || !rates || !rates.dataset.samples) return '';
+    return JSON.stringify({
+        covered: [lag, rates].map(c => c.dataset)
+            .map(d => [Number(d.samples), Number(d.fromMs), Number(d.toMs)]),
+        accepted: Number(rates.dataset.accepted),
+        delivered: Number(rates.dataset.delivered),
+        span: document.getElementById('history-span').textContent,
+    });
+})()";
+
+/// A wall screen switched on after five minutes of load shows those five
+/// minutes: the queued and rate charts are drawn from the host's history,
+/// not from what the page saw (it saw nothing before it opened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_opened_after_five_minutes_of_load_shows_five_minutes_of_history_in_a_browser() {
+    // Fail first, before five minutes go by, if there is no browser.
+    chromium_binary();
+    let nats = Nats::start();
+    let host = TestHost::start(&page_config(nats.url(), "host-wall")).await;
+    let started = Instant::now();
+    let load = {
+        let url = host.url("/v1/ingest/orders");
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            for second in 0.. {
+                tick.tick().await;
+                let body = crate::support::orders(second * ROWS_PER_SECOND, ROWS_PER_SECOND);
+                // A refused request shows as fewer accepted rows below.
+                let _ = http
+                    .post(&url)
+                    .bearer_auth(ACME_KEY)
+                    .body(body)
+                    .send()
+                    .await;
+            }
+        })
+    };
+    tokio::time::sleep_until((started + LOADED_FOR).into()).await;
+
+    let artifacts = artifacts_dir();
+    let mut chromium = Chromium::launch(&artifacts.join("chromium-wall.log"));
+    let mut tab = chromium.first_tab().await;
+    tab.navigate(&format!("{}/", host.url(""))).await;
+    let window = WINDOW;
+    // Rows of the window's first minute were posted long before the page
+    // opened: their counts can only come from the host.
+    let least = (window.as_secs() as usize * ROWS_PER_SECOND / 2) as u64;
+    let shown = tab
+        .until(
+            Duration::from_secs(30),
+            "both charts covering five minutes of load",
+            CHARTS_SHOWN,
+            |shown: &ChartsShown| {
+                let full = shown.covered.iter().all(|&(samples, from, to)| {
+                    samples as u128 >= window.as_secs() as u128 - 5
+                        && u128::from(to.saturating_sub(from)) >= window.as_millis() - 5_000
+                });
+                (full && shown.accepted >= least && shown.delivered >= least).then(|| {
+                    format!(
+                        "{:?}, {} rows accepted and {} delivered, \"{}\"",
+                        shown.covered, shown.accepted, shown.delivered, shown.span
+                    )
+                })
+            },
+        )
+        .await;
+    tab.screenshot(&artifacts.join("fleet-after-five-minutes.png"))
+        .await;
+    load.abort();
+    println!(
+        "the page opened after {:.0?} of load shows {shown}",
+        started.elapsed()
+    );
+    host.shutdown().await;
 }

@@ -2,7 +2,8 @@
 //! eight tenants serves exactly those tenants' rows (the others never see
 //! it) until it is promoted; a candidate that traps is rolled back by the
 //! fleet on its own, with the reason in `weir plugin list` and the status;
-//! a policy cannot be canaried.
+//! a policy cannot be canaried; a candidate on chosen units serves every
+//! tenant's rows there and no row elsewhere.
 //!
 //! The versions tell themselves apart in the rows: the configured
 //! `validate` (the validator) masks `email` as `***`, the pushed
@@ -407,7 +408,7 @@ async fn a_canary_of_a_policy_is_refused_with_the_reason() {
     for (args, says) in [
         (
             &["--max-trap-rate", "0"][..],
-            "give --canary SHARE or --tenants",
+            "give --canary SHARE, --tenants or --units",
         ),
         (&["--canary", "120%"][..], "`120%` is not a percentage"),
         (
@@ -484,6 +485,99 @@ async fn a_canary_under_its_limits_is_promoted_after_its_window() {
         ended.reason.contains("stayed under its limits for 3s"),
         "{}",
         ended.reason
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// `--units`: the candidate serves every row of the chosen unit, whatever
+/// its tenant, and no row of another unit; units outside the topology, or
+/// not written `<partition>.<shard>`, are refused with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_canary_on_units_serves_every_tenant_there_and_no_other_unit() {
+    const PARTITIONS: u32 = 4;
+    const SHARDS: u32 = 2;
+    let nats = crate::support::Nats::start();
+    let all: Vec<String> = (0..8).map(|n| format!("tenant-{n}")).collect();
+    let config = |id: &str| {
+        config(nats.url(), id, &all).replace(
+            "[stream]\ncreate = true\n",
+            &format!("[stream]\ncreate = true\npartitions = {PARTITIONS}\nshards = {SHARDS}\n"),
+        )
+    };
+    let a = TestHost::start(&config("host-a")).await;
+    let b = TestHost::start(&config("host-b")).await;
+    let hosts = [&a, &b];
+    // Where each tenant's `orders` go, as every host routes them.
+    let router = weir::topology::Names::new("weir", PARTITIONS, SHARDS);
+    let chosen = router.route(&all[0], "orders");
+    let (there, elsewhere): (Vec<String>, Vec<String>) = all
+        .iter()
+        .cloned()
+        .partition(|t| router.route(t, "orders") == chosen);
+    assert!(!elsewhere.is_empty(), "eight tenants over eight units");
+
+    for (units, says) in [
+        ("9.0", "--units names 9.0 outside"),
+        ("0.5", "--units names 0.5 outside"),
+        ("first", "`first` is not a unit"),
+    ] {
+        let output = operator(
+            &a.config_path(),
+            ["plugin", "push"],
+            &["validate", PASSTHROUGH, "--units", units],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(says),
+            "--units {units}: {stderr}"
+        );
+    }
+
+    let unit = chosen.to_string();
+    let said = plugin(
+        &a,
+        "push",
+        &["validate", PASSTHROUGH, "--units", &unit, "--wait", "30"],
+    );
+    assert!(
+        said.contains("canary of") && said.contains(&format!("unit {unit}")),
+        "{said}"
+    );
+    every_host_runs(
+        &hosts,
+        "every host sees the canary",
+        ("validate", None),
+        true,
+    )
+    .await;
+    for tenant in &all {
+        send(&a, tenant, 0..10).await;
+    }
+    delivered(&hosts, &all, 10).await;
+    for tenant in &there {
+        let rows = written(&hosts, tenant);
+        assert!(
+            rows.values().all(|&old| !old),
+            "{tenant}'s rows are in unit {unit}, yet the release wrote some: {rows:?}"
+        );
+    }
+    for tenant in &elsewhere {
+        let rows = written(&hosts, tenant);
+        assert!(
+            rows.values().all(|&old| old),
+            "{tenant}'s rows are not in unit {unit}, yet the candidate wrote some: {rows:?}"
+        );
+    }
+    let status = weir_status(&a);
+    assert!(
+        status.contains(&format!("serving unit {unit} since")),
+        "{status}"
+    );
+    println!(
+        "a canary on unit {unit}: {} tenants there got the candidate, {} elsewhere the release",
+        there.len(),
+        elsewhere.len()
     );
     a.shutdown().await;
     b.shutdown().await;

@@ -498,39 +498,13 @@ async fn many_large_requests_at_once_are_all_answered() {
 /// with no consumer, so the stream's fill is exact.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
-    use async_nats::jetstream;
     use bytes::Bytes;
-    use weir::config::Config;
-    use weir::ingest::{Ids, Placement, PublishError, Publisher};
-    use weir::topology::{Manifest, Names, Unit};
+    use weir::ingest::{Ids, Placement, PublishError};
+    use weir::topology::Unit;
 
     let nats = Nats::start();
-    let config = base_config(nats.url(), "").replace(
-        "[stream]\ncreate = true",
-        "[stream]\ncreate = true\npartitions = 1\nmax_bytes = \"16KiB\"",
-    );
-    let config = Config::parse(
-        std::path::Path::new("weir.toml"),
-        &config,
-        &Default::default(),
-    )
-    .unwrap();
-    let router = Names::new(&config.stream.prefix, 1, 1);
-    let manifest = Manifest::new(&router, &config.stream, &config.delivery, None);
-    let client = nats.client().await;
-    let js = jetstream::new(client.clone());
-    let partition = router.partition_stream(0);
-    js.create_stream(
-        manifest
-            .streams
-            .iter()
-            .find(|s| s.name == partition)
-            .unwrap()
-            .clone(),
-    )
-    .await
-    .unwrap();
-    let publisher = Publisher::new(client.clone(), router.clone(), config.stream.max_bytes);
+    let bare = BarePartition::create(&nats, "max_bytes = \"16KiB\"").await;
+    let (js, partition, publisher) = (&bare.js, &bare.partition, bare.publisher());
     let placement = Placement::Table(Unit {
         partition: 0,
         shard: 0,
@@ -544,19 +518,13 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
             })
             .collect()
     };
-    // What the partition holds, in stream order (a work-queue stream takes
-    // no second consumer: rows are read one sequence at a time).
+    // The names of the rows the partition holds, in stream order.
     let stored = || async {
-        let mut stream = js.get_stream(&partition).await.unwrap();
-        let state = stream.info().await.unwrap().state.clone();
-        let mut names = Vec::new();
-        for sequence in state.first_sequence..=state.last_sequence {
-            if let Ok(message) = stream.get_raw_message(sequence).await {
-                let text = String::from_utf8_lossy(&message.payload).to_string();
-                names.push(text.split(':').next().unwrap_or_default().to_string());
-            }
-        }
-        names
+        let payloads = bare.stored().await;
+        let names = payloads
+            .iter()
+            .map(|p| p.split(':').next().unwrap_or_default());
+        names.map(str::to_string).collect::<Vec<_>>()
     };
     let publish = |rows, ids| publisher.publish("acme", "orders", &placement, rows, ids, None);
 
@@ -951,4 +919,65 @@ async fn bad_lines_go_to_the_dead_letter_stream_when_the_table_says_so() {
     ids.sort_unstable();
     assert_eq!(ids, (0..8).collect::<Vec<u64>>(), "every good row once");
     host.shutdown().await;
+}
+
+/// weir's topology of one partition (`stream_keys` added to its
+/// `[stream]`) with only its partition stream, created directly: no
+/// consumer takes a row, so what it holds is exactly what was published.
+struct BarePartition {
+    config: weir::config::Config,
+    router: weir::topology::Names,
+    client: async_nats::Client,
+    js: async_nats::jetstream::Context,
+    partition: String,
+}
+
+impl BarePartition {
+    async fn create(nats: &Nats, stream_keys: &str) -> BarePartition {
+        let config = base_config(nats.url(), "").replace(
+            "[stream]\ncreate = true",
+            &format!("[stream]\ncreate = true\npartitions = 1\n{stream_keys}"),
+        );
+        let config = weir::config::Config::parse(
+            std::path::Path::new("weir.toml"),
+            &config,
+            &Default::default(),
+        )
+        .unwrap();
+        let router = weir::topology::Names::new(&config.stream.prefix, 1, 1);
+        let manifest =
+            weir::topology::Manifest::new(&router, &config.stream, &config.delivery, None);
+        let client = nats.client().await;
+        let js = async_nats::jetstream::new(client.clone());
+        let partition = router.partition_stream(0);
+        let stream = manifest.streams.iter().find(|s| s.name == partition);
+        js.create_stream(stream.unwrap().clone()).await.unwrap();
+        BarePartition {
+            config,
+            router,
+            client,
+            js,
+            partition,
+        }
+    }
+
+    /// The front door's publisher into it.
+    fn publisher(&self) -> weir::ingest::Publisher {
+        let (client, router) = (self.client.clone(), self.router.clone());
+        weir::ingest::Publisher::new(client, router, self.config.stream.max_bytes)
+    }
+
+    /// The payloads it holds, in stream order (a work-queue stream takes no
+    /// second consumer: rows are read one sequence at a time).
+    async fn stored(&self) -> Vec<String> {
+        let mut stream = self.js.get_stream(&self.partition).await.unwrap();
+        let state = stream.info().await.unwrap().state.clone();
+        let mut payloads = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            if let Ok(message) = stream.get_raw_message(sequence).await {
+                payloads.push(String::from_utf8_lossy(&message.payload).to_string());
+            }
+        }
+        payloads
+    }
 }

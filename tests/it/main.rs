@@ -56,6 +56,7 @@ mod stops;
 mod sandbox;
 mod secrets;
 mod shadow;
+mod soak;
 mod status;
 mod send;
 mod state;

@@ -5,7 +5,9 @@
 //! shadow reports those rows' difference class with examples, the sinks
 //! write exactly what the pass-through passed (nothing masked, nothing
 //! dead-lettered), and a shadow of a sink or of a plugin granted `state`
-//! is refused with the reason. Promoted, the candidate serves.
+//! is refused with the reason. Ended, its differences are still shown
+//! (kept in the release) until the plugin's next shadow starts. Promoted,
+//! the candidate serves.
 
 use std::time::Duration;
 
@@ -203,7 +205,7 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
         assert_eq!(dead_lettered(host).await, 0);
     }
 
-    // Ended: the release serves on, and there is nothing to diff.
+    // Ended: the release serves on, and no shadow runs.
     let ended = stdout(&plugin(&a, "rollback", &["validate"]));
     assert!(ended.contains("ended"), "{ended}");
     let listed = stdout(&plugin(&a, "list", &["validate"]));
@@ -215,6 +217,51 @@ async fn a_shadow_reports_its_differences_and_delivers_nothing() {
         false,
     )
     .await;
+
+    // Its differences are kept in the release: still shown once the
+    // hosts' own counts are gone (purged here, as their TTL would).
+    let kv = async_nats::jetstream::new(nats.client().await)
+        .get_key_value("weir_coord")
+        .await
+        .expect("the coordination bucket");
+    let counts: Vec<String> = {
+        use futures::TryStreamExt;
+        kv.keys()
+            .await
+            .expect("keys")
+            .try_collect::<Vec<String>>()
+            .await
+            .expect("keys")
+            .into_iter()
+            .filter(|key| key.starts_with("canary.validate."))
+            .collect()
+    };
+    assert!(!counts.is_empty(), "the hosts' counts of the shadow");
+    for key in &counts {
+        kv.purge(key).await.expect("purge a host's counts");
+    }
+    let kept: serde_json::Value =
+        serde_json::from_slice(&plugin(&a, "diff", &["validate", "--json"]).stdout).expect("JSON");
+    assert!(kept["ended_ms"].as_u64().is_some(), "{kept}");
+    assert_eq!(kept["diff"], *diff, "the same differences as while it ran");
+    let text = stdout(&plugin(&a, "diff", &["validate"]));
+    assert!(
+        text.contains("the last shadow")
+            && text.contains(&format!("compared {ROWS} rows, {ROWS} differ"))
+            && text.contains("ok→dead_letter: 5 rows"),
+        "{text}"
+    );
+
+    // The next shadow starts: its own differences replace the last one's.
+    stdout(&plugin(
+        &a,
+        "push",
+        &["validate", VALIDATOR, "--shadow", "--wait", "30"],
+    ));
+    let next: serde_json::Value =
+        serde_json::from_slice(&plugin(&a, "diff", &["validate", "--json"]).stdout).expect("JSON");
+    assert!(next["ended_ms"].is_null(), "{next}");
+    assert_eq!(next["diff"]["compared"], 0, "{next}");
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -2,7 +2,9 @@
 //! row posted to one host of a fleet of two, the request's `ingest` span
 //! from that host (child of the producer's own `traceparent`) and a
 //! `deliver` span from whichever host delivered the row, child of the
-//! `ingest` span: one row's path across hosts in one trace.
+//! `ingest` span, with a child span per plugin call of the row's pipeline
+//! naming the plugin and its version: one row's path across hosts in one
+//! trace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -23,6 +25,8 @@ struct Received {
     trace: String,
     span: String,
     parent: String,
+    /// String and integer attributes, as text.
+    attributes: BTreeMap<String, String>,
 }
 
 /// The span id the producer's context names as the parent of every request.
@@ -55,12 +59,27 @@ async fn collector() -> (String, Arc<Mutex<Vec<Received>>>) {
                         for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
                             for span in scope["spans"].as_array().into_iter().flatten() {
                                 let text = |key: &str| span[key].as_str().unwrap_or("").to_string();
+                                let attributes = span["attributes"]
+                                    .as_array()
+                                    .into_iter()
+                                    .flatten()
+                                    .filter_map(|a| {
+                                        let value = &a["value"];
+                                        let value = value["stringValue"].as_str().map(str::to_string).or_else(|| {
+                                            // OTLP/JSON writes 64-bit integers as strings.
+                                            value["intValue"].as_str().map(str::to_string)
+                                                .or_else(|| value["intValue"].as_i64().map(|n| n.to_string()))
+                                        })?;
+                                        Some((a["key"].as_str()?.to_string(), value))
+                                    })
+                                    .collect();
                                 spans.push(Received {
                                     host: host.clone(),
                                     name: text("name"),
                                     trace: text("traceId"),
                                     span: text("spanId"),
                                     parent: text("parentSpanId"),
+                                    attributes,
                                 });
                             }
                         }
@@ -84,6 +103,15 @@ async fn a_collector_gets_one_trace_per_row_from_the_front_door_to_the_sink_of_t
     let spawn = |id| Host::spawn_with(id, fleet_config(nats.url(), id, 0, 5) + &traced);
     let (a, b) = (spawn("trace-a"), spawn("trace-b"));
     balanced(&a, &["trace-a", "trace-b"]).await;
+    // The versions the fleet runs, as status names them.
+    let versions: BTreeMap<String, String> = a
+        .status()
+        .await
+        .expect("trace-a's status")
+        .plugins
+        .into_iter()
+        .map(|p| (p.name, p.version))
+        .collect();
 
     // One row per request, each request in a trace of the producer's.
     let http = reqwest::Client::new();
@@ -131,6 +159,24 @@ async fn a_collector_gets_one_trace_per_row_from_the_front_door_to_the_sink_of_t
                 deliver.host, delivered_by[id],
                 "row {id}: the deliver span comes from the host that wrote it"
             );
+            // Each plugin of the pipeline, in a child span of the deliver
+            // span naming the plugin and the version that ran the row.
+            let mut calls: Vec<(String, String, String)> = Vec::new();
+            for plugin in ["validate", "files"] {
+                let call = of_trace
+                    .iter()
+                    .find(|s| s.parent == deliver.span && s.name == format!("plugin {plugin}"))?;
+                calls.push((
+                    call.attributes.get("weir.plugin")?.clone(),
+                    call.attributes.get("weir.plugin.version")?.clone(),
+                    call.attributes.get("weir.rows")?.clone(),
+                ));
+            }
+            let expected: Vec<(String, String, String)> = ["validate", "files"]
+                .iter()
+                .map(|p| (p.to_string(), versions[*p].clone(), "1".to_string()))
+                .collect();
+            assert_eq!(calls, expected, "row {id}: its plugin calls");
             deliverers.insert(deliver.host.clone());
         }
         Some(deliverers)

@@ -1,6 +1,8 @@
 //! What the benches share: the 256-byte JSON row they all move, knobs read from the environment, medians, and the one-JSON-line-per-figure output.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -502,4 +504,47 @@ pub fn free_port() -> u16 {
 /// ring's): a bench's own `reqwest::Client`s take the process-wide one.
 pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The project of `lang` under `target/authors/bench/`, built: its `.wasm`.
+/// `WEIR_AUTHORS_WASM_RUST` (`_PYTHON`, `_JS`) names another `.wasm` to
+/// time instead: a variant of the project (a built option, a stripped-down
+/// transform) to see where the time goes.
+pub fn authored_plugin(lang: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(format!("WEIR_AUTHORS_WASM_{}", lang.to_uppercase())) {
+        return PathBuf::from(path);
+    }
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors");
+    let dir = target.join("bench").join(lang);
+    let name = format!("enrich-{lang}");
+    let wasm = dir.join(format!("{name}.wasm"));
+    let weir = Path::new(env!("CARGO_BIN_EXE_weir"));
+    let modified = |path: &Path| path.metadata().and_then(|m| m.modified()).ok();
+    if wasm.is_file() && modified(&wasm) > modified(weir) {
+        return wasm;
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("remove the old project");
+    }
+    // Their chatter goes to stderr: stdout is the bench's figures.
+    let status = Command::new(weir)
+        .args(["plugin", "new", &name, "--lang", lang, "--dir"])
+        .arg(&dir)
+        .stdout(std::io::stderr())
+        .status()
+        .expect("weir runs");
+    assert!(status.success(), "weir plugin new {name}");
+    eprintln!("building {name}");
+    let started = Instant::now();
+    let status = Command::new(dir.join("build.sh"))
+        .env("CARGO_TARGET_DIR", &target)
+        .stdout(std::io::stderr())
+        .status()
+        .expect("build.sh runs");
+    assert!(
+        status.success(),
+        "{name}'s build.sh failed: did `. .ci/setup` run?"
+    );
+    eprintln!("built {name} in {:.1} s", started.elapsed().as_secs_f64());
+    wasm
 }

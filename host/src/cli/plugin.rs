@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use weir::config::Config;
 use weir::reload::canary::{self, Auto, Canary, Outcome};
 use weir::reload::releases::{self, Release, RollbackTo};
-use weir::topology::Names;
+use weir::topology::{Names, NotAUnit, Unit};
 
 use super::target::{FleetTarget, router_of};
 
@@ -111,6 +111,11 @@ pub struct CanaryArgs {
     /// any `--canary` share.
     #[arg(long, value_name = "TENANTS", value_delimiter = ',')]
     tenants: Vec<String>,
+    /// Serve the new version on these units' rows, whatever their tenant
+    /// (comma-separated `<partition>.<shard>`, such as `0.1,1.3`), besides
+    /// any `--canary` share or `--tenants`.
+    #[arg(long, value_name = "UNITS", value_delimiter = ',', value_parser = parse_unit)]
+    units: Vec<Unit>,
     /// Promote the canary once it ran this long (`10m`, `1h30m`) without
     /// crossing a threshold below.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -129,12 +134,16 @@ pub struct CanaryArgs {
     /// records where their outcomes differ (`weir plugin diff NAME`).
     /// Transforms only, and none granted `state`, outbound HTTP or a
     /// writable directory.
-    #[arg(long, conflicts_with_all = ["canary", "tenants", "promote_after", "max_dead_letter_rate", "max_trap_rate"])]
+    #[arg(long, conflicts_with_all = ["canary", "tenants", "units", "promote_after", "max_dead_letter_rate", "max_trap_rate"])]
     shadow: bool,
 }
 
 fn parse_share(text: &str) -> Result<u32, String> {
     canary::parse_percent(text).map_err(|err| err.to_string())
+}
+
+fn parse_unit(text: &str) -> Result<Unit, String> {
+    text.parse().map_err(|err: NotAUnit| err.to_string())
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -158,10 +167,10 @@ impl CanaryArgs {
         let thresholds = self.promote_after.is_some()
             || self.max_dead_letter_rate.is_some()
             || self.max_trap_rate.is_some();
-        if share == 0 && self.tenants.is_empty() {
+        if share == 0 && self.tenants.is_empty() && self.units.is_empty() {
             anyhow::ensure!(
                 !thresholds,
-                "--promote-after, --max-dead-letter-rate and --max-trap-rate judge a canary: give --canary SHARE or --tenants too"
+                "--promote-after, --max-dead-letter-rate and --max-trap-rate judge a canary: give --canary SHARE, --tenants or --units too"
             );
             anyhow::ensure!(
                 self.canary.is_none(),
@@ -196,6 +205,27 @@ impl CanaryArgs {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        let (partitions, shards) = (config.stream.partitions, config.stream.shards);
+        let outside: Vec<String> = self
+            .units
+            .iter()
+            .filter(|u| u.partition >= partitions || u.shard >= shards)
+            .map(Unit::to_string)
+            .collect();
+        anyhow::ensure!(
+            outside.is_empty(),
+            "--units names {} outside {}'s topology of {partitions} partition{} × {shards} shard{} \
+             (units 0.0 to {}.{})",
+            outside.join(", "),
+            config.source.display(),
+            if partitions == 1 { "" } else { "s" },
+            if shards == 1 { "" } else { "s" },
+            partitions.saturating_sub(1),
+            shards.saturating_sub(1)
+        );
+        let mut units = self.units.clone();
+        units.sort();
+        units.dedup();
         let auto = thresholds.then(|| Auto {
             promote_after_ms: self.promote_after.map(|d| d.as_millis() as u64),
             max_dead_letter_rate: self.max_dead_letter_rate,
@@ -205,6 +235,7 @@ impl CanaryArgs {
             digest,
             share,
             tenants: self.tenants.clone(),
+            units,
             started_ms: releases::unix_ms(),
             auto,
             shadow: false,
@@ -221,18 +252,18 @@ fn shadow(plugin: &weir::config::PluginConfig, digest: String) -> anyhow::Result
         "plugin `{name}` is a {world}: a shadow runs transforms only. {}",
         match world {
             "sink" =>
-                "A sink's outcome is its side effect (a write, a publish): its shadow would deliver every row a second time; canary it instead (--canary, --tenants)",
+                "A sink's outcome is its side effect (a write, a publish): its shadow would deliver every row a second time; canary it instead (--canary, --tenants, --units)",
             _ =>
                 "A budget or router is asked at the front door per request, where there is no copy to run a second version on; push it to serve every tenant, and roll it back if needed",
         }
     );
     anyhow::ensure!(
         plugin.grants.state.is_none(),
-        "plugin `{name}` is granted `state`: its shadow would read and write the scopes the release keeps (a second, diverging writer); canary it instead (--canary, --tenants)"
+        "plugin `{name}` is granted `state`: its shadow would read and write the scopes the release keeps (a second, diverging writer); canary it instead (--canary, --tenants, --units)"
     );
     anyhow::ensure!(
         plugin.grants.http.is_empty(),
-        "plugin `{name}` is granted outbound HTTP ({}): its shadow would call those hosts a second time per row; canary it instead (--canary, --tenants)",
+        "plugin `{name}` is granted outbound HTTP ({}): its shadow would call those hosts a second time per row; canary it instead (--canary, --tenants, --units)",
         plugin.grants.http.join(", ")
     );
     let writable: Vec<String> = plugin
@@ -244,13 +275,14 @@ fn shadow(plugin: &weir::config::PluginConfig, digest: String) -> anyhow::Result
         .collect();
     anyhow::ensure!(
         writable.is_empty(),
-        "plugin `{name}` may write to {}: its shadow would write there beside the release; canary it instead (--canary, --tenants)",
+        "plugin `{name}` may write to {}: its shadow would write there beside the release; canary it instead (--canary, --tenants, --units)",
         writable.join(", ")
     );
     Ok(Canary {
         digest,
         share: 0,
         tenants: Vec::new(),
+        units: Vec::new(),
         started_ms: releases::unix_ms(),
         auto: None,
         shadow: true,
@@ -501,41 +533,72 @@ async fn list(fleet: FleetTarget, name: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `weir plugin diff`: the fleet's differences of plugin `name`'s shadow.
+/// `weir plugin diff`: the fleet's differences of plugin `name`'s shadow,
+/// the running one or else the last one (kept in its release when it
+/// ended, until the plugin's next shadow starts).
 async fn diff(fleet: FleetTarget, name: String, json: bool) -> anyhow::Result<()> {
     let (config, client) = fleet.connect().await?;
     configured(&config, &fleet, &name)?;
     let router = router_of(&config);
     let release = releases::release(&client, &router, &name).await?;
-    let shadow = release
+    let running = release
         .as_ref()
         .and_then(|r| r.canary.as_ref())
-        .filter(|c| c.shadow)
-        .with_context(|| {
-            format!("plugin `{name}` has no shadow running (`weir plugin push {name} FILE --shadow` starts one)")
-        })?;
-    let serving = release
-        .as_ref()
-        .and_then(|r| r.digest.as_deref())
-        .map_or("file", releases::version_of_digest);
-    let reports = releases::canary_reports(&client, &router, &name).await?;
-    let diff = canary::fleet_diff(shadow, reports.values());
+        .filter(|c| c.shadow);
+    let serving_version = |digest: Option<&str>| {
+        digest
+            .map_or("file", releases::version_of_digest)
+            .to_string()
+    };
+    let (candidate, serving, started_ms, ended_ms, diff) = match (
+        running,
+        release.as_ref().and_then(|r| r.last_shadow.as_ref()),
+    ) {
+        (Some(shadow), _) => {
+            let reports = releases::canary_reports(&client, &router, &name).await?;
+            (
+                shadow.digest.clone(),
+                serving_version(release.as_ref().and_then(|r| r.digest.as_deref())),
+                shadow.started_ms,
+                None,
+                canary::fleet_diff(shadow, reports.values()),
+            )
+        }
+        (None, Some(last)) => (
+            last.digest.clone(),
+            serving_version(last.serving.as_deref()),
+            last.started_ms,
+            Some(last.ended_ms),
+            last.diff.clone(),
+        ),
+        (None, None) => anyhow::bail!(
+            "plugin `{name}` has no shadow running and none ended (`weir plugin push {name} FILE --shadow` starts one)"
+        ),
+    };
+    let candidate = releases::version_of_digest(&candidate);
     if json {
         let value = serde_json::json!({
             "plugin": name,
             "serving": serving,
-            "candidate": releases::version_of_digest(&shadow.digest),
-            "started_ms": shadow.started_ms,
+            "candidate": candidate,
+            "started_ms": started_ms,
+            "ended_ms": ended_ms,
             "diff": diff,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    println!(
-        "plugin {name}: shadow of {} beside {serving} since {}",
-        releases::version_of_digest(&shadow.digest),
-        when(shadow.started_ms)
-    );
+    match ended_ms {
+        None => println!(
+            "plugin {name}: shadow of {candidate} beside {serving} since {}",
+            when(started_ms)
+        ),
+        Some(ended_ms) => println!(
+            "plugin {name}: the last shadow, of {candidate} beside {serving}, from {} until it ended {}",
+            when(started_ms),
+            when(ended_ms)
+        ),
+    }
     let share = match diff.compared {
         0 => String::new(),
         rows => format!(" ({:.2}%)", diff.differing() as f64 * 100.0 / rows as f64),

@@ -11,7 +11,7 @@
 //! one dead-lettered descendant dead-letters it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
@@ -25,6 +25,7 @@ use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
 use crate::state::step::{RowEnd, STATE_RETRY, StateStep};
 use crate::state::store::UnitState;
+use crate::telemetry::traces::TRACEPARENT;
 
 /// What becomes of one input row.
 #[derive(Debug, Clone)]
@@ -653,12 +654,29 @@ fn call_span(plugin: &Plugin) -> tracing::Span {
     )
 }
 
+/// One plugin call of a run that was given rows of traced requests: a
+/// child span of each such request's `deliver` span (`delivery::traced`).
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    pub plugin: Arc<Plugin>,
+    pub began: SystemTime,
+    pub took: Duration,
+    /// Each traced request among the rows given (its `traceparent`), with
+    /// how many of its rows.
+    pub requests: Vec<(Arc<str>, u32)>,
+    /// Why the call failed, if it did.
+    pub error: Option<String>,
+}
+
 /// Runs one pipeline for one delivery worker. Not shared: each worker owns
 /// its instances, so a call never waits for another worker's.
 pub struct PipelineRunner {
     /// The transforms in order, then the sink.
     steps: Vec<Step>,
     observer: Option<Arc<dyn Observer>>,
+    /// The calls made on rows of traced requests since the last take;
+    /// `None`: not recorded (traces are off).
+    calls: Option<Vec<CallRecord>>,
 }
 
 impl PipelineRunner {
@@ -699,6 +717,7 @@ impl PipelineRunner {
         Some(PipelineRunner {
             steps,
             observer: None,
+            calls: None,
         })
     }
 
@@ -739,6 +758,16 @@ impl PipelineRunner {
     pub fn observed(mut self, observer: Arc<dyn Observer>) -> PipelineRunner {
         self.observer = Some(observer);
         self
+    }
+
+    /// Records from now on the calls made on rows of traced requests.
+    pub fn record_calls(&mut self) {
+        self.calls.get_or_insert_with(Vec::new);
+    }
+
+    /// The calls recorded since the last take.
+    pub fn take_calls(&mut self) -> Vec<CallRecord> {
+        self.calls.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     fn stateful(&mut self) -> impl Iterator<Item = &mut StateStep> {
@@ -821,6 +850,17 @@ impl PipelineRunner {
 
     async fn run_once(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, Attempt> {
         let mut verdicts = vec![Verdict::Done; rows.len()];
+        // Each input row's request, if traced (only while recording).
+        let traced: Vec<Option<Arc<str>>> = match self.calls {
+            Some(_) => (0..rows.len())
+                .map(|row| {
+                    rows.headers(row)
+                        .find(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT))
+                        .map(|(_, value)| Arc::from(value))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let mut flow = Flow {
             origins: (0..rows.len()).collect(),
             rows,
@@ -843,7 +883,21 @@ impl PipelineRunner {
                 break;
             }
             let observer = self.observer.as_deref();
-            flow = step.call(flow, &mut verdicts, lease, observer).await?;
+            let requests = traced_requests(&traced, &flow.origins);
+            let (began, clock) = (SystemTime::now(), Instant::now());
+            let called = step.call(flow, &mut verdicts, lease, observer).await;
+            if let Some(calls) = self.calls.as_mut()
+                && !requests.is_empty()
+            {
+                calls.push(CallRecord {
+                    plugin: step.plugin.clone(),
+                    began,
+                    took: clock.elapsed(),
+                    requests,
+                    error: called.as_ref().err().map(ToString::to_string),
+                });
+            }
+            flow = called?;
         }
         for step in &mut self.steps {
             step.finish(&mut verdicts, lease).await?;
@@ -853,6 +907,20 @@ impl PipelineRunner {
         mark_dropped(&mut verdicts, &reached);
         Ok(verdicts)
     }
+}
+
+/// The traced requests of the input rows `origins` (each once, with its
+/// rows), from each input row's `traced` request.
+fn traced_requests(traced: &[Option<Arc<str>>], origins: &[usize]) -> Vec<(Arc<str>, u32)> {
+    let mut requests: Vec<(Arc<str>, u32)> = Vec::new();
+    for request in origins.iter().filter_map(|&row| traced.get(row)?.as_ref()) {
+        // Rows of one request come together: the last entry is the usual hit.
+        match requests.iter_mut().rev().find(|(r, _)| r == request) {
+            Some((_, rows)) => *rows += 1,
+            None => requests.push((request.clone(), 1)),
+        }
+    }
+    requests
 }
 
 /// Rows done without a descendant in `reached` (the origins of the rows
@@ -872,50 +940,4 @@ fn mark_dropped(verdicts: &mut [Verdict], reached: &[usize]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_done_rows_without_a_descendant_at_the_sink_are_dropped() {
-        let mut verdicts = vec![
-            Verdict::Done,
-            Verdict::Done,
-            Verdict::DeadLetter {
-                plugin: None,
-                reason: "bad".into(),
-            },
-            Verdict::Done,
-        ];
-        // Row 1 became two rows; rows 0 and 2 reached nothing.
-        mark_dropped(&mut verdicts, &[1, 1, 3]);
-        assert!(matches!(verdicts[0], Verdict::Dropped));
-        assert!(matches!(verdicts[1], Verdict::Done));
-        assert!(matches!(verdicts[2], Verdict::DeadLetter { .. }));
-        assert!(matches!(verdicts[3], Verdict::Done));
-    }
-
-    #[test]
-    fn retry_wins_over_dead_letter_and_keeps_the_longest_delay() {
-        let mut verdict = Verdict::Done;
-        verdict.merge(Verdict::DeadLetter {
-            plugin: None,
-            reason: "bad".into(),
-        });
-        assert!(matches!(verdict, Verdict::DeadLetter { .. }));
-        verdict.merge(Verdict::Retry {
-            delay: Duration::from_millis(10),
-            plugin: None,
-            reason: "a".into(),
-        });
-        verdict.merge(Verdict::Retry {
-            delay: Duration::from_millis(30),
-            plugin: None,
-            reason: "b".into(),
-        });
-        verdict.merge(Verdict::Done);
-        match verdict {
-            Verdict::Retry { delay, .. } => assert_eq!(delay, Duration::from_millis(30)),
-            other => panic!("expected a retry, got {other:?}"),
-        }
-    }
-}
+mod tests;

@@ -55,6 +55,8 @@ pub(super) struct Settler {
     order: OrderWatch,
     /// `[dead_letters] redact` of the generation the worker runs.
     pub(super) redact: Vec<String>,
+    /// Rows answered as delivered since the worker last took the count.
+    pub(super) delivered: u64,
 }
 
 impl Settler {
@@ -78,6 +80,7 @@ impl Settler {
             summary: Summary::new(),
             order: OrderWatch::default(),
             redact: Vec::new(),
+            delivered: 0,
         }
     }
 
@@ -238,6 +241,7 @@ impl Settler {
         match *answer {
             Answer::Delivered => {
                 self.metrics.rows_delivered.inc();
+                self.delivered += 1;
             }
             Answer::Dropped => {
                 self.metrics.rows_dropped.inc();

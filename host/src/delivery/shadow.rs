@@ -190,6 +190,7 @@ mod tests {
             digest: "aa".into(),
             share: 0,
             tenants: Vec::new(),
+            units: Vec::new(),
             started_ms: 1,
             auto: None,
             shadow: true,

@@ -1,14 +1,15 @@
 //! The `deliver` spans of a batch (`[traces]`): one per traced request
 //! among its rows (rows carry their request's `traceparent`), child of
-//! that request's span at the front door, saying what became of them.
+//! that request's span at the front door, saying what became of them,
+//! with a child span per plugin call on the request's rows.
 
 use std::time::{Duration, SystemTime};
 
 use async_nats::Message;
 use opentelemetry::KeyValue;
 
-use super::pipeline::Verdict;
-use crate::telemetry::traces::{TRACEPARENT, Traces};
+use super::pipeline::{CallRecord, Verdict};
+use crate::telemetry::traces::{PluginCall, TRACEPARENT, Traces};
 
 /// What became of one traced request's rows in a batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -52,15 +53,35 @@ pub(super) fn traced_requests(batch: &[Message], verdicts: &[Verdict]) -> Vec<(S
 }
 
 /// Ends a `deliver` span per traced request of a batch of `unit` that ran
-/// for `took` until now.
+/// for `took` until now, with a child span per call of `calls` on its rows.
 pub(super) fn record(
     traces: &Traces,
     unit: &str,
     took: Duration,
     requests: Vec<(String, Outcomes)>,
+    calls: &[CallRecord],
 ) {
     let began = SystemTime::now() - took;
     for (traceparent, outcomes) in requests {
+        let of_request: Vec<PluginCall<'_>> = calls
+            .iter()
+            .filter_map(|call| {
+                let rows = call
+                    .requests
+                    .iter()
+                    .find(|(request, _)| **request == *traceparent)?
+                    .1;
+                Some(PluginCall {
+                    name: call.plugin.name(),
+                    version: &call.plugin.version,
+                    world: call.plugin.config.world.as_str(),
+                    began: call.began,
+                    took: call.took,
+                    rows,
+                    error: call.error.as_deref(),
+                })
+            })
+            .collect();
         traces.delivered(
             &traceparent,
             began,
@@ -71,6 +92,7 @@ pub(super) fn record(
                 KeyValue::new("weir.rows_retried", outcomes.retried),
                 KeyValue::new("weir.rows_dead_lettered", outcomes.dead_lettered),
             ],
+            &of_request,
         );
     }
 }

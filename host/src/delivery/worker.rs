@@ -28,7 +28,7 @@ use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::batch::{Batch, Position};
 use crate::delivery::isolation;
-use crate::delivery::pipeline::{PipelineRunner, StepFailure, Verdict};
+use crate::delivery::pipeline::{CallRecord, PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
@@ -116,8 +116,9 @@ pub struct UnitWorker {
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
-/// re-reads that partition's counts).
-pub type SettledHook = Arc<dyn Fn(u32) + Send + Sync>;
+/// re-reads that partition's counts) and how many of its rows were
+/// delivered (the fleet's delivered rate).
+pub type SettledHook = Arc<dyn Fn(u32, u64) + Send + Sync>;
 
 /// Why this host's running plugin versions are not the fleet's, if they
 /// are not; the host plugs in what it means.
@@ -359,6 +360,12 @@ impl UnitWorker {
                 .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
         }
+        if self.traces.enabled() {
+            self.runners
+                .iter_mut()
+                .flatten()
+                .for_each(PipelineRunner::record_calls);
+        }
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -373,7 +380,15 @@ impl UnitWorker {
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
-        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await?;
+        let verdicts = keep_alive(&batch, client, puller, ack_wait, lease, work).await;
+        // Taken whatever the outcome: a later batch's spans show only its own.
+        let calls: Vec<CallRecord> = self
+            .runners
+            .iter_mut()
+            .flatten()
+            .flat_map(PipelineRunner::take_calls)
+            .collect();
+        let verdicts = verdicts?;
         self.settler.record_acked = stateful;
         let traced = self
             .traces
@@ -382,11 +397,12 @@ impl UnitWorker {
         let settled = self.settler.settle(batch, verdicts, lease).await;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
-            traced::record(&self.traces, unit, began.elapsed(), traced);
+            traced::record(&self.traces, unit, began.elapsed(), traced, &calls);
         }
         self.applied.answered(&mut self.settler.acked);
+        let delivered = std::mem::take(&mut self.settler.delivered);
         if let Some(hook) = &self.settled {
-            hook(self.unit.partition);
+            hook(self.unit.partition, delivered);
         }
         settled
     }
@@ -534,7 +550,7 @@ async fn run_pipelines(
     // Batch indexes by pipeline, in batch order.
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (index, message) in batch.iter().enumerate() {
-        match decode(router, pipelines, message) {
+        match decode(router, pipelines, destinations.unit, message) {
             Ok(row) => {
                 match groups.iter_mut().find(|(p, _)| *p == row.pipeline) {
                     Some((_, indexes)) => indexes.push(index),
@@ -759,6 +775,7 @@ struct Decoded<'a> {
 fn decode<'a>(
     router: &Names,
     pipelines: &Generation,
+    unit: Unit,
     message: &'a Message,
 ) -> Result<Decoded<'a>, String> {
     let info = ack::info(message).ok_or("no delivery info: not a JetStream delivery")?;
@@ -767,7 +784,7 @@ fn decode<'a>(
         .map_err(|err| err.to_string())?;
     // A tenant's rows run in its variant: a canary's candidate or not.
     let pipeline = pipelines
-        .variant_index(&table, &tenant)
+        .variant_index(&table, &tenant, unit)
         .ok_or_else(|| format!("no pipeline takes table `{table}`"))?;
     Ok(Decoded {
         pipeline,

@@ -150,6 +150,18 @@ struct Shared {
     /// Partitions whose rows this host's workers settled.
     #[serde(default)]
     settled: Vec<u32>,
+    /// Rows this host's workers delivered since its last share (absent
+    /// from older hosts): the fleet's delivered rate on every host's page.
+    #[serde(default)]
+    delivered: u64,
+}
+
+/// Rows the fleet accepted and delivered since this host started, as the
+/// hosts shared them (core NATS: a share lost on the way is not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub accepted: u64,
+    pub delivered: u64,
 }
 
 /// One host's view of fleet-wide usage. Cheap to clone.
@@ -178,6 +190,10 @@ struct State {
     outbox: Vec<Accept>,
     /// Partitions this host settled rows of, not shared yet.
     settled_outbox: BTreeSet<u32>,
+    /// Rows this host delivered, not shared yet.
+    delivered_outbox: u64,
+    /// Rows accepted and delivered fleet-wide since this host started.
+    moved: Moved,
     /// Partitions something happened in, and how many reads they still
     /// get (the leader's work).
     changed: BTreeMap<u32, u8>,
@@ -288,13 +304,21 @@ impl Ledger {
         self.to_share.notify_one();
     }
 
-    /// This host's workers settled rows of `partition`: its counts change
-    /// (the leader re-reads it). Shared with the next accepts, or within
-    /// `SETTLED_SHARE`: one message per batch would reach every host.
-    pub fn settled(&self, partition: u32) {
+    /// This host's workers settled rows of `partition`, `delivered` of them
+    /// delivered: its counts change (the leader re-reads it). Shared with
+    /// the next accepts, or within `SETTLED_SHARE`: one message per batch
+    /// would reach every host.
+    pub fn settled(&self, partition: u32, delivered: u64) {
         let mut state = self.state();
         state.changed_in(partition);
         state.settled_outbox.insert(partition);
+        state.delivered_outbox = state.delivered_outbox.saturating_add(delivered);
+        state.moved.delivered = state.moved.delivered.saturating_add(delivered);
+    }
+
+    /// Rows accepted and delivered fleet-wide since this host started.
+    pub fn moved(&self) -> Moved {
+        self.state().moved
     }
 
     /// Another host's accepts and settlements.
@@ -310,6 +334,7 @@ impl Ledger {
         for partition in shared.settled {
             state.changed_in(partition);
         }
+        state.moved.delivered = state.moved.delivered.saturating_add(shared.delivered);
     }
 
     /// A snapshot from the coordination bucket (or taken here).
@@ -335,11 +360,18 @@ impl Ledger {
         state.waiting_since = (!state.pending.is_empty()).then_some(now);
     }
 
-    fn take_outbox(&self) -> (Vec<Accept>, Vec<u32>) {
+    /// What this host has not shared yet; `None`: nothing.
+    fn take_outbox(&self) -> Option<Shared> {
         let mut state = self.state();
         let accepts = std::mem::take(&mut state.outbox);
         let settled = std::mem::take(&mut state.settled_outbox);
-        (accepts, settled.into_iter().collect())
+        let delivered = std::mem::take(&mut state.delivered_outbox);
+        (!accepts.is_empty() || !settled.is_empty() || delivered > 0).then(|| Shared {
+            host: self.me.clone(),
+            accepts,
+            settled: settled.into_iter().collect(),
+            delivered,
+        })
     }
 
     /// Time since this host applied the last usage snapshot (`None`: none
@@ -427,9 +459,7 @@ impl Ledger {
                         _ = share_settled.tick() => {}
                     }
                 } => {
-                    let (accepts, settled) = self.take_outbox();
-                    if !accepts.is_empty() || !settled.is_empty() {
-                        let shared = Shared { host: self.me.clone(), accepts, settled };
+                    if let Some(shared) = self.take_outbox() {
                         let payload = Bytes::from(serde_json::to_vec(&shared).unwrap_or_default());
                         tokio::select! {
                             _ = stop.cancelled() => break,
@@ -658,6 +688,7 @@ impl State {
 
     fn record(&mut self, accept: Accept, now: Instant) {
         let amount = accept.amount();
+        self.moved.accepted = self.moved.accepted.saturating_add(accept.rows);
         self.accepted
             .entry(accept.tenant.clone())
             .or_default()

@@ -1,8 +1,9 @@
-//! The fleet's queued rows over the last five minutes, kept by every host
-//! so that a page opened now shows the past too (the browser kept it
-//! before, so a fresh wall screen started empty). Each sample is the sum of
-//! the usage ledger's fleet-wide queued rows, which the host keeps in
-//! memory anyway: keeping the history asks NATS nothing.
+//! The fleet's queued rows and its accepted and delivered rates over the
+//! last five minutes, kept by every host so that a page opened now shows
+//! the past too (the browser kept it before, so a fresh wall screen started
+//! empty). Each sample is read from the usage ledger, which the host keeps
+//! in memory anyway (fleet-wide queued rows, and the rows every host shares
+//! it accepted and delivered): keeping the history asks NATS nothing.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -11,18 +12,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::ingest::usage::Ledger;
+use crate::ingest::usage::{Ledger, Moved};
 
 /// One sample a second, five minutes of them: the page's own pace.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 pub const SAMPLES: usize = 300;
 
-/// Rows accepted and not yet settled (acked or dead-lettered), fleet-wide.
+/// The fleet at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sample {
     /// When it was taken, in milliseconds since the Unix epoch.
     pub at_ms: u64,
+    /// Rows accepted and not yet settled (acked or dead-lettered).
     pub queued_rows: u64,
+    /// Rows accepted since the previous sample (about a second before).
+    #[serde(default)]
+    pub accepted_rows: u64,
+    /// Rows delivered since the previous sample (not dropped or
+    /// dead-lettered ones).
+    #[serde(default)]
+    pub delivered_rows: u64,
 }
 
 /// The last [`SAMPLES`] samples, oldest first. Cheap to clone.
@@ -47,6 +56,7 @@ impl QueuedHistory {
     pub async fn record(self, ledger: Ledger, stop: CancellationToken) {
         let mut tick = tokio::time::interval(SAMPLE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut before = ledger.moved();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -60,7 +70,18 @@ impl QueuedHistory {
             let at_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64);
-            self.push(Sample { at_ms, queued_rows });
+            let moved = ledger.moved();
+            let since = Moved {
+                accepted: moved.accepted.saturating_sub(before.accepted),
+                delivered: moved.delivered.saturating_sub(before.delivered),
+            };
+            before = moved;
+            self.push(Sample {
+                at_ms,
+                queued_rows,
+                accepted_rows: since.accepted,
+                delivered_rows: since.delivered,
+            });
         }
     }
 }
@@ -76,11 +97,42 @@ mod tests {
             history.push(Sample {
                 at_ms: n,
                 queued_rows: n,
+                accepted_rows: n,
+                delivered_rows: n,
             });
         }
         let samples = history.samples();
         assert_eq!(samples.len(), SAMPLES);
         assert_eq!(samples[0].at_ms, 10);
         assert_eq!(samples[SAMPLES - 1].at_ms, SAMPLES as u64 + 9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_sample_counts_the_rows_moved_since_the_one_before() {
+        let ledger = Ledger::new("me");
+        let history = QueuedHistory::default();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(history.clone().record(ledger.clone(), stop.clone()));
+        // The first sample is taken at once; the others a second apart.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        ledger.accepted(vec![crate::ingest::usage::Accept {
+            tenant: "a".into(),
+            partition: 0,
+            last_seq: 3,
+            rows: 3,
+            bytes: 30,
+        }]);
+        ledger.settled(0, 2);
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        ledger.settled(0, 1);
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        stop.cancel();
+        task.await.expect("the recorder stops");
+        let samples = history.samples();
+        let moved: Vec<(u64, u64, u64)> = samples
+            .iter()
+            .map(|s| (s.queued_rows, s.accepted_rows, s.delivered_rows))
+            .collect();
+        assert_eq!(moved, vec![(0, 0, 0), (3, 3, 2), (3, 0, 1)]);
     }
 }

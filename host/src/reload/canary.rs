@@ -1,7 +1,8 @@
 //! Canaries: a pushed candidate version of a plugin that serves only some
-//! tenants' rows while the release keeps serving the rest. Which tenants is
-//! a stable hash of plugin and tenant (or a list), so a tenant's rows always
-//! see one version. Each host counts what both versions did with the rows
+//! tenants' rows (or units' rows) while the release keeps serving the rest.
+//! Which tenants is a stable hash of plugin and tenant (or a list), so a
+//! tenant's rows always see one version; which units is a list (a unit's
+//! rows are one owner's at a time, so they too see one version). Each host counts what both versions did with the rows
 //! it ran (rows, dead letters, traps, deadline overruns) and shares the
 //! counts in `canary.<name>.<member>`; the fleet's leader (its first live
 //! member, as for usage) sums them and ends the canary on its own when the
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::reload::shadow::Diff;
 use crate::telemetry::{CanaryLabels, Metrics};
+use crate::topology::route::Unit;
 
 /// Key prefix of each host's counts of a canary: `canary.<name>.<member>`.
 pub const TALLIES: &str = "canary.";
@@ -36,6 +38,9 @@ pub struct Canary {
     /// Tenants served whatever the share.
     #[serde(default)]
     pub tenants: Vec<String>,
+    /// Units whose rows are served whatever their tenant (`--units`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<Unit>,
     pub started_ms: u64,
     /// Thresholds for the fleet to promote or roll back on its own.
     #[serde(default)]
@@ -65,12 +70,13 @@ pub struct Auto {
 }
 
 impl Canary {
-    /// Whether plugin `name`'s candidate serves `tenant`'s rows.
-    pub fn serves(&self, name: &str, tenant: &str) -> bool {
+    /// Whether plugin `name`'s candidate serves `tenant`'s rows in `unit`.
+    pub fn serves(&self, name: &str, tenant: &str, unit: Unit) -> bool {
         !self.shadow
             && (self.share >= WHOLE
                 || (self.share > 0 && bucket(name, tenant) < self.share)
-                || self.tenants.iter().any(|t| t == tenant))
+                || self.tenants.iter().any(|t| t == tenant)
+                || self.units.contains(&unit))
     }
 
     /// Who it serves, for people: `25% of tenants`, `tenants a, b`.
@@ -84,6 +90,14 @@ impl Canary {
         }
         if !self.tenants.is_empty() {
             parts.push(format!("tenants {}", self.tenants.join(", ")));
+        }
+        if !self.units.is_empty() {
+            let units: Vec<String> = self.units.iter().map(Unit::to_string).collect();
+            parts.push(format!(
+                "unit{} {}",
+                if units.len() == 1 { "" } else { "s" },
+                units.join(", ")
+            ));
         }
         match parts.is_empty() {
             true => "no tenant".to_string(),
@@ -346,6 +360,18 @@ pub struct Ended {
     pub at_ms: u64,
 }
 
+/// A shadow once it ended: the fleet's differences as they stood then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowEnded {
+    /// The candidate's digest.
+    pub digest: String,
+    /// The release it ran beside (`None`: each host's own file).
+    pub serving: Option<String>,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    pub diff: Diff,
+}
+
 /// Rows a candidate runs before a rate limit above zero is judged (a limit
 /// of zero is crossed by the first trap or dead letter).
 pub const MIN_ROWS_JUDGED: u64 = 100;
@@ -404,6 +430,7 @@ mod tests {
             digest: "aa".into(),
             share,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            units: Vec::new(),
             started_ms: 1_000,
             auto,
             shadow: false,
@@ -423,13 +450,46 @@ mod tests {
         .collect();
         assert_eq!(golden, [7020, 538, 5081]);
         let quarter = canary(2_500, &[], None);
+        let unit = Unit {
+            partition: 0,
+            shard: 0,
+        };
         let served = (0..10_000)
-            .filter(|n| quarter.serves("validate", &format!("tenant-{n}")))
+            .filter(|n| quarter.serves("validate", &format!("tenant-{n}"), unit))
             .count();
         assert!((2_300..2_700).contains(&served), "{served}");
-        assert!(canary(0, &["b"], None).serves("p", "b"));
-        assert!(!canary(0, &["b"], None).serves("p", "a"));
-        assert!(canary(WHOLE, &[], None).serves("p", "anyone"));
+        assert!(canary(0, &["b"], None).serves("p", "b", unit));
+        assert!(!canary(0, &["b"], None).serves("p", "a", unit));
+        assert!(canary(WHOLE, &[], None).serves("p", "anyone", unit));
+    }
+
+    #[test]
+    fn a_canary_on_units_serves_every_tenant_there_and_no_one_elsewhere() {
+        let chosen = Unit {
+            partition: 1,
+            shard: 2,
+        };
+        let other = Unit {
+            partition: 2,
+            shard: 1,
+        };
+        let on_units = Canary {
+            units: vec![chosen],
+            ..canary(0, &[], None)
+        };
+        assert!(on_units.serves("p", "a", chosen) && on_units.serves("p", "b", chosen));
+        assert!(!on_units.serves("p", "a", other));
+        assert_eq!(on_units.describe(), "unit 1.2");
+        let both = Canary {
+            units: vec![chosen, other],
+            ..canary(0, &["b"], None)
+        };
+        assert_eq!(both.describe(), "tenants b and units 1.2, 2.1");
+        // Older hosts read a canary without units, and write none.
+        let text = serde_json::to_string(&canary(0, &["b"], None)).unwrap();
+        assert!(!text.contains("units"), "{text}");
+        let read: Canary = serde_json::from_str(&serde_json::to_string(&both).unwrap()).unwrap();
+        assert_eq!(read, both);
     }
 
     #[test]

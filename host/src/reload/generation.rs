@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::reload::canary::{Auto, Canary, Counts, Ended, Tally};
 use crate::reload::shadow::Diff;
 use crate::sandbox::Plugin;
+use crate::topology::route::Unit;
 
 /// At most this many canaried plugins in one pipeline (2^N variants);
 /// those past it serve with their release only.
@@ -140,8 +141,9 @@ impl Generation {
         self.variants.get(variant).map(|v| v.pipeline)
     }
 
-    /// The variant `tenant`'s rows of `table` run in, if a pipeline takes it.
-    pub fn variant_index(&self, table: &str, tenant: &str) -> Option<usize> {
+    /// The variant `tenant`'s rows of `table` in `unit` run in, if a
+    /// pipeline takes it.
+    pub fn variant_index(&self, table: &str, tenant: &str, unit: Unit) -> Option<usize> {
         let pipeline = self.pipeline_index(table)?;
         let (first, canaried) = self.pipeline_variants.get(pipeline)?;
         let mask = canaried
@@ -150,7 +152,7 @@ impl Generation {
             .filter(|(_, name)| {
                 self.canaries
                     .get(*name)
-                    .is_some_and(|c| c.canary.serves(name, tenant))
+                    .is_some_and(|c| c.canary.serves(name, tenant, unit))
             })
             .fold(0usize, |mask, (bit, _)| mask | 1 << bit);
         Some(first + mask)

@@ -30,7 +30,8 @@ use tokio::sync::watch;
 use crate::config::PluginConfig;
 use crate::coordination::{KeyFollower, MEMBERS, MemberRecord};
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, WatchEvent, WatchStart};
-use crate::reload::canary::{Canary, Ended, Outcome, Report, TALLIES};
+use crate::reload::canary::{Canary, Ended, Outcome, Report, ShadowEnded, TALLIES, fleet_diff};
+use crate::reload::shadow::Diff;
 use crate::sandbox::{LoadError, Sandbox};
 use crate::topology::route::Names;
 
@@ -98,6 +99,11 @@ pub struct Release {
     /// How the last canary ended, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<Ended>,
+    /// The last shadow's fleet-wide differences as they stood when it
+    /// ended (the hosts' counts expire soon after): `weir plugin diff`
+    /// shows them until the plugin's next shadow starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_shadow: Option<ShadowEnded>,
 }
 
 /// What made a release.
@@ -159,6 +165,7 @@ impl Release {
             history,
             canary: None,
             ended: self.ended.clone(),
+            last_shadow: self.last_shadow.clone(),
         }
     }
 }
@@ -553,6 +560,7 @@ pub async fn activate(
             history: Vec::new(),
             canary: None,
             ended: None,
+            last_shadow: None,
         },
     };
     write_and_withdraw(client, router, &name, release, current.map(|(_, rev)| rev)).await
@@ -596,8 +604,13 @@ pub async fn activate_canary(
             history: Vec::new(),
             canary: None,
             ended: None,
+            last_shadow: None,
         },
     };
+    // A new shadow's differences replace the last one's.
+    if canary.shadow {
+        release.last_shadow = None;
+    }
     release.canary = Some(canary);
     write_and_withdraw(client, router, &name, release, current.map(|(_, rev)| rev)).await
 }
@@ -640,6 +653,23 @@ pub async fn end_canary(
         Outcome::Promoted => current.followed_by(Some(canary.digest.clone()), How::Promote),
         Outcome::RolledBack => current.clone(),
     };
+    if canary.shadow {
+        // Kept in the release: the members' reports expire after TALLY_TTL.
+        let diff = match canary_reports(client, router, name).await {
+            Ok(reports) => fleet_diff(&canary, reports.values()),
+            Err(err) => {
+                tracing::warn!(error = %err, plugin = %name, "cannot read the shadow's differences to keep them");
+                Diff::default()
+            }
+        };
+        release.last_shadow = Some(ShadowEnded {
+            digest: canary.digest.clone(),
+            serving: current.digest.clone(),
+            started_ms: canary.started_ms,
+            ended_ms: ended.at_ms,
+            diff,
+        });
+    }
     release.canary = None;
     release.ended = Some(ended);
     write(client, router, name, &release, Some(revision)).await?;

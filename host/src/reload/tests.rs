@@ -4,6 +4,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::*;
+use crate::topology::route::Unit;
+
+/// The unit every row of these tests is delivered in.
+const UNIT: Unit = Unit {
+    partition: 0,
+    shard: 0,
+};
 
 fn parse(text: &str, overrides: &Overrides) -> Config {
     Config::parse(Path::new("/etc/weir/weir.toml"), text, overrides).unwrap()
@@ -28,6 +35,7 @@ async fn a_generation_is_behind_the_fleet_only_where_a_release_names_another_ver
         history: Vec::new(),
         canary: None,
         ended: None,
+        last_shadow: None,
     };
     let fleet =
         |name: &str, digest: Option<&str>| BTreeMap::from([(name.to_string(), release(digest))]);
@@ -79,6 +87,7 @@ async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_
         digest: digest.clone(),
         share: 0,
         tenants: vec!["b".into()],
+        units: Vec::new(),
         started_ms: 1,
         auto: None,
         shadow: false,
@@ -95,8 +104,8 @@ async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_
         Generation::with_canaries(config.clone(), plugins.clone(), canaries, Arc::default());
     assert_eq!(generation.variant_count(), 2);
     let (a, b) = (
-        generation.variant_index("t", "a").unwrap(),
-        generation.variant_index("t", "b").unwrap(),
+        generation.variant_index("t", "a", UNIT).unwrap(),
+        generation.variant_index("t", "b", UNIT).unwrap(),
     );
     assert_ne!(a, b);
     assert!(Arc::ptr_eq(generation.plugin_in(a, "p").unwrap(), &serving));
@@ -105,7 +114,7 @@ async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_
         &candidate
     ));
     assert_eq!(generation.variant_canaries(b), [("p", true)]);
-    assert_eq!(generation.variant_index("other", "a"), None);
+    assert_eq!(generation.variant_index("other", "a", UNIT), None);
     assert!(generation.variant_shadows(a).is_empty());
     // A shadow serves no tenant: one variant, the release's, beside
     // which the candidate runs on copies.
@@ -123,7 +132,7 @@ async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_
         Arc::default(),
     );
     assert_eq!(shadowed.variant_count(), 1);
-    let only = shadowed.variant_index("t", "b").unwrap();
+    let only = shadowed.variant_index("t", "b", UNIT).unwrap();
     assert!(Arc::ptr_eq(
         shadowed.plugin_in(only, "p").unwrap(),
         &serving
@@ -140,6 +149,7 @@ async fn a_tenants_rows_run_in_the_variant_its_canary_says_and_a_missing_canary_
         history: Vec::new(),
         canary: Some(canary),
         ended: None,
+        last_shadow: None,
     };
     let fleet = BTreeMap::from([("p".to_string(), release)]);
     let pushed_dir = Path::new("/var/lib/weir/pushed");

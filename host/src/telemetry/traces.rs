@@ -1,7 +1,9 @@
 //! Traces of the rows' path over OTLP/HTTP (`[traces]`): a span per
 //! request at the front door, whose W3C context (`traceparent`) each of
 //! its rows carries in its headers, and a `deliver` span per batch and
-//! request on whichever host delivers them, child of the request's span.
+//! request on whichever host delivers them, child of the request's span,
+//! with a child span per plugin call on the request's rows (`plugin NAME`,
+//! naming the plugin, its version and world).
 //! So one row is followed across hosts without a span per row. Sampling is
 //! per request, decided once at the front door: an unsampled request's
 //! rows carry nothing and cost nothing further.
@@ -135,8 +137,14 @@ impl Traces {
 
     /// Records that a host delivered (or settled otherwise) `attributes`'
     /// rows of the request whose context is `traceparent`, in a batch that
-    /// began at `began` and ends now.
-    pub fn delivered(&self, traceparent: &str, began: SystemTime, attributes: Vec<KeyValue>) {
+    /// began at `began` and ends now, through `calls`.
+    pub fn delivered(
+        &self,
+        traceparent: &str,
+        began: SystemTime,
+        attributes: Vec<KeyValue>,
+        calls: &[PluginCall<'_>],
+    ) {
         let Some(on) = &self.on else {
             return;
         };
@@ -144,14 +152,33 @@ impl Traces {
             return;
         };
         let cx = Context::new().with_remote_span_context(parent);
-        let mut span = on
+        let span = on
             .tracer
             .span_builder("deliver")
             .with_kind(SpanKind::Consumer)
             .with_start_time(began)
             .with_attributes(attributes)
             .start_with_context(&on.tracer, &cx);
-        span.end();
+        let cx = cx.with_span(span);
+        for call in calls {
+            let mut child = on
+                .tracer
+                .span_builder(format!("plugin {}", call.name))
+                .with_kind(SpanKind::Internal)
+                .with_start_time(call.began)
+                .with_attributes(vec![
+                    KeyValue::new("weir.plugin", call.name.to_string()),
+                    KeyValue::new("weir.plugin.version", call.version.to_string()),
+                    KeyValue::new("weir.plugin.world", call.world.to_string()),
+                    KeyValue::new("weir.rows", i64::from(call.rows)),
+                ])
+                .start_with_context(&on.tracer, &cx);
+            if let Some(error) = call.error {
+                child.set_status(Status::error(error.to_string()));
+            }
+            child.end_with_timestamp(call.began + call.took);
+        }
+        cx.span().end();
     }
 
     /// Sends what is batched (at a stop).
@@ -161,6 +188,20 @@ impl Traces {
             let _ = on.provider.shutdown();
         }
     }
+}
+
+/// One plugin call on a traced request's rows, as its span shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct PluginCall<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    pub world: &'a str,
+    pub began: SystemTime,
+    pub took: Duration,
+    /// The request's rows among those the call was given.
+    pub rows: u32,
+    /// Why the call failed, if it did.
+    pub error: Option<&'a str>,
 }
 
 /// A traced request's span, ended when the request is answered.

@@ -13,4 +13,4 @@ pub(crate) mod route;
 
 pub use manifest::{Manifest, ManifestFile, Mismatch, Severity, TopologyError};
 pub use permissions::Permissions;
-pub use route::{Names, Unit};
+pub use route::{Names, NotAUnit, Unit};

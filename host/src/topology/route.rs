@@ -92,10 +92,41 @@ pub mod letter_headers {
 }
 
 /// One shard's slice of a partition stream: what a durable consumer pulls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Written `<partition>.<shard>` (`1.2`), as in the coordination bucket.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Unit {
     pub partition: u32,
     pub shard: u32,
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.partition, self.shard)
+    }
+}
+
+/// Why a unit's text is not `<partition>.<shard>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a unit: write it <partition>.<shard>, such as 0.1")]
+pub struct NotAUnit {
+    pub text: String,
+}
+
+impl std::str::FromStr for Unit {
+    type Err = NotAUnit;
+
+    fn from_str(text: &str) -> Result<Unit, NotAUnit> {
+        let error = || NotAUnit {
+            text: text.to_string(),
+        };
+        let (partition, shard) = text.trim().split_once('.').ok_or_else(error)?;
+        Ok(Unit {
+            partition: partition.parse().map_err(|_| error())?,
+            shard: shard.parse().map_err(|_| error())?,
+        })
+    }
 }
 
 /// Names every subject, stream and consumer weir uses under one prefix, for

@@ -293,16 +293,29 @@ export function packTransformed(rows, outcomes) {
     }
     return first;
   };
+  // Indexed loops and no closure per text: without a JIT, for-of's
+  // iterator calls and a call per piece cost more than the packing itself.
   for (let i = 0; i < rows.length; i++) {
     const outcome = outcomes[i];
     const code = outcome.code;
     if (code === EMIT) {
       let first = -1, count = 0;
-      for (const r of outcome.rows) {
-        if (r.table === undefined) emitted.push(0, SAME_TABLE);
-        else emitted.push(putText(r.table), r.table.length);
-        if (r._text !== undefined) {
-          emitted.push(putText(r._text), r._text.length);
+      const outRows = outcome.rows;
+      for (let e = 0; e < outRows.length; e++) {
+        const r = outRows[e];
+        const table = r.table;
+        if (table === undefined) {
+          emitted.push(0, SAME_TABLE);
+        } else {
+          texts.push(table);
+          emitted.push(chars, table.length);
+          chars += table.length;
+        }
+        const text = r._text;
+        if (text !== undefined) {
+          texts.push(text);
+          emitted.push(chars, text.length);
+          chars += text.length;
         } else {
           // Bytes go after the texts: their offsets are fixed up below.
           const bytes = r.payload;
@@ -329,7 +342,7 @@ export function packTransformed(rows, outcomes) {
         }
       }
       codes[2 * i] = EMIT;
-      codes[2 * i + 1] = outcome.rows.length;
+      codes[2 * i + 1] = outRows.length;
     } else if (code === DEAD_LETTER) {
       codes[2 * i] = DEAD_LETTER;
       codes[2 * i + 1] = reasons.length;

@@ -40,6 +40,7 @@ fn a_snapshot_drops_exactly_the_accepts_it_covers() {
         host: "other".into(),
         accepts: vec![accept("a", 0, 13, 1, 100)],
         settled: Vec::new(),
+        delivered: 0,
     });
     assert_eq!(
         ledger.usage("a").queued,
@@ -71,6 +72,7 @@ fn a_snapshot_drops_exactly_the_accepts_it_covers() {
         host: "other".into(),
         accepts: vec![accept("a", 0, 11, 4, 400)],
         settled: Vec::new(),
+        delivered: 0,
     });
     assert_eq!(
         ledger.usage("a").queued,
@@ -90,12 +92,8 @@ fn reservations_count_until_dropped_and_own_messages_are_ignored() {
     drop(held);
     assert_eq!(ledger.usage("a").queued, Queued::default());
     ledger.accepted(vec![accept("a", 0, 1, 1, 10)]);
-    let (outbox, settled) = ledger.take_outbox();
-    ledger.shared(Shared {
-        host: "me".into(),
-        accepts: outbox,
-        settled,
-    });
+    let own = ledger.take_outbox().expect("an accept to share");
+    ledger.shared(own);
     assert_eq!(ledger.usage("a").queued, Queued { rows: 1, bytes: 10 });
     assert_eq!(ledger.usage("a").recent, Queued { rows: 1, bytes: 10 });
     assert_eq!(ledger.mean_row_bytes().get("a").copied(), Some(10.0));
@@ -125,13 +123,14 @@ async fn the_leader_reads_only_partitions_something_happened_in() {
         host: "other".into(),
         accepts: Vec::new(),
         settled: vec![0],
+        delivered: 0,
     });
     assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "some [0, 2]");
     assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "some [0, 2]");
     assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "nothing");
     // The slow check comes due.
     tokio::time::advance(SLOW_CHECK).await;
-    ledger.settled(3);
+    ledger.settled(3, 1);
     assert_eq!(reads(ledger.leader_reads(&mut reader, 4)), "check [3]");
 }
 
@@ -142,7 +141,7 @@ async fn a_host_reads_itself_when_no_snapshot_covers_its_accepts() {
     ledger.apply_snapshot(snapshot(vec![5], &[]));
     assert!(!ledger.stale(started));
     // Settlements alone wait for the leader's next read or slow check.
-    ledger.settled(0);
+    ledger.settled(0, 1);
     tokio::time::advance(STALE_AFTER * 2).await;
     assert!(!ledger.stale(started));
     // An accept no snapshot covers within STALE_AFTER: the leader is gone.
@@ -174,5 +173,35 @@ async fn the_rate_window_forgets_what_is_older_than_a_second() {
         usage.queued,
         Queued { rows: 5, bytes: 50 },
         "queued until a snapshot"
+    );
+}
+
+#[test]
+fn the_fleets_accepted_and_delivered_rows_count_each_share_once() {
+    let ledger = Ledger::new("me");
+    ledger.accepted(vec![accept("a", 0, 1, 3, 30)]);
+    ledger.settled(0, 2);
+    let own = ledger
+        .take_outbox()
+        .expect("accepts and deliveries to share");
+    assert_eq!(
+        (own.accepts.len(), own.settled.clone(), own.delivered),
+        (1, vec![0], 2)
+    );
+    // This host's own message comes back over NATS: not counted again.
+    ledger.shared(own);
+    assert!(ledger.take_outbox().is_none());
+    ledger.shared(Shared {
+        host: "other".into(),
+        accepts: vec![accept("b", 1, 1, 4, 40)],
+        settled: vec![1],
+        delivered: 5,
+    });
+    assert_eq!(
+        ledger.moved(),
+        Moved {
+            accepted: 7,
+            delivered: 7
+        }
     );
 }

@@ -66,6 +66,11 @@ function push(series, value) {
 
 // One line over a canvas, scaled to its own maximum (at least 1).
 function line(canvas, series, stroke) {
+  lines(canvas, [[series, stroke]]);
+}
+
+// Lines over a canvas, scaled to their common maximum (at least 1).
+function lines(canvas, drawn) {
   const ratio = window.devicePixelRatio || 1;
   const w = Math.max(1, Math.round(canvas.clientWidth * ratio));
   const h = Math.max(1, Math.round(canvas.clientHeight * ratio));
@@ -73,18 +78,34 @@ function line(canvas, series, stroke) {
   if (canvas.height !== h) canvas.height = h;
   const ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, w, h);
-  if (series.length < 2) return;
-  const max = Math.max(1, ...series);
-  ctx.strokeStyle = stroke;
-  ctx.lineWidth = Math.max(1, ratio * 1.5);
-  ctx.beginPath();
-  series.forEach((v, i) => {
-    const x = (w * (HISTORY - series.length + i)) / (HISTORY - 1);
-    const y = h - 2 - ((h - 4) * v) / max;
-    if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
-  });
-  ctx.stroke();
+  const max = Math.max(1, ...drawn.flatMap(([series]) => series));
+  for (const [series, stroke] of drawn) {
+    if (series.length < 2) continue;
+    ctx.strokeStyle = stroke;
+    ctx.lineWidth = Math.max(1, ratio * 1.5);
+    ctx.beginPath();
+    series.forEach((v, i) => {
+      const x = (w * (HISTORY - series.length + i)) / (HISTORY - 1);
+      const y = h - 2 - ((h - 4) * v) / max;
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  }
   return max;
+}
+
+// "4 min 59 s" for a span in milliseconds.
+function span(ms) {
+  const s = Math.round(ms / 1000);
+  return s < 60 ? s + " s" : Math.floor(s / 60) + " min " + (s % 60) + " s";
+}
+
+// Rows a sample counts since the one before, per second of that interval.
+function perSecond(samples, key) {
+  return samples.map((s, i) => {
+    const ms = i > 0 ? s.at_ms - samples[i - 1].at_ms : 1000;
+    return ms > 0 ? Math.round((s[key] || 0) * 1000 / ms) : 0;
+  });
 }
 
 function drawTotals(state) {
@@ -110,9 +131,27 @@ function drawTotals(state) {
     box.append(t);
   }
   // Kept by the host, not this page: a page opened now shows the past too.
-  const queued = (state.queued_history || []).map((s) => s.queued_rows);
+  const samples = state.queued_history || [];
+  const queued = samples.map((s) => s.queued_rows);
+  const accepted = perSecond(samples, "accepted_rows");
+  const delivered = perSecond(samples, "delivered_rows");
   $("lag-max").textContent = fmt(Math.max(1, ...queued));
+  $("rates-max").textContent = fmt(Math.max(1, ...accepted, ...delivered));
   line($("lag"), queued, "#58a6ff");
+  lines($("rates"), [[accepted, "#58a6ff"], [delivered, "#3fb950"]]);
+  // What the charts cover, in the DOM too (for a reader, and for a test).
+  const from = samples.length ? samples[0].at_ms : 0;
+  const to = samples.length ? samples[samples.length - 1].at_ms : 0;
+  for (const canvas of [$("lag"), $("rates")]) {
+    canvas.dataset.samples = String(samples.length);
+    canvas.dataset.fromMs = String(from);
+    canvas.dataset.toMs = String(to);
+  }
+  $("rates").dataset.accepted = String(samples.reduce((n, s) => n + (s.accepted_rows || 0), 0));
+  $("rates").dataset.delivered = String(samples.reduce((n, s) => n + (s.delivered_rows || 0), 0));
+  $("history-span").textContent = samples.length < 2 ? "no samples yet"
+    : "last " + span(to - from) + ", " + samples.length + " samples, from "
+      + new Date(from).toLocaleTimeString() + " to " + new Date(to).toLocaleTimeString();
 }
 
 function drawMembers(state) {

@@ -12,6 +12,7 @@ fn pushed(digest: &str, history: Vec<Step>) -> Release {
         history,
         canary: None,
         ended: None,
+        last_shadow: None,
     }
 }
 
