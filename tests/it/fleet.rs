@@ -310,3 +310,47 @@ async fn a_sigkill_takeover_is_counted_even_with_no_rows_in_flight() {
     .await;
     assert_eq!(counted as usize, owners["host-b"].len());
 }
+
+/// A live member's roster entry removed (what a follower judging on a
+/// stale view would do): the member keeps its units — it does not step
+/// down, nobody claims them, no claim is written again — and writes its
+/// entry again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_member_whose_roster_entry_goes_keeps_its_units_and_is_listed_again() {
+    use async_nats::jetstream::{self, kv::Operation};
+    use futures::TryStreamExt;
+    let nats = Nats::start();
+    let a = spawn(nats.url(), "host-a");
+    let b = spawn(nats.url(), "host-b");
+    balanced(&a, &["host-a", "host-b"]).await;
+    let kv = jetstream::new(nats.client().await)
+        .get_key_value("weir_coord")
+        .await
+        .unwrap();
+    let claims = || async {
+        let keys: Vec<String> = kv.keys().await.unwrap().try_collect().await.unwrap();
+        let mut claims = Vec::new();
+        for key in keys.into_iter().filter(|k| k.starts_with("owners.")) {
+            let entry = kv.entry(&key).await.unwrap().unwrap();
+            claims.push((key, entry.revision, entry.value));
+        }
+        claims
+    };
+    let before = claims().await;
+    let listed = kv.entry("roster.host-b").await.unwrap().unwrap().revision;
+    kv.delete("roster.host-b").await.unwrap();
+    eventually(Duration::from_secs(10), "host-b listed again", || async {
+        let entry = kv.entry("roster.host-b").await.ok()??;
+        (entry.operation == Operation::Put && entry.revision > listed).then_some(())
+    })
+    .await;
+    balanced(&a, &["host-a", "host-b"]).await;
+    // Long enough for the claims the others would try while it was unlisted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(claims().await, before, "the owner records changed");
+    assert!(
+        !b.log().contains("stepping down"),
+        "host-b stepped down:\n{}",
+        b.log()
+    );
+}

@@ -523,20 +523,20 @@ impl Coordinator {
             let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
             let term = self.lease.borrow().map(|l| l.term);
             let was_member = self.view.member;
-            // Counted by the others only once its roster entry is in the
-            // watch: every claim it writes comes after it there. A watch
-            // starting over is not a removal.
-            let listed =
-                self.view.members.contains_key(&self.view.me) || (was_member && !self.caught_up);
+            // A member once its roster entry is in the watch (counted by the
+            // others: every claim it writes comes after it there). Its
+            // entry gone while its lease holds (removed on a stale view, or
+            // a watch starting over) ends nothing: nobody takes over the
+            // units of a member whose key is renewed, and aborting them
+            // would leave their rows in flight to be delivered twice. The
+            // entry is written again meanwhile.
+            let listed = self.view.members.contains_key(&self.view.me);
             let lapsed = !lease_valid || term != self.member_term;
-            let stepped_down = was_member && (lapsed || !listed) && !self.leaving;
+            let stepped_down = was_member && lapsed && !self.leaving;
             if stepped_down {
-                self.step_down(match lapsed {
-                    true => "cannot renew the member key in time; stepping down",
-                    false => "no longer in the roster; stepping down until listed again",
-                });
+                self.step_down();
             }
-            let member = lease_valid && listed && !self.leaving;
+            let member = lease_valid && (listed || (was_member && !lapsed)) && !self.leaving;
             if member && (!was_member || stepped_down) {
                 self.member_term = lease.map(|l| l.term);
             }
@@ -681,8 +681,11 @@ impl Coordinator {
 
     /// The lease ran out before a renewal got through: the others may take
     /// this host's units any moment, so stop pulling them now.
-    fn step_down(&mut self, why: &str) {
-        tracing::warn!(units = self.tasks.len(), "{why}");
+    fn step_down(&mut self) {
+        tracing::warn!(
+            units = self.tasks.len(),
+            "cannot renew the member key in time; stepping down"
+        );
         for (_, task) in std::mem::take(&mut self.tasks) {
             task.handle.abort();
         }
