@@ -218,12 +218,12 @@ pub(super) async fn run_unit(
     }
 }
 
-/// Whether `owner`, which holds a claim and is not in the roster, has no
-/// member key renewed either. A roster entry goes only after the key
-/// expired, so a renewed key means a host that counts members by their
-/// keys (a version from before the roster, in a rolling upgrade) or one
-/// that renewed again and is about to rejoin: not dead, not to be taken
-/// over.
+/// Whether `owner`, which holds a claim and was never in the roster, has
+/// no member key renewed either: a renewed key means a host that counts
+/// members by their keys (a version from before the roster, in a rolling
+/// upgrade), not dead, not to be taken over. (An owner whose entry was
+/// removed is taken over whatever its key says: the entry goes only once
+/// its key expired after it was written, so the term that claimed ended.)
 async fn owner_key_ended(membership: &Membership, owner: &str) -> bool {
     match membership.kv.entry(&format!("{MEMBERS}{owner}")).await {
         Ok(Some(entry)) if entry.operation.is_put() => {

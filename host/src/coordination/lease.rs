@@ -25,6 +25,9 @@ pub struct LeaseState {
     /// Renewal time + TTL − [`STEP_DOWN_MARGIN`], on the monotonic clock
     /// (which runs on while the process is stopped).
     pub until: Instant,
+    /// The revision of the roster entry first written in this term: the
+    /// host is a member once its watch has its entry at or after it.
+    pub listed: Option<u64>,
 }
 
 /// The lease a unit was claimed under, handed to its runner: the unit is
@@ -81,7 +84,11 @@ impl Lease {
 
     /// A lease held until `until` and never renewed (tests, tools).
     pub fn until(until: Instant) -> Lease {
-        let (_, state) = watch::channel(Some(LeaseState { term: 1, until }));
+        let (_, state) = watch::channel(Some(LeaseState {
+            term: 1,
+            until,
+            listed: Some(0),
+        }));
         Lease::current(state)
     }
 
@@ -136,9 +143,13 @@ pub(super) struct Renewal {
 /// Renews the member key every third of its TTL (with the plugin versions
 /// running then) and says until when this host may act as a member. After
 /// a renewal, writes the roster entry when the record changed since it was
-/// last written (the first renewal, new plugin versions) or when asked to:
-/// the member key is always written first, so a roster entry never stands
-/// without a live key behind it but for a member that died.
+/// last written (new plugin versions), when a term starts (the first
+/// renewal, or one after the lease ran out) or when asked to: the member
+/// key is always written first, so a roster entry never stands without a
+/// live key behind it but for a member that died. An entry written in a
+/// term is newer than any expiry of the key before it, so a follower that
+/// saw the key expire removes only entries of terms that ended, and a host
+/// not in the roster holds no claim a live term stands behind.
 pub(super) async fn renew(
     renewal: Renewal,
     mut record: MemberRecord,
@@ -156,8 +167,9 @@ pub(super) async fn renew(
     let roster = roster_key(&me);
     let period = ttl / 3;
     let mut held: Option<LeaseState> = None;
-    // The record the roster entry holds, as this host last wrote it.
-    let mut in_roster: Option<MemberRecord> = None;
+    // The record the roster entry holds and the term it was written in,
+    // as this host last wrote it.
+    let mut in_roster: Option<(MemberRecord, u64)> = None;
     loop {
         record.plugins = plugins();
         let value = to_bytes(&record);
@@ -178,6 +190,7 @@ pub(super) async fn renew(
                     let state = LeaseState {
                         term,
                         until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
+                        listed: held.filter(|s| s.term == term).and_then(|s| s.listed),
                     };
                     held = Some(state);
                     lease.send_replace(held);
@@ -192,9 +205,16 @@ pub(super) async fn renew(
                     Duration::ZERO
                 }
             };
-        if renewed && in_roster.as_ref() != Some(&record) {
+        let term = held.map_or(0, |s| s.term);
+        if renewed && in_roster.as_ref() != Some(&(record.clone(), term)) {
             match tokio::time::timeout(period, kv.put(&roster, value)).await {
-                Ok(Ok(_)) => in_roster = Some(record.clone()),
+                Ok(Ok(revision)) => {
+                    in_roster = Some((record.clone(), term));
+                    if let Some(state) = held.as_mut().filter(|s| s.listed.is_none()) {
+                        state.listed = Some(revision);
+                        lease.send_replace(held);
+                    }
+                }
                 Ok(Err(err)) => {
                     tracing::warn!(error = %err, "cannot write the roster entry");
                     pause = RETRY_PAUSE;

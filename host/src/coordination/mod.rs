@@ -372,6 +372,7 @@ impl Coordination {
             held_back: None,
             rewrite_roster,
             roster_revisions: BTreeMap::new(),
+            unlisted: BTreeSet::new(),
             ring,
         };
         let leave = CancellationToken::new();
@@ -437,6 +438,10 @@ struct Coordinator {
     rewrite_roster: Arc<tokio::sync::Notify>,
     /// Each roster entry's revision, for the ring.
     roster_revisions: BTreeMap<String, u64>,
+    /// Hosts whose roster entry the watch brought removed: their claims
+    /// are taken over whatever their member key says (a host never listed
+    /// is one from before the roster, whose key decides).
+    unlisted: BTreeSet<String>,
     ring: Ring,
 }
 
@@ -523,20 +528,25 @@ impl Coordinator {
             let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
             let term = self.lease.borrow().map(|l| l.term);
             let was_member = self.view.member;
-            // A member once its roster entry is in the watch (counted by the
-            // others: every claim it writes comes after it there). Its
-            // entry gone while its lease holds (removed on a stale view, or
-            // a watch starting over) ends nothing: nobody takes over the
-            // units of a member whose key is renewed, and aborting them
-            // would leave their rows in flight to be delivered twice. The
-            // entry is written again meanwhile.
-            let listed = self.view.members.contains_key(&self.view.me);
+            // Counted by the others only once its roster entry of this term
+            // is in the watch: every claim it writes comes after it there,
+            // and after any expiry of its key in an earlier term. A watch
+            // starting over is not a removal.
+            let listed_at = self.lease.borrow().and_then(|l| l.listed);
+            let listed = listed_at.is_some_and(|at| {
+                self.roster_revisions
+                    .get(&self.view.me)
+                    .is_some_and(|seen| *seen >= at)
+            }) || (was_member && !self.caught_up);
             let lapsed = !lease_valid || term != self.member_term;
-            let stepped_down = was_member && lapsed && !self.leaving;
+            let stepped_down = was_member && (lapsed || !listed) && !self.leaving;
             if stepped_down {
-                self.step_down();
+                self.step_down(match lapsed {
+                    true => "cannot renew the member key in time; stepping down",
+                    false => "no longer in the roster; stepping down until listed again",
+                });
             }
-            let member = lease_valid && (listed || (was_member && !lapsed)) && !self.leaving;
+            let member = lease_valid && listed && !self.leaving;
             if member && (!was_member || stepped_down) {
                 self.member_term = lease.map(|l| l.term);
             }
@@ -597,9 +607,11 @@ impl Coordinator {
             match &record {
                 Some(_) => {
                     self.roster_revisions.insert(id.to_string(), entry.revision);
+                    self.unlisted.remove(id);
                 }
                 None => {
                     self.roster_revisions.remove(id);
+                    self.unlisted.insert(id.to_string());
                     // Removed by the others (its key expired while this
                     // host was frozen or cut off): written again once the
                     // lease is renewed, and this host rejoins.
@@ -662,6 +674,7 @@ impl Coordinator {
         self.caught_up = false;
         self.view.members.clear();
         self.roster_revisions.clear();
+        self.unlisted.clear();
         self.view.owners.clear();
         // The bucket may have been recreated: the roster entry with it.
         self.rewrite_roster.notify_one();
@@ -681,11 +694,8 @@ impl Coordinator {
 
     /// The lease ran out before a renewal got through: the others may take
     /// this host's units any moment, so stop pulling them now.
-    fn step_down(&mut self) {
-        tracing::warn!(
-            units = self.tasks.len(),
-            "cannot renew the member key in time; stepping down"
-        );
+    fn step_down(&mut self, why: &str) {
+        tracing::warn!(units = self.tasks.len(), "{why}");
         for (_, task) in std::mem::take(&mut self.tasks) {
             task.handle.abort();
         }
@@ -732,12 +742,14 @@ impl Coordinator {
                         continue;
                     }
                     if let Some(claim) = claim(&self.view, unit) {
-                        // Whose claim it takes, if a member's (not in the
-                        // roster): its key is looked at before the claim.
+                        // Whose claim it takes, if a host's never listed
+                        // (from before the roster): its key is looked at
+                        // before the claim. A removed entry's term ended.
                         let from = claim
                             .from_other
                             .then(|| self.view.owners.get(&unit).map(|(r, _)| r.member.clone()))
-                            .flatten();
+                            .flatten()
+                            .filter(|owner| !self.unlisted.contains(owner));
                         work.push((unit, UnitWork::Claim(claim, from)));
                     }
                 }

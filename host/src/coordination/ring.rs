@@ -9,9 +9,10 @@
 //! key is gone altogether), and only at the roster revision written before
 //! that expiry: the member's lease ran out a margin before its key did, so
 //! it has stepped down already; a member that renewed again (a new term)
-//! writes its roster entry anew and rejoins. The key is read again before
-//! the entry goes: the watch may bring an expiry that a renewal has
-//! followed since, and a member that renewed late keeps its entry.
+//! writes its roster entry anew and rejoins. An expiry the watch brings
+//! late (followed by a renewal already) still removes an older entry: that
+//! entry's term ended, and the member counts itself again only once its
+//! entry of the new term is in.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{MEMBERS, RETRY_PAUSE, roster_key};
-use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, Watch, WatchEvent, WatchStart};
+use crate::nats::kv::{KvError, KvWatch, KvWrite, Watch, WatchEvent, WatchStart};
 
 /// How many members after it in the roster each host follows: a member's
 /// death goes unnoticed only if both hosts before it die too.
@@ -61,15 +62,6 @@ pub(super) enum LeaseKey {
     Renewed,
     /// Expired (or deleted) at this revision.
     Gone(u64),
-}
-
-/// What a member key's last entry (`None`: no message) says.
-fn lease_key(entry: Option<&Entry>) -> LeaseKey {
-    match entry {
-        None => LeaseKey::Absent,
-        Some(entry) if entry.operation.is_put() => LeaseKey::Renewed,
-        Some(entry) => LeaseKey::Gone(entry.revision),
-    }
 }
 
 /// Whether the roster entry written at `roster_revision` is a dead
@@ -149,21 +141,6 @@ pub(super) async fn follow_successors<K>(
                 if !dead(key, revision) || done.contains(&(member.clone(), revision)) {
                     continue;
                 }
-                // The watch may be behind: an expiry it brings can have been
-                // followed by a renewal already (a member that renewed late
-                // keeps its roster entry). The key as it is now decides.
-                let now_key = match kv.entry(&format!("{MEMBERS}{member}")).await {
-                    Ok(entry) => lease_key(entry.as_ref()),
-                    Err(err) => {
-                        tracing::warn!(%member, error = %err, "cannot read a member key the watch says ended; judging it later");
-                        retry_at = Some(Instant::now() + RETRY_PAUSE);
-                        continue;
-                    }
-                };
-                if !dead(now_key, revision) {
-                    tracing::debug!(%member, ?key, ?now_key, "a member key the watch says ended was renewed since; the member stays");
-                    continue;
-                }
                 match kv.delete_at(&roster_key(member), revision).await {
                     Ok(_) => {
                         tracing::info!(%member, ?key, "removed a member whose key expired from the roster");
@@ -188,7 +165,11 @@ pub(super) async fn follow_successors<K>(
             event = next_event(&mut following) => match event {
                 Some(Ok(WatchEvent::Update(entry))) => {
                     if let (Some(f), Some(member)) = (following.as_mut(), entry.key.strip_prefix(MEMBERS)) {
-                        f.keys.insert(member.to_string(), lease_key(Some(&entry)));
+                        let key = match entry.operation.is_put() {
+                            true => LeaseKey::Renewed,
+                            false => LeaseKey::Gone(entry.revision),
+                        };
+                        f.keys.insert(member.to_string(), key);
                     }
                 }
                 Some(Ok(WatchEvent::CaughtUp)) => {
@@ -328,42 +309,6 @@ mod tests {
         .await
         .expect("d's roster entry removed once a follows it");
         assert!(!roster_entry_gone(&kv, "c").await);
-        stop.cancel();
-        task.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_member_renewed_right_after_its_key_ended_keeps_its_entry() {
-        let kv = MemoryKv::new();
-        let roster = roster_of(&kv, &["a", "b", "c"]).await;
-        let (_publish, receiver) = watch::channel(roster);
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(follow_successors(
-            kv.clone(),
-            "a".into(),
-            receiver,
-            stop.clone(),
-        ));
-        // c's key ends: the follower has caught up and judges.
-        kv.delete(&format!("{MEMBERS}c")).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !roster_entry_gone(&kv, "c").await {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("c's roster entry removed");
-        // b's key ends and b renews it before the follower's watch brings
-        // either (a late renewal: b keeps its roster entry as it was).
-        kv.delete(&format!("{MEMBERS}b")).await.unwrap();
-        kv.put(&format!("{MEMBERS}b"), Bytes::from_static(b"{}"))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(
-            !roster_entry_gone(&kv, "b").await,
-            "a member renewing its key was removed from the roster on an expiry the watch brought late"
-        );
         stop.cancel();
         task.await.unwrap();
     }
