@@ -20,6 +20,13 @@
 //! 3. Keyed requests: `KEYED_REQUESTS` requests with new `Idempotency-Key`s
 //!    (rows/s), then the same again with every row stored already, as a
 //!    retry after a lost answer is (rows/s; each duplicate counted).
+//!    Then retries of partly stored requests, through the publisher the
+//!    front door uses: `KEYED_REQUESTS` requests, the first half of each
+//!    stored before (as a request cut short leaves them), sent again as a
+//!    retry is (`Ids::MaybeStored`: an atomic batch the server refuses
+//!    for its stored ids, then one row at a time), beside the same
+//!    requests with new ids (`Ids::Fresh`); rows/s of each and
+//!    `ratio_retry_to_fresh` (each retry's rows all counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
 //!    requests to `weir.ingest.acme.events` by `CLIENTS` requesters back to
 //!    back, each on a connection of its own as each HTTP client has (rows/s,
@@ -257,6 +264,8 @@ async fn run(rows: usize, latency_window: Duration) {
         / post_keyed_all(&http, &url, keyed, ROWS_PER_REQUEST)
             .await
             .as_secs_f64();
+    let (fresh_rows_per_sec, partly_stored_rows_per_sec) =
+        retry_rates(&client, &router, &bodies[..keyed.len()]).await;
     host.shutdown().await;
     drop(server);
 
@@ -304,6 +313,17 @@ async fn run(rows: usize, latency_window: Duration) {
         BENCH,
         "weir_retry_of_stored_rows_per_sec",
         retried_rows_per_sec,
+    );
+    print_figure(BENCH, "publisher_fresh_rows_per_sec", fresh_rows_per_sec);
+    print_figure(
+        BENCH,
+        "publisher_retry_partly_stored_rows_per_sec",
+        partly_stored_rows_per_sec,
+    );
+    print_figure(
+        BENCH,
+        "ratio_retry_to_fresh",
+        partly_stored_rows_per_sec / fresh_rows_per_sec,
     );
     let mut table = Table::new(&["figure", "measured", "target"]);
     table.push(vec![
@@ -370,7 +390,69 @@ async fn run(rows: usize, latency_window: Duration) {
         format!("{retried_rows_per_sec:.0} rows/s"),
         "(answered from the key's record)".into(),
     ]);
+    table.push(vec![
+        "retry of half-stored requests (publisher)".into(),
+        format!(
+            "{partly_stored_rows_per_sec:.0} rows/s ({:.2}× fresh, {fresh_rows_per_sec:.0})",
+            partly_stored_rows_per_sec / fresh_rows_per_sec
+        ),
+        "≥ 0.5× fresh".into(),
+    ]);
     table.print();
+}
+
+/// Rows/s of `bodies` published with new ids, and of the same sent again
+/// as retries after their first half was stored, by `CLIENTS` at a time.
+async fn retry_rates(client: &async_nats::Client, router: &Names, bodies: &[Bytes]) -> (f64, f64) {
+    use futures::StreamExt;
+    use weir::ingest::{Ids, Placement, Publisher};
+
+    let publisher = Publisher::new(client.clone(), router.clone(), -1);
+    let placement = Placement::Table(router.route(TENANT, TABLE));
+    let rows =
+        |run: &str, request: usize, body: &Bytes, take: usize| -> Vec<(Bytes, Option<String>)> {
+            body.split(|&b| b == b'\n')
+                .filter(|line| !line.is_empty())
+                .take(take)
+                .enumerate()
+                .map(|(i, line)| (body.slice_ref(line), Some(format!("{run}-{request}-{i}"))))
+                .collect()
+        };
+    let run = |requests: Vec<Vec<(Bytes, Option<String>)>>, ids: Ids, duplicates: usize| {
+        let publisher = publisher.clone();
+        let placement = placement.clone();
+        async move {
+            let total: usize = requests.iter().map(Vec::len).sum();
+            let started = Instant::now();
+            futures::stream::iter(requests)
+                .map(|rows| {
+                    let (publisher, placement) = (publisher.clone(), placement.clone());
+                    async move {
+                        let published = publisher
+                            .publish(TENANT, TABLE, &placement, rows, ids, None)
+                            .await
+                            .expect("the rows are stored");
+                        assert_eq!(published.duplicates, duplicates, "{published:?}");
+                    }
+                })
+                .buffer_unordered(CLIENTS)
+                .collect::<Vec<()>>()
+                .await;
+            total as f64 / started.elapsed().as_secs_f64()
+        }
+    };
+    let all = |name: &str, take: usize| -> Vec<_> {
+        bodies
+            .iter()
+            .enumerate()
+            .map(|(request, body)| rows(name, request, body, take))
+            .collect()
+    };
+    let fresh = run(all("fresh", usize::MAX), Ids::Fresh, 0).await;
+    let half = ROWS_PER_REQUEST / 2;
+    run(all("retry", half), Ids::Fresh, 0).await;
+    let retried = run(all("retry", usize::MAX), Ids::MaybeStored, half).await;
+    (fresh, retried)
 }
 
 /// Sends `body` to the NATS door; the answer must be a 202.

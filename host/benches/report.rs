@@ -145,6 +145,7 @@ const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
     ),
     ("front_door", "weir_rows_per_sec", Goal::AtLeast(100_000.0)),
     ("front_door", "latency_p99_ms", Goal::AtMost(50.0)),
+    ("front_door", "ratio_retry_to_fresh", Goal::AtLeast(0.5)),
     ("latency", "p99_ms_at_10pct", Goal::AtMost(20.0)),
     ("latency", "p99_ms_at_50pct", Goal::AtMost(100.0)),
     ("latency", "ratio_p99_to_raw_at_10pct", Goal::AtMost(2.0)),

@@ -577,3 +577,41 @@ async fn r1_the_same_faults_on_one_server() {
     .await;
     h.stop().await;
 }
+
+/// Pins why a retry does not learn which of its ids are stored by probing
+/// them (an empty message with a row's id and an expected last message id
+/// no message has): on one server the probe is refused and leaves nothing
+/// behind, but on an R3 stream the leader has recorded the id before the
+/// expectation fails, and the row's real publish after it is never stored
+/// (nats-server 2.15: it times out). Tried as a faster retry (d724626,
+/// 031de12), it kept the cluster tests' retried rows out for good. If this
+/// fails, the server changed: probes may be safe then.
+#[tokio::test(flavor = "multi_thread")]
+async fn r3_a_probe_of_an_id_keeps_that_ids_row_out() {
+    use async_nats::jetstream::{self, message::PublishMessage, stream};
+    let nodes = NatsNodes::start(3).await;
+    let js = jetstream::new(nodes.client().await);
+    let mut probed = js
+        .create_stream(stream::Config {
+            name: "PROBED".into(),
+            subjects: vec!["probed.>".into()],
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let probe = PublishMessage::build()
+        .message_id("row-1")
+        .expected_last_message_id("never-an-id");
+    let refused = js.send_publish("probed.a", probe).await.unwrap().await;
+    assert!(refused.is_err(), "the probe was stored: {refused:?}");
+    let row = PublishMessage::build()
+        .payload("row 1".into())
+        .message_id("row-1");
+    let answer = js.send_publish("probed.a", row).await.unwrap().await;
+    let held = probed.info().await.unwrap().state.messages;
+    assert!(
+        held == 0 && !matches!(&answer, Ok(ack) if !ack.duplicate),
+        "the row was stored after its probe ({held} held, {answer:?}): probes may be safe now"
+    );
+}

@@ -385,6 +385,58 @@ async fn watch_and_write_scenario<K: KvWatch + KvWrite>(kv: &K) {
     ));
 }
 
+/// A key's kept revisions, oldest first from a given one (what a state
+/// scope's chain of changes is read with), alike on both stores; the
+/// bucket's history says how many are kept.
+async fn revisions_scenario<K: KvWrite>(kv: &K) {
+    let first = kv.put("s.k", "v1".into()).await.expect("put");
+    kv.put("other", "x".into()).await.expect("put");
+    let second = kv.update("s.k", "v2".into(), first).await.expect("update");
+    kv.delete("s.k").await.expect("delete");
+    let last = kv.create("s.k", "v3".into()).await.expect("create");
+    let seen = |entries: Vec<Entry>| -> Vec<(u64, Operation, String)> {
+        entries
+            .into_iter()
+            .map(|e| {
+                let value = String::from_utf8_lossy(&e.value).to_string();
+                (e.revision, e.operation, value)
+            })
+            .collect()
+    };
+    let all = seen(kv.revisions("s.k", 0).await.expect("revisions"));
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(all[0], (first, Operation::Put, "v1".into()));
+    assert_eq!(all[1], (second, Operation::Put, "v2".into()));
+    assert_eq!(all[2].1, Operation::Delete);
+    assert_eq!(all[3], (last, Operation::Put, "v3".into()));
+    let from = seen(kv.revisions("s.k", second).await.expect("revisions"));
+    assert_eq!(from, all[1..]);
+    assert!(
+        kv.revisions("s.none", 0)
+            .await
+            .expect("revisions")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_kv_and_nats_kv_keep_a_keys_revisions_alike() {
+    let nats = Nats::start();
+    let (_client, kv) = bucket(
+        &nats,
+        BucketOptions {
+            history: 8,
+            ..BucketOptions::new("kept")
+        },
+    )
+    .await;
+    assert_eq!(kv.history(), Some(8));
+    revisions_scenario(&kv).await;
+    let memory = MemoryKv::new();
+    assert_eq!(memory.history(), None);
+    revisions_scenario(&memory).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_kv_and_nats_kv_agree_on_one_scenario() {
     let nats = Nats::start();

@@ -13,7 +13,7 @@ use weir::topology::{Names, Unit};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::support::{ACME_KEY, Host, Nats, balanced, base_config, eventually};
+use crate::support::{ACME_KEY, Host, Nats, TestHost, balanced, base_config, eventually};
 
 /// The window plugin with `grants.state` in a pipeline of table `events`.
 pub(crate) const WINDOW: &str = r#"
@@ -245,13 +245,133 @@ fn events_unit(tenant: &str) -> Unit {
     .route(tenant, "events")
 }
 
-/// The state bucket, as hosts of the tests' configs open it.
+/// The state bucket, as hosts of the tests' configs open it: with the
+/// history a chain of changes needs (a bucket of history 1 would get whole
+/// scopes, and opening it so beside a host would lower its history).
 async fn state_store(nats: &Nats) -> StateStore<NatsKv> {
+    StateStore::new(state_kv(nats).await)
+}
+
+async fn state_kv(nats: &Nats) -> NatsKv {
     let client = nats.client().await;
-    let kv = NatsKv::open_or_create(&client, &BucketOptions::new("weir_state"))
+    let options = BucketOptions {
+        history: weir::topology::STATE_HISTORY,
+        ..BucketOptions::new("weir_state")
+    };
+    NatsKv::open_or_create(&client, &options).await.unwrap()
+}
+
+/// Rows already stored when a host starts, as the state bench has them:
+/// the host drains them all, each closed window's summaries count every
+/// row once, the scope is stored as a chain of changes a fresh read
+/// replays, and the rows the window consumed count as dropped (the bench
+/// waits for delivered and dropped rows together).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_starting_on_stored_rows_counts_each_once_through_a_chain_of_changes() {
+    const KEYS: u64 = 50;
+    /// Rows per 1 s window: `ts` grows 1 ms every 2 rows.
+    const PER_WINDOW: u64 = 2000;
+    const WINDOWS: u64 = 3;
+    let nats = Nats::start();
+    let text = base_config(nats.url(), WINDOW);
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&dir.path().join("weir.toml"), &text, &Overrides::default())
+        .expect("the test's config is valid");
+    let router = Names::new(
+        "weir",
+        weir::config::DEFAULT_PARTITIONS,
+        weir::config::DEFAULT_SHARDS,
+    );
+    let js = async_nats::jetstream::new(nats.client().await);
+    weir::topology::Manifest::new(&router, &config.stream, &config.delivery, None)
+        .create(&js)
         .await
         .unwrap();
-    StateStore::new(kv)
+    let unit = events_unit("acme");
+    let subject = router.subject(unit, "acme", "events");
+    // The windows' rows, then one of the next window that closes the last.
+    let total = WINDOWS * PER_WINDOW + 1;
+    let mut expected: BTreeMap<(u64, String), (u64, f64)> = BTreeMap::new();
+    let mut acks = Vec::new();
+    for i in 0..total {
+        let (key, value, ts) = (format!("k{}", i % KEYS), i % 7, i * 1000 / PER_WINDOW);
+        if i < WINDOWS * PER_WINDOW {
+            let tally = expected.entry((ts - ts % 1000, key.clone())).or_default();
+            tally.0 += 1;
+            tally.1 += value as f64;
+        }
+        let payload = format!("{{\"key\":\"{key}\",\"value\":{value},\"ts\":{ts}}}");
+        acks.push(js.publish(subject.clone(), payload.into()).await.unwrap());
+        // Acks awaited as they go: the client holds only so many pending.
+        if acks.len() == 256 || i + 1 == total {
+            for ack in acks.drain(..) {
+                ack.await.unwrap();
+            }
+        }
+    }
+
+    let host = TestHost::start(&text).await;
+    let rows = eventually(Duration::from_secs(120), "every stored row through", || {
+        let rows = host.host.status().rows();
+        async move { (rows.delivered + rows.dropped >= total).then_some(rows) }
+    })
+    .await;
+    // The rows that closed a window became its summaries; the rest were
+    // consumed.
+    assert_eq!(
+        (
+            rows.delivered,
+            rows.dropped,
+            rows.dead_lettered,
+            rows.retried
+        ),
+        (WINDOWS, total - WINDOWS, 0, 0),
+        "{rows:?}"
+    );
+    let summaries = eventually(Duration::from_secs(30), "every window's summaries", || {
+        let lines = host.sink_lines("windows");
+        async move { (lines.len() as u64 >= WINDOWS * KEYS).then_some(lines) }
+    })
+    .await;
+    let counted: BTreeMap<(u64, String), (u64, f64)> = summaries
+        .iter()
+        .map(|line| {
+            let summary: serde_json::Value = serde_json::from_str(line).unwrap();
+            let key = summary["key"].as_str().unwrap_or_default().to_string();
+            let tally = (
+                summary["count"].as_u64().unwrap_or(0),
+                summary["sum"].as_f64().unwrap_or(-1.0),
+            );
+            let window = summary["window"].as_u64().unwrap_or(u64::MAX);
+            ((window, key), tally)
+        })
+        .collect();
+    assert_eq!(
+        summaries.len() as u64,
+        WINDOWS * KEYS,
+        "one summary per key and window"
+    );
+    assert_eq!(counted, expected);
+
+    // What a new owner would read: the chain replayed from its base holds
+    // the open window's one row.
+    let key = scope_key("acme", "window", "events", unit);
+    let kv = state_kv(&nats).await;
+    let kept = weir::nats::kv::KvWrite::revisions(&kv, &key, 0)
+        .await
+        .unwrap();
+    assert!(
+        kept.len() > 1,
+        "the scope's writes are kept as revisions: {}",
+        kept.len()
+    );
+    let stored = StateStore::new(kv).load(&key).await.unwrap();
+    let last = format!("k{}", (total - 1) % KEYS);
+    assert_eq!(
+        stored.scope.get(format!("k.{last}").as_bytes()),
+        Some(format!("1,{}", (total - 1) % 7).as_bytes())
+    );
+    host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

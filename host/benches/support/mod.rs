@@ -420,22 +420,25 @@ pub fn time_plugin(
 }
 
 /// How `host` drains `expected` rows: rows per second from the first
-/// delivery seen to the last (taken halfway between the last status read
-/// below `expected` and the first at it; reads every `poll`), and its row
-/// counts then. Fails the bench past `timeout`.
+/// row seen through to the last (taken halfway between the last status
+/// read below `expected` and the first at it; reads every `poll`), and its
+/// row counts then. A row is through once delivered or dropped (a
+/// transform that consumes rows, as the window does, drops them: counted
+/// apart since #36). Fails the bench past `timeout`, saying how far it got.
 pub async fn drain_rate(
     host: &weir::host::RunningHost,
     expected: u64,
     poll: std::time::Duration,
     timeout: std::time::Duration,
 ) -> (f64, weir::ops::RowCounts) {
+    let through = |rows: &weir::ops::RowCounts| rows.delivered + rows.dropped;
     let drain = async {
         // The host's workers start pulling before `start` returns; the rate
-        // counts only rows delivered after the first delivery was seen.
+        // counts only rows through after the first one was seen.
         let (first_at, first_count) = loop {
-            let delivered = host.status().rows().delivered;
-            if delivered > 0 {
-                break (Instant::now(), delivered);
+            let done = through(&host.status().rows());
+            if done > 0 {
+                break (Instant::now(), done);
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         };
@@ -443,7 +446,7 @@ pub async fn drain_rate(
         loop {
             let rows = host.status().rows();
             let read_at = Instant::now();
-            if rows.delivered >= expected {
+            if through(&rows) >= expected {
                 let last_at = below_at + (read_at - below_at) / 2;
                 let rate = (expected - first_count) as f64 / (last_at - first_at).as_secs_f64();
                 return (rate, rows);
@@ -452,9 +455,13 @@ pub async fn drain_rate(
             tokio::time::sleep(poll).await;
         }
     };
-    tokio::time::timeout(timeout, drain)
-        .await
-        .expect("the host drains its stream in time")
+    match tokio::time::timeout(timeout, drain).await {
+        Ok(drained) => drained,
+        Err(_) => panic!(
+            "the host did not drain {expected} rows within {timeout:?}: {:?}",
+            host.status().rows()
+        ),
+    }
 }
 
 /// One table per unit of `router`'s topology, each routed to its own unit.
@@ -518,7 +525,12 @@ pub fn authored_plugin(lang: &str) -> PathBuf {
     let dir = target.join("bench").join(lang);
     let name = format!("enrich-{lang}");
     let wasm = dir.join(format!("{name}.wasm"));
-    let weir = Path::new(env!("CARGO_BIN_EXE_weir"));
+    // Set for weir's own benches; the peer bench's crate (which compiles
+    // this module too) has no weir binary and never builds a plugin.
+    let Some(weir) = option_env!("CARGO_BIN_EXE_weir") else {
+        panic!("only weir's own benches build plugins");
+    };
+    let weir = Path::new(weir);
     let modified = |path: &Path| path.metadata().and_then(|m| m.modified()).ok();
     if wasm.is_file() && modified(&wasm) > modified(weir) {
         return wasm;

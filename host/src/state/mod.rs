@@ -1,6 +1,7 @@
 //! Plugin state (#23): what a stateful plugin keeps for one tenant's
-//! table, stored as one NATS KV value per scope and written with the
-//! batch's acks. A scope's value, its encoding and limits (`scope`), the
+//! table, stored as one NATS KV key per scope (each write the batch's
+//! changes, the whole scope now and then) and written with the batch's
+//! acks. A scope's value, its encoding and limits (`scope`), the
 //! overlays a call reads and writes through (`batch`), the store behind
 //! them, the state bucket or memory (`store`), the stateful step that
 //! wraps the granted plugin's call (`step`) and the pruning of the rows

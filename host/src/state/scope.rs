@@ -1,10 +1,14 @@
 //! One scope's state: the entries of (plugin, tenant, table) and the stream
 //! sequences of the rows whose effects they hold.
 //!
-//! A scope is one KV value, so a batch's writes to it land at once or not
-//! at all. The settled sequences let a row redelivered after its state was
-//! written (the host died before its ack, or its dead letter was not
-//! stored) be settled as it was, without a call: acked if it was applied,
+//! A scope is one KV key, and each write to it one value, so a batch's
+//! writes land at once or not at all. A value is either the whole scope
+//! (`FORMAT`), or the changes of one batch (`CHANGES`: keys set or
+//! deleted, sequences settled) on top of the scope the key held before;
+//! the store writes changes, and the whole now and then (`store`). The
+//! settled sequences let a row redelivered after its state was written
+//! (the host died before its ack, or its dead letter was not stored) be
+//! settled as it was, without a call: acked if it was applied,
 //! dead-lettered if it was dead-lettered. Rows that cannot come back (their
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
@@ -12,12 +16,21 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// First byte of an encoded scope: the format's version.
 const FORMAT: u8 = 1;
+/// First byte of a batch's changes, followed by the revision of the whole
+/// scope (or deletion marker, or 0 for none) they build on.
+const CHANGES: u8 = 2;
 
 /// Why a scope's value cannot be read, or a write is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StateError {
     #[error("the stored state is not in a format this host reads: {0}")]
     Corrupt(&'static str),
+    /// A chain of changes whose start the bucket no longer keeps (its
+    /// `history` was lowered below what the chain needs).
+    #[error(
+        "the stored state's changes build on revision {base}, which the state bucket no longer keeps; raise its history (`weir mq apply`) or purge the state"
+    )]
+    BaseGone { base: u64 },
     #[error("the state is full: grants.state.max_keys is {max_keys} keys")]
     TooManyKeys { max_keys: usize },
     #[error(
@@ -53,6 +66,112 @@ pub struct Scope {
     entries: BTreeMap<Vec<u8>, Vec<u8>>,
     applied: BTreeSet<u64>,
     dead_lettered: BTreeSet<u64>,
+    /// [`Scope::bytes`], kept as entries change: a batch's overlay starts
+    /// from it, and counting it each time would cost the scope's size.
+    bytes: usize,
+}
+
+/// What one batch changed in a scope: the value a write stores.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// `None`: deleted.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    applied: Vec<u64>,
+    dead_lettered: Vec<u64>,
+    /// Settled sequences at or below it are dropped.
+    ack_floor: u64,
+}
+
+/// A stored value: the whole scope, or one batch's changes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Value {
+    Whole(Scope),
+    /// `base`: the revision of the whole scope or deletion marker the
+    /// chain of changes starts from; 0 when the key held nothing before.
+    Changes {
+        base: u64,
+        changes: Changes,
+    },
+}
+
+impl Value {
+    /// Reads a stored value of either format; anything else is an error,
+    /// never a panic (the value comes from NATS).
+    pub fn decode(bytes: &[u8]) -> Result<Value, StateError> {
+        match bytes.first() {
+            Some(&FORMAT) => Scope::decode(bytes).map(Value::Whole),
+            Some(&CHANGES) => {
+                let mut reader = Reader { bytes: &bytes[1..] };
+                let base = reader.u64()?;
+                let mut changes = Changes {
+                    ack_floor: reader.u64()?,
+                    ..Changes::default()
+                };
+                for _ in 0..reader.u32()? {
+                    let key = reader.chunk()?.to_vec();
+                    let value = match reader.take(1)? {
+                        [0] => None,
+                        [1] => Some(reader.chunk()?.to_vec()),
+                        _ => {
+                            return Err(StateError::Corrupt(
+                                "a change that is neither set nor delete",
+                            ));
+                        }
+                    };
+                    changes.writes.insert(key, value);
+                }
+                for list in [&mut changes.applied, &mut changes.dead_lettered] {
+                    for _ in 0..reader.u32()? {
+                        list.push(reader.u64()?);
+                    }
+                }
+                if !reader.bytes.is_empty() {
+                    return Err(StateError::Corrupt("bytes after the end"));
+                }
+                Ok(Value::Changes { base, changes })
+            }
+            _ => Err(StateError::Corrupt("unknown format version")),
+        }
+    }
+}
+
+impl Changes {
+    /// `CHANGES`, the base revision and the ack floor as little-endian u64,
+    /// then the writes (key, then 1 and the value, or 0 for a delete), the
+    /// applied and the dead-lettered sequences, each list counted: lengths
+    /// and counts as little-endian u32.
+    pub fn encode(&self, base: u64) -> Vec<u8> {
+        let writes: usize = self
+            .writes
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + 9)
+            .sum();
+        let sequences = 8 * (self.applied.len() + self.dead_lettered.len());
+        let mut out = Vec::with_capacity(1 + 16 + 12 + writes + sequences);
+        out.push(CHANGES);
+        out.extend_from_slice(&base.to_le_bytes());
+        out.extend_from_slice(&self.ack_floor.to_le_bytes());
+        put_u32(&mut out, self.writes.len());
+        for (key, value) in &self.writes {
+            put_u32(&mut out, key.len());
+            out.extend_from_slice(key);
+            match value {
+                Some(value) => {
+                    out.push(1);
+                    put_u32(&mut out, value.len());
+                    out.extend_from_slice(value);
+                }
+                None => out.push(0),
+            }
+        }
+        for list in [&self.applied, &self.dead_lettered] {
+            put_u32(&mut out, list.len());
+            for sequence in list {
+                out.extend_from_slice(&sequence.to_le_bytes());
+            }
+        }
+        out
+    }
 }
 
 impl Scope {
@@ -78,6 +197,37 @@ impl Scope {
         self.applied.len() + self.dead_lettered.len()
     }
 
+    /// Applies one batch's changes.
+    pub fn apply(&mut self, changes: Changes) {
+        for (key, written) in changes.writes {
+            match written {
+                Some(value) => self.insert(key, value),
+                None => self.remove(&key),
+            }
+        }
+        self.applied.extend(changes.applied);
+        self.dead_lettered.extend(changes.dead_lettered);
+        for set in [&mut self.applied, &mut self.dead_lettered] {
+            if set.first().is_some_and(|&first| first <= changes.ack_floor) {
+                *set = set.split_off(&(changes.ack_floor + 1));
+            }
+        }
+    }
+
+    fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        let framing = key.len() + ENTRY_FRAMING;
+        self.bytes += framing + value.len();
+        if let Some(old) = self.entries.insert(key, value) {
+            self.bytes -= framing + old.len();
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= entry_bytes(key, &old);
+        }
+    }
+
     /// Drops `sequences`: rows that cannot come back.
     pub fn forget(&mut self, sequences: &[u64]) {
         if self.settled_count() == 0 {
@@ -95,7 +245,7 @@ impl Scope {
 
     /// Bytes of keys and values with their framing, what `max_bytes` limits.
     pub fn bytes(&self) -> usize {
-        self.entries.iter().map(|(k, v)| entry_bytes(k, v)).sum()
+        self.bytes
     }
 
     pub fn keys(&self) -> usize {
@@ -135,13 +285,11 @@ impl Scope {
         for _ in 0..reader.u32()? {
             let key = reader.chunk()?.to_vec();
             let value = reader.chunk()?.to_vec();
-            scope.entries.insert(key, value);
+            scope.insert(key, value);
         }
         for set in [&mut scope.applied, &mut scope.dead_lettered] {
             for _ in 0..reader.u32()? {
-                let mut sequence = [0; 8];
-                sequence.copy_from_slice(reader.take(8)?);
-                set.insert(u64::from_le_bytes(sequence));
+                set.insert(reader.u64()?);
             }
         }
         if !reader.bytes.is_empty() {
@@ -173,6 +321,12 @@ impl<'a> Reader<'a> {
         let mut number = [0; 4];
         number.copy_from_slice(self.take(4)?);
         Ok(u32::from_le_bytes(number) as usize)
+    }
+
+    fn u64(&mut self) -> Result<u64, StateError> {
+        let mut number = [0; 8];
+        number.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(number))
     }
 
     fn chunk(&mut self) -> Result<&'a [u8], StateError> {
@@ -271,29 +425,22 @@ impl Overlay {
         !self.writes.is_empty()
     }
 
-    /// The scope to store once the batch's rows of this scope are all
-    /// settled: the writes applied, the rows' sequences added as `applied`
-    /// or `dead_lettered`, and every sequence at or below `ack_floor`
-    /// dropped.
+    /// The changes to store once the batch's rows of this scope are all
+    /// settled: the writes, the rows' sequences to add as `applied` or
+    /// `dead_lettered`, and `ack_floor`, at or below which every sequence
+    /// is dropped. Lets go of the base, so the store can change it in place.
     pub fn commit(
         self,
         applied: impl IntoIterator<Item = u64>,
         dead_lettered: impl IntoIterator<Item = u64>,
         ack_floor: u64,
-    ) -> Scope {
-        let mut scope = Scope::clone(&self.base);
-        for (key, written) in self.writes {
-            match written {
-                Some(value) => scope.entries.insert(key, value),
-                None => scope.entries.remove(&key),
-            };
+    ) -> Changes {
+        Changes {
+            writes: self.writes,
+            applied: applied.into_iter().collect(),
+            dead_lettered: dead_lettered.into_iter().collect(),
+            ack_floor,
         }
-        scope.applied.extend(applied);
-        scope.dead_lettered.extend(dead_lettered);
-        for set in [&mut scope.applied, &mut scope.dead_lettered] {
-            *set = set.split_off(&(ack_floor + 1));
-        }
-        scope
     }
 }
 
@@ -308,6 +455,13 @@ mod tests {
         max_bytes: 45,
     };
 
+    /// `base` with `changes` applied, as the store keeps it after a write.
+    fn stored(base: &Scope, changes: Changes) -> Scope {
+        let mut scope = base.clone();
+        scope.apply(changes);
+        scope
+    }
+
     #[test]
     fn a_batch_sees_its_own_writes_and_the_store_sees_them_only_at_commit() {
         let base = Scope::default();
@@ -317,7 +471,7 @@ mod tests {
         overlay.set(b"sum", b"10").unwrap();
         assert_eq!(overlay.get(b"count"), Some(&b"2"[..]));
         assert_eq!(base.get(b"count"), None);
-        let scope = overlay.commit([7, 9], [], 0);
+        let scope = stored(&base, overlay.commit([7, 9], [], 0));
         assert_eq!(scope.get(b"count"), Some(&b"2"[..]));
         assert!(scope.applied(7) && scope.applied(9) && !scope.applied(8));
     }
@@ -325,9 +479,9 @@ mod tests {
     #[test]
     fn deletes_and_lists_merge_the_batch_over_the_stored_state() {
         let mut base = Scope::default();
-        base.entries.insert(b"w1.a".to_vec(), b"1".to_vec());
-        base.entries.insert(b"w1.b".to_vec(), b"2".to_vec());
-        base.entries.insert(b"w2.a".to_vec(), b"3".to_vec());
+        base.insert(b"w1.a".to_vec(), b"1".to_vec());
+        base.insert(b"w1.b".to_vec(), b"2".to_vec());
+        base.insert(b"w2.a".to_vec(), b"3".to_vec());
         let mut overlay = Overlay::new(Arc::new(base.clone()), LIMITS);
         overlay.delete(b"w1.a");
         overlay.set(b"w1.c", b"4").unwrap();
@@ -338,7 +492,7 @@ mod tests {
                 (b"w1.c".to_vec(), b"4".to_vec())
             ]
         );
-        let scope = overlay.commit([], [], 0);
+        let scope = stored(&base, overlay.commit([], [], 0));
         assert_eq!((scope.keys(), scope.get(b"w1.a")), (3, None));
     }
 
@@ -369,8 +523,11 @@ mod tests {
 
     #[test]
     fn the_ack_floor_prunes_applied_sequences() {
-        let scope = Overlay::new(Arc::new(Scope::default()), LIMITS).commit([3, 5, 8], [4, 7], 0);
-        let scope = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], [], 5);
+        let empty = Scope::default();
+        let first = Overlay::new(Arc::new(empty.clone()), LIMITS).commit([3, 5, 8], [4, 7], 0);
+        let scope = stored(&empty, first);
+        let next = Overlay::new(Arc::new(scope.clone()), LIMITS).commit([9], [], 5);
+        let scope = stored(&scope, next);
         assert!(!scope.applied(3) && !scope.applied(5) && scope.settled(4).is_none());
         assert!(scope.applied(8) && scope.applied(9));
         assert_eq!(scope.settled(7), Some(Settled::DeadLettered));
@@ -385,7 +542,7 @@ mod tests {
         let empty = Scope::default();
         let mut overlay = Overlay::new(Arc::new(empty.clone()), LIMITS);
         overlay.set(b"k", b"v").unwrap();
-        let scope = overlay.commit([1, 2], [3], 0);
+        let scope = stored(&empty, overlay.commit([1, 2], [3], 0));
         assert_eq!(Scope::decode(&scope.encode()), Ok(scope.clone()));
         let encoded = scope.encode();
         for cut in 0..encoded.len() {
@@ -397,5 +554,61 @@ mod tests {
         assert!(Scope::decode(&[2, 0, 0, 0, 0]).is_err());
         // A count far past the bytes there are ends at the bytes.
         assert!(Scope::decode(&[1, 255, 255, 255, 255]).is_err());
+    }
+
+    #[test]
+    fn changes_round_trip_apply_as_the_whole_would_and_garbage_is_an_error() {
+        let mut base = Scope::default();
+        base.insert(b"a".to_vec(), b"1".to_vec());
+        base.insert(b"b".to_vec(), b"2".to_vec());
+        let mut overlay = Overlay::new(Arc::new(base.clone()), LIMITS);
+        overlay.set(b"a", b"10").unwrap();
+        overlay.delete(b"b");
+        overlay.set(b"c", b"3").unwrap();
+        let changes = overlay.commit([5, 6], [7], 4);
+        let encoded = changes.encode(42);
+        assert_eq!(
+            Value::decode(&encoded),
+            Ok(Value::Changes {
+                base: 42,
+                changes: changes.clone()
+            })
+        );
+        let scope = stored(&base, changes);
+        assert_eq!((scope.get(b"a"), scope.get(b"b")), (Some(&b"10"[..]), None));
+        assert_eq!(
+            scope.bytes(),
+            entry_bytes(b"a", b"10") + entry_bytes(b"c", b"3")
+        );
+        assert_eq!(Scope::decode(&scope.encode()), Ok(scope.clone()));
+        for cut in 0..encoded.len() {
+            assert!(Value::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = encoded.clone();
+        bad.push(0);
+        assert!(Value::decode(&bad).is_err());
+        assert!(Value::decode(&[3]).is_err());
+    }
+
+    /// A whole scope as hosts before the change format wrote it (format 1,
+    /// byte for byte) still loads: it is the base the first change builds on.
+    #[test]
+    fn a_scope_written_before_changes_existed_still_loads() {
+        let mut old = vec![1];
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&5u32.to_le_bytes());
+        old.extend_from_slice(b"count");
+        old.extend_from_slice(&2u32.to_le_bytes());
+        old.extend_from_slice(b"41");
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&9u64.to_le_bytes());
+        old.extend_from_slice(&0u32.to_le_bytes());
+        let Ok(Value::Whole(scope)) = Value::decode(&old) else {
+            panic!("the old format loads");
+        };
+        assert_eq!(scope.get(b"count"), Some(&b"41"[..]));
+        assert_eq!(scope.bytes(), entry_bytes(b"count", b"41"));
+        assert!(scope.applied(9));
+        assert_eq!(scope.encode(), old, "and is written the same way");
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::coordination::Lease;
 use crate::state::batch::BatchState;
-use crate::state::scope::{Limits, Overlay, Settled};
+use crate::state::scope::{Changes, Limits, Overlay, Settled};
 use crate::state::store::{ScopeStore, StoreError, Stored, UnitState, scope_key};
 use crate::telemetry::{Metrics, PluginLabels, StateWriteLabels};
 use crate::topology::route::Unit;
@@ -105,7 +105,9 @@ impl StateStep {
     /// scopes held need not remember them.
     pub fn forget_applied(&mut self, sequences: &[u64]) {
         for stored in self.cache.values_mut() {
-            stored.scope.forget(sequences);
+            if stored.scope.settled_count() > 0 {
+                Arc::make_mut(&mut stored.scope).forget(sequences);
+            }
         }
     }
 
@@ -179,7 +181,7 @@ impl StateStep {
                 let base = self
                     .cache
                     .get(key)
-                    .map(|stored| Arc::new(stored.scope.clone()))
+                    .map(|stored| Arc::clone(&stored.scope))
                     .unwrap_or_default();
                 Overlay::new(base, self.limits)
             })
@@ -247,10 +249,12 @@ impl StateStep {
         Ok(retries)
     }
 
-    /// Writes one scope over what was read; why its rows come back if not.
-    async fn write(&mut self, key: &str, next: crate::state::scope::Scope) -> Option<String> {
-        let read = self.cache.get(key).cloned().unwrap_or_default();
-        let written = self.store.commit(key, &read, next).await;
+    /// Writes one scope's changes over what was read; why its rows come
+    /// back if not. The scope leaves the cache meanwhile (so it is changed
+    /// in place, not copied) and comes back only if the write landed.
+    async fn write(&mut self, key: &str, changes: Changes) -> Option<String> {
+        let read = self.cache.remove(key).unwrap_or_default();
+        let written = self.store.commit(key, read, changes).await;
         let result = match &written {
             Ok(_) => "stored",
             Err(StoreError::Fenced { .. }) => "conflict",

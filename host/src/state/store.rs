@@ -6,11 +6,22 @@
 //! The unit is in the key because a scope must have one writer and one
 //! sequence space: a table lives in one unit under the default route, but
 //! a router may spread it over several by key (each key's rows stay in one).
+//!
+//! A write stores the batch's changes, not the whole scope, so its cost
+//! follows the keys the batch changed. The bucket keeps each key's last
+//! `history` revisions (64): a read takes the last value and, if it is
+//! changes, the chain back to the whole value (or deletion) it builds on.
+//! Every `history - 1` changes, or once they weigh `CHAIN_WEIGHT` wholes, the whole
+//! is written again (compaction), so the chain always fits the history. A
+//! bucket kept at history 1 (made before the change) gets the whole scope
+//! every write, as before; a whole value of that time is a chain's start.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::nats::kv::{KvError, KvWrite, MemoryKv, NatsKv};
-use crate::state::scope::{Scope, StateError};
+use crate::state::scope::{Changes, Scope, StateError, Value};
 use crate::topology::route::Unit;
 
 /// Why a scope could not be read or written.
@@ -29,12 +40,41 @@ pub enum StoreError {
     Kv(#[from] KvError),
 }
 
+/// Changes written after a whole value at most: bounds a read's chain
+/// (and fits the state bucket's history of 64 with its start).
+pub const MAX_CHAIN: u64 = 63;
+
+/// A chain of changes outweighing this many whole scopes is compacted: a
+/// read costs at most that many more, a write carries the whole at most
+/// once per this many scopes' worth of changes.
+pub const CHAIN_WEIGHT: usize = 8;
+
 /// A scope as read, with the revision a write must still find.
 #[derive(Debug, Clone, Default)]
 pub struct Stored {
-    pub scope: Scope,
+    /// Shared with a batch's overlays while it runs; changed in place
+    /// by the write after it.
+    pub scope: Arc<Scope>,
     /// `None`: the bucket never held the key.
     pub revision: Option<u64>,
+    /// Where the chain of changes starts: the whole value's revision, a
+    /// deletion's, or 0 (the key held nothing).
+    base: u64,
+    /// Changes written since `base`, and their bytes.
+    chain: u64,
+    chain_bytes: usize,
+}
+
+impl Stored {
+    fn whole(scope: Scope, revision: u64) -> Stored {
+        Stored {
+            scope: Arc::new(scope),
+            revision: Some(revision),
+            base: revision,
+            chain: 0,
+            chain_bytes: 0,
+        }
+    }
 }
 
 /// The bucket key of one plugin's state of one tenant's table in `unit`.
@@ -94,41 +134,119 @@ impl<K: KvWrite + Sync> StateStore<K> {
     }
 
     pub async fn load(&self, key: &str) -> Result<Stored, StoreError> {
-        match self.kv.entry(key).await? {
-            Some(entry) if entry.operation.is_put() => Ok(Stored {
-                scope: Scope::decode(&entry.value).map_err(|source| StoreError::Corrupt {
-                    key: key.to_string(),
-                    source,
-                })?,
-                revision: Some(entry.revision),
-            }),
+        let corrupt = |source| StoreError::Corrupt {
+            key: key.to_string(),
+            source,
+        };
+        let last = match self.kv.entry(key).await? {
+            Some(entry) if entry.operation.is_put() => entry,
             // Purged: empty, but a write must still find the purge marker.
-            Some(marker) => Ok(Stored {
-                scope: Scope::default(),
-                revision: Some(marker.revision),
-            }),
-            None => Ok(Stored::default()),
+            Some(marker) => return Ok(Stored::whole(Scope::default(), marker.revision)),
+            None => return Ok(Stored::default()),
+        };
+        let base = match Value::decode(&last.value).map_err(corrupt)? {
+            Value::Whole(scope) => return Ok(Stored::whole(scope, last.revision)),
+            Value::Changes { base, .. } => base,
+        };
+        // Changes: replay the chain from its base up to the value read.
+        let mut stored = Stored {
+            base,
+            ..Stored::default()
+        };
+        let mut scope = Scope::default();
+        for entry in self.kv.revisions(key, base).await? {
+            if entry.revision > last.revision {
+                break;
+            }
+            if entry.revision == base && base > 0 {
+                if entry.operation.is_put() {
+                    match Value::decode(&entry.value).map_err(corrupt)? {
+                        Value::Whole(whole) => scope = whole,
+                        Value::Changes { .. } => {
+                            return Err(corrupt(StateError::Corrupt(
+                                "a chain of changes built on changes",
+                            )));
+                        }
+                    }
+                }
+                stored.revision = Some(base);
+                continue;
+            }
+            if base > 0 && stored.revision.is_none() {
+                return Err(corrupt(StateError::BaseGone { base }));
+            }
+            match Value::decode(&entry.value).map_err(corrupt)? {
+                Value::Changes {
+                    base: built_on,
+                    changes,
+                } if built_on == base && entry.operation.is_put() => scope.apply(changes),
+                _ => {
+                    return Err(corrupt(StateError::Corrupt(
+                        "a chain of changes broken by another value",
+                    )));
+                }
+            }
+            stored.revision = Some(entry.revision);
+            stored.chain += 1;
+            stored.chain_bytes += entry.value.len();
         }
+        if stored.revision != Some(last.revision) {
+            return Err(corrupt(StateError::BaseGone { base }));
+        }
+        stored.scope = Arc::new(scope);
+        Ok(stored)
     }
 
-    /// Writes `next` over what `read` was, if nobody wrote in between;
+    /// Writes `changes` over what `read` was, if nobody wrote in between
+    /// (as changes, or as the whole scope when the chain is long enough);
     /// returns what a later write must find.
     pub async fn commit(
         &self,
         key: &str,
-        read: &Stored,
-        next: Scope,
+        read: Stored,
+        changes: Changes,
     ) -> Result<Stored, StoreError> {
-        let value = Bytes::from(next.encode());
-        let written = match read.revision {
+        let chain_limit = self
+            .kv
+            .history()
+            .unwrap_or(u64::MAX)
+            .saturating_sub(1)
+            .min(MAX_CHAIN);
+        let mut next = read;
+        let delta = (next.chain < chain_limit).then(|| changes.encode(next.base));
+        Arc::make_mut(&mut next.scope).apply(changes);
+        // A longer chain makes a read (once per scope per runner) cost
+        // more; a shorter one makes writes carry the whole more often. One
+        // batch's changes larger than the whole (a scope emptied and
+        // refilled) go as the whole: it is what `max_bytes` keeps within
+        // the server's `max_payload`.
+        let whole = next.scope.bytes() + 64;
+        let (value, chained) = match delta {
+            Some(delta)
+                if delta.len() <= whole
+                    && next.chain_bytes + delta.len() <= CHAIN_WEIGHT * whole =>
+            {
+                (delta, true)
+            }
+            _ => (next.scope.encode(), false),
+        };
+        let length = value.len();
+        let value = Bytes::from(value);
+        let written = match next.revision {
             Some(revision) => self.kv.update(key, value, revision).await,
             None => self.kv.create(key, value).await,
         };
         match written {
-            Ok(revision) => Ok(Stored {
-                scope: next,
-                revision: Some(revision),
-            }),
+            Ok(revision) => {
+                next.revision = Some(revision);
+                if chained {
+                    next.chain += 1;
+                    next.chain_bytes += length;
+                } else {
+                    (next.base, next.chain, next.chain_bytes) = (revision, 0, 0);
+                }
+                Ok(next)
+            }
             Err(KvError::WrongRevision { .. } | KvError::AlreadyExists { .. }) => {
                 let key = key.to_string();
                 // A write since is another owner's; a removal is a purge.
@@ -168,12 +286,12 @@ impl ScopeStore {
     pub async fn commit(
         &self,
         key: &str,
-        read: &Stored,
-        next: Scope,
+        read: Stored,
+        changes: Changes,
     ) -> Result<Stored, StoreError> {
         match self {
-            ScopeStore::Nats(store) => store.commit(key, read, next).await,
-            ScopeStore::Memory(store) => store.commit(key, read, next).await,
+            ScopeStore::Nats(store) => store.commit(key, read, changes).await,
+            ScopeStore::Memory(store) => store.commit(key, read, changes).await,
         }
     }
 }
@@ -211,7 +329,7 @@ mod tests {
 
     use super::*;
     use crate::nats::kv::MemoryKv;
-    use crate::state::scope::{Limits, Overlay};
+    use crate::state::scope::{Limits, Overlay, Value};
 
     const LIMITS: Limits = Limits {
         max_keys: 10,
@@ -249,28 +367,28 @@ mod tests {
         let first = store.load(&key).await.unwrap();
         assert_eq!(first.revision, None);
 
-        let mut overlay = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
+        let mut overlay = Overlay::new(first.scope.clone(), LIMITS);
         overlay.set(b"count", b"1").unwrap();
         let owner = store
-            .commit(&key, &first, overlay.commit([1], [], 0))
+            .commit(&key, first.clone(), overlay.commit([1], [], 0))
             .await
             .unwrap();
 
         // A host that read the scope before that write lost the unit.
-        let mut stale = Overlay::new(Arc::new(first.scope.clone()), LIMITS);
+        let mut stale = Overlay::new(first.scope.clone(), LIMITS);
         stale.set(b"count", b"99").unwrap();
-        let refused = store.commit(&key, &first, stale.commit([1], [], 0)).await;
+        let refused = store
+            .commit(&key, first.clone(), stale.commit([1], [], 0))
+            .await;
         assert!(
             matches!(refused, Err(StoreError::Fenced { .. })),
             "{refused:?}"
         );
 
-        let mut next = Overlay::new(Arc::new(owner.scope.clone()), LIMITS);
+        let mut next = Overlay::new(owner.scope.clone(), LIMITS);
         next.set(b"count", b"2").unwrap();
-        store
-            .commit(&key, &owner, next.commit([2], [], 1))
-            .await
-            .unwrap();
+        let changes = next.commit([2], [], 1);
+        store.commit(&key, owner, changes).await.unwrap();
         let read = store.load(&key).await.unwrap();
         assert_eq!(read.scope.get(b"count"), Some(&b"2"[..]));
         assert!(read.scope.applied(2) && !read.scope.applied(1));
@@ -278,20 +396,146 @@ mod tests {
         // Removed since it was read: purged, not fenced; the next write
         // starts from the removal.
         store.kv.delete(&key).await.unwrap();
-        let mut after = Overlay::new(Arc::new(read.scope.clone()), LIMITS);
+        let mut after = Overlay::new(read.scope.clone(), LIMITS);
         after.set(b"count", b"3").unwrap();
-        let refused = store.commit(&key, &read, after.commit([3], [], 2)).await;
+        let changes = after.commit([3], [], 2);
+        let refused = store.commit(&key, read, changes).await;
         assert!(
             matches!(refused, Err(StoreError::Purged { .. })),
             "{refused:?}"
         );
         let empty = store.load(&key).await.unwrap();
         assert_eq!(empty.scope.keys(), 0);
-        let mut again = Overlay::new(Arc::new(empty.scope.clone()), LIMITS);
+        let mut again = Overlay::new(empty.scope.clone(), LIMITS);
         again.set(b"count", b"1").unwrap();
-        store
-            .commit(&key, &empty, again.commit([3], [], 2))
-            .await
-            .unwrap();
+        let changes = again.commit([3], [], 2);
+        store.commit(&key, empty, changes).await.unwrap();
+        let read = store.load(&key).await.unwrap();
+        assert_eq!(read.scope.get(b"count"), Some(&b"1"[..]));
+    }
+
+    /// Writes store changes; a read replays them from the last whole
+    /// value, and the whole is written again before the chain outgrows
+    /// the bucket's history or outweighs `CHAIN_WEIGHT` wholes. A whole value written
+    /// before changes existed (format 1) starts a chain as it is.
+    #[tokio::test]
+    async fn changes_chain_from_the_last_whole_value_and_are_compacted() {
+        const WIDE: Limits = Limits {
+            max_keys: 10_000,
+            max_bytes: 1 << 20,
+        };
+        let store = StateStore::new(MemoryKv::new());
+        let key = "acme.window.orders.0.0";
+        // As a host before the change left it: one whole value.
+        let mut old = Scope::default();
+        old.apply({
+            let mut overlay = Overlay::new(Arc::new(Scope::default()), WIDE);
+            for i in 0..1000 {
+                overlay.set(format!("k{i}").as_bytes(), b"0").unwrap();
+            }
+            overlay.commit([], [], 0)
+        });
+        store.kv.create(key, old.encode().into()).await.unwrap();
+
+        let mut read = store.load(key).await.unwrap();
+        let mut sizes = Vec::new();
+        for batch in 1..=(MAX_CHAIN + 5) {
+            let mut overlay = Overlay::new(read.scope.clone(), WIDE);
+            overlay
+                .set(format!("k{batch}").as_bytes(), batch.to_string().as_bytes())
+                .unwrap();
+            overlay.delete(format!("k{}", 500 + batch).as_bytes());
+            let changes = overlay.commit([batch], [], batch.saturating_sub(2));
+            read = store.commit(key, read, changes).await.unwrap();
+            let last = store.kv.entry(key).await.unwrap().unwrap();
+            sizes.push(last.value.len());
+            // What a new owner reads is what this one holds.
+            let fresh = store.load(key).await.unwrap();
+            assert_eq!(*fresh.scope, *read.scope, "after batch {batch}");
+            assert!(fresh.chain <= MAX_CHAIN);
+        }
+        let whole = read.scope.encode().len();
+        let small = sizes.iter().filter(|&&size| size < whole / 10).count();
+        assert!(small >= MAX_CHAIN as usize, "{sizes:?}");
+        assert!(
+            sizes.iter().any(|&size| size >= whole / 2),
+            "compacted once: {sizes:?}"
+        );
+        assert_eq!(read.scope.keys(), 1000 - (MAX_CHAIN as usize + 5));
+        assert!(read.scope.applied(MAX_CHAIN + 5) && !read.scope.applied(1));
+
+        // A bucket that keeps one revision per key gets the whole each time.
+        let nats_like = StateStore::new(KeepOne(MemoryKv::new()));
+        let mut read = nats_like.load(key).await.unwrap();
+        for batch in 1..=3 {
+            let mut overlay = Overlay::new(read.scope.clone(), WIDE);
+            overlay.set(b"count", batch.to_string().as_bytes()).unwrap();
+            read = nats_like
+                .commit(key, read, overlay.commit([batch], [], 0))
+                .await
+                .unwrap();
+            let last = nats_like.kv.0.entry(key).await.unwrap().unwrap();
+            assert!(matches!(Value::decode(&last.value), Ok(Value::Whole(_))));
+        }
+    }
+
+    /// A bucket of history 1, as made before changes existed.
+    struct KeepOne(MemoryKv);
+
+    impl KvWrite for KeepOne {
+        async fn entry(&self, key: &str) -> Result<Option<crate::nats::kv::Entry>, KvError> {
+            self.0.entry(key).await
+        }
+        async fn revisions(
+            &self,
+            key: &str,
+            from: u64,
+        ) -> Result<Vec<crate::nats::kv::Entry>, KvError> {
+            let mut all = self.0.revisions(key, from).await?;
+            Ok(all.pop().into_iter().collect())
+        }
+        fn history(&self) -> Option<u64> {
+            Some(1)
+        }
+        async fn put(&self, key: &str, value: Bytes) -> Result<u64, KvError> {
+            self.0.put(key, value).await
+        }
+        async fn create(&self, key: &str, value: Bytes) -> Result<u64, KvError> {
+            self.0.create(key, value).await
+        }
+        async fn create_with_ttl(
+            &self,
+            key: &str,
+            value: Bytes,
+            ttl: std::time::Duration,
+        ) -> Result<u64, KvError> {
+            self.0.create_with_ttl(key, value, ttl).await
+        }
+        async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64, KvError> {
+            self.0.update(key, value, revision).await
+        }
+        async fn delete(&self, key: &str) -> Result<u64, KvError> {
+            self.0.delete(key).await
+        }
+        async fn delete_at(&self, key: &str, revision: u64) -> Result<u64, KvError> {
+            self.0.delete_at(key, revision).await
+        }
+        async fn put_with_ttl(
+            &self,
+            key: &str,
+            value: Bytes,
+            ttl: std::time::Duration,
+        ) -> Result<u64, KvError> {
+            self.0.put_with_ttl(key, value, ttl).await
+        }
+        async fn update_with_ttl(
+            &self,
+            key: &str,
+            value: Bytes,
+            revision: u64,
+            ttl: std::time::Duration,
+        ) -> Result<u64, KvError> {
+            self.0.update_with_ttl(key, value, revision, ttl).await
+        }
     }
 }

@@ -34,6 +34,9 @@ pub const PIN_TIMEOUT: Duration = Duration::from_secs(15);
 const COORDINATION_MARKER_TTL: Duration = Duration::from_secs(3600);
 /// Share of a `--file-store` budget given to the dead-letter stream.
 const DEAD_LETTER_SHARE_PERCENT: i64 = 10;
+/// Revisions the state bucket keeps per key: the last whole scope and the
+/// changes written since (`state::store::MAX_CHAIN` + 1).
+pub const STATE_HISTORY: i64 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
@@ -154,7 +157,10 @@ impl Manifest {
                     ..BucketOptions::new(router.coordination_bucket())
                 },
                 BucketOptions {
-                    description: "weir plugin state: one value per tenant, plugin and table".into(),
+                    description: "weir plugin state: one key per tenant, plugin and table".into(),
+                    // A key's changes chain back to its last whole value
+                    // (`state::store`): the chain must fit the history.
+                    history: STATE_HISTORY,
                     replicas,
                     ..BucketOptions::new(router.state_bucket())
                 },

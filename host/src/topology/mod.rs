@@ -5,12 +5,13 @@
 //!
 //! Exported: the names and units (`Names`, `Unit`), the manifest and what
 //! checking it finds (`Manifest`, `ManifestFile`, `Mismatch`, `Severity`,
-//! `TopologyError`) and the host's NATS `Permissions`.
+//! `TopologyError`), the revisions the state bucket keeps (`STATE_HISTORY`)
+//! and the host's NATS `Permissions`.
 
 pub(crate) mod manifest;
 mod permissions;
 pub(crate) mod route;
 
-pub use manifest::{Manifest, ManifestFile, Mismatch, Severity, TopologyError};
+pub use manifest::{Manifest, ManifestFile, Mismatch, STATE_HISTORY, Severity, TopologyError};
 pub use permissions::Permissions;
 pub use route::{Names, NotAUnit, Unit};

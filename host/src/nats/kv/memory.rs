@@ -247,6 +247,22 @@ impl KvWrite for MemoryKv {
             .cloned())
     }
 
+    async fn revisions(&self, key: &str, from: u64) -> Result<Vec<Entry>, KvError> {
+        check_key(key)?;
+        let log = self.log();
+        Ok(log
+            .entries
+            .iter()
+            .skip(usize::try_from(from.saturating_sub(1)).unwrap_or(usize::MAX))
+            .filter(|entry| entry.key == key)
+            .cloned()
+            .collect())
+    }
+
+    fn history(&self) -> Option<u64> {
+        None
+    }
+
     async fn put(&self, key: &str, value: Bytes) -> Result<u64, KvError> {
         self.append(key, value, Operation::Put, None, None)
     }

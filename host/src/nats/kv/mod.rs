@@ -172,6 +172,18 @@ pub trait KvWrite {
     /// or expiry — or `None` if the bucket holds nothing for it.
     fn entry(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, KvError>> + Send;
 
+    /// Every revision of `key` the bucket still keeps at or after
+    /// `from` — values and markers — oldest first.
+    fn revisions(
+        &self,
+        key: &str,
+        from: u64,
+    ) -> impl Future<Output = Result<Vec<Entry>, KvError>> + Send;
+
+    /// How many revisions of a key the bucket keeps (its `history`);
+    /// `None`: every one.
+    fn history(&self) -> Option<u64>;
+
     /// Writes `value` whatever the key holds.
     fn put(&self, key: &str, value: Bytes) -> impl Future<Output = Result<u64, KvError>> + Send;
 

@@ -350,6 +350,48 @@ impl KvWrite for NatsKv {
         }
     }
 
+    async fn revisions(&self, key: &str, from: u64) -> Result<Vec<Entry>, KvError> {
+        check_key(key)?;
+        let subject = self.subject(key);
+        let mut entries = Vec::new();
+        let mut next = from.max(1);
+        loop {
+            match self
+                .stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
+                Ok(message) => {
+                    next = message.sequence + 1;
+                    entries.push(Entry {
+                        key: key.to_string(),
+                        operation: operation(Some(&message.headers)),
+                        value: message.payload,
+                        revision: message.sequence,
+                        created: SystemTime::from(message.time),
+                    });
+                }
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(entries),
+                Err(err) if err.kind() == DirectGetErrorKind::TimedOut => {
+                    return Err(self.unavailable(err));
+                }
+                Err(err) => {
+                    return Err(KvError::Read {
+                        bucket: self.bucket.clone(),
+                        key: key.to_string(),
+                        reason: err.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn history(&self) -> Option<u64> {
+        // Read when the bucket was opened: a bucket's history changes only
+        // with `weir mq apply`, which hosts pick up at their next start.
+        u64::try_from(self.stream.cached_info().config.max_messages_per_subject).ok()
+    }
+
     async fn put(&self, key: &str, value: Bytes) -> Result<u64, KvError> {
         let spec = WriteSpec {
             operation: None,
