@@ -47,6 +47,10 @@ const DEFAULT_MEMBER_TTL_SECS: usize = 5;
 const REFERENCE_POLL: Duration = Duration::from_secs(2);
 /// ... and has this many slots (its member cap).
 const REFERENCE_SLOTS: usize = 64;
+/// Members joining at once.
+const JOIN_CONCURRENCY: usize = 8;
+/// Tries of a member to join before the bench gives up.
+const JOIN_ATTEMPTS: usize = 30;
 /// How long the fleet may take to assign every unit.
 const FORM_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -168,7 +172,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
         shadows: Default::default(),
     }));
 
-    // Members join 16 at a time, as a fleet rolling out would.
+    // Members join 8 at a time, as a fleet rolling out would.
     let started = Instant::now();
     // Shared by every member: how often one had to step down.
     let metrics = Metrics::default();
@@ -208,7 +212,9 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                 .await;
                 match joined {
                     Ok(coordination) => return anyhow::Ok((kv_client, coordination)),
-                    Err(err) if attempt < 5 => {
+                    // A debug build playing 256 members starves its own
+                    // client tasks while the fleet forms: patience.
+                    Err(err) if attempt < JOIN_ATTEMPTS => {
                         eprintln!("member {member} retries joining: {err}");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
@@ -217,7 +223,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
             }
         }
     });
-    let joined: Vec<_> = joins.buffer_unordered(16).collect().await;
+    let joined: Vec<_> = joins.buffer_unordered(JOIN_CONCURRENCY).collect().await;
     let mut fleet = Vec::new();
     let mut kv_clients = Vec::new();
     for member in joined {

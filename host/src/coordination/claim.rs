@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::takeover::{self, Takeover};
 use super::{
-    FleetView, Lease, Membership, OwnerRecord, OwnerState, RETRY_PAUSE, STEP_DOWN_MARGIN,
+    FleetView, Lease, MEMBERS, Membership, OwnerRecord, OwnerState, RETRY_PAUSE, STEP_DOWN_MARGIN,
     TAKEOVER_RECHECK, UnitEnd, owner_key, to_bytes, unix_ms,
 };
 use crate::nats::kv::KvWrite;
@@ -42,7 +42,8 @@ pub(super) enum Written {
 
 /// What a unit task does.
 pub(super) enum UnitWork {
-    Claim(Claim),
+    /// Claim the unit; from this member's claim, if it takes one over.
+    Claim(Claim, Option<String>),
     /// Remove a claim of ours that no worker stands behind (see
     /// [`orphaned_claim`]), at this revision.
     DropClaim(u64),
@@ -115,12 +116,18 @@ pub(super) fn claim(view: &FleetView, unit: Unit) -> Option<Claim> {
 pub(super) async fn run_unit(
     ctx: &UnitContext,
     unit: Unit,
-    claim: Claim,
+    (claim, from): (Claim, Option<String>),
     release: CancellationToken,
     lease: Lease,
 ) -> Option<Written> {
     let membership = &ctx.membership;
     let key = owner_key(unit);
+    if let Some(owner) = from
+        && !owner_key_ended(membership, &owner).await
+    {
+        tokio::time::sleep(RETRY_PAUSE).await;
+        return None;
+    }
     let record = OwnerRecord {
         member: membership.me.clone(),
         run: ctx.run.clone(),
@@ -210,6 +217,26 @@ pub(super) async fn run_unit(
         Err(err) => {
             tracing::warn!(%key, error = %err, "cannot record the handover; the claim will be dropped and the next owner checks for rows left in flight");
             None
+        }
+    }
+}
+
+/// Whether `owner`, which holds a claim and was never in the roster, has
+/// no member key renewed either: a renewed key means a host that counts
+/// members by their keys (a version from before the roster, in a rolling
+/// upgrade), not dead, not to be taken over. (An owner whose entry was
+/// removed is taken over whatever its key says: the entry goes only once
+/// its key expired after it was written, so the term that claimed ended.)
+async fn owner_key_ended(membership: &Membership, owner: &str) -> bool {
+    match membership.kv.entry(&format!("{MEMBERS}{owner}")).await {
+        Ok(Some(entry)) if entry.operation.is_put() => {
+            tracing::debug!(%owner, "the owner is not in the roster but renews its member key; not taking its unit over");
+            false
+        }
+        Ok(_) => true,
+        Err(err) => {
+            tracing::warn!(%owner, error = %err, "cannot read the owner's member key; taking over later");
+            false
         }
     }
 }

@@ -1,14 +1,18 @@
 //! The host's lease: renewals of its member key say until when it may act
-//! as a member, and each unit runner holds the [`Lease`] its unit was
-//! claimed under, which fences it once that lease no longer holds.
+//! as a member (and write its roster entry when it changes), and each unit
+//! runner holds the [`Lease`] its unit was claimed under, which fences it
+//! once that lease no longer holds.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, to_bytes};
+use super::{
+    MEMBERS, MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, roster_key, to_bytes,
+};
 use crate::nats::kv::{KvWrite, NatsKv};
 
 /// The host's lease as renewals publish it.
@@ -21,6 +25,9 @@ pub struct LeaseState {
     /// Renewal time + TTL − [`STEP_DOWN_MARGIN`], on the monotonic clock
     /// (which runs on while the process is stopped).
     pub until: Instant,
+    /// The revision of the roster entry first written in this term: the
+    /// host is a member once its watch has its entry at or after it.
+    pub listed: Option<u64>,
 }
 
 /// The lease a unit was claimed under, handed to its runner: the unit is
@@ -77,7 +84,11 @@ impl Lease {
 
     /// A lease held until `until` and never renewed (tests, tools).
     pub fn until(until: Instant) -> Lease {
-        let (_, state) = watch::channel(Some(LeaseState { term: 1, until }));
+        let (_, state) = watch::channel(Some(LeaseState {
+            term: 1,
+            until,
+            listed: Some(0),
+        }));
         Lease::current(state)
     }
 
@@ -119,26 +130,55 @@ impl Lease {
     }
 }
 
+/// What renewals need besides the record and the lease they publish.
+pub(super) struct Renewal {
+    pub kv: NatsKv,
+    pub me: String,
+    pub plugins: PluginVersions,
+    pub ttl: Duration,
+    /// Notified when the roster entry went (removed by the others).
+    pub rewrite_roster: Arc<Notify>,
+}
+
 /// Renews the member key every third of its TTL (with the plugin versions
-/// running then) and says until when this host may act as a member.
+/// running then) and says until when this host may act as a member. After
+/// a renewal, writes the roster entry when the record changed since it was
+/// last written (new plugin versions), when a term starts (the first
+/// renewal, or one after the lease ran out) or when asked to: the member
+/// key is always written first, so a roster entry never stands without a
+/// live key behind it but for a member that died. An entry written in a
+/// term is newer than any expiry of the key before it, so a follower that
+/// saw the key expire removes only entries of terms that ended, and a host
+/// not in the roster holds no claim a live term stands behind.
 pub(super) async fn renew(
-    kv: NatsKv,
-    key: String,
+    renewal: Renewal,
     mut record: MemberRecord,
-    plugins: PluginVersions,
-    ttl: Duration,
     lease: watch::Sender<Option<LeaseState>>,
     stop: CancellationToken,
 ) {
+    let Renewal {
+        kv,
+        me,
+        plugins,
+        ttl,
+        rewrite_roster,
+    } = renewal;
+    let key = format!("{MEMBERS}{me}");
+    let roster = roster_key(&me);
     let period = ttl / 3;
     let mut held: Option<LeaseState> = None;
+    // The record the roster entry holds and the term it was written in,
+    // as this host last wrote it.
+    let mut in_roster: Option<(MemberRecord, u64)> = None;
     loop {
         record.plugins = plugins();
         let value = to_bytes(&record);
         let sent = Instant::now();
-        let pause =
+        let mut renewed = false;
+        let mut pause =
             match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
                 Ok(Ok(_)) => {
+                    renewed = true;
                     // Answered within the lease: the key never expired
                     // meanwhile. Answered after it (a freeze, an outage): a
                     // new term, and runners of the old one stay fenced.
@@ -150,6 +190,7 @@ pub(super) async fn renew(
                     let state = LeaseState {
                         term,
                         until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
+                        listed: held.filter(|s| s.term == term).and_then(|s| s.listed),
                     };
                     held = Some(state);
                     lease.send_replace(held);
@@ -164,9 +205,31 @@ pub(super) async fn renew(
                     Duration::ZERO
                 }
             };
+        let term = held.map_or(0, |s| s.term);
+        if renewed && in_roster.as_ref() != Some(&(record.clone(), term)) {
+            match tokio::time::timeout(period, kv.put(&roster, value)).await {
+                Ok(Ok(revision)) => {
+                    in_roster = Some((record.clone(), term));
+                    if let Some(state) = held.as_mut().filter(|s| s.listed.is_none()) {
+                        state.listed = Some(revision);
+                        lease.send_replace(held);
+                    }
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot write the roster entry");
+                    pause = RETRY_PAUSE;
+                }
+                Err(_) => {
+                    tracing::warn!("writing the roster entry timed out");
+                    pause = Duration::ZERO;
+                }
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
+            // Written again right after the next renewal.
+            _ = rewrite_roster.notified() => in_roster = None,
         }
     }
 }

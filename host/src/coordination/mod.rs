@@ -2,13 +2,17 @@
 //! coordinator and no polling.
 //!
 //! Every host keeps a member key (`members.<id>`) in the coordination KV
-//! bucket with a per-key TTL it renews, and follows `members.` and `owners.`
-//! through ONE watch, which also carries the prefixes other subsystems
-//! follow ([`KeyFollower`]: plugin releases, usage, tenant settings) without
-//! coordination knowing what they mean. From the live member set each host computes
-//! the same [`assignment`]; a host pulls only units assigned to it, and
-//! records what it holds in `owners.<partition>.<shard>` so every host (and
-//! `weir status`) sees owners and unowned units from its watch alone.
+//! bucket with a per-key TTL it renews (its lease), and a roster entry
+//! (`roster.<id>`) written only when it joins or its record changes. Every
+//! host follows `roster.` and `owners.` through ONE watch, which also
+//! carries the prefixes other subsystems follow ([`KeyFollower`]: plugin
+//! releases, usage, tenant settings) without coordination knowing what they
+//! mean; member keys reach only the two hosts before each member in the
+//! roster ([`ring`]), which remove its roster entry once its key expired.
+//! From the roster each host computes the same [`assignment`]; a host pulls
+//! only units assigned to it, and records what it holds in
+//! `owners.<partition>.<shard>` so every host (and `weir status`) sees
+//! owners and unowned units from its watch alone.
 //!
 //! - Handover (a join elsewhere, a planned shutdown): the old owner stops
 //!   pulling, finishes every row it was sent, releases the pin and writes
@@ -29,7 +33,8 @@
 //!
 //! Architecture invariant: a unit is pulled only by the host whose claim is
 //! recorded in `owners.`, and a claim is taken only from a `released`
-//! record or from an owner that is no longer a member.
+//! record or from an owner that is no longer a member (no roster entry: it
+//! left, or its member key expired).
 //!
 //! Exported: what this file defines (`Coordination`, `Membership`,
 //! `UnitRunner`, the owner records and keys, …), the `Lease` a worker
@@ -38,6 +43,7 @@
 mod assignment;
 mod claim;
 mod lease;
+mod ring;
 mod takeover;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,11 +69,14 @@ use claim::{
 };
 pub use lease::Lease;
 use lease::LeaseState;
-use lease::renew;
+use lease::{Renewal, renew};
 pub use takeover::reclaim_from_stale_request;
 
-/// Key prefix of member keys.
+/// Key prefix of member keys: each member's lease, renewed with a TTL.
 pub const MEMBERS: &str = "members.";
+/// Key prefix of the roster: who the members are, written when one joins,
+/// leaves or changes its record, and removed once its member key expired.
+pub const ROSTER: &str = "roster.";
 /// Key prefix of unit owner records.
 pub const OWNERS: &str = "owners.";
 /// A member steps down this long before its key can expire; a dead owner
@@ -121,32 +130,6 @@ impl MemberRecord {
     }
 }
 
-/// When each member's key renewal last reached this host. A renewal
-/// changes no view (none is published for it), so the times are shared by
-/// every copy of the view rather than copied with it.
-#[derive(Debug, Clone, Default)]
-pub struct Renewals(Arc<std::sync::Mutex<BTreeMap<String, Instant>>>);
-
-impl Renewals {
-    fn seen(&self, member: &str) {
-        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        times.insert(member.to_string(), Instant::now());
-    }
-
-    fn forget(&self, member: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(member);
-    }
-
-    /// How long ago `member`'s last renewal arrived here.
-    pub fn since(&self, member: &str) -> Option<Duration> {
-        let times = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        times.get(member).map(Instant::elapsed)
-    }
-}
-
 /// The value of a unit's owner record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnerRecord {
@@ -169,17 +152,18 @@ pub enum OwnerState {
 #[derive(Debug, Clone, Default)]
 pub struct FleetView {
     pub me: String,
-    /// Whether this host currently acts as a member (its lease is valid).
+    /// Whether this host currently acts as a member (its lease is valid
+    /// and its roster entry came through its watch).
     pub member: bool,
+    /// The roster: each member's record.
     pub members: BTreeMap<String, MemberRecord>,
     /// Each unit's owner record and its revision.
     pub owners: BTreeMap<Unit, (OwnerRecord, u64)>,
-    pub renewals: Renewals,
 }
 
 impl FleetView {
-    /// Members that count: every live key, with this host only while it
-    /// holds its lease.
+    /// Members that count: every roster entry, with this host only while
+    /// it is a member.
     pub fn live_members(&self) -> BTreeSet<&str> {
         let mut live: BTreeSet<&str> = self.members.keys().map(String::as_str).collect();
         if self.member {
@@ -347,15 +331,31 @@ impl Coordination {
         let (lease_tx, lease) = watch::channel(None);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let renewing = CancellationToken::new();
+        let rewrite_roster = Arc::new(tokio::sync::Notify::new());
         let renewal = tokio::spawn(renew(
-            membership.kv.clone(),
-            format!("{MEMBERS}{}", membership.me),
+            Renewal {
+                kv: membership.kv.clone(),
+                me: membership.me.clone(),
+                plugins: membership.plugins.clone(),
+                ttl: membership.ttl,
+                rewrite_roster: rewrite_roster.clone(),
+            },
             record,
-            membership.plugins.clone(),
-            membership.ttl,
             lease_tx,
             renewing.clone(),
         ));
+        let (roster, roster_rx) = watch::channel(ring::Roster::default());
+        let ring_stop = CancellationToken::new();
+        let ring = Ring {
+            roster,
+            stop: ring_stop.clone(),
+            task: Some(tokio::spawn(ring::follow_successors(
+                membership.kv.clone(),
+                membership.me.clone(),
+                roster_rx,
+                ring_stop,
+            ))),
+        };
         let coordinator = Coordinator {
             ctx: Arc::new(UnitContext { membership, run }),
             view,
@@ -370,6 +370,10 @@ impl Coordination {
             leaving: false,
             assigned: None,
             held_back: None,
+            rewrite_roster,
+            roster_revisions: BTreeMap::new(),
+            unlisted: BTreeSet::new(),
+            ring,
         };
         let leave = CancellationToken::new();
         let task = tokio::spawn(coordinator.run(watch, leave.clone(), renewal, renewing));
@@ -430,6 +434,23 @@ struct Coordinator {
     assigned: Option<(Vec<String>, BTreeMap<Unit, String>)>,
     /// Why the gate held claims back at the last reconcile (logged once).
     held_back: Option<String>,
+    /// Asks the renewals to write this host's roster entry again (it went).
+    rewrite_roster: Arc<tokio::sync::Notify>,
+    /// Each roster entry's revision, for the ring.
+    roster_revisions: BTreeMap<String, u64>,
+    /// Hosts whose roster entry the watch brought removed: their claims
+    /// are taken over whatever their member key says (a host never listed
+    /// is one from before the roster, whose key decides).
+    unlisted: BTreeSet<String>,
+    ring: Ring,
+}
+
+/// The task that follows the next members' keys ([`ring`]), and the roster
+/// it is given.
+struct Ring {
+    roster: watch::Sender<ring::Roster>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
 }
 
 impl Coordinator {
@@ -507,12 +528,25 @@ impl Coordinator {
             let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
             let term = self.lease.borrow().map(|l| l.term);
             let was_member = self.view.member;
+            // Counted by the others only once its roster entry of this term
+            // is in the watch: every claim it writes comes after it there,
+            // and after any expiry of its key in an earlier term. A watch
+            // starting over is not a removal.
+            let listed_at = self.lease.borrow().and_then(|l| l.listed);
+            let listed = listed_at.is_some_and(|at| {
+                self.roster_revisions
+                    .get(&self.view.me)
+                    .is_some_and(|seen| *seen >= at)
+            }) || (was_member && !self.caught_up);
             let lapsed = !lease_valid || term != self.member_term;
-            let stepped_down = was_member && lapsed && !self.leaving;
+            let stepped_down = was_member && (lapsed || !listed) && !self.leaving;
             if stepped_down {
-                self.step_down();
+                self.step_down(match lapsed {
+                    true => "cannot renew the member key in time; stepping down",
+                    false => "no longer in the roster; stepping down until listed again",
+                });
             }
-            let member = lease_valid && !self.leaving;
+            let member = lease_valid && listed && !self.leaving;
             if member && (!was_member || stepped_down) {
                 self.member_term = lease.map(|l| l.term);
             }
@@ -522,6 +556,15 @@ impl Coordinator {
                 continue;
             }
             self.reconcile();
+            let roster = ring::Roster {
+                ready: self.caught_up,
+                members: self.roster_revisions.clone(),
+            };
+            self.ring.roster.send_if_modified(|old| {
+                let modified = *old != roster;
+                *old = roster;
+                modified
+            });
             let metrics = &self.ctx.membership.metrics;
             metrics.units_owned.set(self.tasks.len() as i64);
             let units = self.ctx.membership.router.units();
@@ -535,7 +578,17 @@ impl Coordinator {
         }
         renewing.cancel();
         let _ = renewal.await;
-        let key = format!("{MEMBERS}{}", self.ctx.membership.me);
+        self.ring.stop.cancel();
+        if let Some(task) = self.ring.task.take() {
+            let _ = task.await;
+        }
+        // The roster entry first: the others see the leave at once, and
+        // nobody sees a roster entry without its member key.
+        let me = &self.ctx.membership.me;
+        if let Err(err) = self.ctx.membership.kv.delete(&roster_key(me)).await {
+            tracing::warn!(error = %err, "cannot delete the roster entry; the others remove it once the member key expires");
+        }
+        let key = format!("{MEMBERS}{me}");
         if let Err(err) = self.ctx.membership.kv.delete(&key).await {
             tracing::warn!(error = %err, "cannot delete the member key; it expires on its own");
         }
@@ -545,15 +598,27 @@ impl Coordinator {
 
     /// Takes one change into the view; says whether the view changed.
     fn apply(&mut self, entry: Entry) -> bool {
-        if let Some(id) = entry.key.strip_prefix(MEMBERS) {
+        if let Some(id) = entry.key.strip_prefix(ROSTER) {
             let record = entry
                 .operation
                 .is_put()
                 .then(|| serde_json::from_slice::<MemberRecord>(&entry.value).ok())
                 .flatten();
             match &record {
-                Some(_) => self.view.renewals.seen(id),
-                None => self.view.renewals.forget(id),
+                Some(_) => {
+                    self.roster_revisions.insert(id.to_string(), entry.revision);
+                    self.unlisted.remove(id);
+                }
+                None => {
+                    self.roster_revisions.remove(id);
+                    self.unlisted.insert(id.to_string());
+                    // Removed by the others (its key expired while this
+                    // host was frozen or cut off): written again once the
+                    // lease is renewed, and this host rejoins.
+                    if id == self.view.me && !self.leaving {
+                        self.rewrite_roster.notify_one();
+                    }
+                }
             }
             match record {
                 Some(record) => match self.view.members.insert(id.to_string(), record.clone()) {
@@ -561,8 +626,9 @@ impl Coordinator {
                         tracing::info!(member = %id, "member joined");
                         true
                     }
-                    // A renewal: the same record again.
-                    Some(old) => old != record,
+                    // Written again (a new term, new plugin versions): the
+                    // ring needs its revision even if the record is the same.
+                    Some(_) => true,
                 },
                 None => {
                     let left = self.view.members.remove(id).is_some();
@@ -607,7 +673,11 @@ impl Coordinator {
     async fn rewatch(&mut self) -> Watch {
         self.caught_up = false;
         self.view.members.clear();
+        self.roster_revisions.clear();
+        self.unlisted.clear();
         self.view.owners.clear();
+        // The bucket may have been recreated: the roster entry with it.
+        self.rewrite_roster.notify_one();
         for follower in &self.ctx.membership.followers {
             follower.restart();
         }
@@ -624,11 +694,8 @@ impl Coordinator {
 
     /// The lease ran out before a renewal got through: the others may take
     /// this host's units any moment, so stop pulling them now.
-    fn step_down(&mut self) {
-        tracing::warn!(
-            units = self.tasks.len(),
-            "cannot renew the member key in time; stepping down"
-        );
+    fn step_down(&mut self, why: &str) {
+        tracing::warn!(units = self.tasks.len(), "{why}");
         for (_, task) in std::mem::take(&mut self.tasks) {
             task.handle.abort();
         }
@@ -675,7 +742,15 @@ impl Coordinator {
                         continue;
                     }
                     if let Some(claim) = claim(&self.view, unit) {
-                        work.push((unit, UnitWork::Claim(claim)));
+                        // Whose claim it takes, if a host's never listed
+                        // (from before the roster): its key is looked at
+                        // before the claim. A removed entry's term ended.
+                        let from = claim
+                            .from_other
+                            .then(|| self.view.owners.get(&unit).map(|(r, _)| r.member.clone()))
+                            .flatten()
+                            .filter(|owner| !self.unlisted.contains(owner));
+                        work.push((unit, UnitWork::Claim(claim, from)));
                     }
                 }
                 None => {
@@ -699,7 +774,9 @@ impl Coordinator {
         let lease = Lease::current(self.lease.clone());
         let handle = tokio::spawn(async move {
             let written = match work {
-                UnitWork::Claim(claim) => run_unit(&ctx, unit, claim, stop, lease).await,
+                UnitWork::Claim(claim, from) => {
+                    run_unit(&ctx, unit, (claim, from), stop, lease).await
+                }
                 UnitWork::DropClaim(revision) => drop_claim(&ctx, unit, revision).await,
             };
             let _ = done.send((unit, id, written));
@@ -717,7 +794,7 @@ impl Coordinator {
 }
 
 async fn open_watch(kv: &NatsKv, followers: &[Arc<dyn KeyFollower>]) -> Result<Watch, KvError> {
-    let mut prefixes = vec![MEMBERS, OWNERS];
+    let mut prefixes = vec![ROSTER, OWNERS];
     for follower in followers {
         prefixes.extend_from_slice(follower.prefixes());
     }
@@ -730,6 +807,11 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// `roster.<member>`.
+pub fn roster_key(member: &str) -> String {
+    format!("{ROSTER}{member}")
 }
 
 /// `owners.<partition>.<shard>`.

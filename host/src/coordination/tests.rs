@@ -33,7 +33,6 @@ fn view(members: &[&str]) -> FleetView {
             })
             .collect(),
         owners: BTreeMap::new(),
-        renewals: Default::default(),
     }
 }
 
@@ -129,7 +128,11 @@ fn a_claim_of_ours_without_a_worker_is_an_orphan_to_drop() {
 }
 
 fn lease_state(term: u64, until: Instant) -> Option<LeaseState> {
-    Some(LeaseState { term, until })
+    Some(LeaseState {
+        term,
+        until,
+        listed: Some(1),
+    })
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::coordination::FleetView;
+use crate::coordination::{FleetView, MEMBERS};
 use crate::delivery::dead_letter::headers;
 use crate::ingest::usage::Ledger;
 use crate::reload::canary::{fleet_diff, fleet_tally};
@@ -145,7 +145,9 @@ pub struct MemberStatus {
     /// The plugin versions the member runs, by name.
     #[serde(default)]
     pub plugins: std::collections::BTreeMap<String, String>,
-    /// Milliseconds since its last key renewal reached the answering host.
+    /// Milliseconds since the server stored its last key renewal, by the
+    /// answering host's clock (read per report: renewals reach only the
+    /// hosts that follow the member's key).
     #[serde(default)]
     pub renewed_ms_ago: Option<u64>,
     /// Its renewal is overdue: stopped, frozen or cut off, it is still a
@@ -334,6 +336,10 @@ struct NatsReads {
     reasons: Option<ReasonScan>,
 }
 
+/// When the server stored each member's last key renewal (members whose
+/// key did not answer, or is gone, are left out).
+type Renewals = BTreeMap<String, SystemTime>;
+
 impl NatsReads {
     /// Whether every count and backlog was read. Reasons are not needed:
     /// a scan refused (a user without the DLQ reader's permissions) leaves
@@ -402,10 +408,12 @@ impl StatusSource {
     /// disconnected).
     pub async fn report(&self) -> StatusReport {
         let connected = self.nats_connected();
-        let reads = if connected {
-            self.read_nats(Instant::now() + NATS_READ_TIMEOUT).await
+        let (reads, renewals) = if connected {
+            let members: Vec<String> = self.fleet().members.keys().cloned().collect();
+            self.read_nats(Instant::now() + NATS_READ_TIMEOUT, &members)
+                .await
         } else {
-            NatsReads::default()
+            Default::default()
         };
         let answered = connected && reads.answered(self.router.partitions());
         let backlogs: Backlogs = reads
@@ -415,7 +423,8 @@ impl StatusSource {
             .flat_map(|(_, backlogs)| backlogs.iter().map(|(k, v)| (k.clone(), *v)))
             .collect();
         let fleet = self.fleet();
-        let now_ms = SystemTime::now()
+        let now = SystemTime::now();
+        let now_ms = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let all_units = self.router.units();
@@ -448,7 +457,9 @@ impl StatusSource {
                 .iter()
                 .filter(|(id, _)| fleet.is_live(id))
                 .map(|(id, record)| {
-                    let renewed = fleet.renewals.since(id);
+                    let renewed = renewals
+                        .get(id)
+                        .map(|at| now.duration_since(*at).unwrap_or(Duration::ZERO));
                     MemberStatus {
                         id: id.clone(),
                         http: record.http.clone(),
@@ -503,7 +514,7 @@ impl StatusSource {
     }
 
     /// Every read a report needs, all at once, each given up at `deadline`.
-    async fn read_nats(&self, deadline: Instant) -> NatsReads {
+    async fn read_nats(&self, deadline: Instant, members: &[String]) -> (NatsReads, Renewals) {
         let js = jetstream::new(self.client.clone());
         let partitions = futures::future::join_all((0..self.router.partitions()).map(|p| {
             let name = self.router.partition_stream(p);
@@ -516,13 +527,43 @@ impl StatusSource {
             }
         }));
         let dead_letters = self.dead_letter_reads(&js, deadline);
-        let (partitions, dead_letters) = tokio::join!(partitions, dead_letters);
+        let renewals = tokio::time::timeout_at(deadline, self.renewal_reads(&js, members));
+        let (partitions, dead_letters, renewals) = tokio::join!(partitions, dead_letters, renewals);
         let (dead_letters, reasons) = dead_letters.unzip();
-        NatsReads {
+        let reads = NatsReads {
             partitions,
             dead_letters,
             reasons: reasons.flatten(),
-        }
+        };
+        (reads, renewals.unwrap_or_default())
+    }
+
+    /// When the server stored each member's last key renewal: one direct
+    /// get per member, at once.
+    async fn renewal_reads(&self, js: &jetstream::Context, members: &[String]) -> Renewals {
+        let bucket = self.router.coordination_bucket();
+        let Ok(stream) = js.get_stream_no_info(format!("KV_{bucket}")).await else {
+            return BTreeMap::new();
+        };
+        let reads = members.iter().map(|member| {
+            let subject = format!("$KV.{bucket}.{MEMBERS}{member}");
+            let stream = &stream;
+            async move {
+                let message = stream.direct_get_last_for_subject(subject).await.ok()?;
+                // A delete or expiry marker: no renewal stands.
+                let marker = message
+                    .headers
+                    .get("KV-Operation")
+                    .is_some_and(|op| op.as_str() != "PUT");
+                (!marker && !message.payload.is_empty())
+                    .then(|| (member.clone(), SystemTime::from(message.time)))
+            }
+        });
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The dead-letter stream's (last sequence, messages) and its reason
