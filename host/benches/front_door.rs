@@ -24,7 +24,9 @@
 //!    front door uses: `KEYED_REQUESTS` requests, the first half of each
 //!    stored before (as a request cut short leaves them), sent again as a
 //!    retry is (`Ids::MaybeStored`: an atomic batch the server refuses
-//!    for its stored ids, then one row at a time), beside the same
+//!    for its stored ids, then one fast batch that skips them, then every
+//!    row again, many in flight, whose duplicate acks' sequences say which
+//!    were stored before), beside the same
 //!    requests with new ids (`Ids::Fresh`); rows/s of each and
 //!    `ratio_retry_to_fresh` (each retry's rows all counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS

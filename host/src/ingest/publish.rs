@@ -8,7 +8,10 @@
 //! fresh ids go as one fast batch (nats-server 2.14+, stored as they
 //! arrive, ended at the first refusal); rows that may be stored already (a
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
-//! so each row's "already stored" is known.
+//! so each row's "already stored" is known. A batch the server refuses for
+//! holding a stored row, and the rows after it, go as one fast batch (which
+//! skips stored rows), then are sent again to learn which were stored
+//! before (see `publish_partly_stored`).
 
 use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
