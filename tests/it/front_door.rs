@@ -581,7 +581,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     // Larger than the partition can ever hold: refused before a row is sent.
     let huge: Vec<(String, usize)> = (0..20).map(|i| (format!("h{i}"), 1000)).collect();
     let huge: Vec<(&str, usize)> = huge.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-    for ids in [Ids::Fresh, Ids::MaybeStored] {
+    for ids in [Ids::Fresh, Ids::MaybeStored, Ids::Retry] {
         let refused = publish(rows(&huge), ids).await;
         assert!(
             matches!(
@@ -600,7 +600,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     // No stream for the partition (it is electing a leader, or gone): a
     // retryable 503, whichever way the rows go.
     js.delete_stream(&partition).await.unwrap();
-    for ids in [Ids::Fresh, Ids::MaybeStored] {
+    for ids in [Ids::Fresh, Ids::MaybeStored, Ids::Retry] {
         let refused = publish(rows(&[("n0", 10), ("n1", 10)]), ids).await;
         assert!(
             matches!(refused, Err(PublishError::Unavailable(_))),
@@ -1056,16 +1056,18 @@ pub(crate) async fn partly_stored_retries(bare: &BarePartition) {
     // one atomic batch's worth.
     let all = named("h", 0..2500);
     publish(all[..1500].to_vec(), Ids::Fresh).await;
-    let published = publish(all.clone(), Ids::MaybeStored).await;
+    let published = publish(all.clone(), Ids::Retry).await;
     assert_eq!((published.stored, published.duplicates), (2500, 1500));
     assert_eq!(new_rows(&published), (1000, bytes_of(&all[1500..])));
     assert_eq!(stored().await, all, "each row once, in request order");
 
-    // Sent again whole: every row a duplicate, nothing stored.
-    let published = publish(all.clone(), Ids::MaybeStored).await;
-    assert_eq!((published.stored, published.duplicates), (2500, 2500));
-    assert_eq!(new_rows(&published), (0, 0));
-    assert_eq!(stored().await, all);
+    // Sent again whole, either way: every row a duplicate, nothing stored.
+    for ids in [Ids::Retry, Ids::MaybeStored] {
+        let published = publish(all.clone(), ids).await;
+        assert_eq!((published.stored, published.duplicates), (2500, 2500));
+        assert_eq!(new_rows(&published), (0, 0));
+        assert_eq!(stored().await, all);
+    }
 
     // Scattered: every seventh row, and the last, stored before.
     let scattered = named("s", 0..1200);
@@ -1095,8 +1097,15 @@ pub(crate) async fn partly_stored_retries(bare: &BarePartition) {
     assert_eq!(new_rows(&published).0, 3);
     expected.extend(["b", "a", "x", "c"].map(String::from));
     assert_eq!(stored().await, expected);
-}
 
+    // A retry none of whose rows were stored (refused at once before).
+    let untouched = named("u", 0..300);
+    let published = publish(untouched.clone(), Ids::Retry).await;
+    assert_eq!((published.stored, published.duplicates), (300, 0));
+    assert_eq!(new_rows(&published), (300, bytes_of(&untouched)));
+    expected.extend(untouched);
+    assert_eq!(stored().await, expected);
+}
 #[tokio::test(flavor = "multi_thread")]
 async fn partly_stored_retries_store_the_rest_once_in_order_and_count_it() {
     let nats = Nats::start();

@@ -8,10 +8,10 @@
 //! fresh ids go as one fast batch (nats-server 2.14+, stored as they
 //! arrive, ended at the first refusal); rows that may be stored already (a
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
-//! so each row's "already stored" is known. A batch the server refuses for
-//! holding a stored row, and the rows after it, go as one fast batch (which
-//! skips stored rows), then are sent again to learn which were stored
-//! before (see `publish_partly_stored`).
+//! so each row's "already stored" is known. A retry under the same request
+//! key, or a batch the server refuses for holding a stored row and the
+//! rows after it, go as one fast batch (which skips stored rows), then are
+//! sent again to learn which were stored before (`publish_partly_stored`).
 
 use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
@@ -102,8 +102,13 @@ pub enum PublishError {
 pub enum Ids {
     /// No id, or ids no earlier request used (a new `Idempotency-Key`).
     Fresh,
-    /// A retry under the same key, or rows with their own keys.
+    /// Rows with their own keys: most are usually new, so they go as
+    /// atomic batches, stored in one pass unless the server finds one stored.
     MaybeStored,
+    /// A retry under the same `Idempotency-Key` whose record does not say
+    /// stored: likely cut short, some rows stored. An atomic batch would be
+    /// refused, so they go straight to the partly stored publish.
+    Retry,
 }
 
 /// Publishes rows for the front door (and, later, other ingest paths).
@@ -292,6 +297,11 @@ impl Publisher {
                 .publish_fast(&unit_rows.subject, &unit_rows.rows)
                 .await?;
             stored.add_new(&unit_rows.rows, last_seq);
+            return Ok(stored);
+        }
+        if ids == Ids::Retry {
+            self.publish_partly_stored(unit_rows, &unit_rows.rows, &mut stored)
+                .await?;
             return Ok(stored);
         }
         let mut rest = unit_rows.rows.as_slice();
