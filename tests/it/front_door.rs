@@ -550,16 +550,18 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     );
 
     // The retry: b0 is stored already, b1 still does not fit.
-    let refused = publish(rows(&request), Ids::MaybeStored).await;
-    assert!(
-        matches!(refused, Err(PublishError::StreamFull(_))),
-        "{refused:?}"
-    );
-    assert_eq!(
-        stored().await,
-        expected,
-        "a retry stored a row behind a refused one"
-    );
+    for ids in [Ids::MaybeStored, Ids::Retry] {
+        let refused = publish(rows(&request), ids).await;
+        assert!(
+            matches!(refused, Err(PublishError::StreamFull(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            stored().await,
+            expected,
+            "a retry stored a row behind a refused one ({ids:?})"
+        );
+    }
 
     // Delivery makes room; the retry stores the rest, in order.
     let stream = js.get_stream(&partition).await.unwrap();
