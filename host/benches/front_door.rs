@@ -23,8 +23,9 @@
 //!    Then retries of partly stored requests, through the publisher the
 //!    front door uses: `KEYED_REQUESTS` requests, the first half of each
 //!    stored before (as a request cut short leaves them), sent again as a
-//!    retry is (`Ids::MaybeStored`: an atomic batch the server refuses
-//!    for its stored ids, then one row at a time), beside the same
+//!    retry is (`Ids::Retry`: one fast batch that skips the stored rows,
+//!    then every row again, many in flight, whose duplicate acks'
+//!    sequences say which were stored before), beside the same
 //!    requests with new ids (`Ids::Fresh`); rows/s of each and
 //!    `ratio_retry_to_fresh` (each retry's rows all counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
@@ -451,7 +452,7 @@ async fn retry_rates(client: &async_nats::Client, router: &Names, bodies: &[Byte
     let fresh = run(all("fresh", usize::MAX), Ids::Fresh, 0).await;
     let half = ROWS_PER_REQUEST / 2;
     run(all("retry", half), Ids::Fresh, 0).await;
-    let retried = run(all("retry", usize::MAX), Ids::MaybeStored, half).await;
+    let retried = run(all("retry", usize::MAX), Ids::Retry, half).await;
     (fresh, retried)
 }
 

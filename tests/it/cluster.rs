@@ -615,3 +615,15 @@ async fn r3_a_probe_of_an_id_keeps_that_ids_row_out() {
         "the row was stored after its probe ({held} held, {answer:?}): probes may be safe now"
     );
 }
+
+/// Retries of partly stored requests on an R3 partition: the new rows
+/// once and in order, the stored ones counted (see the R1 case).
+#[tokio::test(flavor = "multi_thread")]
+async fn r3_partly_stored_retries_store_the_rest_once_in_order_and_count_it() {
+    let nodes = NatsNodes::start(3).await;
+    let url = format!("nats://127.0.0.1:{}", nodes.nodes[0].port);
+    let bare =
+        crate::front_door::BarePartition::create_on(&url, nodes.client().await, "replicas = 3")
+            .await;
+    crate::front_door::partly_stored_retries(&bare).await;
+}

@@ -550,16 +550,18 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     );
 
     // The retry: b0 is stored already, b1 still does not fit.
-    let refused = publish(rows(&request), Ids::MaybeStored).await;
-    assert!(
-        matches!(refused, Err(PublishError::StreamFull(_))),
-        "{refused:?}"
-    );
-    assert_eq!(
-        stored().await,
-        expected,
-        "a retry stored a row behind a refused one"
-    );
+    for ids in [Ids::MaybeStored, Ids::Retry] {
+        let refused = publish(rows(&request), ids).await;
+        assert!(
+            matches!(refused, Err(PublishError::StreamFull(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            stored().await,
+            expected,
+            "a retry stored a row behind a refused one ({ids:?})"
+        );
+    }
 
     // Delivery makes room; the retry stores the rest, in order.
     let stream = js.get_stream(&partition).await.unwrap();
@@ -581,7 +583,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     // Larger than the partition can ever hold: refused before a row is sent.
     let huge: Vec<(String, usize)> = (0..20).map(|i| (format!("h{i}"), 1000)).collect();
     let huge: Vec<(&str, usize)> = huge.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-    for ids in [Ids::Fresh, Ids::MaybeStored] {
+    for ids in [Ids::Fresh, Ids::MaybeStored, Ids::Retry] {
         let refused = publish(rows(&huge), ids).await;
         assert!(
             matches!(
@@ -600,7 +602,7 @@ async fn a_row_refused_by_a_full_partition_leaves_no_later_row_stored() {
     // No stream for the partition (it is electing a leader, or gone): a
     // retryable 503, whichever way the rows go.
     js.delete_stream(&partition).await.unwrap();
-    for ids in [Ids::Fresh, Ids::MaybeStored] {
+    for ids in [Ids::Fresh, Ids::MaybeStored, Ids::Retry] {
         let refused = publish(rows(&[("n0", 10), ("n1", 10)]), ids).await;
         assert!(
             matches!(refused, Err(PublishError::Unavailable(_))),
@@ -924,7 +926,7 @@ async fn bad_lines_go_to_the_dead_letter_stream_when_the_table_says_so() {
 /// weir's topology of one partition (`stream_keys` added to its
 /// `[stream]`) with only its partition stream, created directly: no
 /// consumer takes a row, so what it holds is exactly what was published.
-struct BarePartition {
+pub(crate) struct BarePartition {
     config: weir::config::Config,
     router: weir::topology::Names,
     client: async_nats::Client,
@@ -934,7 +936,16 @@ struct BarePartition {
 
 impl BarePartition {
     async fn create(nats: &Nats, stream_keys: &str) -> BarePartition {
-        let config = base_config(nats.url(), "").replace(
+        BarePartition::create_on(nats.url(), nats.client().await, stream_keys).await
+    }
+
+    /// On any server (or cluster) `client` reaches at `url`.
+    pub(crate) async fn create_on(
+        url: &str,
+        client: async_nats::Client,
+        stream_keys: &str,
+    ) -> BarePartition {
+        let config = base_config(url, "").replace(
             "[stream]\ncreate = true",
             &format!("[stream]\ncreate = true\npartitions = 1\n{stream_keys}"),
         );
@@ -947,7 +958,6 @@ impl BarePartition {
         let router = weir::topology::Names::new(&config.stream.prefix, 1, 1);
         let manifest =
             weir::topology::Manifest::new(&router, &config.stream, &config.delivery, None);
-        let client = nats.client().await;
         let js = async_nats::jetstream::new(client.clone());
         let partition = router.partition_stream(0);
         let stream = manifest.streams.iter().find(|s| s.name == partition);
@@ -980,4 +990,127 @@ impl BarePartition {
         }
         payloads
     }
+}
+
+/// Retries of partly stored requests, through the front door's publisher:
+/// each new row is stored once and in request order, the stored ones are
+/// counted as duplicates, and usage counts only the new rows, whether the
+/// stored rows are the first part (a request cut short) or scattered
+/// (rows with their own keys sent before).
+pub(crate) async fn partly_stored_retries(bare: &BarePartition) {
+    use bytes::Bytes;
+    use weir::ingest::{Ids, Placement};
+    use weir::topology::Unit;
+
+    let publisher = bare.publisher();
+    let placement = Placement::Table(Unit {
+        partition: 0,
+        shard: 0,
+    });
+    // Row `name` carries the id `id-name` unless told otherwise.
+    let rows = |names: &[&str]| -> Vec<(Bytes, Option<String>)> {
+        names
+            .iter()
+            .map(|name| {
+                let (name, id) = match name.split_once('=') {
+                    Some((name, "")) => (name, None),
+                    Some((name, id)) => (name, Some(format!("id-{id}"))),
+                    None => (*name, Some(format!("id-{name}"))),
+                };
+                (Bytes::from(format!("{name}:payload")), id)
+            })
+            .collect()
+    };
+    let publish = |names: Vec<String>, ids| {
+        let (publisher, placement) = (publisher.clone(), placement.clone());
+        async move {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            publisher
+                .publish("acme", "orders", &placement, rows(&names), ids, None)
+                .await
+                .unwrap()
+        }
+    };
+    let named = |prefix: &str, range: std::ops::Range<usize>| -> Vec<String> {
+        range.map(|i| format!("{prefix}{i}")).collect()
+    };
+    let stored = || async {
+        let payloads = bare.stored().await;
+        payloads
+            .iter()
+            .map(|p| p.split(':').next().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let new_rows = |published: &weir::ingest::Published| -> (u64, u64) {
+        published
+            .accepts
+            .iter()
+            .fold((0, 0), |(rows, bytes), a| (rows + a.rows, bytes + a.bytes))
+    };
+    let bytes_of = |names: &[String]| -> u64 {
+        names
+            .iter()
+            .map(|n| format!("{n}:payload").len() as u64)
+            .sum()
+    };
+
+    // A request cut short: the first 1500 of 2500 rows stored, in more than
+    // one atomic batch's worth.
+    let all = named("h", 0..2500);
+    publish(all[..1500].to_vec(), Ids::Fresh).await;
+    let published = publish(all.clone(), Ids::Retry).await;
+    assert_eq!((published.stored, published.duplicates), (2500, 1500));
+    assert_eq!(new_rows(&published), (1000, bytes_of(&all[1500..])));
+    assert_eq!(stored().await, all, "each row once, in request order");
+
+    // Sent again whole, either way: every row a duplicate, nothing stored.
+    for ids in [Ids::Retry, Ids::MaybeStored] {
+        let published = publish(all.clone(), ids).await;
+        assert_eq!((published.stored, published.duplicates), (2500, 2500));
+        assert_eq!(new_rows(&published), (0, 0));
+        assert_eq!(stored().await, all);
+    }
+
+    // Scattered: every seventh row, and the last, stored before.
+    let scattered = named("s", 0..1200);
+    let before: Vec<String> = scattered
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 7 == 3 || *i == 1199)
+        .map(|(_, name)| name.clone())
+        .collect();
+    publish(before.clone(), Ids::MaybeStored).await;
+    let published = publish(scattered.clone(), Ids::MaybeStored).await;
+    assert_eq!(
+        (published.stored, published.duplicates),
+        (1200, before.len())
+    );
+    let mut expected = all.clone();
+    expected.extend(before.iter().cloned());
+    expected.extend(scattered.iter().filter(|n| !before.contains(n)).cloned());
+    assert_eq!(stored().await, expected, "the new rows once, in order");
+
+    // The same id twice in one request, and a row without an id: the
+    // first of the two is stored, the other is a duplicate.
+    publish(vec!["b".into()], Ids::MaybeStored).await;
+    let request = ["a", "b", "a2=a", "x=", "c"].map(String::from).to_vec();
+    let published = publish(request, Ids::MaybeStored).await;
+    assert_eq!((published.stored, published.duplicates), (5, 2));
+    assert_eq!(new_rows(&published).0, 3);
+    expected.extend(["b", "a", "x", "c"].map(String::from));
+    assert_eq!(stored().await, expected);
+
+    // A retry none of whose rows were stored (refused at once before).
+    let untouched = named("u", 0..300);
+    let published = publish(untouched.clone(), Ids::Retry).await;
+    assert_eq!((published.stored, published.duplicates), (300, 0));
+    assert_eq!(new_rows(&published), (300, bytes_of(&untouched)));
+    expected.extend(untouched);
+    assert_eq!(stored().await, expected);
+}
+#[tokio::test(flavor = "multi_thread")]
+async fn partly_stored_retries_store_the_rest_once_in_order_and_count_it() {
+    let nats = Nats::start();
+    let bare = BarePartition::create(&nats, "").await;
+    partly_stored_retries(&bare).await;
 }

@@ -466,10 +466,16 @@ impl FrontDoor {
         let (outgoing, mut bad) = Outgoing::new(&ids, split, bad_lines)?;
         bad.sort_by_key(|row| row.line);
         // Rows with their own keys may be stored already whatever the request.
-        let mut fresh = outgoing.keyed == 0;
+        let mut ids = if outgoing.keyed == 0 {
+            Ids::Fresh
+        } else {
+            Ids::MaybeStored
+        };
         if let Some(key) = request_key {
             let claim = claim_key(door, tenant, table, key, &body).await?;
-            fresh &= claim == Claim::First;
+            if claim == Claim::Again {
+                ids = Ids::Retry;
+            }
             // A retry after a lost answer: every row (and letter) is stored
             // already.
             if claim == Claim::Stored {
@@ -480,7 +486,7 @@ impl FrontDoor {
         let mut published = Published::default();
         if !outgoing.rows.is_empty() {
             published = door
-                .store_rows(gate, tenant, table, outgoing, (fresh, traceparent))
+                .store_rows(gate, tenant, table, outgoing, (ids, traceparent))
                 .await?;
         }
         if !bad.is_empty() {
@@ -513,7 +519,7 @@ impl FrontDoor {
         tenant: &str,
         table: &str,
         outgoing: Outgoing,
-        (fresh, traceparent): (bool, Option<&str>),
+        (ids, traceparent): (Ids, Option<&str>),
     ) -> Result<Published, Refusal> {
         let door = self;
         let amount = Queued {
@@ -534,14 +540,7 @@ impl FrontDoor {
         let numbers = outgoing.numbers;
         let mut published = door
             .publisher
-            .publish(
-                tenant,
-                table,
-                &placement,
-                outgoing.rows,
-                if fresh { Ids::Fresh } else { Ids::MaybeStored },
-                traceparent,
-            )
+            .publish(tenant, table, &placement, outgoing.rows, ids, traceparent)
             .await
             .map_err(|err| publish_refusal(err, &numbers))?;
         door.metrics

@@ -28,7 +28,7 @@ pub(crate) mod usage;
 
 pub use nats_door::{NatsDoorError, STATUS_HEADER};
 pub use policy::{Admit, Placement, Policies};
-pub use publish::{Ids, PublishError, Publisher};
+pub use publish::{Ids, PublishError, Published, Publisher};
 pub use tenants::{
     all_tenant_settings, check_tenant_settings, set_tenant_settings, tenant_settings,
 };

@@ -8,7 +8,10 @@
 //! fresh ids go as one fast batch (nats-server 2.14+, stored as they
 //! arrive, ended at the first refusal); rows that may be stored already (a
 //! retry, per-row keys) go as atomic batches, stored whole or not at all,
-//! so each row's "already stored" is known.
+//! so each row's "already stored" is known. A retry under the same request
+//! key, or a batch the server refuses for holding a stored row and the
+//! rows after it, go as one fast batch (which skips stored rows), then are
+//! sent again to learn which were stored before (`publish_partly_stored`).
 
 use crate::telemetry::traces::TRACEPARENT;
 use std::collections::HashMap;
@@ -57,6 +60,10 @@ const FAST_FLOW: u64 = 256;
 /// every few rows, so this long means it is not there.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Rows of a partly stored request sent again at once after its fast
+/// batch, to learn which were stored before (each is a duplicate then).
+const LOOKUPS_IN_FLIGHT: usize = 1024;
+
 /// What a stored row costs its stream beyond the payload: subject, headers
 /// and the store's framing, roughly (for the partition-size check).
 const ROW_OVERHEAD: u64 = 256;
@@ -95,8 +102,13 @@ pub enum PublishError {
 pub enum Ids {
     /// No id, or ids no earlier request used (a new `Idempotency-Key`).
     Fresh,
-    /// A retry under the same key, or rows with their own keys.
+    /// Rows with their own keys: most are usually new, so they go as
+    /// atomic batches, stored in one pass unless the server finds one stored.
     MaybeStored,
+    /// A retry under the same `Idempotency-Key` whose record does not say
+    /// stored: likely cut short, some rows stored. An atomic batch would be
+    /// refused, so they go straight to the partly stored publish.
+    Retry,
 }
 
 /// Publishes rows for the front door (and, later, other ingest paths).
@@ -281,8 +293,15 @@ impl Publisher {
     ) -> Result<UnitStored, PublishError> {
         let mut stored = UnitStored::default();
         if ids == Ids::Fresh && unit_rows.rows.len() > 1 {
-            let last_seq = self.publish_fast(unit_rows).await?;
+            let last_seq = self
+                .publish_fast(&unit_rows.subject, &unit_rows.rows)
+                .await?;
             stored.add_new(&unit_rows.rows, last_seq);
+            return Ok(stored);
+        }
+        if ids == Ids::Retry {
+            self.publish_partly_stored(unit_rows, &unit_rows.rows, &mut stored)
+                .await?;
             return Ok(stored);
         }
         let mut rest = unit_rows.rows.as_slice();
@@ -297,11 +316,12 @@ impl Publisher {
             } else {
                 match self.publish_batch(unit_rows, batch).await? {
                     BatchOutcome::Stored(ack) => stored.add_new(batch, ack.sequence),
-                    // Some rows are stored already (a retry): one at a time
-                    // keeps their order, each stored at most once.
+                    // Some rows are stored already (a retry): the rest goes
+                    // as one fast batch, which skips them.
                     BatchOutcome::HoldsDuplicates => {
-                        self.publish_in_turn(&unit_rows.subject, batch, &mut stored)
-                            .await?
+                        self.publish_partly_stored(unit_rows, rest, &mut stored)
+                            .await?;
+                        return Ok(stored);
                     }
                     BatchOutcome::Smaller(limit) => {
                         tracing::warn!(limit, "the NATS server takes smaller atomic batches");
@@ -315,6 +335,84 @@ impl Publisher {
         Ok(stored)
     }
 
+    /// Rows of which some are stored already. A fast batch stores the
+    /// others in order, as a prefix if one is refused, and skips the stored
+    /// ones without saying which; so the stream's last sequence is read
+    /// first, and once the batch is stored every row is sent again, many in
+    /// flight: each is a duplicate now, and its ack names the sequence it is
+    /// stored at, at or below that mark if it was stored before. Sent again
+    /// before the batch, a row not stored yet would be stored out of turn
+    /// if one before it failed; after it, none is left to store.
+    async fn publish_partly_stored(
+        &self,
+        unit_rows: &UnitRows,
+        rows: &[Row],
+        stored: &mut UnitStored,
+    ) -> Result<(), PublishError> {
+        let subject = &unit_rows.subject;
+        if rows.len() < 2 {
+            return self.publish_in_turn(subject, rows, stored).await;
+        }
+        let stream = self.router.partition_stream(unit_rows.unit.partition);
+        let before = self
+            .js
+            .get_stream(&stream)
+            .await
+            .map_err(|err| PublishError::Unavailable(format!("stream {stream}: {err}")))?
+            .cached_info()
+            .state
+            .last_sequence;
+        let last_seq = self.publish_fast(subject, rows).await?;
+        if last_seq <= before {
+            // Nothing new: a row without an id, or not stored yet, would be.
+            stored.duplicates += rows.len();
+            return Ok(());
+        }
+        // Rows with the same id twice in a request: the first is stored.
+        let mut seen = std::collections::HashSet::new();
+        let mut classify_ack = |row: &Row, ack: Option<PublishAck>| {
+            let (new, sequence) = match ack {
+                Some(ack) if ack.duplicate => (
+                    ack.sequence > before && seen.insert(ack.sequence),
+                    ack.sequence,
+                ),
+                // Its id left the duplicate window just now: stored again.
+                Some(ack) => (true, ack.sequence),
+                // No id, so never a duplicate: the batch stored it.
+                None => (true, last_seq),
+            };
+            if new {
+                stored.add_new(std::slice::from_ref(row), sequence);
+            } else {
+                stored.duplicates += 1;
+            }
+        };
+        let mut in_flight = std::collections::VecDeque::new();
+        for row in rows {
+            if row.message_id.is_none() {
+                classify_ack(row, None);
+                continue;
+            }
+            let ack = self
+                .js
+                .send_publish(subject.clone(), single_message(row))
+                .await
+                .map_err(|err| classify(&err, row.index))?;
+            in_flight.push_back((row, ack));
+            if in_flight.len() >= LOOKUPS_IN_FLIGHT
+                && let Some((row, ack)) = in_flight.pop_front()
+            {
+                let ack = ack.await.map_err(|err| classify(&err, row.index))?;
+                classify_ack(row, Some(ack));
+            }
+        }
+        while let Some((row, ack)) = in_flight.pop_front() {
+            let ack = ack.await.map_err(|err| classify(&err, row.index))?;
+            classify_ack(row, Some(ack));
+        }
+        Ok(())
+    }
+
     /// Rows one at a time, each waiting for the one before it to be stored:
     /// a single publish is atomic already.
     async fn publish_in_turn(
@@ -324,16 +422,9 @@ impl Publisher {
         stored: &mut UnitStored,
     ) -> Result<(), PublishError> {
         for row in rows {
-            let mut message = PublishMessage::build().payload(row.payload.clone());
-            if let Some(id) = &row.message_id {
-                message = message.message_id(id);
-            }
-            if let Some(traceparent) = &row.traceparent {
-                message = message.header(TRACEPARENT, &**traceparent);
-            }
             let ack = self
                 .js
-                .send_publish(subject.clone(), message)
+                .send_publish(subject.clone(), single_message(row))
                 .await
                 .map_err(|err| classify(&err, row.index))?
                 .await
@@ -519,7 +610,11 @@ impl Publisher {
     /// step. The server acks every few rows, reports the first refused one,
     /// and ends the batch there, so what it stored is a prefix. Returns the
     /// stream sequence of the last row.
-    async fn publish_fast(&self, unit_rows: &UnitRows) -> Result<u64, PublishError> {
+    async fn publish_fast(
+        &self,
+        subject: &async_nats::Subject,
+        rows: &[Row],
+    ) -> Result<u64, PublishError> {
         let replies = self.fast_replies().await?;
         let id = format!(
             "{}x{}",
@@ -527,9 +622,9 @@ impl Publisher {
             self.batches.next_id.fetch_add(1, Ordering::Relaxed)
         );
         let (mut waiting, mut inbox) = replies.register(&id);
-        let total = unit_rows.rows.len() as u64;
+        let total = rows.len() as u64;
         let mut progress = FastProgress::default();
-        for (row, sequence) in unit_rows.rows.iter().zip(1u64..) {
+        for (row, sequence) in rows.iter().zip(1u64..) {
             while sequence > progress.acked + FAST_WINDOW && progress.end.is_none() {
                 progress.read(&mut inbox).await?;
             }
@@ -555,7 +650,7 @@ impl Publisher {
             }
             self.client
                 .publish_with_reply_and_headers(
-                    unit_rows.subject.clone(),
+                    subject.clone(),
                     reply,
                     headers,
                     row.payload.clone(),
@@ -794,6 +889,18 @@ enum BatchOutcome {
     HoldsDuplicates,
     /// Nothing was stored: the server takes at most this many rows a batch.
     Smaller(usize),
+}
+
+/// A row as a single publish.
+fn single_message(row: &Row) -> PublishMessage {
+    let mut message = PublishMessage::build().payload(row.payload.clone());
+    if let Some(id) = &row.message_id {
+        message = message.message_id(id);
+    }
+    if let Some(traceparent) = &row.traceparent {
+        message = message.header(TRACEPARENT, &**traceparent);
+    }
+    message
 }
 
 fn batch_headers(id: &str, sequence: usize, row: &Row) -> HeaderMap {
