@@ -64,22 +64,6 @@ export class Row {
   }
 }
 
-/** A row of weir's batch, as `Row` (its prototype, `instanceof Row`, the
- * same fields in the same order) built without Row's argument handling:
- * without a JIT that cost more per row than the row's JSON parse. */
-function ViewRow(index, view) {
-  this._tenant = undefined;
-  this._table = undefined;
-  this._payload = undefined;
-  this._view = view;
-  this._headers = undefined;
-  this._sequence = undefined;
-  this._attempts = undefined;
-  this.index = index;
-  this._json = undefined;
-}
-ViewRow.prototype = Row.prototype;
-
 /** A packed batch read in place. Its bytes are decoded once, as one
  * string, when every byte is one UTF-16 unit (ASCII, the common case):
  * a row's text is then a substring (no copy in SpiderMonkey) instead of a
@@ -259,7 +243,9 @@ function checked(outcome) {
 export function unpack(batch) {
   const view = new View(batch);
   const rows = new Array(batch.sequences.length);
-  for (let i = 0; i < rows.length; i++) rows[i] = new ViewRow(i, view);
+  for (let i = 0; i < rows.length; i++) {
+    rows[i] = new Row(undefined, undefined, undefined, undefined, undefined, undefined, i, view);
+  }
   return rows;
 }
 
@@ -295,11 +281,8 @@ export function packTransformed(rows, outcomes) {
   let chars = 0, blobBytes = 0;
   const codes = new Uint32Array(2 * rows.length);
   const emitted = [], headerNums = [], reasons = [];
-  // Next free slots of `emitted` and `texts`: an indexed store is cheaper
-  // than a push call in SpiderMonkey's interpreter.
-  let em = 0, t = 0;
   const putText = (text) => {
-    texts[t++] = text;
+    texts.push(text);
     chars += text.length;
     return chars - text.length;
   };
@@ -322,32 +305,27 @@ export function packTransformed(rows, outcomes) {
         const r = outRows[e];
         const table = r.table;
         if (table === undefined) {
-          emitted[em++] = 0;
-          emitted[em++] = SAME_TABLE;
+          emitted.push(0, SAME_TABLE);
         } else {
-          texts[t++] = table;
-          emitted[em++] = chars;
-          emitted[em++] = table.length;
+          texts.push(table);
+          emitted.push(chars, table.length);
           chars += table.length;
         }
         const text = r._text;
         if (text !== undefined) {
-          texts[t++] = text;
-          emitted[em++] = chars;
-          emitted[em++] = text.length;
+          texts.push(text);
+          emitted.push(chars, text.length);
           chars += text.length;
         } else {
           // Bytes go after the texts: their offsets are fixed up below.
           const bytes = r.payload;
-          blobSlots.push(em);
+          blobSlots.push(emitted.length);
           blobs.push(bytes);
-          emitted[em++] = blobBytes;
-          emitted[em++] = bytes.length;
+          emitted.push(blobBytes, bytes.length);
           blobBytes += bytes.length;
         }
         if (r.headers !== undefined) {
-          emitted[em++] = putHeaders(r.headers);
-          emitted[em++] = r.headers.length;
+          emitted.push(putHeaders(r.headers), r.headers.length);
         } else {
           // Every row emitted for one input shares its headers' bytes; a
           // row without headers has none to decode.
@@ -360,8 +338,7 @@ export function packTransformed(rows, outcomes) {
               first = putHeaders(row.headers);
             }
           }
-          emitted[em++] = first;
-          emitted[em++] = count;
+          emitted.push(first, count);
         }
       }
       codes[2 * i] = EMIT;
@@ -375,7 +352,7 @@ export function packTransformed(rows, outcomes) {
       codes[2 * i + 1] = outcome.argument;
     }
   }
-  const encoded = encoder.encode(t === 1 ? texts[0] : texts.join(""));
+  const encoded = encoder.encode(texts.length === 1 ? texts[0] : texts.join(""));
   if (encoded.length !== chars) return packTransformedPieces(rows, outcomes);
   let data = encoded;
   if (blobs.length > 0) {

@@ -125,10 +125,10 @@ class Row:
         """The payload parsed as JSON (parsed on first call, then kept).
         Mutating the result is fine: emit it to send the changed row on."""
         if self._json is None:
-            if self._payload is None:
-                self._json = self._view.json(self.index)
-            else:
-                self._json = _parse_json(self._payload)
+            payload = self._payload
+            if payload is None:
+                payload = self._payload = self._view.payload(self.index)
+            self._json = _parse_json(payload)
         return self._json
 
     def text(self):
@@ -150,7 +150,7 @@ class _View:
     """A packed batch as componentize-py hands it over, read in place: a
     row's pieces are sliced out of `data` only when asked for."""
 
-    __slots__ = ("data", "nums", "heads", "sequences", "attempts", "ascii")
+    __slots__ = ("data", "nums", "heads", "sequences", "attempts")
 
     def __init__(self, batch):
         self.data = batch.data
@@ -158,36 +158,6 @@ class _View:
         self.heads = batch.headers
         self.sequences = batch.sequences
         self.attempts = batch.attempts
-        # The batch's bytes as one str once a row's JSON is asked for, if
-        # they are ASCII (False if not): rows are then scanned in place.
-        self.ascii = None
-
-    def json(self, row):
-        """Row `row`'s payload parsed as JSON. In an ASCII batch it is
-        scanned in place in the batch's text, no copy or decode per row; a
-        value must end within the row (a crafted row cannot swallow the
-        next), and anything else (an error, trailing text, a value running
-        past the row) is parsed again from the row's own bytes, for the
-        same value or error as parsing the row alone."""
-        text = self.ascii
-        if text is None:
-            try:
-                text = self.data.decode("ascii")
-            except UnicodeDecodeError:
-                text = False
-            self.ascii = text
-        if text is False:
-            return _parse_json(self.payload(row))
-        at = 8 * row + 4
-        start = self.nums[at]
-        end = start + self.nums[at + 1]
-        try:
-            value, stop = _json_scan(text, start)
-        except (StopIteration, ValueError):
-            return json.loads(self.payload(row))
-        if stop == end or (stop < end and not text[stop:end].strip(_JSON_SPACE)):
-            return value
-        return json.loads(self.payload(row))
 
     def text(self, row, field):
         at = 8 * row + field
@@ -346,24 +316,7 @@ def ok():
 def emit(*rows):
     """Replace the row by `rows`, in order: each an `Out`, or a payload
     (bytes, str, or a value written as JSON) keeping table and headers."""
-    if len(rows) == 1 and type(rows[0]) is dict:
-        # The common case, one JSON object, without the calls of the
-        # general path (each costs about as much as a small row's packing).
-        out = _new_out(Out)
-        out.payload = _json_dump(rows[0]).encode("utf-8")
-        out.table = None
-        out.headers = None
-        outcome = _new_outcome(Outcome)
-        outcome.code = _EMIT
-        outcome.rows = [out]
-        outcome.argument = 0
-        outcome.reason = ""
-        return outcome
     return Outcome(_EMIT, [r if isinstance(r, Out) else Out(r) for r in rows])
-
-
-_new_out = Out.__new__
-_new_outcome = Outcome.__new__
 
 
 def drop():
