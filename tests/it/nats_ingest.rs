@@ -738,10 +738,12 @@ async fn a_stopping_host_answers_every_request_it_took() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let (mut acked, mut no_host, mut timed_out) = (BTreeSet::new(), 0, Vec::new());
+    let mut timed_out_per_producer = Vec::new();
     for producer in producers {
         let (ids, none, late) = producer.await.unwrap();
         acked.extend(ids);
         no_host += none;
+        timed_out_per_producer.push(late.len());
         timed_out.extend(late);
     }
     assert!(
@@ -753,12 +755,14 @@ async fn a_stopping_host_answers_every_request_it_took() {
     // async-nats drops what the server sent in the last round trip before
     // it took the UNSUB of a draining subscription (the client forgets the
     // subscription before the server's PONG): such a request never reached
-    // the door, and its producer retries. A request the door took is
-    // answered: nothing of an unanswered one was stored.
+    // the door, and its producer retries. Only requests in flight then can
+    // be lost, one per producer at most (each waits for its answer; how
+    // many were in flight depends on the machine's load: 5 of 8 once under
+    // CI). A request the door took is answered: nothing of an unanswered
+    // one was stored (checked below).
     assert!(
-        timed_out.len() <= 2,
-        "{} requests unanswered",
-        timed_out.len()
+        timed_out_per_producer.iter().all(|late| *late <= 1),
+        "a producer had more than its request in flight at the stop unanswered: {timed_out_per_producer:?}"
     );
 
     // Every acknowledged row is delivered, or still in its stream.

@@ -504,25 +504,7 @@ impl Coordinator {
                 _ = gate.notified() => changed = true,
                 _ = sleep_until(step_down_at) => {}
                 Some((unit, id, written)) = self.done_rx.recv() => {
-                    if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
-                        self.tasks.remove(&unit);
-                        changed = true;
-                    }
-                    // What the task wrote last counts now, not when the watch
-                    // brings it: the unit is not mistaken for an orphan.
-                    match written {
-                        Some(Written::Record(record, revision))
-                            if self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision) =>
-                        {
-                            self.view.owners.insert(unit, (record, revision));
-                        }
-                        Some(Written::Deleted(revision))
-                            if self.view.owners.get(&unit).is_none_or(|(_, seen)| *seen < revision) =>
-                        {
-                            self.view.owners.remove(&unit);
-                        }
-                        _ => {}
-                    }
+                    changed = self.task_done(unit, id, written);
                 }
             }
             let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
@@ -556,28 +538,64 @@ impl Coordinator {
                 continue;
             }
             self.reconcile();
-            let roster = ring::Roster {
-                ready: self.caught_up,
-                members: self.roster_revisions.clone(),
-            };
-            self.ring.roster.send_if_modified(|old| {
-                let modified = *old != roster;
-                *old = roster;
-                modified
-            });
-            let metrics = &self.ctx.membership.metrics;
-            metrics.units_owned.set(self.tasks.len() as i64);
-            let units = self.ctx.membership.router.units();
-            metrics
-                .units_unowned
-                .set(self.view.unowned(&units).len() as i64);
-            self.published.send_replace(Arc::new(self.view.clone()));
+            self.publish();
             if self.leaving && self.tasks.is_empty() {
                 break;
             }
         }
         renewing.cancel();
         let _ = renewal.await;
+        self.leave_fleet(watch).await;
+    }
+
+    /// A unit task ended: its slot is free, and what it wrote last counts
+    /// now, not when the watch brings it (the unit is not mistaken for an
+    /// orphan). Says whether the view changed.
+    fn task_done(&mut self, unit: Unit, id: u64, written: Option<Written>) -> bool {
+        let mut changed = false;
+        if self.tasks.get(&unit).is_some_and(|task| task.id == id) {
+            self.tasks.remove(&unit);
+            changed = true;
+        }
+        let newer = |view: &FleetView, revision: u64| {
+            view.owners
+                .get(&unit)
+                .is_none_or(|(_, seen)| *seen < revision)
+        };
+        match written {
+            Some(Written::Record(record, revision)) if newer(&self.view, revision) => {
+                self.view.owners.insert(unit, (record, revision));
+            }
+            Some(Written::Deleted(revision)) if newer(&self.view, revision) => {
+                self.view.owners.remove(&unit);
+            }
+            _ => {}
+        }
+        changed
+    }
+
+    /// Hands the ring its roster and publishes the view and unit gauges.
+    fn publish(&mut self) {
+        let roster = ring::Roster {
+            ready: self.caught_up,
+            members: self.roster_revisions.clone(),
+        };
+        self.ring.roster.send_if_modified(|old| {
+            let modified = *old != roster;
+            *old = roster;
+            modified
+        });
+        let metrics = &self.ctx.membership.metrics;
+        metrics.units_owned.set(self.tasks.len() as i64);
+        let units = self.ctx.membership.router.units();
+        metrics
+            .units_unowned
+            .set(self.view.unowned(&units).len() as i64);
+        self.published.send_replace(Arc::new(self.view.clone()));
+    }
+
+    /// Stops following the ring and removes this member's keys.
+    async fn leave_fleet(&mut self, watch: Watch) {
         self.ring.stop.cancel();
         if let Some(task) = self.ring.task.take() {
             let _ = task.await;
