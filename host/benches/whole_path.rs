@@ -363,18 +363,7 @@ async fn measure_weir(
     let tables = support::tables_covering(&router);
     let out = dir.join(format!("out-{round}"));
     std::fs::create_dir_all(&out).expect("the sink's directory");
-    let text = config_text(
-        server.url(),
-        &dir.join(format!("data-{round}")),
-        &out,
-        &tables,
-    );
-    let config = Config::parse(
-        &dir.join(format!("weir-{round}.toml")),
-        &text,
-        &Overrides::default(),
-    )
-    .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let config = round_config(server.url(), dir, &out, &tables, round);
     let host = RunningHost::start(config).await.expect("weir host starts");
     support::wait_claimed(&host, router.units().len()).await;
     let http = reqwest::Client::new();
@@ -445,18 +434,7 @@ async fn measure_weir(
             .await
             .expect("the publisher");
     }
-    let text = config_text(
-        server.url(),
-        &dir.join(format!("data-{round}")),
-        &out,
-        &tables,
-    );
-    let config = Config::parse(
-        &dir.join(format!("weir-{round}.toml")),
-        &text,
-        &Overrides::default(),
-    )
-    .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"));
+    let config = round_config(server.url(), dir, &out, &tables, round);
     let host = RunningHost::start(config)
         .await
         .expect("weir host starts again");
@@ -604,4 +582,22 @@ fn report(rows: usize, raw: &[Measured], weir: &[Measured], drain: &[Measured]) 
     }
     split.print();
     println!("target: the whole path ≥ {TARGET_RATIO} × raw publish + consume, same run");
+}
+
+/// The host's config for `round`: its own data folder and config file, the
+/// sink writing to `out`.
+fn round_config(
+    server_url: &str,
+    dir: &std::path::Path,
+    out: &std::path::Path,
+    tables: &[String],
+    round: usize,
+) -> Config {
+    let text = config_text(server_url, &dir.join(format!("data-{round}")), out, tables);
+    Config::parse(
+        &dir.join(format!("weir-{round}.toml")),
+        &text,
+        &Overrides::default(),
+    )
+    .unwrap_or_else(|err| panic!("the bench's config is valid: {err}"))
 }

@@ -263,10 +263,7 @@ async fn check_handover(membership: &Membership, unit: Unit) -> bool {
         }
     };
     if state.pinned || state.ack_pending > 0 {
-        let action = match state.ack_pending {
-            0 => Takeover::Start,
-            _ => Takeover::Reset,
-        };
+        let action = takeover::rows_back(&state);
         match takeover::apply(client, &stream, &consumer, &state, action).await {
             Ok(()) => tracing::info!(
                 %consumer,

@@ -272,6 +272,17 @@ mod tests {
         entry.is_some_and(|e| !e.operation.is_put())
     }
 
+    /// Waits (5 s at most) until `member`'s roster entry is removed.
+    async fn wait_until_gone(kv: &MemoryKv, member: &str, what: &str) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !roster_entry_gone(kv, member).await {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect(what);
+    }
+
     #[tokio::test]
     async fn a_followed_member_whose_key_ends_leaves_the_roster_and_no_other_does() {
         let kv = MemoryKv::new();
@@ -287,13 +298,7 @@ mod tests {
         // `d` is not a's to judge; `b` is.
         kv.delete(&format!("{MEMBERS}d")).await.unwrap();
         kv.delete(&format!("{MEMBERS}b")).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !roster_entry_gone(&kv, "b").await {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("b's roster entry removed");
+        wait_until_gone(&kv, "b", "b's roster entry removed").await;
         assert!(!roster_entry_gone(&kv, "d").await);
         assert!(!roster_entry_gone(&kv, "c").await);
 
@@ -301,13 +306,7 @@ mod tests {
         let mut next = roster.clone();
         next.members.remove("b");
         publish.send_replace(next);
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !roster_entry_gone(&kv, "d").await {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("d's roster entry removed once a follows it");
+        wait_until_gone(&kv, "d", "d's roster entry removed once a follows it").await;
         assert!(!roster_entry_gone(&kv, "c").await);
         stop.cancel();
         task.await.unwrap();
@@ -338,13 +337,7 @@ mod tests {
             receiver,
             stop.clone(),
         ));
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !roster_entry_gone(&kv, "c").await {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("c's roster entry removed");
+        wait_until_gone(&kv, "c", "c's roster entry removed").await;
         // Both judged in the same pass: b's newer entry stays.
         assert!(!roster_entry_gone(&kv, "b").await);
         stop.cancel();

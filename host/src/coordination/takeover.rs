@@ -53,6 +53,15 @@ pub fn decide(state: &ConsumerState, quiet: Duration) -> Takeover {
     }
 }
 
+/// For a unit nobody of its own pulls: rows delivered and unacked come
+/// back from the ack floor, else it just starts.
+pub fn rows_back(state: &ConsumerState) -> Takeover {
+    match state.ack_pending {
+        0 => Takeover::Start,
+        _ => Takeover::Reset,
+    }
+}
+
 #[derive(Deserialize)]
 struct InfoReply {
     /// The server's time when it answered.
@@ -145,11 +154,7 @@ pub async fn reclaim_from_stale_request(
     if !state.pinned {
         return Ok(None);
     }
-    let action = match state.ack_pending {
-        0 => Takeover::Start,
-        _ => Takeover::Reset,
-    };
-    apply(client, stream, consumer, &state, action).await?;
+    apply(client, stream, consumer, &state, rows_back(&state)).await?;
     Ok(Some(state.ack_pending))
 }
 
