@@ -420,7 +420,7 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
     let fault = Instant::now();
     h.nats.kill(&leader).await;
     let recovery = h.healed(&load, &steady_tables(), fault).await;
-    let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
+    let accepting = load.wait_accepting_again(&steady_tables(), fault).await;
     let new_leader = h.nats.stream_leader(&h.client, STREAM).await;
     h.nats.restart(&leader).await;
     h.nats.wait_healthy().await;
@@ -449,7 +449,7 @@ async fn r3_the_leader_node_killed_and_every_node_restarted_under_load() {
         h.nats.restart(name).await;
         h.nats.wait_healthy().await;
         let healed = h.healed(&load, &steady_tables(), fault).await;
-        let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
+        let accepting = load.wait_accepting_again(&steady_tables(), fault).await;
         each.push(format!("{name} {} ({})", secs(healed), secs(accepting)));
     }
     h.fleet.balanced().await;
@@ -565,7 +565,7 @@ async fn r1_the_same_faults_on_one_server() {
     h.nats.restart("n1").await;
     h.nats.wait_healthy().await;
     let recovery = h.healed(&load, &steady_tables(), fault).await;
-    let accepting = load.accepting_again(&steady_tables(), fault).unwrap();
+    let accepting = load.wait_accepting_again(&steady_tables(), fault).await;
     h.fleet.balanced().await;
     let recovery = format!("{} (accepting again {})", secs(recovery), secs(accepting));
     h.finish(

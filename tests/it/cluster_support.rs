@@ -881,6 +881,23 @@ impl Load {
         })
     }
 
+    /// [`Self::accepting_again`], once every table has an answered request
+    /// sent after `at`: delivery can heal before the first such answer
+    /// arrives on a loaded machine.
+    pub async fn wait_accepting_again(&self, tables: &[String], at: Instant) -> Duration {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(took) = self.accepting_again(tables, at) {
+                return took;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a table accepted no request sent after the fault within 90 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The first sequence of `table` sent at or after `at`, once there is one.
     pub fn first_seq_sent_after(&self, table: &str, at: Instant) -> Option<u64> {
         let log = self.log.lock().unwrap();
