@@ -182,6 +182,7 @@ async fn main() {
         .map(|n| n.parse().expect("WEIR_BENCH_PLUGINS: numbers"))
         .collect();
     let langs = list("WEIR_BENCH_LANGS", "rust,python,js");
+    support::install_tls_provider();
     let dir = tempfile::tempdir().expect("a temp dir");
     let server = support::start_nats(&dir.path().join("nats")).await;
     let mut settled = 0;
