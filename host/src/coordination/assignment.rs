@@ -15,7 +15,8 @@
 //! different versions must agree during a rolling upgrade.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -40,23 +41,21 @@ pub fn assign<M: AsRef<str>>(units: &[Unit], members: &[M]) -> BTreeMap<Unit, St
     let floor = units.len() / members.len();
     let mut extra_slots = units.len() % members.len();
     // Pairs are taken best score first (ties: unit, then member, in name
-    // order). Rather than sorting every pair, each unit keeps a heap of its
-    // candidates and a global heap holds each waiting unit's best untried
-    // one: the same order, but a unit only pays for the candidates it tries.
-    let mut candidates: Vec<BinaryHeap<(u64, Reverse<usize>)>> = units
-        .iter()
-        .map(|unit| {
-            members
-                .iter()
-                .enumerate()
-                .map(|(m, member)| (score(*unit, member), Reverse(m)))
-                .collect()
-        })
+    // order). Rather than sorting every pair, a global heap holds each
+    // waiting unit's best untried candidate, and each unit knows its few
+    // best members (all of them, sorted, only if those are full): the same
+    // order, but a unit only pays for the candidates it tries.
+    let scores = member_scores(&units, &members);
+    let mut candidates: Vec<Candidates> = (0..units.len())
+        .map(|u| Candidates::new(u, &scores))
         .collect();
     let mut waiting: BinaryHeap<(u64, Reverse<usize>, Reverse<usize>)> = candidates
         .iter_mut()
         .enumerate()
-        .filter_map(|(u, heap)| heap.pop().map(|(score, m)| (score, Reverse(u), m)))
+        .filter_map(|(u, unit)| {
+            unit.next(u, &scores)
+                .map(|(score, m)| (score, Reverse(u), m))
+        })
         .collect();
 
     let mut load = vec![0usize; members.len()];
@@ -73,7 +72,7 @@ pub fn assign<M: AsRef<str>>(units: &[Unit], members: &[M]) -> BTreeMap<Unit, St
         if room {
             load[m] += 1;
             owner_of[u] = Some(m);
-        } else if let Some((score, next)) = candidates[u].pop() {
+        } else if let Some((score, next)) = candidates[u].next(u, &scores) {
             waiting.push((score, Reverse(u), next));
         }
     }
@@ -86,15 +85,174 @@ pub fn assign<M: AsRef<str>>(units: &[Unit], members: &[M]) -> BTreeMap<Unit, St
     owners
 }
 
+/// A member's candidacy for a unit: its score, then its index reversed
+/// (ties go to the member first in name order).
+type Candidate = (u64, Reverse<usize>);
+
+/// How many of a unit's best members are found in one pass over them.
+const BEST: usize = 4;
+
+/// One unit's members, best first, found as they are needed: most units go
+/// to one of their first few.
+struct Candidates {
+    best: [Candidate; BEST],
+    known: usize,
+    tried: usize,
+    /// Every member, sorted, once the best are all tried.
+    rest: Vec<Candidate>,
+}
+
+impl Candidates {
+    fn new(unit: usize, scores: &[Arc<[u64]>]) -> Candidates {
+        let mut best = [(0, Reverse(0)); BEST];
+        let mut known = 0;
+        for (m, member) in scores.iter().enumerate() {
+            let candidate = (member[unit], Reverse(m));
+            if known < BEST {
+                best[known] = candidate;
+                known += 1;
+            } else if candidate > best[BEST - 1] {
+                best[BEST - 1] = candidate;
+            } else {
+                continue;
+            }
+            // Keep `best[..known]` sorted, best first.
+            let mut i = known - 1;
+            while i > 0 && best[i] > best[i - 1] {
+                best.swap(i, i - 1);
+                i -= 1;
+            }
+        }
+        Candidates {
+            best,
+            known,
+            tried: 0,
+            rest: Vec::new(),
+        }
+    }
+
+    /// The best member not tried yet.
+    fn next(&mut self, unit: usize, scores: &[Arc<[u64]>]) -> Option<Candidate> {
+        let tried = self.tried;
+        self.tried += 1;
+        if tried < self.known {
+            return Some(self.best[tried]);
+        }
+        if self.rest.is_empty() {
+            self.rest = (0..scores.len())
+                .map(|m| (scores[m][unit], Reverse(m)))
+                .collect();
+            self.rest.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        self.rest.get(tried).copied()
+    }
+}
+
+/// Each member's score for every unit of `units`, computed once per member
+/// name per process and kept while the units stay the same.
+fn member_scores(units: &[Unit], members: &[&str]) -> Vec<Arc<[u64]>> {
+    let mut cache = SCORES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.units != units || cache.by_member.len() > SCORED_MEMBERS {
+        cache.units = units.to_vec();
+        cache.by_member.clear();
+    }
+    members
+        .iter()
+        .map(|member| {
+            if let Some(scores) = cache.by_member.get(*member) {
+                return scores.clone();
+            }
+            let scores: Arc<[u64]> = units.iter().map(|unit| score(*unit, member)).collect();
+            cache.by_member.insert(member.to_string(), scores.clone());
+            scores
+        })
+        .collect()
+}
+
+/// Members whose scores are kept, past which the cache starts over (a
+/// fleet's names change with its pods).
+const SCORED_MEMBERS: usize = 4096;
+
+static SCORES: Mutex<ScoreCache> = Mutex::new(ScoreCache {
+    units: Vec::new(),
+    by_member: BTreeMap::new(),
+});
+
+struct ScoreCache {
+    units: Vec<Unit>,
+    by_member: BTreeMap<String, Arc<[u64]>>,
+}
+
 /// The rendezvous score of a member for a unit.
 fn score(unit: Unit, member: &str) -> u64 {
-    let mut key = Vec::with_capacity(member.len() + 9);
-    key.extend_from_slice(&unit.partition.to_le_bytes());
-    key.extend_from_slice(&unit.shard.to_le_bytes());
-    // Separator that cannot occur in a member name (invalid UTF-8).
-    key.push(0xff);
-    key.extend_from_slice(member.as_bytes());
-    xxh3_64_with_seed(&key, SCORE_SEED)
+    // Scored for every (unit, member) pair at each membership change: the
+    // key is built on the stack unless the member's name is unusually long.
+    const STACK_KEY: usize = 128;
+    let len = member.len() + 9;
+    let fill = |key: &mut [u8]| {
+        key[..4].copy_from_slice(&unit.partition.to_le_bytes());
+        key[4..8].copy_from_slice(&unit.shard.to_le_bytes());
+        // Separator that cannot occur in a member name (invalid UTF-8).
+        key[8] = 0xff;
+        key[9..].copy_from_slice(member.as_bytes());
+    };
+    if len <= STACK_KEY {
+        let mut key = [0u8; STACK_KEY];
+        fill(&mut key[..len]);
+        xxh3_64_with_seed(&key[..len], SCORE_SEED)
+    } else {
+        let mut key = vec![0u8; len];
+        fill(&mut key);
+        xxh3_64_with_seed(&key, SCORE_SEED)
+    }
+}
+
+/// Each unit's owner, shared by the members one process plays.
+pub type Owners = Arc<BTreeMap<Unit, String>>;
+
+/// Assignments this process computed lately, by member set.
+static RECENT: Mutex<VecDeque<Recent>> = Mutex::new(VecDeque::new());
+/// How many member sets `RECENT` keeps.
+const RECENT_SETS: usize = 64;
+
+struct Recent {
+    members: Vec<String>,
+    units: Vec<Unit>,
+    owners: Owners,
+}
+
+/// [`assign`], shared by every member this process plays: each member
+/// derives the same answer from the same member set, and one process may
+/// play many (the coordination bench's simulated fleet, in-process test
+/// fleets), where computing it once per member made every membership
+/// change cost members × units × members.
+pub fn assign_shared(units: &[Unit], members: &[String]) -> Owners {
+    let mut members = members.to_vec();
+    members.sort_unstable();
+    members.dedup();
+    // Held while computing: a member asking for the same set meanwhile
+    // waits for this answer instead of computing it again.
+    let mut recent = RECENT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = recent
+        .iter()
+        .find(|r| r.members == members && r.units == units)
+    {
+        return found.owners.clone();
+    }
+    let owners = Arc::new(assign(units, &members));
+    if recent.len() == RECENT_SETS {
+        recent.pop_front();
+    }
+    recent.push_back(Recent {
+        members,
+        units: units.to_vec(),
+        owners: owners.clone(),
+    });
+    owners
 }
 
 #[cfg(test)]
@@ -119,6 +277,68 @@ mod tests {
             .iter()
             .filter(|(u, m)| after.get(u) != Some(m))
             .count()
+    }
+
+    /// The definition, slowly: every pair sorted best first, taken while
+    /// its member has room.
+    fn by_definition(units: &[Unit], members: &[String]) -> BTreeMap<Unit, String> {
+        let mut pairs: Vec<(u64, Reverse<usize>, Reverse<usize>)> = Vec::new();
+        for (u, unit) in units.iter().enumerate() {
+            for (m, member) in members.iter().enumerate() {
+                pairs.push((score(*unit, member), Reverse(u), Reverse(m)));
+            }
+        }
+        pairs.sort_unstable_by(|a, b| b.cmp(a));
+        let (floor, mut extra) = (units.len() / members.len(), units.len() % members.len());
+        let mut load = vec![0usize; members.len()];
+        let mut owners = BTreeMap::new();
+        for (_, Reverse(u), Reverse(m)) in pairs {
+            if owners.contains_key(&units[u]) {
+                continue;
+            }
+            let room = load[m] < floor
+                || (load[m] == floor && extra > 0 && {
+                    extra -= 1;
+                    true
+                });
+            if room {
+                load[m] += 1;
+                owners.insert(units[u], members[m].clone());
+            }
+        }
+        owners
+    }
+
+    #[test]
+    fn the_assignment_is_its_definition_for_fleets_larger_than_a_units_best_few() {
+        for (partitions, shards, hosts) in
+            [(4, 8, 3), (8, 64, 7), (8, 64, 64), (3, 5, 40), (8, 64, 256)]
+        {
+            let mut units = Names::new("weir", partitions, shards).units();
+            units.sort_unstable();
+            let mut hosts = members(hosts);
+            hosts.sort_unstable();
+            assert_eq!(
+                assign(&units, &hosts),
+                by_definition(&units, &hosts),
+                "{partitions} × {shards} units, {} members",
+                hosts.len()
+            );
+        }
+    }
+
+    #[test]
+    fn the_shared_assignment_is_the_assignment_computed_once_per_member_set() {
+        let units = Names::new("weir", 4, 8).units();
+        let hosts = members(5);
+        let shared = assign_shared(&units, &hosts);
+        assert_eq!(*shared, assign(&units, &hosts));
+        // Another member of the same set, listing it in another order.
+        let reversed: Vec<String> = hosts.iter().rev().cloned().collect();
+        assert!(Arc::ptr_eq(&shared, &assign_shared(&units, &reversed)));
+        let grown = assign_shared(&units, &members(6));
+        assert_eq!(*grown, assign(&units, &members(6)));
+        assert!(!Arc::ptr_eq(&shared, &grown));
     }
 
     #[test]

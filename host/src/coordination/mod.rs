@@ -431,7 +431,7 @@ struct Coordinator {
     next_task: u64,
     leaving: bool,
     /// The last assignment and the members it was computed for.
-    assigned: Option<(Vec<String>, BTreeMap<Unit, String>)>,
+    assigned: Option<(Vec<String>, assignment::Owners)>,
     /// Why the gate held claims back at the last reconcile (logged once).
     held_back: Option<String>,
     /// Asks the renewals to write this host's roster entry again (it went).
@@ -732,7 +732,7 @@ impl Coordinator {
         // Owner records change far more often than the member set.
         let members: Vec<String> = live.iter().map(|m| m.to_string()).collect();
         if self.assigned.as_ref().is_none_or(|(m, _)| *m != members) {
-            let owners = assignment::assign(&units, &members);
+            let owners = assignment::assign_shared(&units, &members);
             self.assigned = Some((members, owners));
         }
         let held = (self.ctx.membership.gate.holds_back)();
