@@ -118,7 +118,7 @@ impl state_api::Host for PluginState {
 
     fn set(&mut self, row: u32, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
         self.state_of(row)?
-            .set(&key, &value)
+            .set(key, value)
             .map_err(|err| err.to_string())
     }
 

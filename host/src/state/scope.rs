@@ -367,10 +367,16 @@ impl Overlay {
     }
 
     /// Sets `key`, unless the scope would pass its limits (then nothing changes).
-    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let old = self.get(key).map(|v| entry_bytes(key, v));
+    pub fn set(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<(), StateError> {
+        // Owned: a plugin's key and value arrive as vectors, kept as they are.
+        let (key, value) = (key.into(), value.into());
+        let old = self.get(&key).map(|v| entry_bytes(&key, v));
         let keys = self.keys + usize::from(old.is_none());
-        let bytes = self.bytes - old.unwrap_or(0) + entry_bytes(key, value);
+        let bytes = self.bytes - old.unwrap_or(0) + entry_bytes(&key, &value);
         if keys > self.limits.max_keys {
             return Err(StateError::TooManyKeys {
                 max_keys: self.limits.max_keys,
@@ -383,7 +389,7 @@ impl Overlay {
         }
         self.keys = keys;
         self.bytes = bytes;
-        self.writes.insert(key.to_vec(), Some(value.to_vec()));
+        self.writes.insert(key, Some(value));
         Ok(())
     }
 
