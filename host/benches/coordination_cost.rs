@@ -6,7 +6,8 @@
 //! lease every 2 s; one ConsumerInfo per unit), measured in the same run.
 //! Prints one JSON line per figure and a table; fails when the fleet does
 //! not settle (every unit with its assigned member) in time.
-//! Run: `cargo bench -p weir --bench coordination_cost`.
+//! Run: `cargo bench -p weir --bench coordination_cost`; `WEIR_BENCH_LOG`
+//! (a tracing filter, e.g. `weir::coordination=warn`) logs to stderr.
 //!
 //! Every member is a real `Coordination` with its own NATS connection for
 //! its KV traffic (so its counters are its own), pulling its units on a
@@ -66,6 +67,13 @@ struct Figure {
 }
 
 fn main() -> anyhow::Result<()> {
+    // `WEIR_BENCH_LOG=weir::coordination=warn` shows why members step down.
+    if let Ok(filter) = std::env::var("WEIR_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
