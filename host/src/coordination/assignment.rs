@@ -229,26 +229,29 @@ struct Recent {
 /// fleets), where computing it once per member made every membership
 /// change cost members × units × members.
 pub fn assign_shared(units: &[Unit], members: &[String]) -> Owners {
-    let mut members = members.to_vec();
-    members.sort_unstable();
-    members.dedup();
+    let mut sorted: Vec<&str> = members.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
     // Held while computing: a member asking for the same set meanwhile
     // waits for this answer instead of computing it again.
     let mut recent = RECENT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(found) = recent
-        .iter()
-        .find(|r| r.members == members && r.units == units)
-    {
+    if let Some(found) = recent.iter().rev().find(|r| {
+        r.units == units
+            && r.members
+                .iter()
+                .map(String::as_str)
+                .eq(sorted.iter().copied())
+    }) {
         return found.owners.clone();
     }
-    let owners = Arc::new(assign(units, &members));
+    let owners = Arc::new(assign(units, &sorted));
     if recent.len() == RECENT_SETS {
         recent.pop_front();
     }
     recent.push_back(Recent {
-        members,
+        members: sorted.iter().map(|member| member.to_string()).collect(),
         units: units.to_vec(),
         owners: owners.clone(),
     });

@@ -730,8 +730,12 @@ impl Coordinator {
         let live = self.view.live_members();
         let me = self.view.me.as_str();
         // Owner records change far more often than the member set.
-        let members: Vec<String> = live.iter().map(|m| m.to_string()).collect();
-        if self.assigned.as_ref().is_none_or(|(m, _)| *m != members) {
+        let same_members = self
+            .assigned
+            .as_ref()
+            .is_some_and(|(m, _)| m.iter().map(String::as_str).eq(live.iter().copied()));
+        if !same_members {
+            let members: Vec<String> = live.iter().map(|m| m.to_string()).collect();
             let owners = assignment::assign_shared(&units, &members);
             self.assigned = Some((members, owners));
         }
