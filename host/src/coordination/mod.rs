@@ -507,8 +507,13 @@ impl Coordinator {
                     changed = self.task_done(unit, id, written);
                 }
             }
-            let lease_valid = lease_until.is_some_and(|until| Instant::now() < until);
-            let term = self.lease.borrow().map(|l| l.term);
+            // Read again: a renewal may have landed while this task waited
+            // (a busy host runs it late, with a wake-up already past the
+            // old lease's end), and judging by the lease read before the
+            // wait stepped a renewed member down.
+            let lease = *self.lease.borrow_and_update();
+            let lease_valid = lease.is_some_and(|l| Instant::now() < l.until);
+            let term = lease.map(|l| l.term);
             let was_member = self.view.member;
             // Counted by the others only once its roster entry of this term
             // is in the watch: every claim it writes comes after it there,
