@@ -547,9 +547,9 @@ mod tests {
     #[test]
     fn an_import_is_served_by_its_interface_not_a_longer_name() {
         let state = Capability::State.spec();
-        assert!(state.serves("weir:plugin/state@0.2.0"));
+        assert!(state.serves("weir:plugin/state@0.3.0"));
         assert!(state.serves("weir:plugin/state"));
-        assert!(!state.serves("weir:plugin/statements@0.2.0"));
+        assert!(!state.serves("weir:plugin/statements@0.3.0"));
         assert!(Capability::WasiHttp.spec().serves("wasi:http/types@0.2.3"));
         assert!(!Capability::Wasi.spec().serves("wasi:http/types@0.2.3"));
         assert_eq!(Capability::Postgres.spec().worlds_in_words(), "sinks");

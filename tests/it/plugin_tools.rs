@@ -295,7 +295,7 @@ async fn plugin_check_names_each_plugins_world_and_the_grants_it_needs() {
     // The text names the missing exports of every other world.
     let output = weir_plugin(&["check", NDJSON_SINK]);
     let text = String::from_utf8_lossy(&output.stdout);
-    assert!(text.contains("world: weir:plugin/sink@0.2.0"), "{text}");
+    assert!(text.contains("world: weir:plugin/sink@0.3.0"), "{text}");
     assert!(text.contains("transform: missing `transform`"), "{text}");
     assert!(
         text.contains("router: missing `route-table`, `route-keys`"),
@@ -320,7 +320,7 @@ async fn a_component_run_as_the_wrong_world_is_refused_naming_the_missing_export
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(
-            "does not implement world `weir:plugin/transform@0.2.0`: missing export `transform`"
+            "does not implement world `weir:plugin/transform@0.3.0`: missing export `transform`"
         ),
         "{stderr}"
     );

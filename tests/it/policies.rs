@@ -724,7 +724,7 @@ world = "budget"
     let error = start_error(&config).await.to_string();
     assert!(
         error.contains(
-            "does not implement world `weir:plugin/budget@0.2.0`: missing export `admit`"
+            "does not implement world `weir:plugin/budget@0.3.0`: missing export `admit`"
         ),
         "{error}"
     );

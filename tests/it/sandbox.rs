@@ -153,7 +153,62 @@ world = "transform"
     assert!(missing.starts_with("`transform`"), "{missing}");
     let message = err.to_string();
     assert!(
-        message.contains("weir_ndjson_sink.wasm does not implement world `weir:plugin/transform@0.2.0`: missing export `transform`"),
+        message.contains("weir_ndjson_sink.wasm does not implement world `weir:plugin/transform@0.3.0`: missing export `transform`"),
+        "{message}"
+    );
+}
+
+/// What a transform built with the 0.2.0 SDK imports: its batch's numbers
+/// as `list<u32>`, before 0.3.0 packed them as little-endian bytes. The
+/// host refuses it by its imports, before it looks at its exports.
+const BUILT_FOR_0_2_0: &str = r#"
+(component
+  (import "weir:plugin/types@0.2.0" (instance
+    (type $batch (record
+      (field "data" (list u8))
+      (field "rows" (list u32))
+      (field "sequences" (list u64))
+      (field "attempts" (list u32))
+      (field "headers" (list u32))))
+    (export "batch" (type (eq $batch)))))
+  (import "weir:plugin/host@0.2.0" (instance
+    (export "add-counter" (func (param "name" string) (param "delta" u64)))))
+)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_built_for_an_older_wit_is_refused_naming_its_version_and_the_rebuild() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let wasm = dir.path().join("old_sdk.wasm");
+    std::fs::write(
+        &wasm,
+        wat::parse_str(BUILT_FOR_0_2_0).expect("component text"),
+    )
+    .expect("write");
+    let extra = format!(
+        r#"
+[plugins.old]
+wasm = "{}"
+world = "transform"
+"#,
+        wasm.display()
+    );
+    let err = start_error(&base_config(nats.url(), &extra)).await;
+    let StartError::Plugin(LoadError::WrongVersion { plugin, found, .. }) = &err else {
+        panic!("expected a wrong-version error, got {err}");
+    };
+    assert_eq!((plugin.as_str(), found.as_str()), ("old", "0.2.0"));
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!(
+            "old_sdk.wasm was built for `weir:plugin@0.2.0`, but this weir speaks `weir:plugin@{}`",
+            weir::sandbox::WIT_VERSION
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("rebuild the plugin with the current SDK"),
         "{message}"
     );
 }

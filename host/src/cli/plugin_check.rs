@@ -26,8 +26,9 @@ impl CheckArgs {
         }
         if let Some(found) = &inspection.foreign_version {
             return Err(super::Refused(format!(
-                "{} was built against `weir:plugin@{found}`; this weir speaks `weir:plugin@{WIT_VERSION}`: rebuild it with the matching SDK",
-                self.file.display()
+                "{} {}",
+                self.file.display(),
+                weir::sandbox::wrong_version(found)
             ))
             .into());
         }
@@ -83,7 +84,7 @@ fn as_text(file: &str, inspection: &Inspection) -> String {
     if let Some(found) = &inspection.foreign_version {
         let _ = writeln!(
             out,
-            "wit: built against weir:plugin@{found}; this weir speaks {WIT_VERSION}"
+            "wit: built for weir:plugin@{found}; this weir speaks {WIT_VERSION}: rebuild it with the current SDK"
         );
     }
     let _ = writeln!(out, "exports: {}", inspection.exports.join(", "));

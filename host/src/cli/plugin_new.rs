@@ -149,7 +149,7 @@ fn describe(path: &str) -> &'static str {
         "Cargo.toml" => "the crate, in a workspace of its own",
         "Cargo.lock" => "the crate versions weir's own plugins use",
         "package.json" => "the build tool (componentize-js)",
-        "wit/types.wit" => "weir's WIT, `weir:plugin@0.2.0`",
+        "wit/types.wit" => "weir's WIT, `weir:plugin@0.3.0`",
         "rows.ndjson" => "fixture rows, one payload a line",
         "expected.ndjson" => "each fixture row's expected outcome, in order",
         p if p.starts_with("weir_plugin/") || p.starts_with("weir/") => "weir's SDK (a copy)",

@@ -1,10 +1,11 @@
 //! Packed batches: the rows handed to a plugin, every byte of them in one
-//! buffer and every position in flat lists of numbers (see `batch` in
-//! `wit/types.wit`).
+//! buffer and every position in flat lists of little-endian numbers, each
+//! a `list<u8>` (see `batch` in `wit/types.wit`).
 //!
-//! Lists of numbers cross the boundary as one copy each, where a list of
-//! records is lowered field by field and a string costs a guest allocation;
-//! so a call costs about its bytes, whatever its row count. Delivery packs
+//! Lists of bytes cross the boundary as one copy each in every guest
+//! language, where a list of records is lowered field by field, a string
+//! costs a guest allocation and componentize-py moves a `list<u32>` number
+//! by number; so a call costs about its bytes, whatever its row count. Delivery packs
 //! rows straight from their messages; a plugin's answer (`transformed`,
 //! `delivered`) is read here, every code, span and count checked: an answer
 //! that does not fit its batch is a contract failure of the plugin, never a
@@ -15,7 +16,7 @@ use std::ops::Range;
 // Every width, field position, code and sentinel of the layout comes from
 // `weir_layout`, which the guest SDK packs and reads with too.
 use weir_layout::outcome::{DEAD_LETTER, EMIT, OK, RETRY};
-use weir_layout::{Span, emitted, header, outcome, row};
+use weir_layout::{Span, U32, U64, emitted, header, numbers, outcome, row};
 
 use crate::sandbox::bindings::{Delivered, Transformed};
 
@@ -50,9 +51,9 @@ impl Batch {
         Batch {
             packed: Packed {
                 data: Vec::with_capacity(bytes),
-                rows: Vec::with_capacity(rows * row::WIDTH),
-                sequences: Vec::with_capacity(rows),
-                attempts: Vec::with_capacity(rows),
+                rows: Vec::with_capacity(rows * row::BYTES),
+                sequences: Vec::with_capacity(rows * U64),
+                attempts: Vec::with_capacity(rows * U32),
                 headers: Vec::new(),
             },
         }
@@ -77,9 +78,9 @@ impl Batch {
     pub fn reserve(&mut self, rows: usize, bytes: usize) {
         let packed = &mut self.packed;
         packed.data.reserve(bytes);
-        packed.rows.reserve(rows * row::WIDTH);
-        packed.sequences.reserve(rows);
-        packed.attempts.reserve(rows);
+        packed.rows.reserve(rows * row::BYTES);
+        packed.sequences.reserve(rows * U64);
+        packed.attempts.reserve(rows * U32);
     }
 
     /// Appends a row. `headers` are (name, value) pairs.
@@ -100,7 +101,7 @@ impl Batch {
                 name: self.append(name.as_bytes()),
                 value: self.append(value.as_bytes()),
             };
-            self.packed.headers.extend(header.encode());
+            self.packed.headers.extend_from_slice(&header.encode());
         }
         let row = row::Record {
             tenant,
@@ -108,9 +109,13 @@ impl Batch {
             payload,
             headers: Span::from_range(first..self.header_count()),
         };
-        self.packed.rows.extend(row.encode());
-        self.packed.sequences.push(position.sequence);
-        self.packed.attempts.push(position.attempt);
+        self.packed.rows.extend_from_slice(&row.encode());
+        self.packed
+            .sequences
+            .extend_from_slice(&position.sequence.to_le_bytes());
+        self.packed
+            .attempts
+            .extend_from_slice(&position.attempt.to_le_bytes());
     }
 
     /// Appends row `row` of `other` as it is.
@@ -125,7 +130,7 @@ impl Batch {
     }
 
     pub fn len(&self) -> usize {
-        self.packed.sequences.len()
+        self.packed.sequences.len() / U64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,8 +161,8 @@ impl Batch {
 
     pub fn position(&self, row: usize) -> Position {
         Position {
-            sequence: self.packed.sequences.get(row).copied().unwrap_or(0),
-            attempt: self.packed.attempts.get(row).copied().unwrap_or(0),
+            sequence: numbers::u64_at(&self.packed.sequences, row).unwrap_or(0),
+            attempt: numbers::u32_at(&self.packed.attempts, row).unwrap_or(0),
         }
     }
 
@@ -173,7 +178,7 @@ impl Batch {
     }
 
     fn header_count(&self) -> usize {
-        self.packed.headers.len() / header::WIDTH
+        header::count(&self.packed.headers)
     }
 
     fn append(&mut self, bytes: &[u8]) -> Span {
@@ -213,18 +218,19 @@ pub struct Answer<'a> {
 impl<'a> Answer<'a> {
     /// Checks the answer's shape against a batch of `rows` rows.
     pub fn new(transformed: &'a Transformed, rows: usize) -> Result<Answer<'a>, Malformed> {
-        check_outcomes(&transformed.outcomes, rows)?;
-        if !transformed.emitted.len().is_multiple_of(emitted::WIDTH)
-            || !transformed.headers.len().is_multiple_of(header::WIDTH)
-        {
-            return Err(Malformed(format!(
-                "{} numbers of emitted rows and {} of headers; rows take {} each, headers {}",
-                transformed.emitted.len(),
-                transformed.headers.len(),
-                emitted::WIDTH,
-                header::WIDTH
-            )));
-        }
+        check_outcomes("transformed.outcomes", &transformed.outcomes, rows)?;
+        whole_items(
+            "transformed.emitted",
+            &transformed.emitted,
+            emitted::WIDTH,
+            "emitted row",
+        )?;
+        whole_items(
+            "transformed.headers",
+            &transformed.headers,
+            header::WIDTH,
+            "header",
+        )?;
         Ok(Answer {
             transformed,
             next_emitted: 0,
@@ -246,7 +252,7 @@ impl<'a> Answer<'a> {
         )?;
         if let Outcome::Emit(ref range) = outcome {
             let count = range.len();
-            let emitted = self.transformed.emitted.len() / emitted::WIDTH;
+            let emitted = emitted::count(&self.transformed.emitted);
             if self.next_emitted + count > emitted {
                 return Err(Malformed(format!(
                     "row {row} emits {count} rows past the {emitted} returned"
@@ -268,7 +274,7 @@ impl<'a> Answer<'a> {
         emitted: usize,
     ) -> Result<(), Malformed> {
         let record = emitted::Record::read(&self.transformed.emitted, emitted)
-            .ok_or_else(|| Malformed(format!("no emitted row {emitted}")))?;
+            .ok_or_else(|| Malformed(format!("transformed.emitted has no row {emitted}")))?;
         let table = match record.table {
             None => input.table(row),
             Some(span) => self.text(span, "an emitted row's table")?,
@@ -276,9 +282,12 @@ impl<'a> Answer<'a> {
         let payload = self.bytes(record.payload, "an emitted row's payload")?;
         let headers = header::run(&self.transformed.headers, record.headers);
         if header::records(headers).len() != record.headers.len as usize {
-            return Err(Malformed(
-                "an emitted row's headers lie out of bounds".into(),
-            ));
+            return Err(Malformed(format!(
+                "an emitted row's headers {}..+{} lie past the {} headers of transformed.headers",
+                record.headers.offset,
+                record.headers.len,
+                header::count(&self.transformed.headers)
+            )));
         }
         for header in header::records(headers) {
             self.text(header.name, "a header name")?;
@@ -304,7 +313,7 @@ impl<'a> Answer<'a> {
     fn bytes(&self, span: Span, what: &str) -> Result<&'a [u8], Malformed> {
         span.get(&self.transformed.data).ok_or_else(|| {
             Malformed(format!(
-                "{what} lies at {}..+{}, past the {} bytes returned",
+                "{what} lies at {}..+{}, past the {} bytes of transformed.data",
                 span.offset,
                 span.len,
                 self.transformed.data.len()
@@ -326,7 +335,7 @@ pub fn delivered_as<'a, T>(
     rows: usize,
     each: impl Fn(Outcome<'a>) -> T,
 ) -> Result<Vec<T>, Malformed> {
-    check_outcomes(&delivered.outcomes, rows)?;
+    check_outcomes("delivered.outcomes", &delivered.outcomes, rows)?;
     let mut outcomes = Vec::with_capacity(rows);
     for row in 0..rows {
         let outcome = read_outcome(&delivered.outcomes, &delivered.reasons, row, false)?;
@@ -335,11 +344,31 @@ pub fn delivered_as<'a, T>(
     Ok(outcomes)
 }
 
-fn check_outcomes(outcomes: &[u32], rows: usize) -> Result<(), Malformed> {
-    if outcomes.len() != rows * outcome::WIDTH {
+/// `field` holds one outcome per row of a batch of `rows` rows, whole.
+fn check_outcomes(field: &str, outcomes: &[u8], rows: usize) -> Result<(), Malformed> {
+    whole_items(field, outcomes, outcome::WIDTH, "outcome")?;
+    let count = outcome::count(outcomes);
+    if count != rows {
         return Err(Malformed(format!(
-            "{} outcomes for {rows} rows",
-            outcomes.len() / outcome::WIDTH
+            "{field} has {count} outcomes for {rows} rows"
+        )));
+    }
+    Ok(())
+}
+
+/// `field`'s bytes are whole items of `width` little-endian u32s: a list of
+/// u32s whose length is not a multiple of 4 (or of its item) is malformed.
+fn whole_items(field: &str, bytes: &[u8], width: usize, item: &str) -> Result<(), Malformed> {
+    if !bytes.len().is_multiple_of(U32) {
+        return Err(Malformed(format!(
+            "{field} is {} bytes long, not a multiple of 4: it holds little-endian u32 numbers",
+            bytes.len()
+        )));
+    }
+    if !bytes.len().is_multiple_of(width * U32) {
+        return Err(Malformed(format!(
+            "{field} holds {} numbers, not a multiple of the {width} per {item}",
+            bytes.len() / U32
         )));
     }
     Ok(())
@@ -347,7 +376,7 @@ fn check_outcomes(outcomes: &[u32], rows: usize) -> Result<(), Malformed> {
 
 /// Row `row`'s outcome; an `emit` is read as a count from 0, placed by [`Answer`].
 fn read_outcome<'a>(
-    outcomes: &[u32],
+    outcomes: &[u8],
     reasons: &'a [String],
     row: usize,
     may_emit: bool,
@@ -364,7 +393,7 @@ fn read_outcome<'a>(
             .map(|reason| Outcome::DeadLetter(reason.as_str()))
             .ok_or_else(|| {
                 Malformed(format!(
-                    "row {row} is dead-lettered with reason {argument} of {}",
+                    "row {row} is dead-lettered with reason {argument} of the {} in reasons",
                     reasons.len()
                 ))
             }),
@@ -495,7 +524,7 @@ mod tests {
             .unwrap()
             .push_emitted(&mut Batch::default(), &input, 0, 0)
             .unwrap_err();
-        assert!(err.to_string().contains("out of bounds"), "{err}");
+        assert!(err.to_string().contains("lie past the 0 headers"), "{err}");
     }
 
     #[test]
@@ -517,7 +546,11 @@ mod tests {
         let err = answer_
             .push_emitted(&mut Batch::default(), &input, 0, 0)
             .unwrap_err();
-        assert!(err.to_string().contains("past the 5 bytes"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("past the 5 bytes of transformed.data"),
+            "{err}"
+        );
 
         let too_many = answer(
             b"",
@@ -547,5 +580,54 @@ mod tests {
         };
         let err = delivered_as(&sink, 2, |outcome| outcome).unwrap_err();
         assert!(err.to_string().contains("outcome code 1"), "{err}");
+    }
+
+    /// Each list of numbers is whole little-endian u32s, whole items of
+    /// them; the error names the field.
+    #[test]
+    fn lists_of_numbers_that_are_not_whole_are_refused_naming_the_field() {
+        let refused = |transformed: &Transformed, rows| match Answer::new(transformed, rows) {
+            Ok(_) => panic!("a ragged answer was accepted"),
+            Err(err) => err.to_string(),
+        };
+        let ok = outcome::Record::ok();
+        let mut ragged = answer(b"", &[ok], &[], &[]);
+        ragged.outcomes.push(0);
+        assert_eq!(
+            refused(&ragged, 1),
+            "transformed.outcomes is 9 bytes long, not a multiple of 4: it holds little-endian u32 numbers"
+        );
+        ragged.outcomes.extend([0, 0, 0]);
+        assert_eq!(
+            refused(&ragged, 1),
+            "transformed.outcomes holds 3 numbers, not a multiple of the 2 per outcome"
+        );
+        let mut ragged = answer(b"", &[ok], &[], &[]);
+        ragged.emitted = vec![0; 4];
+        assert_eq!(
+            refused(&ragged, 1),
+            "transformed.emitted holds 1 numbers, not a multiple of the 6 per emitted row"
+        );
+        let mut ragged = answer(b"", &[ok], &[], &[]);
+        ragged.headers = vec![0; 18];
+        assert!(refused(&ragged, 1).starts_with("transformed.headers is 18 bytes long"));
+        let sink = Delivered {
+            outcomes: vec![0; 4],
+            reasons: vec![],
+        };
+        let err = delivered_as(&sink, 1, |outcome| outcome).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "delivered.outcomes holds 1 numbers, not a multiple of the 2 per outcome"
+        );
+        let sink = Delivered {
+            outcomes: ok.encode().to_vec(),
+            reasons: vec![],
+        };
+        let err = delivered_as(&sink, 2, |outcome| outcome).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "delivered.outcomes has 1 outcomes for 2 rows"
+        );
     }
 }

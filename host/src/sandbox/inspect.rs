@@ -145,7 +145,7 @@ mod tests {
             "wasi:http/types@0.2.3",
             "wasi:http/outgoing-handler@0.2.3",
             "wasi:sockets/tcp@0.2.3",
-            "weir:plugin/host@0.2.0",
+            "weir:plugin/host@0.3.0",
         ]
         .map(String::from)
         .to_vec();
@@ -161,28 +161,28 @@ mod tests {
                 ("(never granted)", "wasi:sockets/tcp@0.2.3")
             ]
         );
-        assert!(grant_needs(&["weir:plugin/host@0.2.0".to_string()]).is_empty());
-        let batch = grant_needs(&["weir:plugin/http-batch@0.2.0".to_string()]);
+        assert!(grant_needs(&["weir:plugin/host@0.3.0".to_string()]).is_empty());
+        let batch = grant_needs(&["weir:plugin/http-batch@0.3.0".to_string()]);
         assert_eq!(batch.len(), 1);
         assert_eq!(
             (batch[0].grant, batch[0].import.as_str()),
-            ("grants.http", "weir:plugin/http-batch@0.2.0")
+            ("grants.http", "weir:plugin/http-batch@0.3.0")
         );
         // http-batch says more than a `wasi:http` import that is not the handler.
         let both = grant_needs(&[
             "wasi:http/types@0.2.3".to_string(),
-            "weir:plugin/http-batch@0.2.0".to_string(),
+            "weir:plugin/http-batch@0.3.0".to_string(),
         ]);
         assert_eq!(both.len(), 1);
-        assert_eq!(both[0].import, "weir:plugin/http-batch@0.2.0");
+        assert_eq!(both[0].import, "weir:plugin/http-batch@0.3.0");
     }
 
     #[test]
     fn a_sinks_destinations_are_named_by_their_grants() {
         let needs = grant_needs(&[
-            "weir:plugin/nats@0.2.0".to_string(),
-            "weir:plugin/postgres@0.2.0".to_string(),
-            "weir:plugin/state@0.2.0".to_string(),
+            "weir:plugin/nats@0.3.0".to_string(),
+            "weir:plugin/postgres@0.3.0".to_string(),
+            "weir:plugin/state@0.3.0".to_string(),
         ]);
         let grants: Vec<&str> = needs.iter().map(|need| need.grant).collect();
         assert_eq!(grants, ["grants.state", "grants.postgres", "grants.nats"]);

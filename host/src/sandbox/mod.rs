@@ -45,7 +45,7 @@ use worlds::PluginPre;
 /// a minute and must not look hung).
 pub const COMPILE_LOG: &str = "weir::compile";
 /// The version of the `weir:plugin` WIT package (`wit/types.wit`) this host speaks.
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.3.0";
 /// How often the epoch advances: the granularity of every call deadline,
 /// and how often a running call yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -95,9 +95,7 @@ pub enum LoadError {
         world: &'static str,
         missing: String,
     },
-    #[error(
-        "plugin `{plugin}`: {path} was built against `weir:plugin@{found}`; this weir speaks `weir:plugin@{WIT_VERSION}`: rebuild it with the matching SDK"
-    )]
+    #[error("plugin `{plugin}`: {path} {}", wrong_version(found))]
     WrongVersion {
         plugin: String,
         path: String,
@@ -453,6 +451,18 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
     }
 }
 
+/// Why a component built for `found` cannot run, and what to do about it:
+/// the packed batch differs between versions (0.3.0 carries its numbers as
+/// little-endian bytes), so only a rebuild helps.
+pub fn wrong_version(found: &str) -> String {
+    format!(
+        "was built for `weir:plugin@{found}`, but this weir speaks `weir:plugin@{WIT_VERSION}` \
+         and cannot run it: rebuild the plugin with the current SDK (Rust: the `weir-plugin` \
+         crate of this weir's checkout; Python and JavaScript: copy `weir_plugin/` or `weir/` \
+         and `wit/` from a project made by this weir's `weir plugin new`)"
+    )
+}
+
 /// The version of `weir:plugin` a component imports, when it is not this
 /// host's (a plugin built with an older SDK).
 fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
@@ -542,7 +552,7 @@ mod tests {
     #[test]
     fn an_imports_weir_plugin_version_is_read_from_its_name() {
         assert_eq!(imported_version("weir:plugin/host@0.1.0"), Some("0.1.0"));
-        assert_eq!(imported_version("weir:plugin/types@0.2.0"), Some("0.2.0"));
+        assert_eq!(imported_version("weir:plugin/types@0.3.0"), Some("0.3.0"));
         assert_eq!(imported_version("wasi:io/streams@0.2.6"), None);
         assert_eq!(imported_version("weir:plugin/host"), None);
     }

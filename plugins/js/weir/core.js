@@ -1,14 +1,35 @@
 // weir plugins in JavaScript: the part that needs no WIT import, so that it
 // also runs in Node (test.mjs). `index.js` adds the host imports and the
-// exports componentize-js binds to `weir:plugin@0.2.0`.
+// exports componentize-js binds to `weir:plugin@0.3.0`.
 //
 // A plugin sees rows as `Row` objects and answers each with ok(), emit(...),
 // drop(), retry(ms) or deadLetter(reason); the packed batches (offsets,
-// outcome codes, the "same table" sentinel, reason indexes) stay in here.
+// outcome codes, the "same table" sentinel, reason indexes, each list of
+// numbers a Uint8Array of little-endian u32s) stay in here.
 
 const OK = 0, EMIT = 1, RETRY = 2, DEAD_LETTER = 3;
 // An emitted row's table length meaning "the input row's table".
 const SAME_TABLE = 0xffffffff;
+
+// Typed arrays read in the machine's byte order; the WIT's numbers are
+// little-endian, as wasm and every machine Node runs on here are.
+if (new Uint8Array(new Uint32Array([1]).buffer)[0] !== 1) {
+  throw new Error("weir's JS SDK needs a little-endian machine");
+}
+
+/** The u32s (or, with BigUint64Array, u64s) packed in `bytes`, a view
+ * without a copy when they are aligned; copied when they are not. */
+function numbers(bytes, Type = Uint32Array) {
+  const width = Type.BYTES_PER_ELEMENT;
+  const count = Math.floor(bytes.byteLength / width);
+  if (bytes.byteOffset % width === 0) return new Type(bytes.buffer, bytes.byteOffset, count);
+  return new Type(bytes.slice(0, count * width).buffer);
+}
+
+/** u32s as the bytes the WIT carries: a view of the same buffer. */
+function asBytes(words) {
+  return new Uint8Array(words.buffer, words.byteOffset, words.byteLength);
+}
 
 const utf8 = new TextDecoder();
 const encoder = new TextEncoder();
@@ -71,10 +92,10 @@ export class Row {
 class View {
   constructor(batch) {
     this.data = batch.data;
-    this.nums = batch.rows;
-    this.heads = batch.headers;
-    this.sequences = batch.sequences;
-    this.attempts = batch.attempts;
+    this.nums = numbers(batch.rows);
+    this.heads = numbers(batch.headers);
+    this.sequences = numbers(batch.sequences, BigUint64Array);
+    this.attempts = numbers(batch.attempts);
     this.whole = undefined;
   }
 
@@ -242,7 +263,7 @@ function checked(outcome) {
 /** The rows of a packed batch: views of it, decoded when read. */
 export function unpack(batch) {
   const view = new View(batch);
-  const rows = new Array(batch.sequences.length);
+  const rows = new Array(view.sequences.length);
   for (let i = 0; i < rows.length; i++) {
     rows[i] = new Row(undefined, undefined, undefined, undefined, undefined, undefined, i, view);
   }
@@ -367,9 +388,9 @@ export function packTransformed(rows, outcomes) {
   }
   return {
     data,
-    outcomes: codes,
-    emitted: new Uint32Array(emitted),
-    headers: new Uint32Array(headerNums),
+    outcomes: asBytes(codes),
+    emitted: asBytes(new Uint32Array(emitted)),
+    headers: asBytes(new Uint32Array(headerNums)),
     reasons,
   };
 }
@@ -408,9 +429,9 @@ function packTransformedPieces(rows, outcomes) {
   }
   return {
     data: data.bytes(),
-    outcomes: new Uint32Array(codes),
-    emitted: new Uint32Array(emitted),
-    headers: new Uint32Array(headerNums),
+    outcomes: asBytes(new Uint32Array(codes)),
+    emitted: asBytes(new Uint32Array(emitted)),
+    headers: asBytes(new Uint32Array(headerNums)),
     reasons,
   };
 }
@@ -429,7 +450,7 @@ export function packDelivered(rows, outcomes) {
       codes.push(outcome.code, outcome.argument);
     }
   }
-  return { outcomes: new Uint32Array(codes), reasons };
+  return { outcomes: asBytes(new Uint32Array(codes)), reasons };
 }
 
 /** What every world does with a plugin object: `init(settings)` (optional,
@@ -495,10 +516,10 @@ export function packBatch(rows) {
   }
   return {
     data: data.bytes(),
-    rows: new Uint32Array(nums),
-    sequences: new BigUint64Array(rows.map((row) => BigInt(row.sequence))),
-    attempts: new Uint32Array(rows.map((row) => row.attempts)),
-    headers: new Uint32Array(headerNums),
+    rows: asBytes(new Uint32Array(nums)),
+    sequences: asBytes(new BigUint64Array(rows.map((row) => BigInt(row.sequence)))),
+    attempts: asBytes(new Uint32Array(rows.map((row) => row.attempts))),
+    headers: asBytes(new Uint32Array(headerNums)),
   };
 }
 
@@ -508,17 +529,19 @@ export function readOutcomes(packed, delivered = false) {
   const result = [];
   let next = 0;
   const text = (o, l) => utf8.decode(packed.data.subarray(o, o + l));
-  for (let i = 0; i < packed.outcomes.length; i += 2) {
-    const code = packed.outcomes[i], argument = packed.outcomes[i + 1];
+  const codes = numbers(packed.outcomes), emitted = numbers(packed.emitted ?? new Uint8Array());
+  const heads = numbers(packed.headers ?? new Uint8Array());
+  for (let i = 0; i + 1 < codes.length; i += 2) {
+    const code = codes[i], argument = codes[i + 1];
     if (code === DEAD_LETTER) result.push(deadLetter(packed.reasons[argument]));
     else if (code === RETRY) result.push(retry(argument));
     else if (code === EMIT && !delivered) {
       const rows = [];
       for (let e = next; e < next + argument; e++) {
-        const n = packed.emitted.subarray(6 * e, 6 * e + 6);
+        const n = emitted.subarray(6 * e, 6 * e + 6);
         const headers = [];
         for (let h = n[4]; h < n[4] + n[5]; h++) {
-          const hn = packed.headers.subarray(4 * h, 4 * h + 4);
+          const hn = heads.subarray(4 * h, 4 * h + 4);
           headers.push([text(hn[0], hn[1]), text(hn[2], hn[3])]);
         }
         rows.push({

@@ -4,7 +4,7 @@
 // worlds import the interface. `fetchAll` sends the requests together and
 // returns when every one is done: a `Response` or an `HttpError` per
 // request, in order. A plain synchronous call: no promise, no event loop.
-import { fetchAll as hostFetchAll } from "weir:plugin/http-batch@0.2.0";
+import { fetchAll as hostFetchAll } from "weir:plugin/http-batch@0.3.0";
 
 const encoder = new TextEncoder();
 const utf8 = new TextDecoder();

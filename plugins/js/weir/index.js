@@ -5,7 +5,7 @@
 //
 // (sink: `{ init, deliver } = weir.sink(…)`, budget: `{ init, admit }`,
 // router: `{ init, routeTable, routeKeys }`). See plugins/README.md.
-import { log as hostLog, addCounter } from "weir:plugin/host@0.2.0";
+import { log as hostLog, addCounter } from "weir:plugin/host@0.3.0";
 import {
   guarded, initPlugin, packDelivered, packTransformed, parseSettings, runBatch, unpack,
 } from "./core.js";

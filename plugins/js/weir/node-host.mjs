@@ -1,7 +1,7 @@
 // A Node loader hook (registered by test.mjs) serving the WIT imports
-// outside wasm: `weir:plugin/host@0.2.0` (log lines and counters go to
-// stderr), `weir:plugin/state@0.2.0` (a map per tenant and table, for the
-// rows test.mjs runs) and `weir:plugin/http-batch@0.2.0`:
+// outside wasm: `weir:plugin/host@0.3.0` (log lines and counters go to
+// stderr), `weir:plugin/state@0.3.0` (a map per tenant and table, for the
+// rows test.mjs runs) and `weir:plugin/http-batch@0.3.0`:
 // `globalThis.weirHttpResponder` (request => { tag: "ok", val: { status,
 // headers, body } } or { tag: "err", val: { tag: "timeout" } }) answers, or
 // every request is refused.

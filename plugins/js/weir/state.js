@@ -8,7 +8,7 @@
 //   import * as state from "./weir/state.js";
 //   const seen = Number(state.getText(row, "count") ?? "0") + 1;
 //   state.set(row, "count", String(seen));  // a StateError dead-letters the row
-import * as host from "weir:plugin/state@0.2.0";
+import * as host from "weir:plugin/state@0.3.0";
 
 const encoder = new TextEncoder();
 const utf8 = new TextDecoder();

@@ -2,15 +2,16 @@
 
 A plugin subclasses one of `Transform`, `Sink`, `Budget` or `Router`, and
 its module ends with `WitWorld = weir_plugin.export(ThePlugin)`: the class
-componentize-py instantiates. The packed batches of `weir:plugin@0.2.0`
-(offsets, outcome codes, the "same table" sentinel, reason indexes) are
-read and written here; a plugin sees rows as `Row` objects and answers each
+componentize-py instantiates. The packed batches of `weir:plugin@0.3.0`
+(offsets, outcome codes, the "same table" sentinel, reason indexes, each
+list of numbers a `bytes` of little-endian u32s) are read and written here; a plugin sees rows as `Row` objects and answers each
 with `ok()`, `emit(...)`, `drop()`, `retry(after_ms)` or `dead_letter(reason)`.
 
 Nothing here imports the generated bindings at import time, so a plugin's
 logic also runs in plain CPython (see `weir_plugin.testing`).
 """
 
+from array import array
 import gc
 import json
 import json.encoder
@@ -25,12 +26,36 @@ __all__ = [
     "log", "count", "state", "StateError", "http", "HttpError", "Response",
 ]
 
-WIT_PACKAGE = "weir:plugin@0.2.0"
+WIT_PACKAGE = "weir:plugin@0.3.0"
 
 # The codes of `transformed.outcomes` and `delivered.outcomes` (wit/types.wit).
 _OK, _EMIT, _RETRY, _DEAD_LETTER = 0, 1, 2, 3
 # An emitted row's table length meaning "the input row's table".
 _SAME_TABLE = 0xFFFFFFFF
+# The WIT's lists of numbers are bytes of little-endian u32s (u64s for
+# sequences): read in place by a memoryview cast to the native type when
+# the machine is little-endian (wasm always is), byte-swapped otherwise.
+_LITTLE = sys.byteorder == "little"
+_U32 = "I" if array("I").itemsize == 4 else "L"
+_U64 = "Q"
+
+
+def _numbers(data, code):
+    """The little-endian numbers packed in `data` (`code` _U32 or _U64)."""
+    if _LITTLE:
+        return memoryview(data).cast(code)
+    numbers = array(code)
+    numbers.frombytes(data)
+    numbers.byteswap()
+    return numbers
+
+
+def _packed(numbers):
+    """A list of u32s as the little-endian bytes the WIT carries."""
+    packed = array(_U32, numbers)
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 # ---------------------------------------------------------------- rows
@@ -154,10 +179,11 @@ class _View:
 
     def __init__(self, batch):
         self.data = batch.data
-        self.nums = batch.rows
-        self.heads = batch.headers
-        self.sequences = batch.sequences
-        self.attempts = batch.attempts
+        # One cast per list, no copy: indexing reads the batch's bytes.
+        self.nums = _numbers(batch.rows, _U32)
+        self.heads = _numbers(batch.headers, _U32)
+        self.sequences = _numbers(batch.sequences, _U64)
+        self.attempts = _numbers(batch.attempts, _U32)
 
     def text(self, row, field):
         at = 8 * row + field
@@ -861,7 +887,7 @@ def pack_transformed(rows, outcomes):
             reasons.append(outcome.reason)
         else:
             codes.extend((code, outcome.argument))
-    return b"".join(pieces), codes, emitted, header_nums, reasons
+    return b"".join(pieces), _packed(codes), _packed(emitted), _packed(header_nums), reasons
 
 
 def _inherited_headers(row, put_headers, header_nums):
@@ -886,7 +912,7 @@ def pack_delivered(rows, outcomes):
             raise TypeError("a sink cannot emit rows: return ok(), retry(ms) or dead_letter(reason)")
         else:
             codes.extend((outcome.code, outcome.argument))
-    return codes, reasons
+    return _packed(codes), reasons
 
 
 # ---------------------------------------------------------------- export

@@ -7,8 +7,8 @@ use weir_layout::outcome;
 
 /// Outcomes in the order rows were decided, packed.
 pub(crate) struct Answer {
-    /// [`outcome::WIDTH`] numbers per decided row.
-    pub outcomes: Vec<u32>,
+    /// [`outcome::BYTES`] bytes (little-endian numbers) per decided row.
+    pub outcomes: Vec<u8>,
     pub reasons: Vec<String>,
 }
 
@@ -16,7 +16,7 @@ impl Answer {
     /// Room for the outcomes of `rows` rows.
     pub fn with_capacity(rows: usize) -> Answer {
         Answer {
-            outcomes: Vec::with_capacity(rows * outcome::WIDTH),
+            outcomes: Vec::with_capacity(rows * outcome::BYTES),
             reasons: Vec::new(),
         }
     }
@@ -43,12 +43,12 @@ impl Answer {
     }
 
     fn push(&mut self, decided: outcome::Record) {
-        self.outcomes.extend(decided.encode());
+        self.outcomes.extend_from_slice(&decided.encode());
     }
 
     /// How many rows have been decided.
     pub fn len(&self) -> usize {
-        self.outcomes.len() / outcome::WIDTH
+        outcome::count(&self.outcomes)
     }
 
     /// The decisions so far, in order.

@@ -25,10 +25,10 @@ pub mod sink {
         export_macro_name: "export_world",
         default_bindings_module: "weir_plugin::bindings::sink",
         with: {
-            "weir:plugin/types@0.2.0": crate::bindings::transform::weir::plugin::types,
-            "weir:plugin/host@0.2.0": crate::bindings::transform::weir::plugin::host,
-            "weir:plugin/state@0.2.0": crate::bindings::transform::weir::plugin::state,
-            "weir:plugin/http-batch@0.2.0": crate::bindings::transform::weir::plugin::http_batch,
+            "weir:plugin/types@0.3.0": crate::bindings::transform::weir::plugin::types,
+            "weir:plugin/host@0.3.0": crate::bindings::transform::weir::plugin::host,
+            "weir:plugin/state@0.3.0": crate::bindings::transform::weir::plugin::state,
+            "weir:plugin/http-batch@0.3.0": crate::bindings::transform::weir::plugin::http_batch,
         },
     });
 }
@@ -41,7 +41,7 @@ pub mod budget {
         export_macro_name: "export_world",
         default_bindings_module: "weir_plugin::bindings::budget",
         with: {
-            "weir:plugin/host@0.2.0": crate::bindings::transform::weir::plugin::host,
+            "weir:plugin/host@0.3.0": crate::bindings::transform::weir::plugin::host,
         },
     });
 }
@@ -54,8 +54,8 @@ pub mod router {
         export_macro_name: "export_world",
         default_bindings_module: "weir_plugin::bindings::router",
         with: {
-            "weir:plugin/host@0.2.0": crate::bindings::transform::weir::plugin::host,
-            "weir:plugin/policy@0.2.0": crate::bindings::budget::weir::plugin::policy,
+            "weir:plugin/host@0.3.0": crate::bindings::transform::weir::plugin::host,
+            "weir:plugin/policy@0.3.0": crate::bindings::budget::weir::plugin::policy,
         },
     });
 }

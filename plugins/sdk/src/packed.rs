@@ -9,8 +9,8 @@ use weir_layout::{Span, header};
 #[derive(Default)]
 pub(crate) struct Packer {
     pub data: Vec<u8>,
-    /// [`header::WIDTH`] numbers per header.
-    pub header_numbers: Vec<u32>,
+    /// [`header::BYTES`] bytes (little-endian numbers) per header.
+    pub header_numbers: Vec<u8>,
 }
 
 impl Packer {
@@ -35,13 +35,13 @@ impl Packer {
                 name: self.append(name.as_bytes()),
                 value: self.append(value.as_bytes()),
             };
-            self.header_numbers.extend(record.encode());
+            self.header_numbers.extend_from_slice(&record.encode());
         }
         Span::from_range(first..self.header_count())
     }
 
     fn header_count(&self) -> usize {
-        self.header_numbers.len() / header::WIDTH
+        header::count(&self.header_numbers)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The rows of a batch as a plugin reads them: borrowed views into the one
 //! buffer the host packed them in, so reading a row allocates nothing.
 
-use weir_layout::{header, row};
+use weir_layout::{header, numbers, row};
 
 use crate::bindings::transform::Batch;
 use crate::packed::{Packer, bytes, text};
@@ -20,7 +20,7 @@ impl Rows {
     /// Packs rows the way the host does: for a plugin's own tests.
     pub fn pack<'a>(rows: impl IntoIterator<Item = &'a RowData>) -> Rows {
         let mut packer = Packer::default();
-        let (mut numbers, mut sequences, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut packed_rows, mut sequences, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         for row in rows {
             let record = row::Record {
                 tenant: packer.append(row.tenant.as_bytes()),
@@ -28,14 +28,14 @@ impl Rows {
                 payload: packer.append(&row.payload),
                 headers: packer.headers(row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
             };
-            numbers.extend(record.encode());
-            sequences.push(row.sequence);
-            attempts.push(row.attempt);
+            packed_rows.extend_from_slice(&record.encode());
+            sequences.extend_from_slice(&row.sequence.to_le_bytes());
+            attempts.extend_from_slice(&row.attempt.to_le_bytes());
         }
         Rows {
             batch: Batch {
                 data: packer.data,
-                rows: numbers,
+                rows: packed_rows,
                 sequences,
                 attempts,
                 headers: packer.header_numbers,
@@ -44,11 +44,11 @@ impl Rows {
     }
 
     pub fn len(&self) -> usize {
-        self.batch.sequences.len()
+        self.batch.sequences.len() / weir_layout::U64
     }
 
     pub fn is_empty(&self) -> bool {
-        self.batch.sequences.is_empty()
+        self.len() == 0
     }
 
     /// Row `index`, if the batch has it.
@@ -59,8 +59,8 @@ impl Rows {
             tenant: text(data, record.tenant),
             table: text(data, record.table),
             payload: bytes(data, record.payload),
-            sequence: self.batch.sequences.get(index).copied().unwrap_or(0),
-            attempt: self.batch.attempts.get(index).copied().unwrap_or(0),
+            sequence: numbers::u64_at(&self.batch.sequences, index).unwrap_or(0),
+            attempt: numbers::u32_at(&self.batch.attempts, index).unwrap_or(0),
             headers: header::run(&self.batch.headers, record.headers),
             data,
         })
@@ -86,8 +86,8 @@ pub struct Row<'a> {
     pub sequence: u64,
     /// How many times it has been handed to the pipeline (1 the first time).
     pub attempt: u32,
-    /// Its headers' numbers ([`header::WIDTH`] per header), into `data`.
-    headers: &'a [u32],
+    /// Its headers' numbers ([`header::BYTES`] bytes per header), into `data`.
+    headers: &'a [u8],
     data: &'a [u8],
 }
 

@@ -172,7 +172,7 @@ mod tests {
             ]
         );
         let delivered = out.into_delivered();
-        let packed: Vec<u32> = [
+        let packed: Vec<u8> = [
             outcome::Record::ok(),
             outcome::Record::dead_letter(0),
             outcome::Record::retry(500),

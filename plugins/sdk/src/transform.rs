@@ -32,8 +32,8 @@ pub trait Transform: Sized + 'static {
 pub struct Outcomes {
     answer: Answer,
     packer: Packer,
-    /// [`emitted::WIDTH`] numbers per emitted row.
-    emitted: Vec<u32>,
+    /// [`emitted::BYTES`] bytes (little-endian numbers) per emitted row.
+    emitted: Vec<u8>,
 }
 
 /// A row to emit: `table` none keeps the input row's table.
@@ -82,7 +82,7 @@ impl Outcomes {
             payload: self.packer.append_with(write),
             headers: self.packer.headers(row.headers()),
         };
-        self.emitted.extend(record.encode());
+        self.emitted.extend_from_slice(&record.encode());
         self.answer.emit(1);
     }
 
@@ -95,7 +95,7 @@ impl Outcomes {
                 payload: self.packer.append(row.payload),
                 headers: self.packer.headers(row.headers.iter().copied()),
             };
-            self.emitted.extend(record.encode());
+            self.emitted.extend_from_slice(&record.encode());
             count += 1;
         }
         self.answer.emit(count);
