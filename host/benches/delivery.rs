@@ -69,9 +69,6 @@ const ONE_UNIT: (u32, u32) = (1, 1);
 const ONE_STREAM_MANY_SHARDS: (u32, u32) = (1, 4);
 /// Units of the scale runs (after the 1-unit runs of every round).
 const SCALE_UNITS: [u32; 2] = [8, 32];
-/// Clock ticks per second of the CPU times in `/proc/<pid>/stat` (USER_HZ,
-/// fixed at 100 by the Linux ABI).
-const USER_HZ: f64 = 100.0;
 
 /// What one scenario measured. CPU time per row is the steadier figure on
 /// a shared machine: other work slows the rate, not the work per row.
@@ -140,19 +137,7 @@ impl CpuUsed {
 
 /// User plus system CPU time of a process, all its threads.
 fn process_cpu(pid: &str) -> Duration {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {path}: {err}"));
-    // The command name, in parentheses, may hold spaces: count fields after it.
-    let (_, after_name) = stat
-        .rsplit_once(')')
-        .expect("a stat line names its command");
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // utime and stime are the file's fields 14 and 15: the 12th and 13th here.
-    let ticks: u64 = fields[11..=12]
-        .iter()
-        .map(|field| field.parse::<u64>().expect("CPU ticks are a number"))
-        .sum();
-    Duration::from_secs_f64(ticks as f64 / USER_HZ)
+    support::stat_cpu(&format!("/proc/{pid}/stat"))
 }
 
 fn main() {

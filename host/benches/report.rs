@@ -280,8 +280,14 @@ fn change(name: &str, value: f64, base: f64) -> (String, bool) {
 
 /// Whether a figure is a cost (time, latency, allocations, memory, server
 /// work, consumers, a ratio of a cost to its reference), which regresses
-/// upwards; rates and speed-up ratios regress downwards.
+/// upwards; rates and speed-up ratios regress downwards. Work done per
+/// second while idle (`kv_ops_per_host_per_sec`, watch messages, API
+/// requests) is a cost although it reads as a rate.
 fn lower_is_better(name: &str) -> bool {
+    let work_per_second = ["kv_ops_per", "messages_per", "requests_per"];
+    if work_per_second.iter().any(|work| name.contains(work)) {
+        return true;
+    }
     let costs = [
         "_ns",
         "_us",

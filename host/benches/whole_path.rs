@@ -48,7 +48,7 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::topology::Names;
 
-use support::{DEFAULT_LAYOUT, TENANT, Table, env_count, median, post, print_figure};
+use support::{DEFAULT_LAYOUT, TENANT, Table, env_count, median, post, print_figure, stat_cpu};
 
 const BENCH: &str = "whole_path";
 const ROWS_PER_REQUEST: usize = 1000;
@@ -58,9 +58,6 @@ const CLIENTS: usize = 4;
 const CLIENT_THREAD: &str = "bench-client";
 /// A run that takes longer than this is broken, not slow.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
-/// Clock ticks per second of the CPU times in `/proc` (USER_HZ, fixed at
-/// 100 by the Linux ABI).
-const USER_HZ: f64 = 100.0;
 /// What the issue asks (#35): the whole path at least this share of raw.
 const TARGET_RATIO: f64 = 0.7;
 
@@ -106,22 +103,6 @@ impl Cpu {
             per_row(now.server.saturating_sub(self.server)),
         )
     }
-}
-
-/// User plus system CPU time in a `/proc/…/stat` file (a process's, all its
-/// threads, or one thread's).
-fn stat_cpu(path: &str) -> Duration {
-    let stat = std::fs::read_to_string(path).unwrap_or_default();
-    let Some((_, after_name)) = stat.rsplit_once(')') else {
-        return Duration::ZERO;
-    };
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // utime and stime are the file's fields 14 and 15: the 12th and 13th here.
-    let ticks: u64 = fields
-        .get(11..=12)
-        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-        .unwrap_or(0);
-    Duration::from_secs_f64(ticks as f64 / USER_HZ)
 }
 
 /// CPU time of the bench's client threads (alive: a runtime's workers live

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
@@ -584,4 +584,24 @@ pub fn authored_plugin(lang: &str) -> PathBuf {
     );
     eprintln!("built {name} in {:.1} s", started.elapsed().as_secs_f64());
     wasm
+}
+
+/// Clock ticks per second of the CPU times in `/proc/<pid>/stat` (USER_HZ,
+/// fixed at 100 by the Linux ABI).
+const USER_HZ: f64 = 100.0;
+
+/// User plus system CPU time in a `/proc/…/stat` file (a process's, all its
+/// threads, or one thread's).
+pub fn stat_cpu(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are the file's fields 14 and 15: the 12th and 13th here.
+    let ticks: u64 = fields
+        .get(11..=12)
+        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    Duration::from_secs_f64(ticks as f64 / USER_HZ)
 }

@@ -326,8 +326,18 @@ impl TestArgs {
         });
         let mut runner = rows.runner(state).context("the plugin's pipeline")?;
         let lease = Lease::until(tokio::time::Instant::now() + TEST_LEASE);
-        let indexes = (0..lines.len()).collect();
-        let mut results = isolation::run(&mut runner, &rows, indexes, &lease).await?;
+        let indexes: Vec<usize> = (0..lines.len()).collect();
+        let mut results = Vec::with_capacity(indexes.len());
+        isolation::run(
+            &mut runner,
+            &rows,
+            &indexes,
+            &lease,
+            &mut |index, result| {
+                results.push((index, result));
+            },
+        )
+        .await?;
         results.sort_by_key(|(index, _)| *index);
         let mut failures = Vec::new();
         for (index, result) in results {

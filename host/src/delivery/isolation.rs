@@ -45,28 +45,36 @@ pub type RowResult = Result<Verdict, StepFailure>;
 pub struct Fenced;
 
 /// Runs the rows `indexes` through `runner`, isolating the rows whose call
-/// fails; each row's result, by index.
+/// fails; hands each row's result, with its index, to `settle` (no vector
+/// of results: a batch that goes through costs no allocation here).
 pub async fn run(
     runner: &mut PipelineRunner,
     rows: &impl Rows,
-    indexes: Vec<usize>,
+    indexes: &[usize],
     lease: &Lease,
-) -> Result<Vec<(usize, RowResult)>, Fenced> {
-    let mut results = Vec::with_capacity(indexes.len());
-    let mut parts = vec![indexes];
+    settle: &mut impl FnMut(usize, RowResult),
+) -> Result<(), Fenced> {
+    let Some(failure) = call(runner, rows, indexes, lease, settle).await? else {
+        return Ok(());
+    };
+    let mut failed = Some((indexes.to_vec(), failure));
+    let mut parts: Vec<Vec<usize>> = Vec::new();
     let mut isolating = false;
-    while let Some(part) = parts.pop() {
-        let packed = rows.pack(&part, runner.take_spare());
-        let failure = match runner.run(packed, lease).await {
-            Ok(verdicts) => {
-                results.extend(part.into_iter().zip(verdicts.into_iter().map(Ok)));
-                continue;
+    loop {
+        let (part, failure) = match failed.take() {
+            Some(failed) => failed,
+            None => {
+                let Some(part) = parts.pop() else {
+                    return Ok(());
+                };
+                match call(runner, rows, &part, lease, settle).await? {
+                    Some(failure) => (part, failure),
+                    None => continue,
+                }
             }
-            Err(RunError::Failed(failure)) => failure,
-            Err(RunError::Fenced) => return Err(Fenced),
         };
-        if part.len() == 1 {
-            results.push((part[0], Err(failure)));
+        if let [index] = part[..] {
+            settle(index, Err(failure));
             continue;
         }
         if !isolating {
@@ -76,14 +84,38 @@ pub async fn run(
         if failure.error.kind == FailureKind::Deadline && runner.is_stateful() {
             parts.extend(part.iter().rev().map(|&index| vec![index]));
         } else if failure.error.kind == FailureKind::Deadline {
-            results.extend(alone(rows, &part, lease).await?);
+            for (index, result) in alone(rows, &part, lease).await? {
+                settle(index, result);
+            }
         } else {
             let (left, right) = part.split_at(part.len() / 2);
             parts.push(right.to_vec());
             parts.push(left.to_vec());
         }
     }
-    Ok(results)
+}
+
+/// One call of the rows `part`: each row's verdict handed to `settle`, or
+/// the call's failure (nothing handed over).
+async fn call(
+    runner: &mut PipelineRunner,
+    rows: &impl Rows,
+    part: &[usize],
+    lease: &Lease,
+    settle: &mut impl FnMut(usize, RowResult),
+) -> Result<Option<StepFailure>, Fenced> {
+    let packed = rows.pack(part, runner.take_spare());
+    match runner.run(packed, lease).await {
+        Ok(mut verdicts) => {
+            for (&index, verdict) in part.iter().zip(verdicts.drain(..)) {
+                settle(index, Ok(verdict));
+            }
+            runner.keep_verdicts(verdicts);
+            Ok(None)
+        }
+        Err(RunError::Failed(failure)) => Ok(Some(failure)),
+        Err(RunError::Fenced) => Err(Fenced),
+    }
 }
 
 /// Rows run alone, concurrently: a row that runs into its deadline costs

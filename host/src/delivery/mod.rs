@@ -32,3 +32,12 @@ pub use dead_letter::{
 pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped, Verdict};
 pub use shadow::{QUEUE_BATCHES as SHADOW_QUEUE_BATCHES, Shadows};
 pub use worker::Workers;
+
+/// `vector` emptied, as a vector of `U`: a per-batch vector kept from one
+/// batch to the next although its elements borrow each batch (`T` and `U`
+/// differ only in a lifetime). Collecting a vector's own iterator into a
+/// vector of the same layout reuses its allocation.
+fn recycle<T, U>(mut vector: Vec<T>) -> Vec<U> {
+    vector.clear();
+    vector.into_iter().filter_map(|_| None::<U>).collect()
+}

@@ -691,6 +691,9 @@ pub struct PipelineRunner {
     calls: Option<Vec<CallRecord>>,
     /// The last batch run, its buffers kept for the next ([`Self::take_spare`]).
     spare: Option<Batch>,
+    /// The last run's vector of verdicts, given back ([`Self::keep_verdicts`])
+    /// to hold the next run's.
+    spare_verdicts: Vec<Verdict>,
 }
 
 impl PipelineRunner {
@@ -733,7 +736,17 @@ impl PipelineRunner {
             observer: None,
             calls: None,
             spare: None,
+            spare_verdicts: Vec::new(),
         })
+    }
+
+    /// Takes back a vector of verdicts [`Self::run`] returned, for the next
+    /// run: a batch then costs no allocation of its rows' size here.
+    pub fn keep_verdicts(&mut self, mut verdicts: Vec<Verdict>) {
+        verdicts.clear();
+        if verdicts.capacity() >= self.spare_verdicts.capacity() {
+            self.spare_verdicts = verdicts;
+        }
     }
 
     /// An empty batch for the next run: the last run's, its buffers kept.
@@ -871,7 +884,9 @@ impl PipelineRunner {
     }
 
     async fn run_once(&mut self, rows: Batch, lease: &Lease) -> Result<Vec<Verdict>, Attempt> {
-        let mut verdicts = vec![Verdict::Done; rows.len()];
+        let mut verdicts = std::mem::take(&mut self.spare_verdicts);
+        verdicts.clear();
+        verdicts.resize(rows.len(), Verdict::Done);
         // Each input row's request, if traced (only while recording).
         let traced: Vec<Option<Arc<str>>> = match self.calls {
             Some(_) => (0..rows.len())

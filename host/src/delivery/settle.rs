@@ -133,7 +133,20 @@ impl<P: Named> SettlementPlan<P> {
     /// Plans a batch from its verdicts and deliveries (one each per row):
     /// a retry of a row delivered `max_deliveries` times becomes a dead
     /// letter naming the same plugin. Takes every row into `order`.
+    #[cfg(test)]
     pub fn new<V: Into<Fate<P>>>(
+        verdicts: impl IntoIterator<Item = V>,
+        deliveries: &[Delivery],
+        max_deliveries: u32,
+        order: &mut OrderWatch,
+    ) -> SettlementPlan<P> {
+        SettlementPlan::new_in(Vec::new(), verdicts, deliveries, max_deliveries, order)
+    }
+
+    /// [`Self::new`], its fates kept in `rows` (emptied first): the last
+    /// batch's vector, reused.
+    pub fn new_in<V: Into<Fate<P>>>(
+        mut rows: Vec<Fate<P>>,
         verdicts: impl IntoIterator<Item = V>,
         deliveries: &[Delivery],
         max_deliveries: u32,
@@ -151,11 +164,15 @@ impl<P: Named> SettlementPlan<P> {
                     .get_or_insert((sequence, delivery.delivered, highest));
             }
         }
-        let rows = verdicts
-            .into_iter()
-            .zip(deliveries)
-            .map(|(verdict, delivery)| give_up(verdict.into(), delivery.delivered, max_deliveries))
-            .collect();
+        rows.clear();
+        rows.extend(
+            verdicts
+                .into_iter()
+                .zip(deliveries)
+                .map(|(verdict, delivery)| {
+                    give_up(verdict.into(), delivery.delivered, max_deliveries)
+                }),
+        );
         SettlementPlan { rows, late }
     }
 
@@ -177,38 +194,48 @@ impl<P: Named> SettlementPlan<P> {
     /// `stored` says of each of [`Self::letters`], in order, whether it was
     /// stored. A row whose letter was not (or of which nothing is said) is
     /// retried after `failure_delay`.
+    #[cfg(test)]
     pub fn answers(&self, stored: &[bool], failure_delay: Duration) -> Vec<Answer<'_>> {
+        let mut answers = Vec::with_capacity(self.rows.len());
+        self.answers_into(stored, failure_delay, &mut answers);
+        answers
+    }
+
+    /// [`Self::answers`], appended to `answers` (a reused vector).
+    pub fn answers_into<'a>(
+        &'a self,
+        stored: &[bool],
+        failure_delay: Duration,
+        answers: &mut Vec<Answer<'a>>,
+    ) {
         let mut stored = stored.iter();
-        self.rows
-            .iter()
-            .map(|fate| match fate {
-                Fate::Ack => Answer::Delivered,
-                Fate::Dropped => Answer::Dropped,
-                Fate::Retry {
-                    delay,
-                    plugin,
-                    reason,
-                } => Answer::Retried {
-                    delay: *delay,
+        answers.extend(self.rows.iter().map(|fate| match fate {
+            Fate::Ack => Answer::Delivered,
+            Fate::Dropped => Answer::Dropped,
+            Fate::Retry {
+                delay,
+                plugin,
+                reason,
+            } => Answer::Retried {
+                delay: *delay,
+                plugin: plugin.as_ref().map(Named::name),
+                reason,
+            },
+            Fate::DeadLetter {
+                plugin,
+                reason,
+                cause,
+            } => match stored.next() {
+                Some(true) => Answer::DeadLettered {
                     plugin: plugin.as_ref().map(Named::name),
                     reason,
+                    cause: *cause,
                 },
-                Fate::DeadLetter {
-                    plugin,
-                    reason,
-                    cause,
-                } => match stored.next() {
-                    Some(true) => Answer::DeadLettered {
-                        plugin: plugin.as_ref().map(Named::name),
-                        reason,
-                        cause: *cause,
-                    },
-                    _ => Answer::Unlettered {
-                        delay: failure_delay,
-                    },
+                _ => Answer::Unlettered {
+                    delay: failure_delay,
                 },
-            })
-            .collect()
+            },
+        }));
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, AckKind};
@@ -17,10 +18,12 @@ use crate::config::DeliveryConfig;
 use crate::coordination::Lease;
 use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
 use crate::delivery::pipeline::Verdict;
+use crate::delivery::recycle;
 use crate::delivery::settle::{
     Answer, Delivery, Fate, Fence, Fenced, Late, Named, OrderWatch, Reply, SettlementPlan,
 };
 use crate::nats::ack::{self, AckInfo};
+use crate::sandbox::Plugin;
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::Names;
 
@@ -57,6 +60,18 @@ pub(super) struct Settler {
     pub(super) redact: Vec<String>,
     /// Rows answered as delivered since the worker last took the count.
     pub(super) delivered: u64,
+    /// The last batch's per-row vectors, kept for the next.
+    spare: SettleSpare,
+}
+
+/// A settlement's per-row vectors, empty between batches (their elements
+/// borrow a batch's messages and plan).
+#[derive(Default)]
+struct SettleSpare {
+    infos: Vec<Option<AckInfo<'static>>>,
+    deliveries: Vec<Delivery>,
+    fates: Vec<Fate<Arc<Plugin>>>,
+    answers: Vec<Answer<'static>>,
 }
 
 impl Settler {
@@ -81,6 +96,7 @@ impl Settler {
             order: OrderWatch::default(),
             redact: Vec::new(),
             delivered: 0,
+            spare: SettleSpare::default(),
         }
     }
 
@@ -91,31 +107,35 @@ impl Settler {
     pub(super) async fn settle(
         &mut self,
         batch: &[Message],
-        verdicts: Vec<Verdict>,
+        verdicts: &mut Vec<Verdict>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
         if !lease.held() {
             return Err(Fenced);
         }
+        // Each per-row vector is the last batch's, reused.
+        let spare = std::mem::take(&mut self.spare);
         // One read of each row's ack subject: its deliveries, and its order.
-        let infos: Vec<Option<AckInfo<'_>>> = batch.iter().map(ack::info).collect();
-        let deliveries: Vec<Delivery> = infos
-            .iter()
-            .map(|info| Delivery {
-                sequence: info.as_ref().map(|info| info.stream_sequence),
-                delivered: info.as_ref().map_or(1, |info| info.delivered),
-            })
-            .collect();
-        let plan = SettlementPlan::new(
-            verdicts.into_iter().map(Fate::from),
+        let mut infos: Vec<Option<AckInfo<'_>>> = recycle(spare.infos);
+        infos.extend(batch.iter().map(ack::info));
+        let mut deliveries = spare.deliveries;
+        deliveries.clear();
+        deliveries.extend(infos.iter().map(|info| Delivery {
+            sequence: info.as_ref().map(|info| info.stream_sequence),
+            delivered: info.as_ref().map_or(1, |info| info.delivered),
+        }));
+        let plan = SettlementPlan::new_in(
+            spare.fates,
+            verdicts.drain(..).map(Fate::from),
             &deliveries,
             self.settings.max_deliveries,
             &mut self.order,
         );
         self.count_late(&plan.late);
         let stored = self.store_letters(&plan, batch, &infos, &deliveries).await;
-        let answers = plan.answers(&stored, self.settings.failure_delay);
-        let answered = self.answer_all(batch, &infos, answers, lease).await;
+        let mut answers = recycle(spare.answers);
+        plan.answers_into(&stored, self.settings.failure_delay, &mut answers);
+        let answered = self.answer_all(batch, &infos, &mut answers, lease).await;
         // The server says with every delivery how many rows are left after
         // it: the unit's backlog, without asking for the consumer's info.
         if let Some(Some(info)) = infos.last() {
@@ -125,6 +145,12 @@ impl Settler {
                 .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
         }
         self.summary.flush(&self.unit_labels.unit, false);
+        self.spare = SettleSpare {
+            answers: recycle(answers),
+            infos: recycle(infos),
+            deliveries,
+            fates: recycle(plan.rows),
+        };
         answered
     }
 
@@ -195,10 +221,11 @@ impl Settler {
         &mut self,
         batch: &[Message],
         infos: &[Option<AckInfo<'_>>],
-        answers: Vec<Answer<'_>>,
+        answers: &mut Vec<Answer<'_>>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
         let mut last_acked = None;
+        let answers = answers.drain(..);
         let mut rows = Fence::new(batch.iter().zip(infos).zip(answers), || lease.held());
         for ((message, info), answer) in rows.by_ref() {
             let acked = answer.acks();

@@ -30,6 +30,7 @@ use crate::delivery::batch::{Batch, Position};
 use crate::delivery::isolation;
 use crate::delivery::pipeline::{CallRecord, PipelineRunner, StepFailure, Verdict};
 use crate::delivery::pull::{PullSize, Puller};
+use crate::delivery::recycle;
 use crate::delivery::settle::Fenced;
 use crate::delivery::settler::{Settler, confirm_acks};
 use crate::delivery::shadow::Shadows;
@@ -113,6 +114,8 @@ pub struct UnitWorker {
     behind: Behind,
     /// A `deliver` span per traced request of each batch.
     traces: Traces,
+    /// The per-row vectors of a batch, kept for the next.
+    scratch: Scratch,
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
@@ -182,6 +185,7 @@ impl UnitWorker {
             publisher,
             settled: None,
             shadows,
+            scratch: Scratch::default(),
         }
     }
 
@@ -370,6 +374,7 @@ impl UnitWorker {
                 .flatten()
                 .for_each(PipelineRunner::record_calls);
         }
+        let mut verdicts = std::mem::take(&mut self.scratch.verdicts);
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -381,10 +386,14 @@ impl UnitWorker {
                 unit: self.unit,
                 publisher: &self.publisher,
             },
+            Rowwise {
+                verdicts: &mut verdicts,
+                scratch: &mut self.scratch,
+            },
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
-        let verdicts = keep_alive(batch, client, puller, ack_wait, lease, work).await;
+        let ran = keep_alive(batch, client, puller, ack_wait, lease, work).await;
         // Taken whatever the outcome: a later batch's spans show only its own.
         let calls: Vec<CallRecord> = self
             .runners
@@ -392,13 +401,17 @@ impl UnitWorker {
             .flatten()
             .flat_map(PipelineRunner::take_calls)
             .collect();
-        let verdicts = verdicts?;
+        if let Err(fenced) = ran {
+            self.scratch.verdicts = verdicts;
+            return Err(fenced);
+        }
         self.settler.record_acked = stateful;
         let traced = self
             .traces
             .enabled()
             .then(|| traced::traced_requests(batch, &verdicts));
-        let settled = self.settler.settle(batch, verdicts, lease).await;
+        let settled = self.settler.settle(batch, &mut verdicts, lease).await;
+        self.scratch.verdicts = verdicts;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
             traced::record(&self.traces, unit, began.elapsed(), traced, &calls);
@@ -534,10 +547,12 @@ struct Destinations<'a> {
     publisher: &'a Publisher,
 }
 
-/// Runs each pipeline's rows of a batch. When a plugin call fails, the
-/// failing rows are found (`delivery::isolation`) and retried alone (with
-/// backoff; past `max_deliveries` dead-lettered with the failure as their
-/// reason) while the others are delivered.
+/// Runs each pipeline's rows of a batch into `rowwise.verdicts` (one per
+/// row). When a plugin call fails, the failing rows are found
+/// (`delivery::isolation`) and retried alone (with backoff; past
+/// `max_deliveries` dead-lettered with the failure as their reason) while
+/// the others are delivered.
+#[allow(clippy::too_many_arguments)]
 async fn run_pipelines(
     runners: &mut [Option<PipelineRunner>],
     pipelines: &Generation,
@@ -546,23 +561,35 @@ async fn run_pipelines(
     batch: &[Message],
     lease: &Lease,
     destinations: Destinations<'_>,
-) -> Result<Vec<Verdict>, Fenced> {
+    rowwise: Rowwise<'_>,
+) -> Result<(), Fenced> {
     let unit = router.unit_consumer(destinations.unit);
     let publisher = destinations.publisher;
-    let mut verdicts: Vec<Verdict> = vec![Verdict::Done; batch.len()];
-    let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(batch.len());
-    // Batch indexes by pipeline, in batch order.
-    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    let Rowwise { verdicts, scratch } = rowwise;
+    verdicts.clear();
+    verdicts.resize(batch.len(), Verdict::Done);
+    let mut decoded: Vec<Option<Decoded>> = recycle(std::mem::take(&mut scratch.decoded));
+    decoded.reserve(batch.len());
+    // Batch indexes by pipeline, in batch order; the first `used` groups
+    // are this batch's (the others' vectors wait, empty, for a later one).
+    let groups = &mut scratch.groups;
+    let mut used = 0;
     for (index, message) in batch.iter().enumerate() {
         match decode(router, pipelines, destinations.unit, message) {
             Ok(row) => {
-                match groups.iter_mut().find(|(p, _)| *p == row.pipeline) {
+                match groups[..used].iter_mut().find(|(p, _)| *p == row.pipeline) {
                     Some((_, indexes)) => indexes.push(index),
                     None => {
+                        if used == groups.len() {
+                            groups.push((row.pipeline, Vec::new()));
+                        }
+                        let (pipeline, indexes) = &mut groups[used];
+                        *pipeline = row.pipeline;
+                        indexes.clear();
                         // Most batches are one pipeline's: sized once.
-                        let mut indexes = Vec::with_capacity(batch.len() - index);
+                        indexes.reserve(batch.len() - index);
                         indexes.push(index);
-                        groups.push((row.pipeline, indexes));
+                        used += 1;
                     }
                 }
                 decoded.push(Some(row));
@@ -576,7 +603,9 @@ async fn run_pipelines(
             }
         }
     }
-    for (pipeline, indexes) in groups {
+    let mut ran = Ok(());
+    for (pipeline, indexes) in &groups[..used] {
+        let pipeline = *pipeline;
         let Some(Some(runner)) = runners.get_mut(pipeline) else {
             continue;
         };
@@ -594,10 +623,9 @@ async fn run_pipelines(
             publisher,
         };
         let canaried = pipelines.variant_canaries(pipeline);
-        async {
-            let isolated = isolation::run(runner, &rows, indexes, lease).await;
+        ran = async {
             let mut tallies = vec![Tally::default(); canaried.len()];
-            for (index, result) in isolated.map_err(|_| Fenced)? {
+            isolation::run(runner, &rows, indexes, lease, &mut |index, result| {
                 verdicts[index] = match result {
                     Ok(verdict) => {
                         tally_verdict(&canaried, &mut tallies, &verdict);
@@ -608,7 +636,9 @@ async fn run_pipelines(
                         failed_row(settings, &batch[index], failure)
                     }
                 };
-            }
+            })
+            .await
+            .map_err(|_| Fenced)?;
             for ((name, candidate), tally) in canaried.iter().zip(&tallies) {
                 if let (Some(canary), Some(plugin)) =
                     (pipelines.canary(name), pipelines.plugin_in(pipeline, name))
@@ -620,9 +650,31 @@ async fn run_pipelines(
             Ok(())
         }
         .instrument(span)
-        .await?;
+        .await;
+        if ran.is_err() {
+            break;
+        }
     }
-    Ok(verdicts)
+    scratch.decoded = recycle(decoded);
+    ran
+}
+
+/// What a batch's rows are worked out in: a verdict per row, and the
+/// worker's [`Scratch`].
+struct Rowwise<'a> {
+    verdicts: &'a mut Vec<Verdict>,
+    scratch: &'a mut Scratch,
+}
+
+/// A batch's per-row vectors, kept by a worker from one batch to the next
+/// so that a batch allocates none of its rows' size (the delivery bench's
+/// allocated bytes per row).
+#[derive(Default)]
+struct Scratch {
+    verdicts: Vec<Verdict>,
+    /// Empty between batches: its rows borrow a batch's messages.
+    decoded: Vec<Option<Decoded<'static>>>,
+    groups: Vec<(usize, Vec<usize>)>,
 }
 
 /// Counts a row's verdict for each canaried plugin of its variant: a row
