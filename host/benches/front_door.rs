@@ -30,7 +30,7 @@
 //!    `ratio_retry_to_fresh` (each retry's rows all counted).
 //! 4. The NATS door beside the HTTP door: the same bodies sent as NATS
 //!    requests to `weir.ingest.acme.events` by `CLIENTS` requesters back to
-//!    back, each on a connection of its own as each HTTP client has (rows/s,
+//!    back, in rounds alternating with the HTTP run (medians), each on a connection of its own as each HTTP client has (rows/s,
 //!    its ratio to HTTP and to raw publish; a request's mean time at the
 //!    client and in the door, from `weir_ingest_request_duration_seconds`,
 //!    for both doors: the difference is the way there and back), and
@@ -41,7 +41,8 @@
 //! as in production. Every request must be answered 202 and the host must
 //! count every row accepted, or the bench fails: a fast wrong answer is not
 //! a result. `cargo bench -p weir --bench front_door`; `WEIR_BENCH_ROWS`
-//! (default 200000) sets the throughput run's size.
+//! (default 200000) sets the throughput run's size, `WEIR_BENCH_ROUNDS`
+//! (default 3) how many rounds of each door alternate.
 
 #[allow(dead_code)] // each bench uses part of the helpers
 mod support;
@@ -55,7 +56,9 @@ use weir::config::{Config, Overrides};
 use weir::host::RunningHost;
 use weir::topology::Names;
 
-use support::{TENANT, Table, env_count, post, print_figure, publish_pipelined, wait_claimed};
+use support::{
+    TENANT, Table, env_count, median, post, print_figure, publish_pipelined, wait_claimed,
+};
 
 const BENCH: &str = "front_door";
 const ROWS_PER_REQUEST: usize = 1000;
@@ -74,14 +77,15 @@ fn main() {
     support::install_tls_provider();
     let rows = env_count("WEIR_BENCH_ROWS", 200_000);
     let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
+    let rounds = env_count("WEIR_BENCH_ROUNDS", 3).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(run(rows, Duration::from_secs(seconds)));
+    runtime.block_on(run(rows, rounds, Duration::from_secs(seconds)));
 }
 
-async fn run(rows: usize, latency_window: Duration) {
+async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = support::start_nats(&dir.path().join("nats")).await;
     let client = async_nats::connect(server.url())
@@ -151,27 +155,9 @@ async fn run(rows: usize, latency_window: Duration) {
     let http = reqwest::Client::new();
 
     let metrics_url = format!("http://{}/metrics", host.http_addr());
-    // Throughput: clients take the next body until none is left.
-    let http_before = door_seconds(&http, &metrics_url, "http").await;
-    let took = run_clients(bodies.clone(), {
-        let (http, url) = (http.clone(), url.clone());
-        move |_, _, body| {
-            let (http, url) = (http.clone(), url.clone());
-            async move { post(&http, &url, body).await }
-        }
-    })
-    .await;
-    let weir_rows_per_sec = rows as f64 / took.as_secs_f64();
-    let http_in_door = door_seconds(&http, &metrics_url, "http").await - http_before;
-    let http_client_ms = took.as_secs_f64() * 1000.0 * CLIENTS as f64 / bodies.len() as f64;
-    let accepted = host.status().rows().accepted;
-    assert_eq!(accepted, rows as u64, "the host accepted every row sent");
-    wait_delivered(&host, 2 * rows as u64).await;
-
-    // The NATS door, the same bodies back to back.
+    // The NATS door's requesters: one connection each, as each HTTP client
+    // has its own.
     let subject = async_nats::Subject::from(router.ingest_subject(TENANT, TABLE));
-    let nats_before = door_seconds(&http, &metrics_url, "nats").await;
-    // One connection per requester, as each HTTP client has its own.
     let mut requesters = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         requesters.push(
@@ -181,27 +167,96 @@ async fn run(rows: usize, latency_window: Duration) {
         );
     }
     let requesters = Arc::new(requesters);
-    let took = run_clients(bodies.clone(), {
-        let (requesters, subject) = (requesters.clone(), subject.clone());
-        move |requester, _, body| {
-            let (client, subject) = (requesters[requester].clone(), subject.clone());
-            async move { request(&client, subject, body).await }
-        }
-    })
-    .await;
-    let nats_rows_per_sec = rows as f64 / took.as_secs_f64();
-    let nats_in_door = door_seconds(&http, &metrics_url, "nats").await - nats_before;
-    let nats_client_ms = took.as_secs_f64() * 1000.0 * CLIENTS as f64 / bodies.len() as f64;
-    let http_door_ms = http_in_door * 1000.0 / bodies.len() as f64;
-    let nats_door_ms = nats_in_door * 1000.0 / bodies.len() as f64;
-    assert_eq!(
-        host.status().rows().accepted,
-        2 * rows as u64,
-        "the host accepted every row sent over NATS"
+    // Throughput: clients take the next body until none is left, through
+    // each door in turn, `rounds` times, so that noise on the shared
+    // machine hits both doors alike; medians are reported.
+    let (mut http_rounds, mut nats_rounds) = (Vec::new(), Vec::new());
+    let mut sent = 0u64;
+    let server_cpu = || support::stat_cpu(&format!("/proc/{}/stat", server.pid()));
+    for _ in 0..rounds {
+        let (before, cpu_before) = (
+            door_seconds(&http, &metrics_url, "http").await,
+            server_cpu(),
+        );
+        let took = run_clients(bodies.clone(), {
+            let (http, url) = (http.clone(), url.clone());
+            move |_, _, body| {
+                let (http, url) = (http.clone(), url.clone());
+                async move { post(&http, &url, body).await }
+            }
+        })
+        .await;
+        let in_door = door_seconds(&http, &metrics_url, "http").await - before;
+        let server = server_cpu().saturating_sub(cpu_before);
+        http_rounds.push(DoorRound::new(rows, bodies.len(), took, in_door, server));
+        sent += rows as u64;
+        assert_eq!(
+            host.status().rows().accepted,
+            sent,
+            "the host accepted every row sent"
+        );
+        wait_delivered(&host, rows as u64 + sent).await;
+
+        let (before, cpu_before) = (
+            door_seconds(&http, &metrics_url, "nats").await,
+            server_cpu(),
+        );
+        let took = run_clients(bodies.clone(), {
+            let (requesters, subject) = (requesters.clone(), subject.clone());
+            move |requester, _, body| {
+                let (client, subject) = (requesters[requester].clone(), subject.clone());
+                async move { request(&client, subject, body).await }
+            }
+        })
+        .await;
+        let in_door = door_seconds(&http, &metrics_url, "nats").await - before;
+        let server = server_cpu().saturating_sub(cpu_before);
+        nats_rounds.push(DoorRound::new(rows, bodies.len(), took, in_door, server));
+        sent += rows as u64;
+        assert_eq!(
+            host.status().rows().accepted,
+            sent,
+            "the host accepted every row sent over NATS"
+        );
+        // A round's rows delivered before the next: their backlog would
+        // slow it, and their acks would count in the latency run's histogram.
+        wait_delivered(&host, rows as u64 + sent).await;
+    }
+    let weir_rows_per_sec = median(
+        &http_rounds
+            .iter()
+            .map(|r| r.rows_per_sec)
+            .collect::<Vec<_>>(),
     );
-    // The throughput runs' rows delivered first: their acks would count in
-    // the latency run's histogram, and their backlog would slow it.
-    wait_delivered(&host, 3 * rows as u64).await;
+    let nats_rows_per_sec = median(
+        &nats_rounds
+            .iter()
+            .map(|r| r.rows_per_sec)
+            .collect::<Vec<_>>(),
+    );
+    let nats_to_http = median(
+        &http_rounds
+            .iter()
+            .zip(&nats_rounds)
+            .map(|(http, nats)| nats.rows_per_sec / http.rows_per_sec)
+            .collect::<Vec<_>>(),
+    );
+    let http_client_ms = median(&http_rounds.iter().map(|r| r.client_ms).collect::<Vec<_>>());
+    let http_door_ms = median(&http_rounds.iter().map(|r| r.door_ms).collect::<Vec<_>>());
+    let nats_client_ms = median(&nats_rounds.iter().map(|r| r.client_ms).collect::<Vec<_>>());
+    let nats_door_ms = median(&nats_rounds.iter().map(|r| r.door_ms).collect::<Vec<_>>());
+    let http_server_us = median(
+        &http_rounds
+            .iter()
+            .map(|r| r.server_us_per_row)
+            .collect::<Vec<_>>(),
+    );
+    let nats_server_us = median(
+        &nats_rounds
+            .iter()
+            .map(|r| r.server_us_per_row)
+            .collect::<Vec<_>>(),
+    );
     let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.
@@ -216,7 +271,7 @@ async fn run(rows: usize, latency_window: Duration) {
     .await;
     let index = latencies.len();
     let (p50, p99) = (percentile(&latencies, 0.50), percentile(&latencies, 0.99));
-    let expected = (2 * rows + index * ROWS_PER_REQUEST) as u64;
+    let expected = sent + (index * ROWS_PER_REQUEST) as u64;
     assert_eq!(
         host.status().rows().accepted,
         expected,
@@ -293,11 +348,7 @@ async fn run(rows: usize, latency_window: Duration) {
     print_figure(BENCH, "accept_to_ack_p50_ms", ack_p50);
     print_figure(BENCH, "accept_to_ack_p99_ms", ack_p99);
     print_figure(BENCH, "nats_door_rows_per_sec", nats_rows_per_sec);
-    print_figure(
-        BENCH,
-        "ratio_nats_door_to_http",
-        nats_rows_per_sec / weir_rows_per_sec,
-    );
+    print_figure(BENCH, "ratio_nats_door_to_http", nats_to_http);
     print_figure(
         BENCH,
         "ratio_nats_door_to_raw_publish",
@@ -307,6 +358,8 @@ async fn run(rows: usize, latency_window: Duration) {
     print_figure(BENCH, "http_request_in_door_ms", http_door_ms);
     print_figure(BENCH, "nats_request_ms", nats_client_ms);
     print_figure(BENCH, "nats_request_in_door_ms", nats_door_ms);
+    print_figure(BENCH, "http_server_cpu_us_per_row", http_server_us);
+    print_figure(BENCH, "nats_server_cpu_us_per_row", nats_server_us);
     print_figure(BENCH, "nats_door_latency_p50_ms", nats_p50);
     print_figure(BENCH, "nats_door_latency_p99_ms", nats_p99);
     print_figure(BENCH, "weir_new_keys_rows_per_sec", new_keys_rows_per_sec);
@@ -357,8 +410,7 @@ async fn run(rows: usize, latency_window: Duration) {
     table.push(vec![
         format!("NATS door, {CLIENTS} requesters × {ROWS_PER_REQUEST}-row requests"),
         format!(
-            "{nats_rows_per_sec:.0} rows/s ({:.2}× HTTP, {:.2}× raw)",
-            nats_rows_per_sec / weir_rows_per_sec,
+            "{nats_rows_per_sec:.0} rows/s ({nats_to_http:.2}× HTTP, {:.2}× raw)",
             nats_rows_per_sec / raw_rows_per_sec
         ),
         "≥ 1.0× HTTP".into(),
@@ -367,6 +419,11 @@ async fn run(rows: usize, latency_window: Duration) {
         "one request in the throughput runs: at the client (in the door)".into(),
         format!("NATS {nats_client_ms:.1} ms ({nats_door_ms:.1} ms)"),
         format!("HTTP {http_client_ms:.1} ms ({http_door_ms:.1} ms)"),
+    ]);
+    table.push(vec![
+        "nats-server CPU per row in the throughput runs".into(),
+        format!("NATS {nats_server_us:.2} µs"),
+        format!("HTTP {http_server_us:.2} µs"),
     ]);
     table.push(vec![
         format!(
@@ -547,6 +604,34 @@ async fn post_keyed_all(
         }
     })
     .await
+}
+
+/// One door's throughput round.
+struct DoorRound {
+    rows_per_sec: f64,
+    /// A request's mean time at the client, and in the door.
+    client_ms: f64,
+    door_ms: f64,
+    /// nats-server's CPU per row over the round (storing, and delivering
+    /// what the host delivers meanwhile, for both doors alike).
+    server_us_per_row: f64,
+}
+
+impl DoorRound {
+    fn new(
+        rows: usize,
+        requests: usize,
+        took: Duration,
+        in_door_seconds: f64,
+        server_cpu: Duration,
+    ) -> DoorRound {
+        DoorRound {
+            rows_per_sec: rows as f64 / took.as_secs_f64(),
+            client_ms: took.as_secs_f64() * 1000.0 * CLIENTS as f64 / requests as f64,
+            door_ms: in_door_seconds * 1000.0 / requests as f64,
+            server_us_per_row: server_cpu.as_secs_f64() * 1e6 / rows as f64,
+        }
+    }
 }
 
 /// `CLIENTS` clients, each taking the next of `bodies` (with the client's
