@@ -37,7 +37,7 @@ use weir::nats::EmbeddedNats;
 use weir::topology::{Manifest, Names, Unit};
 
 use support::{
-    ALLOC_CLASSES, CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median,
+    ALLOC_CLASSES, CountingAllocator, DEFAULT_LAYOUT, TENANT, Table, env_count, median, median_of,
     print_figure, publish_pipelined, subjects, tables_covering,
 };
 
@@ -461,9 +461,6 @@ fn report(
     weir_default: &[Measured],
     weir_many: &[Measured],
 ) {
-    let median_of = |runs: &[Measured], figure: fn(&Measured) -> f64| {
-        median(&runs.iter().map(figure).collect::<Vec<_>>())
-    };
     let delivered = |runs: &[Measured]| median_of(runs, |m| m.deliver_rows_per_sec);
     let published = |runs: &[Measured]| median_of(runs, |m| m.publish_rows_per_sec);
     let client_cpu = |runs: &[Measured]| median_of(runs, |m| m.client_cpu_us_per_row);
@@ -518,40 +515,29 @@ fn report(
             alloc_bytes(runs),
         );
     }
-    // The host's allocated bytes against the raw consumer's, round by round.
-    let bytes_over_limit = |runs: &[Measured]| {
+    // The host's allocated bytes against a raw consumer's, round by round:
+    // the plain one, and one pinned as weir's are (what weir adds besides
+    // the pin header the server stamps on every row).
+    let bytes_over = |runs: &[Measured], reference: &[Measured]| {
         median(
             &runs
                 .iter()
-                .zip(limit)
+                .zip(reference)
                 .map(|(weir, raw)| weir.alloc_bytes_per_row / raw.alloc_bytes_per_row.max(1.0))
                 .collect::<Vec<_>>(),
         )
     };
-    print_figure(
-        BENCH,
-        "weir_alloc_bytes_over_limit",
-        bytes_over_limit(weir_one),
-    );
-    print_figure(
-        BENCH,
-        "weir_default_alloc_bytes_over_limit",
-        bytes_over_limit(weir_default),
-    );
-    // Against a raw consumer pinned as weir's are: what weir adds besides
-    // the pin header the server stamps on every row.
-    let bytes_over_pinned = median(
-        &weir_one
-            .iter()
-            .zip(limit_pinned)
-            .map(|(weir, raw)| weir.alloc_bytes_per_row / raw.alloc_bytes_per_row.max(1.0))
-            .collect::<Vec<_>>(),
-    );
-    print_figure(
-        BENCH,
-        "weir_alloc_bytes_over_pinned_limit",
-        bytes_over_pinned,
-    );
+    let bytes_over_pinned = bytes_over(weir_one, limit_pinned);
+    for (figure, value) in [
+        ("weir_alloc_bytes_over_limit", bytes_over(weir_one, limit)),
+        (
+            "weir_default_alloc_bytes_over_limit",
+            bytes_over(weir_default, limit),
+        ),
+        ("weir_alloc_bytes_over_pinned_limit", bytes_over_pinned),
+    ] {
+        print_figure(BENCH, figure, value);
+    }
 
     println!();
     println!(

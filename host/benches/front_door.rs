@@ -57,7 +57,8 @@ use weir::host::RunningHost;
 use weir::topology::Names;
 
 use support::{
-    TENANT, Table, env_count, median, post, print_figure, publish_pipelined, wait_claimed,
+    TENANT, Table, env_count, median, median_of, post, print_figure, publish_pipelined,
+    wait_claimed,
 };
 
 const BENCH: &str = "front_door";
@@ -174,66 +175,48 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     let mut sent = 0u64;
     let server_cpu = || support::stat_cpu(&format!("/proc/{}/stat", server.pid()));
     for _ in 0..rounds {
-        let (before, cpu_before) = (
-            door_seconds(&http, &metrics_url, "http").await,
-            server_cpu(),
-        );
-        let took = run_clients(bodies.clone(), {
-            let (http, url) = (http.clone(), url.clone());
-            move |_, _, body| {
-                let (http, url) = (http.clone(), url.clone());
-                async move { post(&http, &url, body).await }
+        for door in ["http", "nats"] {
+            let (before, cpu_before) =
+                (door_seconds(&http, &metrics_url, door).await, server_cpu());
+            let took = if door == "http" {
+                run_clients(bodies.clone(), {
+                    let (http, url) = (http.clone(), url.clone());
+                    move |_, _, body| {
+                        let (http, url) = (http.clone(), url.clone());
+                        async move { post(&http, &url, body).await }
+                    }
+                })
+                .await
+            } else {
+                run_clients(bodies.clone(), {
+                    let (requesters, subject) = (requesters.clone(), subject.clone());
+                    move |requester, _, body| {
+                        let (client, subject) = (requesters[requester].clone(), subject.clone());
+                        async move { request(&client, subject, body).await }
+                    }
+                })
+                .await
+            };
+            let in_door = door_seconds(&http, &metrics_url, door).await - before;
+            let server = server_cpu().saturating_sub(cpu_before);
+            let round = DoorRound::new(rows, bodies.len(), took, in_door, server);
+            match door {
+                "http" => http_rounds.push(round),
+                _ => nats_rounds.push(round),
             }
-        })
-        .await;
-        let in_door = door_seconds(&http, &metrics_url, "http").await - before;
-        let server = server_cpu().saturating_sub(cpu_before);
-        http_rounds.push(DoorRound::new(rows, bodies.len(), took, in_door, server));
-        sent += rows as u64;
-        assert_eq!(
-            host.status().rows().accepted,
-            sent,
-            "the host accepted every row sent"
-        );
-        wait_delivered(&host, rows as u64 + sent).await;
-
-        let (before, cpu_before) = (
-            door_seconds(&http, &metrics_url, "nats").await,
-            server_cpu(),
-        );
-        let took = run_clients(bodies.clone(), {
-            let (requesters, subject) = (requesters.clone(), subject.clone());
-            move |requester, _, body| {
-                let (client, subject) = (requesters[requester].clone(), subject.clone());
-                async move { request(&client, subject, body).await }
-            }
-        })
-        .await;
-        let in_door = door_seconds(&http, &metrics_url, "nats").await - before;
-        let server = server_cpu().saturating_sub(cpu_before);
-        nats_rounds.push(DoorRound::new(rows, bodies.len(), took, in_door, server));
-        sent += rows as u64;
-        assert_eq!(
-            host.status().rows().accepted,
-            sent,
-            "the host accepted every row sent over NATS"
-        );
-        // A round's rows delivered before the next: their backlog would
-        // slow it, and their acks would count in the latency run's histogram.
-        wait_delivered(&host, rows as u64 + sent).await;
+            sent += rows as u64;
+            assert_eq!(
+                host.status().rows().accepted,
+                sent,
+                "the host accepted every row sent through the {door} door"
+            );
+            // A round's rows delivered before the next: their backlog would
+            // slow it, and their acks would count in the latency run's histogram.
+            wait_delivered(&host, rows as u64 + sent).await;
+        }
     }
-    let weir_rows_per_sec = median(
-        &http_rounds
-            .iter()
-            .map(|r| r.rows_per_sec)
-            .collect::<Vec<_>>(),
-    );
-    let nats_rows_per_sec = median(
-        &nats_rounds
-            .iter()
-            .map(|r| r.rows_per_sec)
-            .collect::<Vec<_>>(),
-    );
+    let weir_rows_per_sec = median_of(&http_rounds, |r| r.rows_per_sec);
+    let nats_rows_per_sec = median_of(&nats_rounds, |r| r.rows_per_sec);
     let nats_to_http = median(
         &http_rounds
             .iter()
@@ -241,22 +224,12 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
             .map(|(http, nats)| nats.rows_per_sec / http.rows_per_sec)
             .collect::<Vec<_>>(),
     );
-    let http_client_ms = median(&http_rounds.iter().map(|r| r.client_ms).collect::<Vec<_>>());
-    let http_door_ms = median(&http_rounds.iter().map(|r| r.door_ms).collect::<Vec<_>>());
-    let nats_client_ms = median(&nats_rounds.iter().map(|r| r.client_ms).collect::<Vec<_>>());
-    let nats_door_ms = median(&nats_rounds.iter().map(|r| r.door_ms).collect::<Vec<_>>());
-    let http_server_us = median(
-        &http_rounds
-            .iter()
-            .map(|r| r.server_us_per_row)
-            .collect::<Vec<_>>(),
-    );
-    let nats_server_us = median(
-        &nats_rounds
-            .iter()
-            .map(|r| r.server_us_per_row)
-            .collect::<Vec<_>>(),
-    );
+    let http_client_ms = median_of(&http_rounds, |r| r.client_ms);
+    let http_door_ms = median_of(&http_rounds, |r| r.door_ms);
+    let nats_client_ms = median_of(&nats_rounds, |r| r.client_ms);
+    let nats_door_ms = median_of(&nats_rounds, |r| r.door_ms);
+    let http_server_us = median_of(&http_rounds, |r| r.server_us_per_row);
+    let nats_server_us = median_of(&nats_rounds, |r| r.server_us_per_row);
     let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.

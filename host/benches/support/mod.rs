@@ -105,6 +105,11 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The median of `figure` over `items`.
+pub fn median_of<T>(items: &[T], figure: impl Fn(&T) -> f64) -> f64 {
+    median(&items.iter().map(figure).collect::<Vec<_>>())
+}
+
 /// Prints one figure as the JSON line tools read:
 /// `{"bench":"delivery","figure":"weir_rows_per_sec","value":123456.0}`.
 pub fn print_figure(bench: &str, figure: &str, value: f64) {

@@ -374,7 +374,6 @@ impl UnitWorker {
                 .flatten()
                 .for_each(PipelineRunner::record_calls);
         }
-        let mut verdicts = std::mem::take(&mut self.scratch.verdicts);
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -386,10 +385,7 @@ impl UnitWorker {
                 unit: self.unit,
                 publisher: &self.publisher,
             },
-            Rowwise {
-                verdicts: &mut verdicts,
-                scratch: &mut self.scratch,
-            },
+            &mut self.scratch,
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
@@ -401,10 +397,8 @@ impl UnitWorker {
             .flatten()
             .flat_map(PipelineRunner::take_calls)
             .collect();
-        if let Err(fenced) = ran {
-            self.scratch.verdicts = verdicts;
-            return Err(fenced);
-        }
+        ran?;
+        let mut verdicts = std::mem::take(&mut self.scratch.verdicts);
         self.settler.record_acked = stateful;
         let traced = self
             .traces
@@ -547,7 +541,7 @@ struct Destinations<'a> {
     publisher: &'a Publisher,
 }
 
-/// Runs each pipeline's rows of a batch into `rowwise.verdicts` (one per
+/// Runs each pipeline's rows of a batch into `scratch.verdicts` (one per
 /// row). When a plugin call fails, the failing rows are found
 /// (`delivery::isolation`) and retried alone (with backoff; past
 /// `max_deliveries` dead-lettered with the failure as their reason) while
@@ -561,11 +555,11 @@ async fn run_pipelines(
     batch: &[Message],
     lease: &Lease,
     destinations: Destinations<'_>,
-    rowwise: Rowwise<'_>,
+    scratch: &mut Scratch,
 ) -> Result<(), Fenced> {
     let unit = router.unit_consumer(destinations.unit);
     let publisher = destinations.publisher;
-    let Rowwise { verdicts, scratch } = rowwise;
+    let verdicts = &mut scratch.verdicts;
     verdicts.clear();
     verdicts.resize(batch.len(), Verdict::Done);
     let mut decoded: Vec<Option<Decoded>> = recycle(std::mem::take(&mut scratch.decoded));
@@ -657,13 +651,6 @@ async fn run_pipelines(
     }
     scratch.decoded = recycle(decoded);
     ran
-}
-
-/// What a batch's rows are worked out in: a verdict per row, and the
-/// worker's [`Scratch`].
-struct Rowwise<'a> {
-    verdicts: &'a mut Vec<Verdict>,
-    scratch: &'a mut Scratch,
 }
 
 /// A batch's per-row vectors, kept by a worker from one batch to the next
