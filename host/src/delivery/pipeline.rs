@@ -79,6 +79,11 @@ impl Verdict {
         }
     }
 
+    /// The row's scope was not stored: it comes back.
+    pub(crate) fn retry_for_state(&mut self, reason: String) {
+        self.merge(Verdict::state_retry(reason));
+    }
+
     fn state_retry(reason: String) -> Verdict {
         Verdict::Retry {
             delay: STATE_RETRY,
@@ -807,6 +812,35 @@ impl PipelineRunner {
 
     fn stateful(&mut self) -> impl Iterator<Item = &mut StateStep> {
         self.steps.iter_mut().filter_map(|step| step.state.as_mut())
+    }
+
+    /// The stateful step's commits return with their writes on their way
+    /// (see [`StateStep::commit`]): the caller answers a batch's rows only
+    /// after [`PipelineRunner::land_state`].
+    pub fn overlap_state_writes(&mut self) {
+        self.stateful().for_each(StateStep::overlap_writes);
+    }
+
+    /// The number of the batch about to run, which tags its state writes.
+    pub fn set_batch(&mut self, batch: u64) {
+        self.stateful().for_each(|state| state.set_batch(batch));
+    }
+
+    /// Whether state writes of batch `batch` or before are on their way.
+    pub fn state_pending(&self, batch: u64) -> bool {
+        self.steps
+            .iter()
+            .filter_map(|step| step.state.as_ref())
+            .any(|state| state.writes_pending(batch))
+    }
+
+    /// Waits for the state writes of batch `batch` and before; the rows
+    /// whose write failed since (stream sequences, with why) go to `failed`.
+    pub async fn land_state(&mut self, batch: u64, failed: &mut Vec<(u64, String)>) {
+        for state in self.stateful() {
+            state.land(batch).await;
+            state.take_failed(failed);
+        }
     }
 
     /// Whether a plugin of this pipeline keeps durable state.

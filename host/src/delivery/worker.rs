@@ -77,9 +77,11 @@ fn runners(
                 .pipelines
                 .get(generation.variant_pipeline(variant)?)?;
             let plugin = |name: &str| generation.plugin_in(variant, name).cloned();
-            let runner = PipelineRunner::new(pipeline, plugin, state.cloned())?
+            let mut runner = PipelineRunner::new(pipeline, plugin, state.cloned())?
                 .with_destination(unit, true)
                 .with_publisher(publisher);
+            // A batch's state writes travel while the next batch runs.
+            runner.overlap_state_writes();
             Some(match shadows.tap(generation, variant) {
                 Some(tap) => runner.observed(tap),
                 None => runner,
@@ -116,6 +118,25 @@ pub struct UnitWorker {
     traces: Traces,
     /// The per-row vectors of a batch, kept for the next.
     scratch: Scratch,
+    /// The batch whose rows ran but whose state writes are on their way:
+    /// answered once they landed, after the next batch ran.
+    held: Option<Held>,
+    /// The vectors of the last held batch, for the next.
+    spare: Option<(Vec<Message>, Vec<Verdict>)>,
+    /// Rows whose state write failed (stream sequences, with why), kept
+    /// for the next.
+    state_failed: Vec<(u64, String)>,
+    /// Batches run so far: the number that tags a batch's state writes.
+    batches_run: u64,
+}
+
+/// A batch run whose state writes were still on their way.
+struct Held {
+    number: u64,
+    batch: Vec<Message>,
+    verdicts: Vec<Verdict>,
+    began: Instant,
+    calls: Vec<CallRecord>,
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
@@ -186,6 +207,10 @@ impl UnitWorker {
             settled: None,
             shadows,
             scratch: Scratch::default(),
+            held: None,
+            spare: None,
+            state_failed: Vec::new(),
+            batches_run: 0,
         }
     }
 
@@ -227,24 +252,42 @@ impl UnitWorker {
         // One buffer of messages for every batch: no allocation per batch.
         let mut batch = Vec::with_capacity(self.settings.batch_rows);
         loop {
-            // Biased: a worker past its lease sends no further pull request,
-            // which could take the pin from the unit's next owner.
-            let first = tokio::select! {
-                biased;
-                _ = release.cancelled() => break,
-                _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
-                // Waits no longer than the unit's summary is due, so an
-                // idle unit still says what it dead-lettered.
-                first = puller.next_until(self.settler.summary.due()) => first,
+            // A batch held for its state writes goes on while the next rows
+            // are already here, and is answered as soon as they are not.
+            let ready = match self.held.is_some() && lease.held() && !release.is_cancelled() {
+                true => puller.next_until(Some(Instant::now())).await,
+                false => None,
             };
-            let Some(first) = first else {
-                self.settler.summary.flush(&consumer_name, false);
-                continue;
+            let first = match ready {
+                Some(first) => first,
+                None => {
+                    let held_rows = self.held.as_ref().map_or(0, |held| held.batch.len());
+                    if let Err(Fenced) = self.answer_held(&lease, None).await {
+                        return Ok(self.fenced(&consumer_name, held_rows));
+                    }
+                    // Biased: a worker past its lease sends no further pull
+                    // request, which could take the pin from the unit's next owner.
+                    let first = tokio::select! {
+                        biased;
+                        _ = release.cancelled() => break,
+                        _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
+                        // Waits no longer than the unit's summary is due, so an
+                        // idle unit still says what it dead-lettered.
+                        first = puller.next_until(self.settler.summary.due()) => first,
+                    };
+                    let Some(first) = first else {
+                        self.settler.summary.flush(&consumer_name, false);
+                        continue;
+                    };
+                    first
+                }
             };
             let began = Instant::now();
             fill_batch(&self.settings, first, &mut puller, &lease, &mut batch).await;
             let rows = batch.len();
-            let processed = self.process(&batch, began, Some(&mut puller), &lease).await;
+            let processed = self
+                .process(&mut batch, began, Some(&mut puller), &lease)
+                .await;
             batch.clear();
             if let Err(Fenced) = processed {
                 return Ok(self.fenced(&consumer_name, rows));
@@ -253,9 +296,9 @@ impl UnitWorker {
         let mut rest = puller.release().await;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
-            let batch = std::mem::replace(&mut rest, tail);
+            let mut batch = std::mem::replace(&mut rest, tail);
             let rows = batch.len();
-            if let Err(Fenced) = self.process(&batch, Instant::now(), None, &lease).await {
+            if let Err(Fenced) = self.process(&mut batch, Instant::now(), None, &lease).await {
                 return Ok(self.fenced(&consumer_name, rows));
             }
         }
@@ -289,7 +332,7 @@ impl UnitWorker {
     /// `began`: when its first row was pulled.
     async fn process(
         &mut self,
-        batch: &[Message],
+        batch: &mut Vec<Message>,
         began: Instant,
         puller: Option<&mut Puller>,
         lease: &Lease,
@@ -311,13 +354,18 @@ impl UnitWorker {
 
     async fn process_in_span(
         &mut self,
-        batch: &[Message],
+        batch: &mut Vec<Message>,
         began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
+        // A batch runs start to end on one generation, and so do its writes.
+        if self.generations.has_changed().unwrap_or(false) {
+            self.answer_held(lease, None).await?;
+        }
         self.adopt_new_generation();
         if let Some(reason) = (self.behind)() {
+            self.answer_held(lease, None).await?;
             // One version per fleet: the batch waits (its rows kept alive)
             // rather than run on a version the fleet has left.
             // A switch takes moments; say so only when it takes longer.
@@ -337,7 +385,7 @@ impl UnitWorker {
             let client = &self.settler.client;
             let ack_wait = self.settings.ack_wait;
             keep_alive(
-                batch,
+                [batch.as_slice(), &[]],
                 client,
                 puller.as_deref_mut(),
                 ack_wait,
@@ -374,6 +422,11 @@ impl UnitWorker {
                 .flatten()
                 .for_each(PipelineRunner::record_calls);
         }
+        self.batches_run += 1;
+        let number = self.batches_run;
+        for runner in self.runners.iter_mut().flatten() {
+            runner.set_batch(number);
+        }
         let work = run_pipelines(
             &mut self.runners,
             &self.pipelines,
@@ -389,7 +442,16 @@ impl UnitWorker {
         );
         let client = &self.settler.client;
         let ack_wait = self.settings.ack_wait;
-        let ran = keep_alive(batch, client, puller, ack_wait, lease, work).await;
+        let held: &[Message] = self.held.as_ref().map_or(&[], |held| &held.batch);
+        let ran = keep_alive(
+            [batch.as_slice(), held],
+            client,
+            puller.as_deref_mut(),
+            ack_wait,
+            lease,
+            work,
+        )
+        .await;
         // Taken whatever the outcome: a later batch's spans show only its own.
         let calls: Vec<CallRecord> = self
             .runners
@@ -399,16 +461,55 @@ impl UnitWorker {
             .collect();
         ran?;
         let mut verdicts = std::mem::take(&mut self.scratch.verdicts);
+        let mut answered = self.answer_held(lease, Some((batch, &mut verdicts))).await;
+        let pending = |runners: &[Option<PipelineRunner>]| {
+            runners.iter().flatten().any(|r| r.state_pending(number))
+        };
+        if answered.is_ok() && pending(&self.runners) {
+            if puller.is_some() {
+                // Answered after the next batch ran, once its writes landed.
+                let (spare_batch, spare_verdicts) = self.spare.take().unwrap_or_default();
+                self.scratch.verdicts = spare_verdicts;
+                self.held = Some(Held {
+                    number,
+                    batch: std::mem::replace(batch, spare_batch),
+                    verdicts,
+                    began,
+                    calls,
+                });
+                return Ok(());
+            }
+            self.land_state(number, batch, &mut verdicts, None).await;
+        }
+        if answered.is_ok() {
+            answered = self
+                .answer(batch, &mut verdicts, began, &calls, stateful, lease)
+                .await;
+        }
+        self.scratch.verdicts = verdicts;
+        answered
+    }
+
+    /// Answers every row of a batch run (acks, naks, dead letters) and
+    /// tells who listens.
+    async fn answer(
+        &mut self,
+        batch: &[Message],
+        verdicts: &mut Vec<Verdict>,
+        began: Instant,
+        calls: &[CallRecord],
+        stateful: bool,
+        lease: &Lease,
+    ) -> Result<(), Fenced> {
         self.settler.record_acked = stateful;
         let traced = self
             .traces
             .enabled()
-            .then(|| traced::traced_requests(batch, &verdicts));
-        let settled = self.settler.settle(batch, &mut verdicts, lease).await;
-        self.scratch.verdicts = verdicts;
+            .then(|| traced::traced_requests(batch, verdicts));
+        let settled = self.settler.settle(batch, verdicts, lease).await;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
-            traced::record(&self.traces, unit, began.elapsed(), traced, &calls);
+            traced::record(&self.traces, unit, began.elapsed(), traced, calls);
         }
         self.applied.answered(&mut self.settler.acked);
         let delivered = std::mem::take(&mut self.settler.delivered);
@@ -416,6 +517,71 @@ impl UnitWorker {
             hook(self.unit.partition, delivered);
         }
         settled
+    }
+
+    /// Answers the batch held for its state writes once they landed; rows
+    /// whose write failed come back, in it and in `current` (the batch
+    /// run since, whose earlier calls' writes may have failed too).
+    async fn answer_held(
+        &mut self,
+        lease: &Lease,
+        current: Option<(&[Message], &mut [Verdict])>,
+    ) -> Result<(), Fenced> {
+        let Some(mut held) = self.held.take() else {
+            return Ok(());
+        };
+        self.land_state(held.number, &held.batch, &mut held.verdicts, current)
+            .await;
+        let answered = self
+            .answer(
+                &held.batch,
+                &mut held.verdicts,
+                held.began,
+                &held.calls,
+                true,
+                lease,
+            )
+            .await;
+        held.batch.clear();
+        held.verdicts.clear();
+        self.spare = Some((held.batch, held.verdicts));
+        answered
+    }
+
+    /// Waits for the state writes of batch `number` and before; a row
+    /// whose write failed comes back, in `batch` or in `current`.
+    async fn land_state(
+        &mut self,
+        number: u64,
+        batch: &[Message],
+        verdicts: &mut [Verdict],
+        current: Option<(&[Message], &mut [Verdict])>,
+    ) {
+        let mut failed = std::mem::take(&mut self.state_failed);
+        for runner in self.runners.iter_mut().flatten() {
+            runner.land_state(number, &mut failed).await;
+        }
+        if !failed.is_empty() {
+            retry_failed(batch, verdicts, &failed);
+            if let Some((batch, verdicts)) = current {
+                retry_failed(batch, verdicts, &failed);
+            }
+            failed.clear();
+        }
+        self.state_failed = failed;
+    }
+}
+
+/// Rows of `batch` among `failed` (stream sequences whose state write
+/// failed, with why) come back.
+fn retry_failed(batch: &[Message], verdicts: &mut [Verdict], failed: &[(u64, String)]) {
+    for (message, verdict) in batch.iter().zip(verdicts) {
+        let Some(sequence) = ack::info(message).map(|info| info.stream_sequence) else {
+            continue;
+        };
+        if let Some((_, reason)) = failed.iter().find(|(failed, _)| *failed == sequence) {
+            verdict.retry_for_state(reason.clone());
+        }
     }
 }
 
@@ -782,7 +948,7 @@ fn progress_period(ack_wait: Duration) -> Duration {
 /// batch's rows, and those received for the next batches, are still being
 /// worked on, so a long batch is not redelivered under its own feet.
 async fn keep_alive<F: std::future::Future>(
-    batch: &[Message],
+    batches: [&[Message]; 2],
     client: &Client,
     mut puller: Option<&mut Puller>,
     ack_wait: Duration,
@@ -797,7 +963,7 @@ async fn keep_alive<F: std::future::Future>(
             output = &mut work => return output,
             // Past the lease a row's ack wait is the next owner's to run.
             _ = ticker.tick(), if lease.held() => {
-                for message in batch {
+                for message in batches.into_iter().flatten() {
                     if let Err(err) = ack::reply(client, message, AckKind::Progress).await {
                         tracing::debug!(error = %err, "cannot extend a row's ack wait");
                     }

@@ -11,10 +11,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
 use crate::coordination::Lease;
 use crate::state::batch::BatchState;
 use crate::state::scope::{Changes, Limits, Overlay, Settled};
-use crate::state::store::{ScopeStore, StoreError, Stored, UnitState, scope_key};
+use crate::state::store::{ScopeStore, StoreError, Stored, UnitState, Write, scope_key};
 use crate::telemetry::{Metrics, PluginLabels, StateWriteLabels};
 use crate::topology::route::Unit;
 
@@ -67,6 +69,29 @@ pub struct StateStep {
     given: Vec<String>,
     /// The call's overlays, named by their keys, for the write.
     runs: Vec<ScopeRun>,
+    /// Whether a commit returns before its writes landed (the unit
+    /// worker's, which answers their rows after [`StateStep::land`]).
+    overlap: bool,
+    /// The number the worker gave the batch running: its writes' tag.
+    batch: u64,
+    /// Writes sent and not yet answered, all from one commit: the next
+    /// commit waits for them (its compare-and-set needs their revisions)
+    /// and the worker answers their rows only once they landed, so a
+    /// batch's writes travel while the next batch runs.
+    in_flight: Vec<InFlight>,
+    /// Rows to come back because their scope's write failed after they
+    /// ran, by stream sequence (the worker answers them as retries).
+    failed: Vec<(u64, String)>,
+}
+
+/// One scope's write on its way, and the rows it settles.
+struct InFlight {
+    key: String,
+    /// The worker's number of the batch it settles.
+    batch: u64,
+    sequences: Vec<u64>,
+    write: Write,
+    landed: JoinHandle<Result<u64, StoreError>>,
 }
 
 /// What a stateful run keeps between the plugin's call and the write.
@@ -89,7 +114,66 @@ impl StateStep {
             sequences: Vec::new(),
             given: Vec::new(),
             runs: Vec::new(),
+            overlap: false,
+            batch: 0,
+            in_flight: Vec::new(),
+            failed: Vec::new(),
         }
+    }
+
+    /// Commits return with their writes on their way; their rows are to
+    /// be answered after [`StateStep::land`].
+    pub fn overlap_writes(&mut self) {
+        self.overlap = true;
+    }
+
+    /// The worker's number of the batch about to run: its writes' tag.
+    pub fn set_batch(&mut self, batch: u64) {
+        self.batch = batch;
+    }
+
+    /// Whether writes of batch `batch` or before are still on their way.
+    pub fn writes_pending(&self, batch: u64) -> bool {
+        self.in_flight.iter().any(|write| write.batch <= batch)
+    }
+
+    /// Waits for the writes of batch `batch` and before; a write that
+    /// failed sends its rows back ([`StateStep::take_failed`]).
+    pub async fn land(&mut self, batch: u64) {
+        if self.writes_pending(batch) {
+            self.land_all().await;
+        }
+    }
+
+    /// Rows whose scope's write failed after they ran (stream sequences,
+    /// with why): they come back.
+    pub fn take_failed(&mut self, into: &mut Vec<(u64, String)>) {
+        into.append(&mut self.failed);
+    }
+
+    /// Waits for every write on its way; the keys whose write failed, with
+    /// why (their scopes left the cache: read again before the next run).
+    async fn land_all(&mut self) -> Vec<(String, String)> {
+        let mut failed_keys = Vec::new();
+        for flight in std::mem::take(&mut self.in_flight) {
+            let landed = match flight.landed.await {
+                Ok(landed) => landed,
+                Err(join) => Err(StoreError::Unanswered {
+                    key: flight.key.clone(),
+                    reason: join.to_string(),
+                }),
+            };
+            if let Some(reason) = self.landed(&flight.key, &flight.write, landed) {
+                self.failed.extend(
+                    flight
+                        .sequences
+                        .iter()
+                        .map(|&sequence| (sequence, reason.clone())),
+                );
+                failed_keys.push((flight.key, reason));
+            }
+        }
+        failed_keys
     }
 
     pub fn plugin(&self) -> &str {
@@ -127,14 +211,12 @@ impl StateStep {
                 .push(scope_key(tenant, &self.plugin, table, self.unit));
             self.sequences.push(sequence);
         }
-        for key in &self.keys {
-            if !self.cache.contains_key(key) {
-                let stored = self.store.load(key).await.map_err(|source| Unreadable {
-                    plugin: self.plugin.clone(),
-                    source,
-                })?;
-                self.cache.insert(key.clone(), stored);
-            }
+        self.load_scopes().await?;
+        // A row settled by a write still on its way (a row redelivered
+        // meanwhile) waits for it: if it failed, the row runs again.
+        if !self.in_flight.is_empty() && self.any_settled() {
+            self.land_all().await;
+            self.load_scopes().await?;
         }
         let labels = PluginLabels {
             plugin: self.plugin.clone(),
@@ -145,10 +227,7 @@ impl StateStep {
             .iter()
             .zip(&self.sequences)
             .map(|(key, &sequence)| {
-                let settled = self
-                    .cache
-                    .get(key)
-                    .and_then(|stored| stored.scope.settled(sequence));
+                let settled = self.settled(key, sequence);
                 if settled.is_some() {
                     settled_again.inc();
                 }
@@ -156,6 +235,33 @@ impl StateStep {
             })
             .collect();
         Ok(settled)
+    }
+
+    /// Reads every scope of the batch's rows not held yet.
+    async fn load_scopes(&mut self) -> Result<(), Unreadable> {
+        for key in &self.keys {
+            if !self.cache.contains_key(key) {
+                let stored = self.store.load(key).await.map_err(|source| Unreadable {
+                    plugin: self.plugin.clone(),
+                    source,
+                })?;
+                self.cache.insert(key.clone(), stored);
+            }
+        }
+        Ok(())
+    }
+
+    fn settled(&self, key: &str, sequence: u64) -> Option<Settled> {
+        self.cache
+            .get(key)
+            .and_then(|stored| stored.scope.settled(sequence))
+    }
+
+    fn any_settled(&self) -> bool {
+        self.keys
+            .iter()
+            .zip(&self.sequences)
+            .any(|(key, &sequence)| self.settled(key, sequence).is_some())
     }
 
     /// For the plugin's call: one overlay per scope of the rows it gets
@@ -202,60 +308,99 @@ impl StateStep {
         };
     }
 
-    /// Stores each scope the call wrote whose rows are all settled (`ends`,
-    /// per input row), before they are answered; a scope with a row to
-    /// retry keeps its old state and all its rows come back. Nothing is
-    /// written once `lease` no longer holds. A write someone else made
-    /// since this runner read the scope (a host that owned the unit
-    /// before, woken past its lease) sends the rows back to run again on
-    /// what is stored now. Returns the rows to retry, with why.
+    /// Sends the write of each scope the call wrote whose rows are all
+    /// settled (`ends`, per input row); the rows are answered only once it
+    /// landed ([`StateStep::land`]), and meanwhile the next batch runs on
+    /// the scope as written. A scope with a row to retry keeps its old
+    /// state and all its rows come back. First the writes of the last
+    /// commit land: a scope whose write failed comes back with all its
+    /// rows, the last commit's ([`StateStep::take_failed`]) and this one's,
+    /// which ran on what was never stored. Nothing is written once `lease`
+    /// no longer holds. A write someone else made since this runner read
+    /// the scope (a host that owned the unit before, woken past its lease)
+    /// sends the rows back to run again on what is stored now. Returns the
+    /// rows to retry, with why.
     pub async fn commit(
         &mut self,
         ends: &[RowEnd],
         lease: &Lease,
     ) -> Result<Vec<(usize, String)>, LeaseLost> {
         let mut retries = Vec::new();
+        let failed_before = self.land_all().await;
+        self.retry_rows_of(&failed_before, &mut retries);
         for run in std::mem::take(&mut self.runs) {
-            if !run.overlay.changed() {
+            if !run.overlay.changed() || failed_before.iter().any(|(key, _)| *key == run.key) {
                 continue;
             }
             let rows: Vec<usize> = (0..self.keys.len())
                 .filter(|&row| self.keys[row] == run.key)
                 .collect();
             let end = |row: usize| ends.get(row).copied().unwrap_or(RowEnd::Retried);
-            let failure = if rows.iter().any(|&row| end(row) == RowEnd::Retried) {
-                Some(format!(
+            if rows.iter().any(|&row| end(row) == RowEnd::Retried) {
+                let reason = format!(
                     "a row of its state scope was retried: plugin `{}`'s writes wait for all of them",
                     self.plugin
-                ))
-            } else {
-                if !lease.held() {
-                    return Err(LeaseLost);
-                }
-                let (dead, applied): (Vec<usize>, Vec<usize>) = rows
-                    .iter()
-                    .partition(|&&row| end(row) == RowEnd::DeadLettered);
-                let next = run.overlay.commit(
-                    applied.into_iter().map(|row| self.sequences[row]),
-                    dead.into_iter().map(|row| self.sequences[row]),
-                    self.ack_floor,
                 );
-                self.write(&run.key, next).await
-            };
-            if let Some(reason) = failure {
                 retries.extend(rows.into_iter().map(|row| (row, reason.clone())));
+                continue;
             }
+            if !lease.held() {
+                return Err(LeaseLost);
+            }
+            let (dead, applied): (Vec<usize>, Vec<usize>) = rows
+                .iter()
+                .partition(|&&row| end(row) == RowEnd::DeadLettered);
+            let changes = run.overlay.commit(
+                applied.into_iter().map(|row| self.sequences[row]),
+                dead.into_iter().map(|row| self.sequences[row]),
+                self.ack_floor,
+            );
+            let sequences = rows.iter().map(|&row| self.sequences[row]).collect();
+            self.send(run.key, changes, sequences);
+        }
+        if !self.overlap {
+            let failed = self.land_all().await;
+            // This run's own rows: answered by the retries returned.
+            self.failed.clear();
+            self.retry_rows_of(&failed, &mut retries);
         }
         Ok(retries)
     }
 
-    /// Writes one scope's changes over what was read; why its rows come
-    /// back if not. The scope leaves the cache meanwhile (so it is changed
-    /// in place, not copied) and comes back only if the write landed.
-    async fn write(&mut self, key: &str, changes: Changes) -> Option<String> {
-        let read = self.cache.remove(key).unwrap_or_default();
-        let written = self.store.commit(key, read, changes).await;
-        let result = match &written {
+    /// The rows of this run in the scopes of `failed` (keys, with why):
+    /// they ran on what was never stored, or their write failed.
+    fn retry_rows_of(&self, failed: &[(String, String)], retries: &mut Vec<(usize, String)>) {
+        for (key, reason) in failed {
+            let rows = (0..self.keys.len()).filter(|&row| self.keys[row] == *key);
+            retries.extend(rows.map(|row| (row, reason.clone())));
+        }
+    }
+
+    /// Applies one scope's changes to the cached scope (the next batch
+    /// reads them) and sends their write over what was read.
+    fn send(&mut self, key: String, changes: Changes, sequences: Vec<u64>) {
+        let stored = self.cache.entry(key.clone()).or_default();
+        let write = self.store.prepare(stored, changes);
+        let (store, sent_key, sent) = (self.store.clone(), key.clone(), write.clone());
+        let landed = tokio::spawn(async move { store.send(&sent_key, &sent).await });
+        self.in_flight.push(InFlight {
+            key,
+            batch: self.batch,
+            sequences,
+            write,
+            landed,
+        });
+    }
+
+    /// One scope's write answered: why its rows come back if it failed
+    /// (the scope leaves the cache, to be read again).
+    fn landed(
+        &mut self,
+        key: &str,
+        write: &Write,
+        landed: Result<u64, StoreError>,
+    ) -> Option<String> {
+        let result = match &landed {
             Ok(_) => "stored",
             Err(StoreError::Fenced { .. }) => "conflict",
             Err(StoreError::Purged { .. }) => "purged",
@@ -266,32 +411,31 @@ impl StateStep {
             result,
         };
         self.metrics.state_writes.get_or_create(&labels).inc();
-        match written {
-            Ok(stored) => {
-                self.cache.insert(key.to_string(), stored);
-                None
+        let reason = match landed {
+            Ok(revision) => {
+                if let Some(stored) = self.cache.get_mut(key) {
+                    stored.landed(write, revision);
+                }
+                return None;
             }
             Err(err @ StoreError::Fenced { .. }) => {
-                self.cache.remove(key);
-                Some(format!("plugin `{}`: {err}; read again", self.plugin))
+                format!("plugin `{}`: {err}; read again", self.plugin)
             }
             // `weir state purge`: the rows run again on empty state.
-            Err(err @ StoreError::Purged { .. }) => {
-                self.cache.remove(key);
-                Some(format!("plugin `{}`: {err}", self.plugin))
-            }
-            Err(err) => {
-                self.cache.remove(key);
-                Some(format!("the state of plugin `{}`: {err}", self.plugin))
-            }
-        }
+            Err(err @ StoreError::Purged { .. }) => format!("plugin `{}`: {err}", self.plugin),
+            Err(err) => format!("the state of plugin `{}`: {err}", self.plugin),
+        };
+        self.cache.remove(key);
+        Some(reason)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nats::kv::{KvWrite, MemoryKv};
     use crate::state::scope::Limits;
+    use crate::state::store::StateStore;
 
     const LIMITS: Limits = Limits {
         max_keys: 10,
@@ -299,8 +443,12 @@ mod tests {
     };
 
     fn step() -> StateStep {
+        step_on(MemoryKv::new())
+    }
+
+    fn step_on(kv: MemoryKv) -> StateStep {
         let state = UnitState {
-            store: ScopeStore::in_memory(),
+            store: ScopeStore::Memory(StateStore::new(kv)),
             unit: Unit {
                 partition: 0,
                 shard: 0,
@@ -339,5 +487,81 @@ mod tests {
             settled,
             [Some(Settled::Applied), Some(Settled::DeadLettered)]
         );
+    }
+
+    /// One call of rows `sequences` of one scope, each adding 1 to `count`.
+    async fn count(step: &mut StateStep, sequences: &[u64]) -> Vec<(usize, String)> {
+        let settled = step
+            .begin(
+                sequences
+                    .iter()
+                    .map(|&sequence| ("acme", "events", sequence)),
+            )
+            .await
+            .unwrap();
+        assert!(settled.iter().all(Option::is_none), "{settled:?}");
+        let origins: Vec<usize> = (0..sequences.len()).collect();
+        let mut state = step.give(&origins);
+        for row in 0..sequences.len() as u32 {
+            let scope = state.scope_of(row).unwrap();
+            let count = scope.get(b"count").map_or(0, |v| v[0]);
+            scope.set(b"count".to_vec(), vec![count + 1]).unwrap();
+        }
+        step.took(Some(state));
+        let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(60));
+        let ends = vec![RowEnd::Applied; sequences.len()];
+        step.commit(&ends, &lease).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_overlapped_write_lands_before_its_rows_are_answered_and_a_fenced_one_sends_back_both_batches()
+     {
+        let kv = MemoryKv::new();
+        let mut step = step_on(kv.clone());
+        step.overlap_writes();
+        step.set_batch(1);
+        assert!(count(&mut step, &[1, 2]).await.is_empty());
+        // The next batch runs on the first's count while its write travels.
+        step.set_batch(2);
+        assert!(count(&mut step, &[3]).await.is_empty());
+        assert!(!step.writes_pending(1), "the first batch's write landed");
+        assert!(step.writes_pending(2));
+        step.land(2).await;
+        let mut failed = Vec::new();
+        step.take_failed(&mut failed);
+        assert!(failed.is_empty(), "{failed:?}");
+        let unit = Unit {
+            partition: 0,
+            shard: 0,
+        };
+        let key = scope_key("acme", "window", "events", unit);
+        let stored = StateStore::new(kv.clone()).load(&key).await.unwrap();
+        assert_eq!(stored.scope.get(b"count"), Some(&[3][..]));
+
+        // Another owner writes; this host's next write is fenced, but only
+        // found so when the batch after it commits: both come back.
+        step.set_batch(3);
+        assert!(count(&mut step, &[4]).await.is_empty());
+        kv.put(&key, bytes::Bytes::from_static(b"\x01"))
+            .await
+            .unwrap();
+        step.set_batch(4);
+        let retried = count(&mut step, &[5, 6]).await;
+        assert_eq!(
+            retried.iter().map(|(row, _)| *row).collect::<Vec<_>>(),
+            [0, 1],
+            "the batch run on the unstored count comes back"
+        );
+        step.land(4).await;
+        step.take_failed(&mut failed);
+        assert_eq!(
+            failed
+                .iter()
+                .map(|(sequence, _)| *sequence)
+                .collect::<Vec<_>>(),
+            [4],
+            "the fenced batch's row comes back"
+        );
+        assert!(failed[0].1.contains("another host"), "{failed:?}");
     }
 }

@@ -36,6 +36,9 @@ pub enum StoreError {
     Purged { key: String },
     #[error("the state of `{key}` is unreadable: {source}")]
     Corrupt { key: String, source: StateError },
+    /// The task sending the write ended without its answer.
+    #[error("the write of `{key}` ended without an answer: {reason}")]
+    Unanswered { key: String, reason: String },
     #[error(transparent)]
     Kv(#[from] KvError),
 }
@@ -206,47 +209,59 @@ impl<K: KvWrite + Sync> StateStore<K> {
         read: Stored,
         changes: Changes,
     ) -> Result<Stored, StoreError> {
+        let mut next = read;
+        let write = self.prepare(&mut next, changes);
+        let revision = self.send(key, &write).await?;
+        next.landed(&write, revision);
+        Ok(next)
+    }
+
+    /// Applies `changes` to `stored` (in place: the scope is not copied
+    /// when nothing else holds it) and says what to write for them: the
+    /// changes over the chain's base, or the whole scope when the chain is
+    /// long enough. `stored` is what a later write must find only once
+    /// the write landed ([`Stored::landed`]); if it fails, `stored` is
+    /// ahead of the bucket and must be read again.
+    pub fn prepare(&self, stored: &mut Stored, changes: Changes) -> Write {
         let chain_limit = self
             .kv
             .history()
             .unwrap_or(u64::MAX)
             .saturating_sub(1)
             .min(MAX_CHAIN);
-        let mut next = read;
-        let delta = (next.chain < chain_limit).then(|| changes.encode(next.base));
-        Arc::make_mut(&mut next.scope).apply(changes);
+        let delta = (stored.chain < chain_limit).then(|| changes.encode(stored.base));
+        Arc::make_mut(&mut stored.scope).apply(changes);
         // A longer chain makes a read (once per scope per runner) cost
         // more; a shorter one makes writes carry the whole more often. One
         // batch's changes larger than the whole (a scope emptied and
         // refilled) go as the whole: it is what `max_bytes` keeps within
         // the server's `max_payload`.
-        let whole = next.scope.bytes() + 64;
+        let whole = stored.scope.bytes() + 64;
         let (value, chained) = match delta {
             Some(delta)
                 if delta.len() <= whole
-                    && next.chain_bytes + delta.len() <= CHAIN_WEIGHT * whole =>
+                    && stored.chain_bytes + delta.len() <= CHAIN_WEIGHT * whole =>
             {
                 (delta, true)
             }
-            _ => (next.scope.encode(), false),
+            _ => (stored.scope.encode(), false),
         };
-        let length = value.len();
-        let value = Bytes::from(value);
-        let written = match next.revision {
-            Some(revision) => self.kv.update(key, value, revision).await,
-            None => self.kv.create(key, value).await,
+        Write {
+            value: Bytes::from(value),
+            after: stored.revision,
+            chained,
+        }
+    }
+
+    /// Stores a prepared write by compare-and-set on the revision it was
+    /// prepared over; the revision it got.
+    pub async fn send(&self, key: &str, write: &Write) -> Result<u64, StoreError> {
+        let written = match write.after {
+            Some(revision) => self.kv.update(key, write.value.clone(), revision).await,
+            None => self.kv.create(key, write.value.clone()).await,
         };
         match written {
-            Ok(revision) => {
-                next.revision = Some(revision);
-                if chained {
-                    next.chain += 1;
-                    next.chain_bytes += length;
-                } else {
-                    (next.base, next.chain, next.chain_bytes) = (revision, 0, 0);
-                }
-                Ok(next)
-            }
+            Ok(revision) => Ok(revision),
             Err(KvError::WrongRevision { .. } | KvError::AlreadyExists { .. }) => {
                 let key = key.to_string();
                 // A write since is another owner's; a removal is a purge.
@@ -256,6 +271,29 @@ impl<K: KvWrite + Sync> StateStore<K> {
                 }
             }
             Err(err) => Err(err.into()),
+        }
+    }
+}
+
+/// One scope's write, prepared from a batch's changes ([`StateStore::prepare`]).
+#[derive(Debug, Clone)]
+pub struct Write {
+    value: Bytes,
+    /// The revision it must find: `None`, the key must not exist.
+    after: Option<u64>,
+    /// Changes over the chain, or the whole scope (a new chain's start).
+    chained: bool,
+}
+
+impl Stored {
+    /// `write`, prepared from this scope, landed as `revision`.
+    pub fn landed(&mut self, write: &Write, revision: u64) {
+        self.revision = Some(revision);
+        if write.chained {
+            self.chain += 1;
+            self.chain_bytes += write.value.len();
+        } else {
+            (self.base, self.chain, self.chain_bytes) = (revision, 0, 0);
         }
     }
 }
@@ -279,6 +317,22 @@ impl ScopeStore {
         match self {
             ScopeStore::Nats(store) => store.load(key).await,
             ScopeStore::Memory(store) => store.load(key).await,
+        }
+    }
+
+    /// See [`StateStore::prepare`].
+    pub fn prepare(&self, stored: &mut Stored, changes: Changes) -> Write {
+        match self {
+            ScopeStore::Nats(store) => store.prepare(stored, changes),
+            ScopeStore::Memory(store) => store.prepare(stored, changes),
+        }
+    }
+
+    /// See [`StateStore::send`].
+    pub async fn send(&self, key: &str, write: &Write) -> Result<u64, StoreError> {
+        match self {
+            ScopeStore::Nats(store) => store.send(key, write).await,
+            ScopeStore::Memory(store) => store.send(key, write).await,
         }
     }
 
