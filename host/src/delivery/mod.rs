@@ -19,10 +19,12 @@ pub(crate) mod dead_letter;
 pub mod isolation;
 mod pipeline;
 mod pull;
+mod run;
 mod settle;
 mod shadow;
 mod settler;
 mod traced;
+mod verdict;
 pub(crate) mod worker;
 
 pub use batch::{Answer, Batch, Outcome, Position};

@@ -23,34 +23,11 @@ use crate::reload::shadow::RowResult;
 use crate::sandbox::bindings::{Delivered, Transformed};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
-use crate::state::step::{RowEnd, STATE_RETRY, StateStep};
+use crate::state::step::{RowEnd, StateStep};
 use crate::state::store::UnitState;
 use crate::telemetry::traces::TRACEPARENT;
 
-/// What becomes of one input row.
-#[derive(Debug, Clone)]
-pub enum Verdict {
-    /// Every descendant was delivered or dropped (at least one delivered,
-    /// or the pipeline has no sink): ack it.
-    Done,
-    /// A transform dropped it, or every row it became: ack it, counted as
-    /// dropped rather than delivered. Decided once the run is over; a
-    /// step's `finish` sees it as `Done`.
-    Dropped,
-    /// Hand it back to JetStream for another try after `delay`; `plugin`
-    /// (the one that asked, or whose call failed) is named if the row is
-    /// dead-lettered after its last delivery.
-    Retry {
-        delay: Duration,
-        plugin: Option<Arc<Plugin>>,
-        reason: String,
-    },
-    /// Write it to the dead-letter stream, then ack it.
-    DeadLetter {
-        plugin: Option<Arc<Plugin>>,
-        reason: String,
-    },
-}
+pub use crate::delivery::verdict::Verdict;
 
 impl Verdict {
     /// The verdict of a plugin's outcome for a row (`Ok` and `Emit` leave the
@@ -67,44 +44,6 @@ impl Verdict {
                 plugin: Some(plugin.clone()),
                 reason: reason.clone(),
             },
-        }
-    }
-
-    /// How the row ended, for the state of its scope.
-    fn end(&self) -> RowEnd {
-        match self {
-            Verdict::Done | Verdict::Dropped => RowEnd::Applied,
-            Verdict::DeadLetter { .. } => RowEnd::DeadLettered,
-            Verdict::Retry { .. } => RowEnd::Retried,
-        }
-    }
-
-    /// The row's scope was not stored: it comes back.
-    pub(crate) fn retry_for_state(&mut self, reason: String) {
-        self.merge(Verdict::state_retry(reason));
-    }
-
-    fn state_retry(reason: String) -> Verdict {
-        Verdict::Retry {
-            delay: STATE_RETRY,
-            plugin: None,
-            reason,
-        }
-    }
-
-    /// Keeps the worse of two verdicts: retry beats dead letter beats done.
-    fn merge(&mut self, other: Verdict) {
-        let rank = |v: &Verdict| match v {
-            Verdict::Done | Verdict::Dropped => 0,
-            Verdict::DeadLetter { .. } => 1,
-            Verdict::Retry { .. } => 2,
-        };
-        match (&mut *self, other) {
-            (Verdict::Retry { delay, .. }, Verdict::Retry { delay: other, .. }) => {
-                *delay = (*delay).max(other);
-            }
-            (current, other) if rank(&other) > rank(current) => *current = other,
-            _ => {}
         }
     }
 }
@@ -339,7 +278,7 @@ impl Step {
             Err(err) => {
                 let reason = err.to_string();
                 for verdict in verdicts {
-                    verdict.merge(Verdict::state_retry(reason.clone()));
+                    verdict.retry_for_state(reason.clone());
                 }
                 return false;
             }
@@ -482,7 +421,7 @@ impl Step {
             Ok(Finished::Committed) => Ok(()),
             Ok(Finished::RolledBack(reason)) => {
                 for &input in &given {
-                    verdicts[input].merge(Verdict::state_retry(reason.clone()));
+                    verdicts[input].retry_for_state(reason.clone());
                 }
                 Ok(())
             }
@@ -525,7 +464,7 @@ impl Step {
             .await
             .map_err(|_| RunError::Fenced)?;
         for (row, reason) in retries {
-            verdicts[row].merge(Verdict::state_retry(reason));
+            verdicts[row].retry_for_state(reason);
         }
         Ok(())
     }
