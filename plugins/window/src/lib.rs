@@ -149,8 +149,11 @@ impl Transform for Window {
     }
 
     fn transform(&mut self, rows: &Rows, out: &mut Outcomes) {
+        // Only this call writes its scopes while it runs: each scope's open
+        // window is read once per call, not once per row.
+        let mut opens = Opens::default();
         for (index, row) in rows.iter().enumerate() {
-            match self.count(index, &row) {
+            match self.count(index, &row, &mut opens) {
                 Ok(summaries) => {
                     let emitted: Vec<Emitted<'_>> = summaries
                         .iter()
@@ -168,9 +171,41 @@ impl Transform for Window {
     }
 }
 
+/// The open window's start of each (tenant, table) a call has seen, as
+/// its tallies hold it now.
+#[derive(Default)]
+struct Opens(Vec<(String, String, Option<u64>)>);
+
+impl Opens {
+    fn get(&self, row: &Row<'_>) -> Option<Option<u64>> {
+        self.0
+            .iter()
+            .find(|(tenant, table, _)| tenant == row.tenant && table == row.table)
+            .map(|(_, _, open)| *open)
+    }
+
+    fn set(&mut self, row: &Row<'_>, open: u64) {
+        match self
+            .0
+            .iter_mut()
+            .find(|(tenant, table, _)| tenant == row.tenant && table == row.table)
+        {
+            Some((_, _, known)) => *known = Some(open),
+            None => self
+                .0
+                .push((row.tenant.to_string(), row.table.to_string(), Some(open))),
+        }
+    }
+}
+
 impl Window {
     /// Counts one row; the summaries of the window it closed, if any.
-    fn count(&mut self, index: usize, row: &Row<'_>) -> Result<Vec<String>, String> {
+    fn count(
+        &mut self,
+        index: usize,
+        row: &Row<'_>,
+        opens: &mut Opens,
+    ) -> Result<Vec<String>, String> {
         let fields: serde_json::Value =
             serde_json::from_slice(row.payload).map_err(|err| format!("not JSON: {err}"))?;
         let s = &self.settings;
@@ -195,9 +230,18 @@ impl Window {
                     .or_default(),
             ),
         };
-        let open = tallies
-            .get(OPEN)?
-            .and_then(|bytes| String::from_utf8(bytes).ok()?.parse::<u64>().ok());
+        let open = match opens.get(row) {
+            Some(open) => open,
+            None => {
+                let open = tallies
+                    .get(OPEN)?
+                    .and_then(|bytes| String::from_utf8(bytes).ok()?.parse::<u64>().ok());
+                if let Some(open) = open {
+                    opens.set(row, open);
+                }
+                open
+            }
+        };
         let mut summaries = Vec::new();
         match open {
             Some(open) if start < open => {
@@ -209,6 +253,7 @@ impl Window {
                 // The new start first: if the state refuses it, nothing of
                 // the closing window is gone yet.
                 tallies.set(OPEN, start.to_string().as_bytes())?;
+                opens.set(row, start);
                 for (tally_key, tally) in tallies.list(TALLY)? {
                     let name = String::from_utf8_lossy(&tally_key[TALLY.len()..]).to_string();
                     let (count, sum) = parse_tally(&tally);
@@ -220,7 +265,10 @@ impl Window {
                 }
             }
             Some(_) => {}
-            None => tallies.set(OPEN, start.to_string().as_bytes())?,
+            None => {
+                tallies.set(OPEN, start.to_string().as_bytes())?;
+                opens.set(row, start);
+            }
         }
         let tally_key = [TALLY, key.as_bytes()].concat();
         let (count, sum) = tallies
