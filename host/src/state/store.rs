@@ -335,19 +335,6 @@ impl ScopeStore {
             ScopeStore::Memory(store) => store.send(key, write).await,
         }
     }
-
-    /// See [`StateStore::commit`].
-    pub async fn commit(
-        &self,
-        key: &str,
-        read: Stored,
-        changes: Changes,
-    ) -> Result<Stored, StoreError> {
-        match self {
-            ScopeStore::Nats(store) => store.commit(key, read, changes).await,
-            ScopeStore::Memory(store) => store.commit(key, read, changes).await,
-        }
-    }
 }
 
 impl From<StateStore<NatsKv>> for ScopeStore {
