@@ -13,8 +13,11 @@
 //! the authors bench builds them (into `target/authors/bench/`, reused
 //! while newer than the `weir` binary; needs `. .ci/setup`).
 //!
-//! Prints `rss_mib_<lang>_<n>_plugins` and, per language, the cost of each
-//! plugin past the first (`rss_mib_per_<lang>_plugin`).
+//! Each case runs twice on one compiled cache: a first start (the host
+//! compiles the plugins itself) and a restart (it maps what the cache kept).
+//! Prints `rss_mib_<lang>_<n>_plugins`, `..._plugins_restarted` and, per
+//! language, the cost of each plugin past the first at a first start
+//! (`rss_mib_per_<lang>_plugin`).
 //! `cargo bench -p weir --bench memory`; `WEIR_BENCH_PLUGINS` (default
 //! "1,4") sets the plugin counts, `WEIR_BENCH_LANGS` (default
 //! "rust,python,js") the languages.
@@ -51,7 +54,14 @@ fn plugin(lang: &str) -> PathBuf {
     support::authored_plugin(lang)
 }
 
-fn config(nats_url: &str, dir: &Path, port: u16, wasm: &Path, plugins: usize) -> String {
+fn config(
+    nats_url: &str,
+    dir: &Path,
+    cache: &Path,
+    port: u16,
+    wasm: &Path,
+    plugins: usize,
+) -> String {
     let mut text = format!(
         r#"
 listen = "127.0.0.1:{port}"
@@ -73,7 +83,7 @@ wasm = {sink:?}
 world = "sink"
 "#,
         data = dir.join("data").display().to_string(),
-        cache = dir.join("compiled").display().to_string(),
+        cache = cache.display().to_string(),
         sink = weir_test_artifacts::NULL_SINK,
     );
     for plugin in 0..plugins {
@@ -104,15 +114,23 @@ impl Drop for Killed {
     }
 }
 
-/// One host with `plugins` transforms of `wasm`: its settled RSS in KiB.
-async fn measure(nats_url: &str, wasm: &Path, plugins: usize, accepted_before: &mut u64) -> u64 {
+/// One host with `plugins` transforms of `wasm`, its compiled components
+/// kept in `cache`: its settled RSS in KiB.
+async fn measure(
+    nats_url: &str,
+    cache: &Path,
+    wasm: &Path,
+    plugins: usize,
+    accepted_before: &mut u64,
+) -> u64 {
     let dir = tempfile::tempdir().expect("a temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
         .port();
     let path = dir.path().join("weir.toml");
-    std::fs::write(&path, config(nats_url, dir.path(), port, wasm, plugins)).expect("config");
+    let text = config(nats_url, dir.path(), cache, port, wasm, plugins);
+    std::fs::write(&path, text).expect("config");
     let host = Killed(
         Command::new(env!("CARGO_BIN_EXE_weir"))
             .args(["run", "--config"])
@@ -190,22 +208,32 @@ async fn main() {
         "language",
         "plugins",
         "RSS per host",
+        "restarted (compiled cache)",
         "per plugin past the first",
     ]);
     for lang in &langs {
         let wasm = plugin(lang);
         let mut rows = Vec::new();
         for &count in &counts {
-            let kib = measure(server.url(), &wasm, count, &mut settled).await;
+            // A first start compiles in the process; a restart maps what the
+            // compiled cache kept.
+            let cache = tempfile::tempdir().expect("a temp dir");
+            let kib = measure(server.url(), cache.path(), &wasm, count, &mut settled).await;
+            let restarted = measure(server.url(), cache.path(), &wasm, count, &mut settled).await;
             print_figure(
                 BENCH,
                 &format!("rss_mib_{lang}_{count}_plugins"),
                 kib as f64 / MIB,
             );
-            rows.push((count, kib));
+            print_figure(
+                BENCH,
+                &format!("rss_mib_{lang}_{count}_plugins_restarted"),
+                restarted as f64 / MIB,
+            );
+            rows.push((count, kib, restarted));
         }
         let per_plugin = match (rows.first(), rows.last()) {
-            (Some(&(n1, k1)), Some(&(n2, k2))) if n2 > n1 => {
+            (Some(&(n1, k1, _)), Some(&(n2, k2, _))) if n2 > n1 => {
                 Some((k2 as f64 - k1 as f64) / (n2 - n1) as f64 / MIB)
             }
             _ => None,
@@ -213,11 +241,12 @@ async fn main() {
         if let Some(per) = per_plugin {
             print_figure(BENCH, &format!("rss_mib_per_{lang}_plugin"), per);
         }
-        for (count, kib) in rows {
+        for (count, kib, restarted) in rows {
             table.push(vec![
                 lang.clone(),
                 count.to_string(),
                 format!("{:.1} MiB", kib as f64 / MIB),
+                format!("{:.1} MiB", restarted as f64 / MIB),
                 per_plugin.map_or("-".into(), |p| format!("{p:.1} MiB")),
             ]);
         }

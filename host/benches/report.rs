@@ -73,7 +73,7 @@ const BENCHES: &[(&str, &str)] = &[
     ),
     (
         "memory",
-        "resident memory of one `weir run` host by the number of transforms it runs (1 and 4) and their language (Rust, Python, JavaScript), each plugin warm",
+        "resident memory of one `weir run` host by the number of transforms it runs (1 and 4) and their language (Rust, Python, JavaScript), each plugin warm, at a first start (compiled in the process) and a restart (mapped from the compiled cache)",
     ),
     (
         "nats_sink",

@@ -83,10 +83,7 @@ impl CompileCache {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        // SAFETY: the file was written by `Component::serialize` of an engine
-        // with this compatibility hash (it is in the name), into weir's own
-        // cache directory, never a plugins directory; nothing else writes there.
-        match unsafe { Component::deserialize_file(engine, &path) } {
+        match map(engine, &path) {
             Ok(component) => {
                 // The modification time is the entry's last use, for eviction.
                 let _ = std::fs::File::options()
@@ -105,25 +102,28 @@ impl CompileCache {
         }
     }
 
-    /// Keeps a compiled component, then evicts the least recently used
-    /// entries beyond the bound. Trouble only costs a later compilation.
-    pub fn store(&self, engine: &Engine, wasm: &[u8], component: &Component) {
+    /// Keeps a compiled component (`Engine::precompile_component`'s bytes of
+    /// an engine configured as `engine`), then evicts the least recently used
+    /// entries beyond the bound, and returns the entry mapped from its file
+    /// (its code then lives in the page cache, shared by every host on the
+    /// machine, not in this process's heap). Trouble only costs a later
+    /// compilation, and `None` means: keep using `component`.
+    pub fn store(&self, engine: &Engine, wasm: &[u8], compiled: &[u8]) -> Option<Component> {
         let path = self.path_of(engine, wasm);
-        let stored = component
-            .serialize()
-            .map_err(std::io::Error::other)
-            .and_then(|compiled| {
-                std::fs::create_dir_all(&self.dir)?;
-                // Written aside and renamed: a crash never leaves half a file under the key.
-                let partial = path.with_extension(format!("partial-{}", std::process::id()));
-                std::fs::write(&partial, compiled)?;
-                std::fs::rename(&partial, &path)
-            });
+        let stored = std::fs::create_dir_all(&self.dir).and_then(|()| {
+            // Written aside and renamed: a crash never leaves half a file under the key.
+            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, compiled)?;
+            std::fs::rename(&partial, &path)
+        });
         if let Err(err) = stored {
             tracing::warn!(cache = %self.dir.display(), error = %err, "cannot keep the compiled component");
-            return;
+            return None;
         }
         self.evict(&path);
+        map(engine, &path)
+            .inspect_err(|err| tracing::warn!(cache = %path.display(), error = %err, "cannot map the compiled component just kept"))
+            .ok()
     }
 
     /// Removes least recently used entries until the cache fits its bound;
@@ -178,6 +178,14 @@ pub struct Entry {
     pub bytes: u64,
     /// Last load or store.
     pub used: SystemTime,
+}
+
+/// A cache entry mapped from its file.
+fn map(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: the file was written by `Component::serialize` of an engine
+    // with this compatibility hash (it is in the name), into weir's own
+    // cache directory, never a plugins directory; nothing else writes there.
+    unsafe { Component::deserialize_file(engine, path) }
 }
 
 /// The entries to remove, least recently used first, so the rest fit in
