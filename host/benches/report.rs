@@ -91,6 +91,8 @@ const TARGETS: &[&str] = &[
     "202 to sink p99 ≤ 3 ms at 10 % load and ≤ 15 ms at 50 % load with the defaults, within 5 × the raw path's p99",
     "rows into PostgreSQL through weir ≥ 0.8 × a native consumer doing the same bulk statements over the same connections",
     "the whole path on one host (front door and delivery together, validator + NDJSON sink) ≥ 0.7 × raw JetStream publish + consume, same run",
+    "durable state at 5,000 keys per window ≥ 0.9 × the same window kept in memory",
+    "the NATS door ≥ 1.0 × the HTTP door's rows/s, same run",
 ];
 
 /// Which way a figure must go to meet its target.
@@ -158,6 +160,12 @@ const TARGET_FIGURES: &[(&str, &str, Goal)] = &[
     ("latency", "ratio_p99_to_raw_at_50pct", Goal::AtMost(5.0)),
     ("postgres", "weir_over_native_consumer", Goal::AtLeast(0.8)),
     ("whole_path", "ratio_whole_path_to_raw", Goal::AtLeast(0.7)),
+    (
+        "state",
+        "ratio_state_to_memory_5000_keys",
+        Goal::AtLeast(0.9),
+    ),
+    ("front_door", "ratio_nats_door_to_http", Goal::AtLeast(1.0)),
 ];
 
 /// Units a figure's name may carry, most specific first; figures are

@@ -20,6 +20,8 @@ rm -f "$dir"/*.txt "$dir"/*.svg "$dir"/report.md "$dir"/figures.json
 
 # The fleet of 64 members only (256 members take minutes to settle).
 export WEIR_BENCH_MEMBERS=${WEIR_BENCH_MEMBERS:-64}
+# State at the default 100 keys per window and at 5,000 (#35's figure).
+export WEIR_BENCH_KEYS=${WEIR_BENCH_KEYS:-100,5000}
 export WEIR_BENCH_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || true)
 
 # weir's benches and the peer bench's own crate (host/benches/peer, outside

@@ -8,8 +8,9 @@
 //! Each scenario publishes the same rows to one unit before a host starts
 //! in-process, and times delivery from the first row acked to the last,
 //! through the window into a null sink. Rows carry `WEIR_BENCH_KEYS`
-//! (default 100) keys and close a window every 10,000 rows, so summaries
-//! flow too. Scenarios alternate for `WEIR_BENCH_ROUNDS` (default 3)
+//! keys (a list, default "100": e.g. "100,5000"; figures of a count other
+//! than 100 end in `_<keys>_keys`) and close a window every 10,000 rows, so
+//! summaries flow too. Scenarios alternate for `WEIR_BENCH_ROUNDS` (default 3)
 //! rounds; medians are reported. `WEIR_BENCH_ROWS` (default 100000).
 //!
 //! `cargo bench -p weir --bench state`.
@@ -128,10 +129,10 @@ async fn measure(
     server: &EmbeddedNats,
     dir: &Path,
     keep: Keep,
-    round: usize,
+    scenario: usize,
     payloads: &[Bytes],
 ) -> f64 {
-    let name = format!("{}-{round}", keep.name());
+    let name = format!("{}-{scenario}", keep.name());
     let text = config_text(server.url(), &dir.join(format!("data-{name}")), keep);
     let config = Config::parse(
         &dir.join(format!("{name}.toml")),
@@ -176,44 +177,72 @@ async fn measure(
 async fn main() {
     let rows = env_count("WEIR_BENCH_ROWS", DEFAULT_ROWS);
     let rounds = env_count("WEIR_BENCH_ROUNDS", DEFAULT_ROUNDS);
-    let keys = env_count("WEIR_BENCH_KEYS", DEFAULT_KEYS);
+    let key_counts: Vec<usize> = std::env::var("WEIR_BENCH_KEYS")
+        .unwrap_or_else(|_| DEFAULT_KEYS.to_string())
+        .split(',')
+        .map(|keys| keys.trim().parse().expect("WEIR_BENCH_KEYS: numbers"))
+        .collect();
     let dir = tempfile::tempdir().expect("a temp dir");
     let server = support::start_nats(&dir.path().join("nats")).await;
     let client = async_nats::connect(server.url())
         .await
         .expect("connect to the bench's nats-server");
     let js = jetstream::new(client);
-    let payloads = payloads(rows, keys);
 
-    let (mut durable, mut memory) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        durable.push(measure(&js, &server, dir.path(), Keep::State, round, &payloads).await);
-        memory.push(measure(&js, &server, dir.path(), Keep::Memory, round, &payloads).await);
-        eprintln!(
-            "round {round}: state {:.0} rows/s, memory {:.0} rows/s",
-            durable[round], memory[round]
+    let mut table = Table::new(&["keys", "window tallies kept in", "rows/s", "vs memory"]);
+    let mut scenario = 0;
+    for keys in key_counts {
+        let payloads = payloads(rows, keys);
+        let (mut durable, mut memory) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // Each measurement's host and stream are new: numbered apart.
+            durable.push(measure(&js, &server, dir.path(), Keep::State, scenario, &payloads).await);
+            memory.push(measure(&js, &server, dir.path(), Keep::Memory, scenario, &payloads).await);
+            scenario += 1;
+            eprintln!(
+                "{keys} keys, round {round}: state {:.0} rows/s, memory {:.0} rows/s",
+                durable[round], memory[round]
+            );
+        }
+        let (durable, memory) = (median(&durable), median(&memory));
+        // The default's figures keep their names; other key counts say theirs.
+        let suffix = match keys {
+            DEFAULT_KEYS => String::new(),
+            keys => format!("_{keys}_keys"),
+        };
+        print_figure(
+            BENCH,
+            &format!("window_state_rows_per_sec{suffix}"),
+            durable,
         );
+        print_figure(
+            BENCH,
+            &format!("window_memory_rows_per_sec{suffix}"),
+            memory,
+        );
+        print_figure(
+            BENCH,
+            &format!("ratio_state_to_memory{suffix}"),
+            durable / memory,
+        );
+        table.push(vec![
+            keys.to_string(),
+            "grants.state (durable, exact across crashes)".into(),
+            format!("{durable:.0}"),
+            format!("{:.2}x", durable / memory),
+        ]);
+        table.push(vec![
+            keys.to_string(),
+            "instance memory (lost on restart)".into(),
+            format!("{memory:.0}"),
+            "1.00x".into(),
+        ]);
     }
-    let (durable, memory) = (median(&durable), median(&memory));
-    print_figure(BENCH, "window_state_rows_per_sec", durable);
-    print_figure(BENCH, "window_memory_rows_per_sec", memory);
-    print_figure(BENCH, "ratio_state_to_memory", durable / memory);
 
     println!();
     println!(
-        "{rows} rows, {keys} keys, a window closed every {} rows, one unit; median of {rounds} rounds",
+        "{rows} rows, a window closed every {} rows, one unit; median of {rounds} rounds",
         1000 * ROWS_PER_MS
     );
-    let mut table = Table::new(&["window tallies kept in", "rows/s", "vs memory"]);
-    table.push(vec![
-        "grants.state (durable, exact across crashes)".into(),
-        format!("{durable:.0}"),
-        format!("{:.2}x", durable / memory),
-    ]);
-    table.push(vec![
-        "instance memory (lost on restart)".into(),
-        format!("{memory:.0}"),
-        "1.00x".into(),
-    ]);
     table.print();
 }
