@@ -303,6 +303,7 @@ fn lower_is_better(name: &str) -> bool {
         "_load_s",
         "alloc",
         "kib",
+        "mib",
         "_mb",
         "kv_ops",
         "messages",
