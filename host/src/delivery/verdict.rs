@@ -44,15 +44,11 @@ impl Verdict {
 
     /// The row's scope was not stored: it comes back.
     pub(super) fn retry_for_state(&mut self, reason: String) {
-        self.merge(Verdict::state_retry(reason));
-    }
-
-    fn state_retry(reason: String) -> Verdict {
-        Verdict::Retry {
+        self.merge(Verdict::Retry {
             delay: STATE_RETRY,
             plugin: None,
             reason,
-        }
+        });
     }
 
     /// Keeps the worse of two verdicts: retry beats dead letter beats done.

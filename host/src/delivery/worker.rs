@@ -135,11 +135,9 @@ struct Ran {
 
 /// A batch run whose state writes were still on their way.
 struct Held {
-    number: u64,
+    ran: Ran,
     batch: Vec<Message>,
     verdicts: Vec<Verdict>,
-    began: Instant,
-    calls: Vec<CallRecord>,
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
@@ -496,11 +494,9 @@ impl UnitWorker {
                 let (spare_batch, spare_verdicts) = self.spare.take().unwrap_or_default();
                 self.scratch.verdicts = spare_verdicts;
                 self.held = Some(Held {
-                    number: ran.number,
+                    ran,
                     batch: std::mem::replace(batch, spare_batch),
                     verdicts,
-                    began: ran.began,
-                    calls: ran.calls,
                 });
                 return Ok(());
             }
@@ -508,16 +504,7 @@ impl UnitWorker {
                 .await;
         }
         if answered.is_ok() {
-            answered = self
-                .answer(
-                    batch,
-                    &mut verdicts,
-                    ran.began,
-                    &ran.calls,
-                    ran.stateful,
-                    lease,
-                )
-                .await;
+            answered = self.answer(batch, &mut verdicts, &ran, lease).await;
         }
         self.scratch.verdicts = verdicts;
         answered
@@ -529,12 +516,10 @@ impl UnitWorker {
         &mut self,
         batch: &[Message],
         verdicts: &mut Vec<Verdict>,
-        began: Instant,
-        calls: &[CallRecord],
-        stateful: bool,
+        ran: &Ran,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        self.settler.record_acked = stateful;
+        self.settler.record_acked = ran.stateful;
         let traced = self
             .traces
             .enabled()
@@ -542,7 +527,7 @@ impl UnitWorker {
         let settled = self.settler.settle(batch, verdicts, lease).await;
         if let (Some(traced), Ok(())) = (traced, &settled) {
             let unit = &self.settler.unit_labels.unit;
-            traced::record(&self.traces, unit, began.elapsed(), traced, calls);
+            traced::record(&self.traces, unit, ran.began.elapsed(), traced, &ran.calls);
         }
         self.applied.answered(&mut self.settler.acked);
         let delivered = std::mem::take(&mut self.settler.delivered);
@@ -563,17 +548,10 @@ impl UnitWorker {
         let Some(mut held) = self.held.take() else {
             return Ok(());
         };
-        self.land_state(held.number, &held.batch, &mut held.verdicts, current)
+        self.land_state(held.ran.number, &held.batch, &mut held.verdicts, current)
             .await;
         let answered = self
-            .answer(
-                &held.batch,
-                &mut held.verdicts,
-                held.began,
-                &held.calls,
-                true,
-                lease,
-            )
+            .answer(&held.batch, &mut held.verdicts, &held.ran, lease)
             .await;
         held.batch.clear();
         held.verdicts.clear();

@@ -107,7 +107,7 @@ impl CompileCache {
     /// entries beyond the bound, and returns the entry mapped from its file
     /// (its code then lives in the page cache, shared by every host on the
     /// machine, not in this process's heap). Trouble only costs a later
-    /// compilation, and `None` means: keep using `component`.
+    /// compilation; `None`: the caller loads `compiled` itself.
     pub fn store(&self, engine: &Engine, wasm: &[u8], compiled: &[u8]) -> Option<Component> {
         let path = self.path_of(engine, wasm);
         let stored = std::fs::create_dir_all(&self.dir).and_then(|()| {
@@ -182,8 +182,8 @@ pub struct Entry {
 
 /// A cache entry mapped from its file.
 fn map(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
-    // SAFETY: the file was written by `Component::serialize` of an engine
-    // with this compatibility hash (it is in the name), into weir's own
+    // SAFETY: the file holds a component compiled by an engine with this
+    // compatibility hash (it is in the name), written into weir's own
     // cache directory, never a plugins directory; nothing else writes there.
     unsafe { Component::deserialize_file(engine, path) }
 }

@@ -174,10 +174,10 @@ impl Transform for Window {
 /// The open window's start of each (tenant, table) a call has seen, as
 /// its tallies hold it now.
 #[derive(Default)]
-struct Opens(Vec<(String, String, Option<u64>)>);
+struct Opens(Vec<(String, String, u64)>);
 
 impl Opens {
-    fn get(&self, row: &Row<'_>) -> Option<Option<u64>> {
+    fn get(&self, row: &Row<'_>) -> Option<u64> {
         self.0
             .iter()
             .find(|(tenant, table, _)| tenant == row.tenant && table == row.table)
@@ -190,10 +190,10 @@ impl Opens {
             .iter_mut()
             .find(|(tenant, table, _)| tenant == row.tenant && table == row.table)
         {
-            Some((_, _, known)) => *known = Some(open),
+            Some((_, _, known)) => *known = open,
             None => self
                 .0
-                .push((row.tenant.to_string(), row.table.to_string(), Some(open))),
+                .push((row.tenant.to_string(), row.table.to_string(), open)),
         }
     }
 }
@@ -231,7 +231,7 @@ impl Window {
             ),
         };
         let open = match opens.get(row) {
-            Some(open) => open,
+            Some(open) => Some(open),
             None => {
                 let open = tallies
                     .get(OPEN)?
