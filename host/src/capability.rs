@@ -151,7 +151,7 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
         linked: Linked::Always,
         checks: &[],
         js_module: None,
-        docs: "`log` (lines cut at 4 KiB, control characters escaped) and `add-counter` (at most 64 names per plugin version, exported as metrics)",
+        docs: "`log` (lines cut at 4 KiB, control characters escaped), `add-counter` (at most 64 names per plugin version, exported as metrics) and `json-members` (where a batch's rows keep the top-level JSON members an SDK reads, found natively once per batch)",
     },
     CapabilitySpec {
         capability: Capability::WasiHttp,

@@ -797,3 +797,115 @@ async fn a_python_sink_posts_through_its_http_grant_and_is_refused_without() {
 async fn a_js_sink_posts_through_its_http_grant_and_is_refused_without() {
     an_http_sink_posts_through_its_grant_and_is_refused_without("js").await;
 }
+
+/// A Python transform reading and setting fields through the row: what it
+/// read, the row it emits (set fields spliced into the payload) and the
+/// row's `json()` afterwards.
+const FIELDS_APP: &str = r#"import weir_plugin as weir
+
+
+class Plugin(weir.Transform):
+    def row(self, row):
+        read = [row.get("s"), "n" in row, row.get("n"), row.get("f"), row.get("t"),
+                row.get("z", "absent"), row.get("missing", "dflt")]
+        nested = row.get("o")
+        if isinstance(nested, dict):
+            nested["added"] = 1
+        elif isinstance(nested, list):
+            nested.append("added")
+        row["n"] = 42
+        row["new"] = "é\n"
+        first = weir.Out(row)
+        return weir.emit(first, {"read": read, "json": row.json()})
+
+
+WitWorld = weir.export(Plugin)
+"#;
+
+/// Rows whose fields sit in every way JSON allows: escapes, spaces around
+/// tokens, an empty object, a repeated name, nested values, non-ASCII text.
+const FIELDS_ROWS: &str = r#"{"s":"plain","n":1,"f":1.5,"t":true,"z":null,"o":{"k":[1,2]}}
+{ "s" : "esc\"aped \u00e9" , "n" : -7 , "f" : 1e3 , "t" : false }
+{}
+{"n":1,"n":2,"s":"twice"}
+{"s":"é ünïcode","o":[1,{"a":2}],"x":"\ud83d\ude00"}
+"#;
+
+/// What `FIELDS_APP` must answer for `row`, worked out from the row parsed whole.
+fn fields_expected(row: &str) -> serde_json::Value {
+    let mut data: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(row).expect("a fixture row");
+    let field = |name: &str| data.get(name).cloned().unwrap_or(serde_json::Value::Null);
+    let read = serde_json::json!([
+        field("s"),
+        data.contains_key("n"),
+        field("n"),
+        field("f"),
+        field("t"),
+        data.get("z")
+            .cloned()
+            .unwrap_or(serde_json::json!("absent")),
+        "dflt",
+    ]);
+    match data.get_mut("o") {
+        Some(serde_json::Value::Object(nested)) => {
+            nested.insert("added".into(), serde_json::json!(1));
+        }
+        Some(serde_json::Value::Array(nested)) => nested.push(serde_json::json!("added")),
+        _ => {}
+    }
+    data.insert("n".into(), serde_json::json!(42));
+    data.insert("new".into(), serde_json::json!("é\n"));
+    let edited = serde_json::Value::Object(data);
+    serde_json::json!([edited.clone(), { "read": read, "json": edited }])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_fields_read_and_set_through_the_row_answer_as_the_row_parsed_whole() {
+    let wasm = tokio::task::spawn_blocking(|| {
+        let dir = scaffold("fields", "python", "transform");
+        std::fs::write(dir.join("app.py"), FIELDS_APP).expect("write app.py");
+        run_script(&dir, "build.sh");
+        dir.join("fields.wasm")
+    })
+    .await
+    .expect("build");
+    let rows = workspace().join("fields-rows.ndjson");
+    std::fs::write(&rows, FIELDS_ROWS).expect("write the rows");
+    let output = Command::new(WEIR)
+        .args(["plugin", "test", "--json", "--rows"])
+        .arg(&rows)
+        .arg(&wasm)
+        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
+        .env_remove("WEIR_LOG")
+        .output()
+        .expect("weir runs");
+    assert!(
+        output.status.success(),
+        "weir plugin test: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("weir plugin test --json prints JSON");
+    let answered = report["rows"].as_array().cloned().unwrap_or_default();
+    assert_eq!(answered.len(), FIELDS_ROWS.lines().count(), "{report}");
+    for (row, answer) in FIELDS_ROWS.lines().zip(&answered) {
+        assert_eq!(answer["outcome"], "emit", "{row}: {answer}");
+        let emitted: Vec<serde_json::Value> = answer["emitted"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|out| match &out["payload"] {
+                serde_json::Value::String(text) => {
+                    serde_json::from_str(text).unwrap_or_else(|_| out["payload"].clone())
+                }
+                payload => payload.clone(),
+            })
+            .collect();
+        assert_eq!(
+            serde_json::Value::Array(emitted),
+            fields_expected(row),
+            "{row}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The host functions a plugin may import, served from its store's
 //! [`PluginState`]: WASI (empty-by-default context), `wasi:http` (through
-//! the grant gate), `log` and `add-counter`.
+//! the grant gate), `log`, `add-counter` and `json-members`.
 
 use wasmtime_wasi::{WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
@@ -76,6 +76,13 @@ impl host_api::Host for PluginState {
             name,
         };
         metrics.plugin_counters.get_or_create(&labels).inc_by(delta);
+    }
+
+    fn json_members(&mut self, names: Vec<String>) -> Result<Vec<u8>, String> {
+        match &self.batch {
+            Some(batch) => super::json_members::json_members(&batch.data, &batch.rows, &names),
+            None => Err("json-members: there is no batch outside a transform or sink call".into()),
+        }
     }
 }
 

@@ -87,6 +87,9 @@ pub struct Plugin {
     /// Places for its `http-batch` requests in flight (`http_max_in_flight`),
     /// shared by its instances.
     pub(super) http_in_flight: Arc<tokio::sync::Semaphore>,
+    /// Its component imports `json-members`: each call's store keeps the
+    /// batch's bytes for it (a copy, so only for plugins that read them).
+    pub(super) reads_json_members: bool,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -180,6 +183,7 @@ impl Plugin {
             state: None,
             postgres: None,
             nats: None,
+            batch: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
@@ -338,6 +342,20 @@ impl PluginInstance {
         result
     }
 
+    /// Gives the call's `json-members` the batch's bytes, for a plugin
+    /// that imports it.
+    fn keep_batch(store: &mut Store<PluginState>, rows: &Batch) {
+        if store.data().plugin.reads_json_members {
+            store.data_mut().batch = Some(Batch {
+                data: rows.data.clone(),
+                rows: rows.rows.clone(),
+                sequences: Vec::new(),
+                attempts: Vec::new(),
+                headers: Vec::new(),
+            });
+        }
+    }
+
     /// Runs a transform over a packed batch. The caller checks the answer
     /// against the batch as it reads it: the sandbox only runs the call.
     pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
@@ -345,10 +363,12 @@ impl PluginInstance {
         let Exports::Transform(exports) = &self.exports else {
             return Err(self.contract("is not a transform"));
         };
+        Self::keep_batch(&mut self.store, rows);
         let result = exports
             .call_transform(&mut self.store, rows)
             .await
             .map_err(|err| self.failure(err));
+        self.store.data_mut().batch = None;
         self.end_call(began, result)
     }
 
@@ -358,10 +378,12 @@ impl PluginInstance {
         let Exports::Sink(exports) = &self.exports else {
             return Err(self.contract("is not a sink"));
         };
+        Self::keep_batch(&mut self.store, rows);
         let result = exports
             .call_deliver(&mut self.store, rows)
             .await
             .map_err(|err| self.failure(err));
+        self.store.data_mut().batch = None;
         self.end_call(began, result)
     }
 
@@ -562,6 +584,9 @@ pub struct PluginState {
     /// What a call of a sink granted `nats` publishes; `None` outside such
     /// a call, and always without the grant.
     pub(super) nats: Option<crate::destination::PublishCall>,
+    /// The running transform's or sink's batch, for `json-members`; `None`
+    /// outside a call, and always for a plugin that does not import it.
+    pub(super) batch: Option<Batch>,
 }
 
 /// A plugin's stderr, of which only the tail is kept: enough to quote a

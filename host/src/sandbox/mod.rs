@@ -28,6 +28,7 @@ mod capabilities;
 mod http;
 mod http_batch;
 mod imports;
+mod json_members;
 mod inspect;
 mod instance;
 mod worlds;
@@ -411,6 +412,7 @@ impl Sandbox {
             postgres,
             http_pool,
             http_in_flight: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
+            reads_json_members: imports_json_members(&self.engine, &component),
         });
         let smoke_test = loaded
             .instantiate()
@@ -501,6 +503,21 @@ fn imported_version(import: &str) -> Option<&str> {
         .strip_prefix("weir:plugin/")?
         .split_once('@')
         .map(|(_, version)| version)
+}
+
+/// Whether the component imports `weir:plugin/host`'s `json-members`.
+fn imports_json_members(engine: &Engine, component: &Component) -> bool {
+    component
+        .component_type()
+        .imports(engine)
+        .any(|(name, item)| match item.ty {
+            ComponentItem::ComponentInstance(instance) if name.starts_with("weir:plugin/host") => {
+                instance
+                    .exports(engine)
+                    .any(|(export, _)| export == "json-members")
+            }
+            _ => false,
+        })
 }
 
 /// The component's `wasi:http/…` import, if it has any; the outgoing

@@ -66,10 +66,17 @@ class Row:
 
     Rows of a batch from weir are views of the packed batch: tenant, table,
     payload, headers, sequence and attempts are decoded when first read, so
-    a plugin pays only for what it looks at."""
+    a plugin pays only for what it looks at.
+
+    A row whose payload is a JSON object is also a mapping of its top-level
+    fields: `row.get(name)`, `name in row`, `row[name]` read one without
+    parsing the row whole (weir finds the fields a plugin reads for its
+    whole batch at once, natively), and `row[name] = value` sets one;
+    `emit(row)` sends the row with what was set. Each reads and answers as
+    `row.json()` would, errors included."""
 
     __slots__ = ("_tenant", "_table", "_payload", "_headers", "_sequence", "_attempts",
-                 "index", "_json", "_view")
+                 "index", "_json", "_view", "_edits", "_local")
 
     def __init__(self, tenant, table, payload, headers=(), sequence=1, attempts=1, index=0):
         self._tenant = tenant
@@ -83,6 +90,11 @@ class Row:
         self.index = index
         self._json = None
         self._view = None
+        # Fields set with `row[name] = value`, not yet in `_payload`.
+        self._edits = None
+        # The payload is not the batch's (replaced, or edited): the batch's
+        # field places no longer describe it.
+        self._local = True
 
     @property
     def tenant(self):
@@ -106,7 +118,25 @@ class Row:
 
     @property
     def payload(self):
-        if self._payload is None:
+        """The payload's bytes, with the fields set by `row[name] = value`."""
+        if self._edits:
+            self._payload = self._edited()
+            self._edits = None
+            self._local = True
+        elif self._payload is None:
+            self._payload = self._view.payload(self.index)
+        return self._payload
+
+    def _emitted(self):
+        """The payload `emit(row)` sends: `row.json()` written out when it
+        was parsed (it may have been changed), else `payload`."""
+        if self._json is not None:
+            return _json_dump(self._json).encode("utf-8")
+        if self._edits:
+            self._payload = self._edited()
+            self._edits = None
+            self._local = True
+        elif self._payload is None:
             self._payload = self._view.payload(self.index)
         return self._payload
 
@@ -114,6 +144,8 @@ class Row:
     def payload(self, value):
         self._payload = value
         self._json = None
+        self._edits = None
+        self._local = True
 
     @property
     def headers(self):
@@ -148,34 +180,203 @@ class Row:
 
     def json(self):
         """The payload parsed as JSON (parsed on first call, then kept).
-        Mutating the result is fine: emit it to send the changed row on."""
+        Mutating the result is fine: emit it (or the row) to send the
+        changed row on."""
         if self._json is None:
             payload = self._payload
-            if payload is None:
-                payload = self._payload = self._view.payload(self.index)
+            if payload is None or self._edits:
+                payload = self.payload
             self._json = _parse_json(payload)
         return self._json
 
-    def text(self):
-        """The payload as UTF-8 text."""
-        return self.payload.decode("utf-8")
+    # The field reads below repeat one lookup inline rather than share a
+    # helper: a Python call per field read was most of what they cost.
 
-    def header(self, name, default=None):
-        """The first value of header `name` (exact match)."""
-        for n, v in self.headers:
-            if n == name:
-                return v
-        return default
+    def get(self, name, default=None):
+        """The top-level field `name` of the payload's JSON object, or
+        `default` when it has none."""
+        edits = self._edits
+        if edits is not None and name in edits:
+            return edits[name]
+        if self._json is None and not self._local:
+            view = self._view
+            slot = view.slots.get(name)
+            if slot is None:
+                slot = view.ask(name)
+            at = view.width * self.index
+            places = view.places
+            if slot >= 0 and places[at] != _NOT_READ:
+                start = places[at + 1 + 2 * slot]
+                if start == _NOT_READ:
+                    return default
+                base = view.nums[8 * self.index + 4]
+                return self._field(name, view.data, base + start, base + places[at + 2 + 2 * slot])
+        return _object(self).get(name, default)
 
-    def __repr__(self):
-        return "Row(tenant=%r, table=%r, payload=%r)" % (self.tenant, self.table, self.payload)
+    def __contains__(self, name):
+        edits = self._edits
+        if edits is not None and name in edits:
+            return True
+        if self._json is None and not self._local:
+            view = self._view
+            slot = view.slots.get(name)
+            if slot is None:
+                slot = view.ask(name)
+            at = view.width * self.index
+            places = view.places
+            if slot >= 0 and places[at] != _NOT_READ:
+                return places[at + 1 + 2 * slot] != _NOT_READ
+        return name in _object(self)
+
+    def __getitem__(self, name):
+        value = self.get(name, _ABSENT)
+        if value is _ABSENT:
+            raise KeyError(name)
+        return value
+
+    def __setitem__(self, name, value):
+        if type(name) is not str:
+            raise TypeError("a row's field name is a str, not %s" % type(name).__name__)
+        if self._json is not None:
+            _object(self)[name] = value
+        if self._edits is None:
+            self._edits = {name: value}
+        else:
+            self._edits[name] = value
+
+    def _field(self, name, data, start, end):
+        """The value at `data[start:end]` as Python's JSON reads it. An
+        object or array is kept as an edit: changing it changes the row."""
+        first = data[start]
+        if first == 34:  # a string
+            text = data[start + 1:end - 1]
+            if 92 not in text:  # no backslash: its UTF-8 is its text
+                return text.decode("utf-8")
+            return _parse_json(data[start:end])
+        if first == 116:
+            return True
+        if first == 102:
+            return False
+        if first == 110:
+            return None
+        if first == 123 or first == 91:
+            value = _parse_json(data[start:end])
+            self[name] = value
+            return value
+        text = data[start:end]
+        return float(text) if text.strip(b"-0123456789") else int(text)
+
+    def _edited(self):
+        """`_payload` with `_edits` in: each set field's value replaced in
+        place, new ones added before the closing brace, the rest of the
+        bytes untouched. A payload whose fields the batch did not place is
+        parsed, changed and written whole."""
+        edits = self._edits
+        if self._local or self._json is not None:
+            return _payload_bytes(_with_edits(self._original(), edits))
+        view = self._view
+        if len(edits) == 1:
+            # One field set (the usual case): two slices and the new bytes.
+            ((name, value),) = edits.items()
+            slot = view.slots.get(name)
+            if slot is None:
+                slot = view.ask(name)
+            places = view.places
+            at = view.width * self.index
+            closing = places[at]
+            if slot >= 0 and closing != _NOT_READ:
+                if value is True:
+                    encoded = b"true"
+                elif value is False:
+                    encoded = b"false"
+                elif value is None:
+                    encoded = b"null"
+                else:
+                    encoded = _json_dump(value).encode("utf-8")
+                data = view.data
+                nums = view.nums
+                base = nums[8 * self.index + 4]
+                end = base + nums[8 * self.index + 5]
+                start = places[at + 1 + 2 * slot]
+                if start != _NOT_READ:
+                    return b"".join((data[base:base + start], encoded,
+                                     data[base + places[at + 2 + 2 * slot]:end]))
+                key = _FIELD_KEYS.get(name)
+                if key is None:
+                    key = _FIELD_KEYS[name] = b"," + _json_dump(name).encode("utf-8") + b":"
+                closing += base
+                before = data[closing - 1]
+                if before == 123 or (before in _JSON_SPACE_BYTES
+                                     and data[base:closing].rstrip(_JSON_SPACE_BYTES).endswith(b"{")):
+                    key = key[1:]  # the object's first member: no comma
+                return b"".join((data[base:closing], key, encoded, data[closing:end]))
+        for name in edits:
+            if name not in view.slots:
+                view.ask(name)
+        slots = view.slots
+        places = view.places
+        at = view.width * self.index
+        closing = places[at]
+        added = b""
+        replaced = None
+        for name, value in edits.items():
+            slot = slots[name]
+            if slot < 0 or closing == _NOT_READ:
+                return _payload_bytes(_with_edits(self._original(), edits))
+            if value is True:
+                encoded = b"true"
+            elif value is False:
+                encoded = b"false"
+            elif value is None:
+                encoded = b"null"
+            else:
+                encoded = _json_dump(value).encode("utf-8")
+            start = places[at + 1 + 2 * slot]
+            if start == _NOT_READ:
+                key = _FIELD_KEYS.get(name)
+                if key is None:
+                    key = _FIELD_KEYS[name] = b"," + _json_dump(name).encode("utf-8") + b":"
+                added += key + encoded
+            elif replaced is None:
+                replaced = [(start, places[at + 2 + 2 * slot], encoded)]
+            else:
+                replaced.append((start, places[at + 2 + 2 * slot], encoded))
+        # Cut from the batch's bytes: the places count from the payload's start.
+        data = view.data
+        base = view.nums[8 * self.index + 4]
+        closing += base
+        end = base + view.nums[8 * self.index + 5]
+        if added:
+            before = data[closing - 1]
+            if before == 123 or (before in _JSON_SPACE_BYTES
+                                 and data[base:closing].rstrip(_JSON_SPACE_BYTES).endswith(b"{")):
+                added = added[1:]  # the object's first member: no comma
+        if replaced is None:
+            return data[base:closing] + added + data[closing:end]
+        pieces = []
+        done = base
+        for start, stop, encoded in sorted(replaced):
+            pieces.append(data[done:base + start])
+            pieces.append(encoded)
+            done = base + stop
+        pieces.append(data[done:closing])
+        pieces.append(added)
+        pieces.append(data[closing:end])
+        return b"".join(pieces)
+
+    def _original(self):
+        """The payload before `_edits`."""
+        if self._payload is None:
+            self._payload = self._view.payload(self.index)
+        return self._payload
 
 
 class _View:
     """A packed batch as componentize-py hands it over, read in place: a
     row's pieces are sliced out of `data` only when asked for."""
 
-    __slots__ = ("data", "nums", "heads", "sequences", "attempts")
+    __slots__ = ("data", "nums", "heads", "sequences", "attempts",
+                 "names", "slots", "places", "width")
 
     def __init__(self, batch):
         self.data = batch.data
@@ -184,6 +385,38 @@ class _View:
         self.heads = _numbers(batch.headers, _U32)
         self.sequences = _numbers(batch.sequences, _U64)
         self.attempts = _numbers(batch.attempts, _U32)
+        # The rows' JSON fields, placed by the host (`json-members`) when
+        # a plugin first reads one: a name's slot, and per row its places.
+        self.names = None
+        self.slots = {}
+        self.places = _NO_PLACES
+        self.width = 0
+
+    def ask(self, name):
+        """`name`'s slot once the host has placed it (with every field this
+        plugin read before, so a batch usually asks once), or -1 when the
+        host cannot: the rows are then parsed whole."""
+        if type(name) is not str:
+            return -1
+        host = _host()
+        if self.names is None:
+            self.names = list(_FIELD_NAMES)
+        if name not in self.names:
+            self.names.append(name)
+            if len(_FIELD_NAMES) < _MAX_FIELD_NAMES:
+                _FIELD_NAMES.append(name)
+        if host is None or len(self.names) > _MAX_FIELD_NAMES:
+            self.slots[name] = -1
+            return -1
+        try:
+            places = host.json_members(self.names)
+        except Exception:  # refused: the rows are parsed whole instead
+            self.slots[name] = -1
+            return -1
+        self.places = _numbers(places, _U32)
+        self.width = 1 + 2 * len(self.names)
+        self.slots = {n: k for k, n in enumerate(self.names)}
+        return self.slots[name]
 
     def text(self, row, field):
         at = 8 * row + field
@@ -217,11 +450,42 @@ def _packed_rows(batch):
     for i in range(len(view.sequences)):
         row = new(Row)
         row._tenant = row._table = row._payload = row._headers = None
-        row._sequence = row._attempts = row._json = None
+        row._sequence = row._attempts = row._json = row._edits = None
+        row._local = False
         row._view = view
         row.index = i
         append(row)
     return rows
+
+
+# A place `json-members` has no offset for: an absent field, a row not read.
+_NOT_READ = 0xFFFFFFFF
+_NO_PLACES = memoryview(b"").cast("B")
+# The most field names one batch asks the host to place (the WIT's bound),
+# and the names this plugin has read so far, asked for every batch.
+_MAX_FIELD_NAMES = 64
+_FIELD_NAMES = []
+# `,"name":` of each field name set on a row, written once.
+_FIELD_KEYS = {}
+_JSON_SPACE_BYTES = b" \t\n\r"
+_ABSENT = object()
+
+
+def _object(row):
+    """`row.json()`, which must be an object for its fields to be read."""
+    data = row.json()
+    if type(data) is not dict:
+        raise TypeError("the row's payload is JSON %s, not an object" % type(data).__name__)
+    return data
+
+
+def _with_edits(payload, edits):
+    """The JSON value to write for `payload` with `edits` set in it."""
+    data = _parse_json(payload)
+    if type(data) is not dict:
+        raise TypeError("the row's payload is JSON %s, not an object" % type(data).__name__)
+    data.update(edits)
+    return data
 
 
 # JSON with the standard library's C scanner and encoder called directly:
@@ -285,6 +549,8 @@ def _payload_bytes(payload):
         return _json_dump(payload).encode("utf-8")
     if kind is bytes:
         return payload
+    if kind is Row:
+        return payload._emitted()
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
     if isinstance(payload, str):
@@ -332,6 +598,8 @@ class Outcome:
 
 
 _OK_OUTCOME = Outcome(_OK)
+_new_out = Out.__new__
+_new_outcome = Outcome.__new__
 
 
 def ok():
@@ -341,7 +609,25 @@ def ok():
 
 def emit(*rows):
     """Replace the row by `rows`, in order: each an `Out`, or a payload
-    (bytes, str, or a value written as JSON) keeping table and headers."""
+    (bytes, str, a `Row` as changed, or a value written as JSON) keeping
+    table and headers."""
+    if len(rows) == 1 and rows[0].__class__ is Row:
+        # The transform's usual answer, without the general path's calls.
+        row = rows[0]
+        out = _new_out(Out)
+        if row._edits and row._json is None and not row._local:
+            out.payload = row._payload = row._edited()
+            row._edits = None
+            row._local = True
+        else:
+            out.payload = row._emitted()
+        out.table = out.headers = None
+        outcome = _new_outcome(Outcome)
+        outcome.code = _EMIT
+        outcome.rows = [out]
+        outcome.argument = 0
+        outcome.reason = ""
+        return outcome
     return Outcome(_EMIT, [r if isinstance(r, Out) else Out(r) for r in rows])
 
 
@@ -878,7 +1164,13 @@ def pack_transformed(rows, outcomes):
                 else:
                     # Every row emitted for one input shares its headers' bytes.
                     if inherited is None:
-                        inherited = _inherited_headers(row, put_headers, header_nums)
+                        view = row._view
+                        # A row read from a batch without headers (the common
+                        # case) has none to copy: no need to decode them.
+                        if row._headers is None and view is not None and view.nums[8 * row.index + 7] == 0:
+                            inherited = (len(header_nums) // 4, 0)
+                        else:
+                            inherited = put_headers(row.headers)
                     headers = inherited
                 emitted.extend((table_at, table_len, payload_at, len(payload), headers[0], headers[1]))
             codes.extend((_EMIT, len(outcome.rows)))
@@ -888,14 +1180,6 @@ def pack_transformed(rows, outcomes):
         else:
             codes.extend((code, outcome.argument))
     return b"".join(pieces), _packed(codes), _packed(emitted), _packed(header_nums), reasons
-
-
-def _inherited_headers(row, put_headers, header_nums):
-    # A row read from a batch without headers (the common case) has none
-    # to copy: no need to decode them.
-    if row._headers is None and row._view is not None and row._view.header_span(row.index)[1] == 0:
-        return len(header_nums) // 4, 0
-    return put_headers(row.headers)
 
 
 def pack_delivered(rows, outcomes):
@@ -1005,9 +1289,15 @@ class _TransformWorld(_World):
         def run():
             Transformed = _wit_types().Transformed
 
-            unpacked = unpack(rows)
-            outcomes = _instance().batch(unpacked)
-            return Transformed(*pack_transformed(unpacked, list(outcomes)))
+            # The cycle collector runs between batches, not within one: a
+            # batch's rows make no cycles, and its passes cost a row's time.
+            gc.disable()
+            try:
+                unpacked = unpack(rows)
+                outcomes = _instance().batch(unpacked)
+                return Transformed(*pack_transformed(unpacked, list(outcomes)))
+            finally:
+                gc.enable()
 
         return _guarded(run)
 
