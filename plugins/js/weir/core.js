@@ -68,13 +68,23 @@ export class Row {
 
   /** The payload parsed as JSON (parsed on first call, then kept). */
   json() {
-    if (this._json === undefined) this._json = JSON.parse(this.text());
-    return this._json;
+    return this._json ??= JSON.parse(this.text());
   }
 
   /** The payload as UTF-8 text. */
   text() {
-    if (this._payload === undefined && this._view !== undefined) return this._view.text(this.index, 4);
+    // The batch's own payload, cut from its text when that is ASCII: what
+    // `json()` reads for every row, so without a call per step.
+    if (this._payload === undefined) {
+      const view = this._view;
+      if (view !== undefined) {
+        const whole = view.whole;
+        if (!whole) return view.text(this.index, 4);
+        const at = 8 * this.index + 4;
+        const offset = view.nums[at];
+        return whole.substring(offset, offset + view.nums[at + 1]);
+      }
+    }
     return utf8.decode(this.payload);
   }
 
@@ -167,12 +177,17 @@ const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
 export const ok = () => OK_OUTCOME;
 /** Replace the row by `rows`: each out(...) or a payload (Uint8Array,
  * string, or a value written as JSON) keeping table and headers. */
-export const emit = (...rows) => {
+export function emit(first, ...more) {
+  // One row (the usual answer) without the loop.
+  if (more.length === 0 && arguments.length === 1) {
+    return { code: EMIT, rows: [first instanceof Out ? first : new Out(first, undefined, undefined)] };
+  }
+  const rows = [first, ...more].slice(0, arguments.length);
   for (let i = 0; i < rows.length; i++) {
     if (!(rows[i] instanceof Out)) rows[i] = new Out(rows[i], undefined, undefined);
   }
   return { code: EMIT, rows };
-};
+}
 /** Drop the row: nothing is emitted and it is acked. */
 export const drop = () => ({ code: EMIT, rows: [] });
 /** Try the row again after `afterMs` milliseconds. */
@@ -325,6 +340,26 @@ export function packTransformed(rows, outcomes) {
       for (let e = 0; e < outRows.length; e++) {
         const r = outRows[e];
         const table = r.table;
+        const text = r._text;
+        if (r.headers === undefined && first < 0) {
+          // Every row emitted for one input shares its headers' bytes; a
+          // row without headers has none to decode.
+          const row = rows[i];
+          if (row._headers === undefined && row._view !== undefined && row._view.nums[8 * row.index + 7] === 0) {
+            first = headerNums.length / 4;
+          } else {
+            count = row.headers.length;
+            first = putHeaders(row.headers);
+          }
+        }
+        if (table === undefined && text !== undefined && r.headers === undefined) {
+          // A text payload with the input's table and headers, as most
+          // are: one push.
+          texts.push(text);
+          emitted.push(0, SAME_TABLE, chars, text.length, first, count);
+          chars += text.length;
+          continue;
+        }
         if (table === undefined) {
           emitted.push(0, SAME_TABLE);
         } else {
@@ -332,7 +367,6 @@ export function packTransformed(rows, outcomes) {
           emitted.push(chars, table.length);
           chars += table.length;
         }
-        const text = r._text;
         if (text !== undefined) {
           texts.push(text);
           emitted.push(chars, text.length);
@@ -345,22 +379,8 @@ export function packTransformed(rows, outcomes) {
           emitted.push(blobBytes, bytes.length);
           blobBytes += bytes.length;
         }
-        if (r.headers !== undefined) {
-          emitted.push(putHeaders(r.headers), r.headers.length);
-        } else {
-          // Every row emitted for one input shares its headers' bytes; a
-          // row without headers has none to decode.
-          if (first < 0) {
-            const row = rows[i];
-            if (row._headers === undefined && row._view !== undefined && row._view.headerCount(row.index) === 0) {
-              first = headerNums.length / 4;
-            } else {
-              count = row.headers.length;
-              first = putHeaders(row.headers);
-            }
-          }
-          emitted.push(first, count);
-        }
+        if (r.headers !== undefined) emitted.push(putHeaders(r.headers), r.headers.length);
+        else emitted.push(first, count);
       }
       codes[2 * i] = EMIT;
       codes[2 * i + 1] = outRows.length;
@@ -470,7 +490,7 @@ export function runBatch(plugin, rows) {
       outcomes[i] = deadLetter(shortReason(error));
       continue;
     }
-    outcomes[i] = checked(outcome);
+    outcomes[i] = outcome !== undefined && outcome !== null && typeof outcome.code === "number" ? outcome : checked(outcome);
   }
   return outcomes;
 }

@@ -1147,7 +1147,24 @@ def pack_transformed(rows, outcomes):
         code = outcome.code
         if code == _EMIT:
             inherited = None
-            for out in outcome.rows:
+            outs = outcome.rows
+            if len(outs) == 1:
+                out = outs[0]
+                if out.table is None and out.headers is None:
+                    # One row with the input's table and headers, as most
+                    # answers are: fewer steps than the general loop below.
+                    view = row._view
+                    if row._headers is None and view is not None and view.nums[8 * row.index + 7] == 0:
+                        first, count = len(header_nums) // 4, 0
+                    else:
+                        first, count = put_headers(row.headers)
+                    payload = out.payload
+                    put_piece(payload)
+                    emitted.extend((0, _SAME_TABLE, size, len(payload), first, count))
+                    size += len(payload)
+                    codes.extend((_EMIT, 1))
+                    continue
+            for out in outs:
                 if out.table is None:
                     table_at, table_len = 0, _SAME_TABLE
                 else:
