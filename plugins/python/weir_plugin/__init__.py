@@ -1308,13 +1308,16 @@ class _TransformWorld(_World):
 
             # The cycle collector runs between batches, not within one: a
             # batch's rows make no cycles, and its passes cost a row's time.
+            # (A plugin that turned it off keeps it off.)
+            collecting = gc.isenabled()
             gc.disable()
             try:
                 unpacked = unpack(rows)
                 outcomes = _instance().batch(unpacked)
                 return Transformed(*pack_transformed(unpacked, list(outcomes)))
             finally:
-                gc.enable()
+                if collecting:
+                    gc.enable()
 
         return _guarded(run)
 
