@@ -132,15 +132,16 @@ fn expected() -> (Vec<String>, Vec<String>) {
     (lines, reasons)
 }
 
-/// Each row's outcome as `weir plugin test --json` reports it, in the
-/// fixture's shape (emitted payloads parsed, so key order does not matter).
-fn plugin_test_outcomes(wasm: &Path) -> Vec<serde_json::Value> {
-    let rows = workspace().join("fixture-rows.ndjson");
-    std::fs::write(&rows, ROWS).expect("write the rows");
-    // The tests' compiled cache: the host below then loads what this compiled.
+/// The rows of `weir plugin test --json` for `wasm` on `rows`, written to
+/// `file` in the workspace: one report per row, emitted JSON payloads
+/// parsed.
+fn plugin_test_rows(wasm: &Path, file: &str, rows: &str) -> Vec<serde_json::Value> {
+    let path = workspace().join(file);
+    std::fs::write(&path, rows).expect("write the rows");
+    // The tests' compiled cache: a host started after loads what this compiled.
     let output = Command::new(WEIR)
         .args(["plugin", "test", "--json", "--rows"])
-        .arg(&rows)
+        .arg(&path)
         .arg(wasm)
         .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
         .env_remove("WEIR_LOG")
@@ -154,8 +155,23 @@ fn plugin_test_outcomes(wasm: &Path) -> Vec<serde_json::Value> {
     );
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("weir plugin test --json prints JSON");
-    let rows = report["rows"].as_array().cloned().unwrap_or_default();
-    rows.into_iter()
+    report["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// A transform project of the Python scaffold named `name` with `app` as
+/// its `app.py`, built: its `.wasm`.
+fn built_python_transform(name: &str, app: &str) -> PathBuf {
+    let dir = scaffold(name, "python", "transform");
+    std::fs::write(dir.join("app.py"), app).expect("write app.py");
+    run_script(&dir, "build.sh");
+    dir.join(format!("{name}.wasm"))
+}
+
+/// Each row's outcome as `weir plugin test --json` reports it, in the
+/// fixture's shape (emitted payloads parsed, so key order does not matter).
+fn plugin_test_outcomes(wasm: &Path) -> Vec<serde_json::Value> {
+    plugin_test_rows(wasm, "fixture-rows.ndjson", ROWS)
+        .into_iter()
         .map(|row| match row["outcome"].as_str() {
             Some("emit") => serde_json::json!({
                 "outcome": "emit",
@@ -361,14 +377,9 @@ WitWorld = weir.export(Plugin)
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
-    let wasm = tokio::task::spawn_blocking(|| {
-        let dir = scaffold("key-error", "python", "transform");
-        std::fs::write(dir.join("app.py"), KEY_ERROR_APP).expect("write app.py");
-        run_script(&dir, "build.sh");
-        dir.join("key-error.wasm")
-    })
-    .await
-    .expect("build");
+    let wasm = tokio::task::spawn_blocking(|| built_python_transform("key-error", KEY_ERROR_APP))
+        .await
+        .expect("build");
     let nats = Nats::start();
     let host = TestHost::start(&base_config(nats.url(), &pipeline("keys", &wasm))).await;
     let response = host.ingest("keys", "{\"id\":1}\n{\"no\":2}\n").await;
@@ -862,45 +873,18 @@ fn fields_expected(row: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_fields_read_and_set_through_the_row_answer_as_the_row_parsed_whole() {
-    let wasm = tokio::task::spawn_blocking(|| {
-        let dir = scaffold("fields", "python", "transform");
-        std::fs::write(dir.join("app.py"), FIELDS_APP).expect("write app.py");
-        run_script(&dir, "build.sh");
-        dir.join("fields.wasm")
-    })
-    .await
-    .expect("build");
-    let rows = workspace().join("fields-rows.ndjson");
-    std::fs::write(&rows, FIELDS_ROWS).expect("write the rows");
-    let output = Command::new(WEIR)
-        .args(["plugin", "test", "--json", "--rows"])
-        .arg(&rows)
-        .arg(&wasm)
-        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
-        .env_remove("WEIR_LOG")
-        .output()
-        .expect("weir runs");
-    assert!(
-        output.status.success(),
-        "weir plugin test: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("weir plugin test --json prints JSON");
-    let answered = report["rows"].as_array().cloned().unwrap_or_default();
-    assert_eq!(answered.len(), FIELDS_ROWS.lines().count(), "{report}");
+    let wasm = tokio::task::spawn_blocking(|| built_python_transform("fields", FIELDS_APP))
+        .await
+        .expect("build");
+    let answered = plugin_test_rows(&wasm, "fields-rows.ndjson", FIELDS_ROWS);
+    assert_eq!(answered.len(), FIELDS_ROWS.lines().count(), "{answered:?}");
     for (row, answer) in FIELDS_ROWS.lines().zip(&answered) {
         assert_eq!(answer["outcome"], "emit", "{row}: {answer}");
         let emitted: Vec<serde_json::Value> = answer["emitted"]
             .as_array()
             .into_iter()
             .flatten()
-            .map(|out| match &out["payload"] {
-                serde_json::Value::String(text) => {
-                    serde_json::from_str(text).unwrap_or_else(|_| out["payload"].clone())
-                }
-                payload => payload.clone(),
-            })
+            .map(|out| out["payload"].clone())
             .collect();
         assert_eq!(
             serde_json::Value::Array(emitted),

@@ -177,17 +177,12 @@ const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
 export const ok = () => OK_OUTCOME;
 /** Replace the row by `rows`: each out(...) or a payload (Uint8Array,
  * string, or a value written as JSON) keeping table and headers. */
-export function emit(first, ...more) {
-  // One row (the usual answer) without the loop.
-  if (more.length === 0 && arguments.length === 1) {
-    return { code: EMIT, rows: [first instanceof Out ? first : new Out(first, undefined, undefined)] };
-  }
-  const rows = [first, ...more].slice(0, arguments.length);
+export const emit = (...rows) => {
   for (let i = 0; i < rows.length; i++) {
     if (!(rows[i] instanceof Out)) rows[i] = new Out(rows[i], undefined, undefined);
   }
   return { code: EMIT, rows };
-}
+};
 /** Drop the row: nothing is emitted and it is acked. */
 export const drop = () => ({ code: EMIT, rows: [] });
 /** Try the row again after `afterMs` milliseconds. */

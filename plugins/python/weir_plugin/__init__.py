@@ -120,10 +120,8 @@ class Row:
     def payload(self):
         """The payload's bytes, with the fields set by `row[name] = value`."""
         if self._edits:
-            self._payload = self._edited()
-            self._edits = None
-            self._local = True
-        elif self._payload is None:
+            return self._apply_edits()
+        if self._payload is None:
             self._payload = self._view.payload(self.index)
         return self._payload
 
@@ -132,13 +130,15 @@ class Row:
         was parsed (it may have been changed), else `payload`."""
         if self._json is not None:
             return _json_dump(self._json).encode("utf-8")
-        if self._edits:
-            self._payload = self._edited()
-            self._edits = None
-            self._local = True
-        elif self._payload is None:
-            self._payload = self._view.payload(self.index)
-        return self._payload
+        return self.payload
+
+    def _apply_edits(self):
+        """Puts `_edits` into `_payload`, which the batch's field places
+        then no longer describe; returns it."""
+        payload = self._payload = self._edited()
+        self._edits = None
+        self._local = True
+        return payload
 
     @payload.setter
     def payload(self, value):
@@ -615,12 +615,7 @@ def emit(*rows):
         # The transform's usual answer, without the general path's calls.
         row = rows[0]
         out = _new_out(Out)
-        if row._edits and row._json is None and not row._local:
-            out.payload = row._payload = row._edited()
-            row._edits = None
-            row._local = True
-        else:
-            out.payload = row._emitted()
+        out.payload = row._apply_edits() if row._edits and row._json is None else row._emitted()
         out.table = out.headers = None
         outcome = _new_outcome(Outcome)
         outcome.code = _EMIT
