@@ -12,6 +12,7 @@
 //! dead-lettered if it was dead-lettered. Rows that cannot come back (their
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// First byte of an encoded scope: the format's version.
@@ -374,9 +375,14 @@ impl Overlay {
     ) -> Result<(), StateError> {
         // Owned: a plugin's key and value arrive as vectors, kept as they are.
         let (key, value) = (key.into(), value.into());
-        let old = self.get(&key).map(|v| entry_bytes(&key, v));
+        let entry = self.writes.entry(key);
+        let old = match &entry {
+            Entry::Occupied(written) => written.get().as_deref(),
+            Entry::Vacant(vacant) => self.base.get(vacant.key()),
+        }
+        .map(|old| entry_bytes(entry.key(), old));
         let keys = self.keys + usize::from(old.is_none());
-        let bytes = self.bytes - old.unwrap_or(0) + entry_bytes(&key, &value);
+        let bytes = self.bytes - old.unwrap_or(0) + entry_bytes(entry.key(), &value);
         if keys > self.limits.max_keys {
             return Err(StateError::TooManyKeys {
                 max_keys: self.limits.max_keys,
@@ -389,7 +395,14 @@ impl Overlay {
         }
         self.keys = keys;
         self.bytes = bytes;
-        self.writes.insert(key, Some(value));
+        match entry {
+            Entry::Occupied(mut written) => {
+                written.insert(Some(value));
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(Some(value));
+            }
+        }
         Ok(())
     }
 

@@ -62,11 +62,15 @@ pub struct StateStep {
     /// The unit consumer's ack floor as last read: applied sequences at or
     /// below it are dropped from a scope as it is written.
     ack_floor: u64,
-    /// This batch: each input row's scope key and sequence.
-    keys: Vec<String>,
+    /// This batch's scopes: their keys, and the (tenant, table) of each,
+    /// so that a row finds its scope without formatting a key.
+    scopes: Vec<String>,
+    scope_names: Vec<(String, String)>,
+    /// This batch: each input row's scope (in `scopes`) and sequence.
+    row_scopes: Vec<usize>,
     sequences: Vec<u64>,
-    /// The scopes' keys the call got, in its overlays' order.
-    given: Vec<String>,
+    /// The scopes the call got (in `scopes`), in its overlays' order.
+    given: Vec<Option<usize>>,
     /// The call's overlays, named by their keys, for the write.
     runs: Vec<ScopeRun>,
     /// Whether a commit returns before its writes landed (the unit
@@ -96,7 +100,8 @@ struct InFlight {
 
 /// What a stateful run keeps between the plugin's call and the write.
 struct ScopeRun {
-    key: String,
+    /// In `StateStep::scopes`; `None`: the call got a row of no input row.
+    scope: Option<usize>,
     overlay: Overlay,
 }
 
@@ -110,7 +115,9 @@ impl StateStep {
             metrics: state.metrics,
             cache: HashMap::new(),
             ack_floor: 0,
-            keys: Vec::new(),
+            scopes: Vec::new(),
+            scope_names: Vec::new(),
+            row_scopes: Vec::new(),
             sequences: Vec::new(),
             given: Vec::new(),
             runs: Vec::new(),
@@ -202,44 +209,68 @@ impl StateStep {
         &mut self,
         rows: impl Iterator<Item = (&'a str, &'a str, u64)>,
     ) -> Result<Vec<Option<Settled>>, Unreadable> {
-        self.keys.clear();
+        self.scopes.clear();
+        self.scope_names.clear();
+        self.row_scopes.clear();
         self.sequences.clear();
         self.given.clear();
         self.runs.clear();
+        // A batch's rows mostly share one scope: a key is formatted once
+        // per scope, not per row (it was six allocations a row).
+        let mut last: Option<(&str, &str, usize)> = None;
         for (tenant, table, sequence) in rows {
-            self.keys
-                .push(scope_key(tenant, &self.plugin, table, self.unit));
+            let scope = match last {
+                Some((t, b, scope)) if t == tenant && b == table => scope,
+                _ => {
+                    let scope = self.scope_of(tenant, table);
+                    last = Some((tenant, table, scope));
+                    scope
+                }
+            };
+            self.row_scopes.push(scope);
             self.sequences.push(sequence);
         }
         self.load_scopes().await?;
+        let mut settled: Vec<Option<Settled>> = self.settled_rows().collect();
         // A row settled by a write still on its way (a row redelivered
         // meanwhile) waits for it: if it failed, the row runs again.
-        if !self.in_flight.is_empty() && self.any_settled() {
+        if !self.in_flight.is_empty() && settled.iter().any(Option::is_some) {
             self.land_all().await;
             self.load_scopes().await?;
+            settled = self.settled_rows().collect();
         }
-        let labels = PluginLabels {
-            plugin: self.plugin.clone(),
-        };
-        let settled_again = self.metrics.state_rows_settled_again.get_or_create(&labels);
-        let settled = self
-            .keys
-            .iter()
-            .zip(&self.sequences)
-            .map(|(key, &sequence)| {
-                let settled = self.settled(key, sequence);
-                if settled.is_some() {
-                    settled_again.inc();
-                }
-                settled
-            })
-            .collect();
+        let again = settled.iter().filter(|settled| settled.is_some()).count();
+        if again > 0 {
+            let labels = PluginLabels {
+                plugin: self.plugin.clone(),
+            };
+            self.metrics
+                .state_rows_settled_again
+                .get_or_create(&labels)
+                .inc_by(again as u64);
+        }
         Ok(settled)
+    }
+
+    /// The index in `scopes` of (`tenant`, `table`)'s scope, added if new.
+    fn scope_of(&mut self, tenant: &str, table: &str) -> usize {
+        if let Some(scope) = self
+            .scope_names
+            .iter()
+            .position(|(t, b)| t == tenant && b == table)
+        {
+            return scope;
+        }
+        self.scope_names
+            .push((tenant.to_string(), table.to_string()));
+        self.scopes
+            .push(scope_key(tenant, &self.plugin, table, self.unit));
+        self.scopes.len() - 1
     }
 
     /// Reads every scope of the batch's rows not held yet.
     async fn load_scopes(&mut self) -> Result<(), Unreadable> {
-        for key in &self.keys {
+        for key in &self.scopes {
             if !self.cache.contains_key(key) {
                 let stored = self.store.load(key).await.map_err(|source| Unreadable {
                     plugin: self.plugin.clone(),
@@ -251,17 +282,35 @@ impl StateStep {
         Ok(())
     }
 
-    fn settled(&self, key: &str, sequence: u64) -> Option<Settled> {
-        self.cache
-            .get(key)
-            .and_then(|stored| stored.scope.settled(sequence))
-    }
-
-    fn any_settled(&self) -> bool {
-        self.keys
+    /// Per input row, whether its scope settled it before.
+    fn settled_rows(&self) -> impl Iterator<Item = Option<Settled>> + '_ {
+        let stored: Vec<Option<&Stored>> =
+            self.scopes.iter().map(|key| self.cache.get(key)).collect();
+        self.row_scopes
             .iter()
             .zip(&self.sequences)
-            .any(|(key, &sequence)| self.settled(key, sequence).is_some())
+            .map(move |(&scope, &sequence)| {
+                stored
+                    .get(scope)
+                    .copied()
+                    .flatten()
+                    .and_then(|stored| stored.scope.settled(sequence))
+            })
+    }
+
+    /// The input rows of the scope whose key is `key`.
+    fn rows_of_key(&self, key: &str) -> Vec<usize> {
+        match self.scopes.iter().position(|scope| scope == key) {
+            Some(scope) => self.rows_of(Some(scope)),
+            None => Vec::new(),
+        }
+    }
+
+    /// The input rows of `scope` (in `scopes`).
+    fn rows_of(&self, scope: Option<usize>) -> Vec<usize> {
+        (0..self.row_scopes.len())
+            .filter(|&row| Some(self.row_scopes[row]) == scope)
+            .collect()
     }
 
     /// For the plugin's call: one overlay per scope of the rows it gets
@@ -270,11 +319,11 @@ impl StateStep {
         self.given.clear();
         let mut row_scopes = Vec::with_capacity(origins.len());
         for &origin in origins {
-            let key = self.keys.get(origin).map_or("", String::as_str);
-            let index = match self.given.iter().position(|k| k == key) {
+            let scope = self.row_scopes.get(origin).copied();
+            let index = match self.given.iter().position(|&given| given == scope) {
                 Some(index) => index,
                 None => {
-                    self.given.push(key.to_string());
+                    self.given.push(scope);
                     self.given.len() - 1
                 }
             };
@@ -283,10 +332,10 @@ impl StateStep {
         let overlays = self
             .given
             .iter()
-            .map(|key| {
-                let base = self
-                    .cache
-                    .get(key)
+            .map(|&scope| {
+                let base = scope
+                    .and_then(|scope| self.scopes.get(scope))
+                    .and_then(|key| self.cache.get(key))
                     .map(|stored| Arc::clone(&stored.scope))
                     .unwrap_or_default();
                 Overlay::new(base, self.limits)
@@ -295,14 +344,14 @@ impl StateStep {
         BatchState::new(overlays, row_scopes)
     }
 
-    /// After the call: its overlays, named by the keys [`StateStep::give`] gave.
+    /// After the call: its overlays, named by the scopes [`StateStep::give`] gave.
     pub fn took(&mut self, state: Option<BatchState>) {
-        let keys = std::mem::take(&mut self.given);
+        let given = std::mem::take(&mut self.given);
         self.runs = match state {
-            Some(state) => keys
+            Some(state) => given
                 .into_iter()
                 .zip(state.into_overlays())
-                .map(|(key, overlay)| ScopeRun { key, overlay })
+                .map(|(scope, overlay)| ScopeRun { scope, overlay })
                 .collect(),
             None => Vec::new(),
         };
@@ -329,12 +378,13 @@ impl StateStep {
         let failed_before = self.land_all().await;
         self.retry_rows_of(&failed_before, &mut retries);
         for run in std::mem::take(&mut self.runs) {
-            if !run.overlay.changed() || failed_before.iter().any(|(key, _)| *key == run.key) {
+            let Some(key) = run.scope.and_then(|scope| self.scopes.get(scope)).cloned() else {
+                continue;
+            };
+            if !run.overlay.changed() || failed_before.iter().any(|(failed, _)| *failed == key) {
                 continue;
             }
-            let rows: Vec<usize> = (0..self.keys.len())
-                .filter(|&row| self.keys[row] == run.key)
-                .collect();
+            let rows = self.rows_of(run.scope);
             let end = |row: usize| ends.get(row).copied().unwrap_or(RowEnd::Retried);
             if rows.iter().any(|&row| end(row) == RowEnd::Retried) {
                 let reason = format!(
@@ -356,7 +406,7 @@ impl StateStep {
                 self.ack_floor,
             );
             let sequences = rows.iter().map(|&row| self.sequences[row]).collect();
-            self.send(run.key, changes, sequences);
+            self.send(key, changes, sequences);
         }
         if !self.overlap {
             let failed = self.land_all().await;
@@ -371,8 +421,8 @@ impl StateStep {
     /// they ran on what was never stored, or their write failed.
     fn retry_rows_of(&self, failed: &[(String, String)], retries: &mut Vec<(usize, String)>) {
         for (key, reason) in failed {
-            let rows = (0..self.keys.len()).filter(|&row| self.keys[row] == *key);
-            retries.extend(rows.map(|row| (row, reason.clone())));
+            let rows = self.rows_of_key(key);
+            retries.extend(rows.into_iter().map(|row| (row, reason.clone())));
         }
     }
 
