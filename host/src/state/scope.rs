@@ -12,8 +12,14 @@
 //! dead-lettered if it was dead-lettered. Rows that cannot come back (their
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
-use std::collections::btree_map::Entry;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// A batch's writes by key (`None`: deleted). Hashed: a row reads and
+/// writes its keys here first, and a hash costs less than a tree's key
+/// comparisons (the order is the scope's, `Scope::entries`). It holds one
+/// batch's keys, with a seed of its own per process.
+type Writes = foldhash::HashMap<Vec<u8>, Option<Vec<u8>>>;
 
 /// First byte of an encoded scope: the format's version.
 const FORMAT: u8 = 1;
@@ -76,7 +82,7 @@ pub struct Scope {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     /// `None`: deleted.
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: Writes,
     applied: Vec<u64>,
     dead_lettered: Vec<u64>,
     /// Settled sequences at or below it are dropped.
@@ -343,7 +349,7 @@ pub struct Overlay {
     base: std::sync::Arc<Scope>,
     limits: Limits,
     /// `None`: deleted in this batch.
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: Writes,
     keys: usize,
     bytes: usize,
 }
@@ -354,7 +360,7 @@ impl Overlay {
         Overlay {
             base,
             limits,
-            writes: BTreeMap::new(),
+            writes: Writes::default(),
             keys,
             bytes,
         }
@@ -425,8 +431,8 @@ impl Overlay {
             .collect();
         for (key, written) in self
             .writes
-            .range(prefix.to_vec()..)
-            .take_while(|(key, _)| key.starts_with(prefix))
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
         {
             match written {
                 Some(value) => merged.insert(key, value),
