@@ -13,7 +13,7 @@
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, VecDeque};
 
 /// A batch's writes by key (`None`: deleted). Hashed: a row reads and
 /// writes its keys here first, and a hash costs less than a tree's key
@@ -71,14 +71,60 @@ pub enum Settled {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {
     entries: BTreeMap<Vec<u8>, Vec<u8>>,
-    applied: BTreeSet<u64>,
-    dead_lettered: BTreeSet<u64>,
+    applied: Sequences,
+    dead_lettered: Sequences,
     /// [`Scope::bytes`], kept as entries change: a batch's overlay starts
     /// from it, and counting it each time would cost the scope's size.
     bytes: usize,
 }
 
 /// What one batch changed in a scope: the value a write stores.
+/// Stream sequences, ascending and each once. A batch's rows arrive in
+/// order and leave from the front as their acks apply: a ring kept sorted
+/// costs a push and a pop where a tree allocated and rebalanced per row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Sequences(VecDeque<u64>);
+
+impl Sequences {
+    fn contains(&self, sequence: u64) -> bool {
+        self.0.binary_search(&sequence).is_ok()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn insert(&mut self, sequence: u64) {
+        match self.0.back() {
+            Some(&last) if last < sequence => self.0.push_back(sequence),
+            None => self.0.push_back(sequence),
+            Some(_) => {
+                if let Err(at) = self.0.binary_search(&sequence) {
+                    self.0.insert(at, sequence);
+                }
+            }
+        }
+    }
+
+    fn extend(&mut self, sequences: impl IntoIterator<Item = u64>) {
+        for sequence in sequences {
+            self.insert(sequence);
+        }
+    }
+
+    fn remove(&mut self, sequence: u64) {
+        if let Ok(at) = self.0.binary_search(&sequence) {
+            self.0.remove(at);
+        }
+    }
+
+    /// Drops every sequence at or below `floor`.
+    fn drop_through(&mut self, floor: u64) {
+        let below = self.0.partition_point(|&sequence| sequence <= floor);
+        self.0.drain(..below);
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     /// `None`: deleted.
@@ -184,9 +230,9 @@ impl Changes {
 impl Scope {
     /// How the row at `sequence` was settled, if this state holds it.
     pub fn settled(&self, sequence: u64) -> Option<Settled> {
-        if self.applied.contains(&sequence) {
+        if self.applied.contains(sequence) {
             Some(Settled::Applied)
-        } else if self.dead_lettered.contains(&sequence) {
+        } else if self.dead_lettered.contains(sequence) {
             Some(Settled::DeadLettered)
         } else {
             None
@@ -215,9 +261,7 @@ impl Scope {
         self.applied.extend(changes.applied);
         self.dead_lettered.extend(changes.dead_lettered);
         for set in [&mut self.applied, &mut self.dead_lettered] {
-            if set.first().is_some_and(|&first| first <= changes.ack_floor) {
-                *set = set.split_off(&(changes.ack_floor + 1));
-            }
+            set.drop_through(changes.ack_floor);
         }
     }
 
@@ -240,7 +284,7 @@ impl Scope {
         if self.settled_count() == 0 {
             return;
         }
-        for sequence in sequences {
+        for &sequence in sequences {
             self.applied.remove(sequence);
             self.dead_lettered.remove(sequence);
         }
@@ -274,7 +318,7 @@ impl Scope {
         }
         for set in [&self.applied, &self.dead_lettered] {
             put_u32(&mut out, set.len());
-            for sequence in set {
+            for sequence in &set.0 {
                 out.extend_from_slice(&sequence.to_le_bytes());
             }
         }
@@ -544,6 +588,22 @@ mod tests {
             (overlay.get(b"b"), overlay.get(b"d")),
             (Some(&b"0123456"[..]), None)
         );
+    }
+
+    #[test]
+    fn sequences_stay_sorted_and_unique_whatever_order_they_come_in() {
+        let mut set = Sequences::default();
+        set.extend([5, 6, 9, 2, 6, 7, 1]);
+        assert_eq!(set.0, [1, 2, 5, 6, 7, 9]);
+        assert!(set.contains(7) && !set.contains(8));
+        set.remove(1);
+        set.remove(8);
+        set.remove(7);
+        assert_eq!(set.0, [2, 5, 6, 9]);
+        set.drop_through(5);
+        assert_eq!(set.0, [6, 9]);
+        set.drop_through(100);
+        assert_eq!(set.len(), 0);
     }
 
     #[test]
