@@ -130,7 +130,7 @@ impl state_api::Host for PluginState {
     }
 
     fn delete(&mut self, row: u32, key: Vec<u8>) -> Result<(), String> {
-        self.state_of(row)?.delete(&key);
+        self.state_of(row)?.delete(key);
         Ok(())
     }
 

@@ -456,11 +456,12 @@ impl Overlay {
         Ok(())
     }
 
-    pub fn delete(&mut self, key: &[u8]) {
-        if let Some(old) = self.get(key).map(|v| entry_bytes(key, v)) {
+    pub fn delete(&mut self, key: impl Into<Vec<u8>>) {
+        let key = key.into();
+        if let Some(old) = self.get(&key).map(|v| entry_bytes(&key, v)) {
             self.keys -= 1;
             self.bytes -= old;
-            self.writes.insert(key.to_vec(), None);
+            self.writes.insert(key, None);
         }
     }
 

@@ -487,7 +487,7 @@ mod tests {
             overlay
                 .set(format!("k{batch}").as_bytes(), batch.to_string().as_bytes())
                 .unwrap();
-            overlay.delete(format!("k{}", 500 + batch).as_bytes());
+            overlay.delete(format!("k{}", 500 + batch));
             let changes = overlay.commit([batch], [], batch.saturating_sub(2));
             read = store.commit(key, read, changes).await.unwrap();
             let last = store.kv.entry(key).await.unwrap().unwrap();
