@@ -78,7 +78,6 @@ pub struct Scope {
     bytes: usize,
 }
 
-/// What one batch changed in a scope: the value a write stores.
 /// Stream sequences, ascending and each once. A batch's rows arrive in
 /// order and leave from the front as their acks apply: a ring kept sorted
 /// costs a push and a pop where a tree allocated and rebalanced per row.
@@ -125,6 +124,7 @@ impl Sequences {
     }
 }
 
+/// What one batch changed in a scope: the value a write stores.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     /// `None`: deleted.
@@ -445,14 +445,7 @@ impl Overlay {
         }
         self.keys = keys;
         self.bytes = bytes;
-        match entry {
-            Entry::Occupied(mut written) => {
-                written.insert(Some(value));
-            }
-            Entry::Vacant(vacant) => {
-                vacant.insert(Some(value));
-            }
-        }
+        *entry.or_default() = Some(value);
         Ok(())
     }
 

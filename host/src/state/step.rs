@@ -62,10 +62,8 @@ pub struct StateStep {
     /// The unit consumer's ack floor as last read: applied sequences at or
     /// below it are dropped from a scope as it is written.
     ack_floor: u64,
-    /// This batch's scopes: their keys, and the (tenant, table) of each,
-    /// so that a row finds its scope without formatting a key.
-    scopes: Vec<String>,
-    scope_names: Vec<(String, String)>,
+    /// This batch's scopes.
+    scopes: Vec<BatchScope>,
     /// This batch: each input row's scope (in `scopes`) and sequence.
     row_scopes: Vec<usize>,
     sequences: Vec<u64>,
@@ -98,6 +96,14 @@ struct InFlight {
     landed: JoinHandle<Result<u64, StoreError>>,
 }
 
+/// One scope of a batch: its (tenant, table), so that a row finds it
+/// without formatting a key, and its key.
+struct BatchScope {
+    tenant: String,
+    table: String,
+    key: String,
+}
+
 /// What a stateful run keeps between the plugin's call and the write.
 struct ScopeRun {
     /// In `StateStep::scopes`; `None`: the call got a row of no input row.
@@ -116,7 +122,6 @@ impl StateStep {
             cache: HashMap::new(),
             ack_floor: 0,
             scopes: Vec::new(),
-            scope_names: Vec::new(),
             row_scopes: Vec::new(),
             sequences: Vec::new(),
             given: Vec::new(),
@@ -210,7 +215,6 @@ impl StateStep {
         rows: impl Iterator<Item = (&'a str, &'a str, u64)>,
     ) -> Result<Vec<Option<Settled>>, Unreadable> {
         self.scopes.clear();
-        self.scope_names.clear();
         self.row_scopes.clear();
         self.sequences.clear();
         self.given.clear();
@@ -255,22 +259,23 @@ impl StateStep {
     /// The index in `scopes` of (`tenant`, `table`)'s scope, added if new.
     fn scope_of(&mut self, tenant: &str, table: &str) -> usize {
         if let Some(scope) = self
-            .scope_names
+            .scopes
             .iter()
-            .position(|(t, b)| t == tenant && b == table)
+            .position(|scope| scope.tenant == tenant && scope.table == table)
         {
             return scope;
         }
-        self.scope_names
-            .push((tenant.to_string(), table.to_string()));
-        self.scopes
-            .push(scope_key(tenant, &self.plugin, table, self.unit));
+        self.scopes.push(BatchScope {
+            tenant: tenant.to_string(),
+            table: table.to_string(),
+            key: scope_key(tenant, &self.plugin, table, self.unit),
+        });
         self.scopes.len() - 1
     }
 
     /// Reads every scope of the batch's rows not held yet.
     async fn load_scopes(&mut self) -> Result<(), Unreadable> {
-        for key in &self.scopes {
+        for BatchScope { key, .. } in &self.scopes {
             if !self.cache.contains_key(key) {
                 let stored = self.store.load(key).await.map_err(|source| Unreadable {
                     plugin: self.plugin.clone(),
@@ -284,8 +289,11 @@ impl StateStep {
 
     /// Per input row, whether its scope settled it before.
     fn settled_rows(&self) -> impl Iterator<Item = Option<Settled>> + '_ {
-        let stored: Vec<Option<&Stored>> =
-            self.scopes.iter().map(|key| self.cache.get(key)).collect();
+        let stored: Vec<Option<&Stored>> = self
+            .scopes
+            .iter()
+            .map(|scope| self.cache.get(&scope.key))
+            .collect();
         self.row_scopes
             .iter()
             .zip(&self.sequences)
@@ -300,7 +308,7 @@ impl StateStep {
 
     /// The input rows of the scope whose key is `key`.
     fn rows_of_key(&self, key: &str) -> Vec<usize> {
-        match self.scopes.iter().position(|scope| scope == key) {
+        match self.scopes.iter().position(|scope| scope.key == key) {
             Some(scope) => self.rows_of(Some(scope)),
             None => Vec::new(),
         }
@@ -335,7 +343,7 @@ impl StateStep {
             .map(|&scope| {
                 let base = scope
                     .and_then(|scope| self.scopes.get(scope))
-                    .and_then(|key| self.cache.get(key))
+                    .and_then(|scope| self.cache.get(&scope.key))
                     .map(|stored| Arc::clone(&stored.scope))
                     .unwrap_or_default();
                 Overlay::new(base, self.limits)
@@ -378,7 +386,11 @@ impl StateStep {
         let failed_before = self.land_all().await;
         self.retry_rows_of(&failed_before, &mut retries);
         for run in std::mem::take(&mut self.runs) {
-            let Some(key) = run.scope.and_then(|scope| self.scopes.get(scope)).cloned() else {
+            let Some(key) = run
+                .scope
+                .and_then(|scope| self.scopes.get(scope))
+                .map(|scope| scope.key.clone())
+            else {
                 continue;
             };
             if !run.overlay.changed() || failed_before.iter().any(|(failed, _)| *failed == key) {
