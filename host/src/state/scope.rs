@@ -13,11 +13,13 @@
 //! acks applied, or at or below the unit consumer's ack floor) are dropped.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
+use std::sync::Arc;
 
 /// A batch's writes by key (`None`: deleted). Hashed: a row reads and
 /// writes its keys here first, and a hash costs less than a tree's key
-/// comparisons (the order is the scope's, `Scope::entries`). It holds one
+/// comparisons (the order is the scope's, [`Entries`]). It holds one
 /// batch's keys, with a seed of its own per process.
 type Writes = foldhash::HashMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -67,10 +69,60 @@ pub enum Settled {
     DeadLettered,
 }
 
+/// A scope's keys and values: hashed for the reads and writes every row
+/// makes (a tree of thousands of keys cost a dozen key comparisons each),
+/// and the keys also in order, for `list` and the encoding. A key is one
+/// allocation shared by both; only a new or removed key touches the order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Entries {
+    values: foldhash::HashMap<Arc<[u8]>, Vec<u8>>,
+    order: BTreeSet<Arc<[u8]>>,
+}
+
+impl Entries {
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.values.get(key).map(Vec::as_slice)
+    }
+
+    fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Stores `value` at `key`; the value it replaced.
+    fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) -> Option<Vec<u8>> {
+        if let Some(stored) = self.values.get_mut(key.as_slice()) {
+            return Some(std::mem::replace(stored, value));
+        }
+        let key: Arc<[u8]> = key.into();
+        self.order.insert(key.clone());
+        self.values.insert(key, value);
+        None
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let value = self.values.remove(key)?;
+        self.order.remove(key);
+        Some(value)
+    }
+
+    /// Every entry, in key order.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.with_prefix(&[])
+    }
+
+    /// The entries whose key starts with `prefix`, in key order.
+    fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        self.order
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |key| key.starts_with(prefix))
+            .filter_map(|key| Some((&**key, self.get(key)?)))
+    }
+}
+
 /// A scope as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    entries: Entries,
     applied: Sequences,
     dead_lettered: Sequences,
     /// [`Scope::bytes`], kept as entries change: a batch's overlay starts
@@ -291,7 +343,7 @@ impl Scope {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.entries.get(key).map(Vec::as_slice)
+        self.entries.get(key)
     }
 
     /// Bytes of keys and values with their framing, what `max_bytes` limits.
@@ -310,7 +362,7 @@ impl Scope {
         let mut out = Vec::with_capacity(1 + 12 + self.bytes() + 8 * self.settled_count());
         out.push(FORMAT);
         put_u32(&mut out, self.entries.len());
-        for (key, value) in &self.entries {
+        for (key, value) in self.entries.iter() {
             put_u32(&mut out, key.len());
             out.extend_from_slice(key);
             put_u32(&mut out, value.len());
@@ -390,7 +442,7 @@ impl<'a> Reader<'a> {
 /// kept until the batch's rows are all done, limits are checked on write.
 #[derive(Debug)]
 pub struct Overlay {
-    base: std::sync::Arc<Scope>,
+    base: Arc<Scope>,
     limits: Limits,
     /// `None`: deleted in this batch.
     writes: Writes,
@@ -399,7 +451,7 @@ pub struct Overlay {
 }
 
 impl Overlay {
-    pub fn new(base: std::sync::Arc<Scope>, limits: Limits) -> Overlay {
+    pub fn new(base: Arc<Scope>, limits: Limits) -> Overlay {
         let (keys, bytes) = (base.keys(), base.bytes());
         Overlay {
             base,
@@ -460,13 +512,7 @@ impl Overlay {
 
     /// Entries whose key starts with `prefix`, in key order.
     pub fn list(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut merged: BTreeMap<&[u8], &[u8]> = self
-            .base
-            .entries
-            .range(prefix.to_vec()..)
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .map(|(key, value)| (key.as_slice(), value.as_slice()))
-            .collect();
+        let mut merged: BTreeMap<&[u8], &[u8]> = self.base.entries.with_prefix(prefix).collect();
         for (key, written) in self
             .writes
             .iter()
@@ -509,8 +555,6 @@ impl Overlay {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     const LIMITS: Limits = Limits {
@@ -557,6 +601,31 @@ mod tests {
         );
         let scope = stored(&base, overlay.commit([], [], 0));
         assert_eq!((scope.keys(), scope.get(b"w1.a")), (3, None));
+    }
+
+    #[test]
+    fn entries_keep_key_order_for_lists_and_the_encoding_whatever_order_they_came_in() {
+        let keys: [&[u8]; 5] = [b"b2", b"a", b"b10", b"b1", b"c"];
+        let (mut forwards, mut backwards) = (Scope::default(), Scope::default());
+        for key in keys {
+            forwards.insert(key.to_vec(), key.to_vec());
+        }
+        for key in keys.iter().rev() {
+            backwards.insert(key.to_vec(), key.to_vec());
+        }
+        assert_eq!(forwards.encode(), backwards.encode());
+        // Replacing a value keeps its key's place; removing drops it from the order.
+        forwards.insert(b"b1".to_vec(), b"new".to_vec());
+        forwards.remove(b"b2");
+        let overlay = Overlay::new(Arc::new(forwards), LIMITS);
+        assert_eq!(
+            overlay.list(b"b"),
+            vec![
+                (b"b1".to_vec(), b"new".to_vec()),
+                (b"b10".to_vec(), b"b10".to_vec())
+            ]
+        );
+        assert_eq!(overlay.list(b"").len(), 4);
     }
 
     #[test]
