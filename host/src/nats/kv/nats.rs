@@ -92,6 +92,11 @@ fn timed_out(err: &jetstream::context::CreateKeyValueError) -> bool {
             .is_some_and(|source| source.kind() == CreateStreamErrorKind::TimedOut)
 }
 
+/// How long a bucket just created may be "not found", and how often it is
+/// looked for meanwhile.
+const FOUND_AFTER_CREATE: Duration = Duration::from_secs(10);
+const FOUND_RETRY: Duration = Duration::from_millis(250);
+
 impl NatsKv {
     /// Opens an existing bucket.
     pub async fn open(client: &async_nats::Client, bucket: &str) -> Result<NatsKv, KvError> {
@@ -158,7 +163,18 @@ impl NatsKv {
                 }
             }
         }
-        NatsKv::open(client, &options.bucket).await
+        // A replicated bucket just created can be "not found" for a moment
+        // on a slow cluster (a host of three started together stopped at
+        // boot on it), until its stream has a leader to answer.
+        let give_up = tokio::time::Instant::now() + FOUND_AFTER_CREATE;
+        loop {
+            match NatsKv::open(client, &options.bucket).await {
+                Err(KvError::BucketNotFound { .. }) if tokio::time::Instant::now() < give_up => {
+                    tokio::time::sleep(FOUND_RETRY).await;
+                }
+                opened => return opened,
+            }
+        }
     }
 
     pub fn bucket(&self) -> &str {
