@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::support::{ACME_KEY, Host, Nats, TestHost, base_config, eventually, free_port};
+use crate::support::{ACME_KEY, Host, Nats, TestHost, base_config, eventually};
 
 const ADMIN_KEY: &str = "admin-key-page-21";
 const PARTITIONS: u32 = 2;
@@ -82,15 +82,13 @@ fn chromium_binary() -> PathBuf {
 /// A headless Chromium with a throwaway profile, killed on drop.
 struct Chromium {
     child: Child,
-    port: u16,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 impl Chromium {
     fn launch(log: &Path) -> Chromium {
         let binary = chromium_binary();
         let profile = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
         let log = std::fs::File::create(log).expect("chromium log file");
         let child = Command::new(&binary)
             .args([
@@ -106,22 +104,21 @@ impl Chromium {
                 "--window-size=1440,1400",
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(format!("--remote-debugging-port={port}"))
+            // Chromium picks its own port and writes it to the profile: a
+            // port picked here could be taken by another test's server
+            // before Chromium binds it.
+            .arg("--remote-debugging-port=0")
             .arg("about:blank")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
-        Chromium {
-            child,
-            port,
-            _profile: profile,
-        }
+        Chromium { child, profile }
     }
 
     /// The DevTools session of the browser's first tab.
     async fn first_tab(&mut self) -> Tab {
-        let list = format!("http://127.0.0.1:{}/json/list", self.port);
+        let active_port = self.profile.path().join("DevToolsActivePort");
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         let url = loop {
@@ -130,9 +127,20 @@ impl Chromium {
                     "chromium exited at start ({status}); see its log in target/browser-artifacts"
                 );
             }
-            let targets: Option<Vec<Value>> = match http.get(&list).send().await {
-                Ok(response) => response.json().await.ok(),
-                Err(_) => None,
+            // Its first line is the port, once Chromium listens.
+            let port = std::fs::read_to_string(&active_port)
+                .ok()
+                .and_then(|text| text.lines().next()?.trim().parse::<u16>().ok());
+            let targets: Option<Vec<Value>> = match port {
+                Some(port) => match http
+                    .get(format!("http://127.0.0.1:{port}/json/list"))
+                    .send()
+                    .await
+                {
+                    Ok(response) => response.json().await.ok(),
+                    Err(_) => None,
+                },
+                None => None,
             };
             let page = targets.into_iter().flatten().find(|t| t["type"] == "page");
             if let Some(url) =
