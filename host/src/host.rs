@@ -57,6 +57,10 @@ use crate::topology::route::{Names, Unit};
 
 /// How long shutdown waits for the connection to NATS to close.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the boot's verification looks for a refusal by the server,
+/// and how long it then waits for the refusals of its other requests.
+const REFUSAL_POLL: Duration = Duration::from_millis(50);
+const REFUSALS_GRACE: Duration = Duration::from_millis(500);
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -585,7 +589,7 @@ impl RunningHost {
         if tokio::time::timeout(FLUSH_TIMEOUT, flushed).await.is_err() {
             tracing::warn!("the OTLP collector did not take the last spans in time");
         }
-        if self.client.connection_state() != async_nats::connection::State::Connected {
+        if !connection::connected(&self.client) {
             tracing::warn!("NATS is disconnected; rows not acked yet will be redelivered");
         } else if let Err(err) = connection::close(&self.client, FLUSH_TIMEOUT).await {
             tracing::warn!(error = %err, "cannot close the NATS connection cleanly");
@@ -774,7 +778,20 @@ async fn verify_topology(
     refusals: &Refusals,
     metrics: &Metrics,
 ) -> Result<(), TopologyError> {
-    let mut mismatches = manifest.verify(js).await;
+    // A refused request gets no answer and waits out its timeout (30 s
+    // before a missing permission was named), but the server says at once
+    // what it refused: the verification's requests are all sent together,
+    // so their refusals are in within a round trip of the first.
+    let refused = async {
+        while refusals.list().is_empty() {
+            tokio::time::sleep(REFUSAL_POLL).await;
+        }
+        tokio::time::sleep(REFUSALS_GRACE).await;
+    };
+    let mut mismatches = tokio::select! {
+        found = manifest.verify(js) => found,
+        () = refused => Vec::new(),
+    };
     mismatches.extend(
         refusals
             .list()

@@ -4,12 +4,13 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 
 use weir::config::Config;
 use weir::host::StartError;
+use weir::ops::{ANSWER_BOUND, PROBE_EVERY};
 use weir::topology::{Manifest, Names, TopologyError};
 
 use crate::support::{Nats, TestHost, base_config, eventually, orders, start_error};
@@ -264,6 +265,11 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
 
     let host = TestHost::start(&config).await;
     deliver_one_request(&host).await;
+    // Ready past its probes' bound: their round trips are allowed too.
+    tokio::time::sleep(ANSWER_BOUND + 2 * PROBE_EVERY).await;
+    let ready = host.http.get(host.url("/readyz")).send().await.unwrap();
+    let status = ready.status();
+    assert_eq!(status, 200, "{}", ready.text().await.unwrap_or_default());
     let response = host.ingest("events", "{\"id\":1}\n").await;
     assert_eq!(response.status(), 202);
     eventually(
@@ -300,12 +306,20 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
     assert_eq!(report.dead_letters.by_reason[0].count, 1);
     host.shutdown().await;
 
-    // A user without one permission is refused at boot, naming it.
+    // A user without one permission is refused at boot, naming it, as
+    // soon as the server says so: not after the refused requests' timeouts
+    // (30 s before).
+    let booting = Instant::now();
     let message = start_error(&config_for(&format!(
         "nats://partial:partial-secret@127.0.0.1:{port}"
     )))
     .await
     .to_string();
+    let refused_after = booting.elapsed();
+    assert!(
+        refused_after < Duration::from_secs(15),
+        "refused after {refused_after:?}"
+    );
     assert!(
         message.contains("Permissions Violation for Publish to \"$JS.API.STREAM.INFO.weir_in_0\""),
         "{message}"

@@ -41,6 +41,7 @@ use crate::world::World;
 // The crate reads every section's types; the outside only those named.
 pub(crate) use coordination::*;
 pub(crate) use dead_letters::*;
+pub use delivery::DEFAULT_DRAIN_TIMEOUT;
 pub(crate) use delivery::*;
 pub(crate) use nats::*;
 pub use nats::{NatsAuth, SyncPolicy};

@@ -10,6 +10,7 @@ use super::{
     FleetView, Lease, MEMBERS, Membership, OwnerRecord, OwnerState, RETRY_PAUSE, STEP_DOWN_MARGIN,
     TAKEOVER_RECHECK, UnitEnd, owner_key, to_bytes, unix_ms,
 };
+use crate::nats::connection::connected;
 use crate::nats::kv::KvWrite;
 use crate::topology::route::Unit;
 
@@ -202,6 +203,12 @@ pub(super) async fn run_unit(
             tracing::error!(error = %err, "cannot pull the unit");
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+    }
+    if !connected(&membership.client) {
+        // The write would wait out its timeout; the claim stays `owned`,
+        // and the next owner takes the unit over as from a dead host.
+        tracing::warn!(%key, "NATS is unreachable: the handover is not recorded; the next owner checks for rows left in flight");
+        return None;
     }
     let released = OwnerRecord {
         state: OwnerState::Released,

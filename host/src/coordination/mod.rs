@@ -60,6 +60,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::nats::connection::connected;
 use crate::nats::kv::{Entry, KvError, KvWatch, KvWrite, NatsKv, Watch, WatchEvent, WatchStart};
 use crate::telemetry::Metrics;
 use crate::topology::route::{Names, Unit};
@@ -605,18 +606,24 @@ impl Coordinator {
         if let Some(task) = self.ring.task.take() {
             let _ = task.await;
         }
-        // The roster entry first: the others see the leave at once, and
-        // nobody sees a roster entry without its member key.
         let me = &self.ctx.membership.me;
-        if let Err(err) = self.ctx.membership.kv.delete(&roster_key(me)).await {
-            tracing::warn!(error = %err, "cannot delete the roster entry; the others remove it once the member key expires");
-        }
-        let key = format!("{MEMBERS}{me}");
-        if let Err(err) = self.ctx.membership.kv.delete(&key).await {
-            tracing::warn!(error = %err, "cannot delete the member key; it expires on its own");
+        if connected(&self.ctx.membership.client) {
+            // The roster entry first: the others see the leave at once, and
+            // nobody sees a roster entry without its member key.
+            if let Err(err) = self.ctx.membership.kv.delete(&roster_key(me)).await {
+                tracing::warn!(error = %err, "cannot delete the roster entry; the others remove it once the member key expires");
+            }
+            let key = format!("{MEMBERS}{me}");
+            if let Err(err) = self.ctx.membership.kv.delete(&key).await {
+                tracing::warn!(error = %err, "cannot delete the member key; it expires on its own");
+            }
+        } else {
+            // Each delete would wait out its timeout: the keys expire on
+            // their own, and the others take the units over then.
+            tracing::warn!(member = %me, "NATS is unreachable: this member's keys are not deleted; the others take its units over once they expire");
         }
         watch.close().await;
-        tracing::info!(member = %self.ctx.membership.me, "left the fleet");
+        tracing::info!(member = %me, "left the fleet");
     }
 
     /// Takes one change into the view; says whether the view changed.
@@ -780,6 +787,12 @@ impl Coordinator {
                         work.push((unit, UnitWork::Claim(claim, from)));
                     }
                 }
+                // A leaving host drops no claim: its member key goes next,
+                // and the others take the unit over from it then (checking
+                // for rows in flight as a drop would have them do). Dropping
+                // would keep the leave alive, one attempt after another,
+                // while NATS is down.
+                None if self.leaving => {}
                 None => {
                     if let Some(revision) = orphaned_claim(&self.view, unit) {
                         work.push((unit, UnitWork::DropClaim(revision)));

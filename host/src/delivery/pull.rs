@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::coordination::{Lease, reclaim_from_stale_request};
+use crate::nats::connection::connected;
 use crate::nats::jetstream::{PIN_GROUP, last_delivery, unpin};
 
 /// How long the server keeps one pull request waiting for rows while rows
@@ -278,6 +279,13 @@ impl Puller {
         // server pins the receiver of the first row.
         let pin = self.pin.take();
         let started = Instant::now();
+        if !connected(&self.client) {
+            // Nothing more can arrive, and the unpin would wait out its
+            // timeout: the pin times out on its own.
+            tracing::warn!(consumer = %self.consumer, "NATS is unreachable: the unit's pin is not released; the next owner waits for it to time out");
+            let _ = self.subscriber.unsubscribe().await;
+            return rows;
+        }
         match unpin(&self.client, &self.stream, &self.consumer).await {
             // Once the unpin is answered the server sends a request with
             // the old pin id nothing more (a new row gets it a 423), and

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::ingest::front_door::{Answer, FrontDoor, NATS_DOOR, Refusal};
-use crate::nats::connection::close;
+use crate::nats::connection::{close, connected};
 use crate::topology::route::Names;
 
 /// The answer's header with its status code, as the HTTP door's.
@@ -100,8 +100,12 @@ async fn serve(mut requests: async_nats::Subscriber, door: Arc<Door>, stop: Canc
         tracing::warn!(error = %err, "cannot drain the NATS door's subscription");
     }
     let drained = tokio::time::timeout(STOP_GRACE, async {
-        while let Some(message) = requests.next().await {
-            take(&mut answering, &slots, &door, message).await;
+        // Cut off from the server, the subscription never ends: only the
+        // requests taken are answered (or fail at once).
+        if connected(&door.client) {
+            while let Some(message) = requests.next().await {
+                take(&mut answering, &slots, &door, message).await;
+            }
         }
         while answering.join_next().await.is_some() {}
     })
@@ -112,7 +116,7 @@ async fn serve(mut requests: async_nats::Subscriber, door: Arc<Door>, stop: Canc
         );
     }
     // The connection is the door's alone: its last answers flushed, closed.
-    if door.client.connection_state() == async_nats::connection::State::Connected
+    if connected(&door.client)
         && let Err(err) = close(&door.client, CLOSE_TIMEOUT).await
     {
         tracing::warn!(error = %err, "cannot close the NATS door's connection cleanly");

@@ -177,7 +177,7 @@ impl Publisher {
     /// True while the NATS connection is up; a request that arrives while it
     /// is down is refused at once instead of waiting out a timeout.
     pub fn connected(&self) -> bool {
-        self.client.connection_state() == async_nats::connection::State::Connected
+        crate::nats::connection::connected(&self.client)
     }
 
     /// Publishes `rows` of `tenant`/`table` in order, each to the unit

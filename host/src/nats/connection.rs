@@ -286,6 +286,12 @@ async fn login_options(
     Ok(options)
 }
 
+/// Whether `client`'s connection to NATS is up now. A request sent while it
+/// is down waits out its timeout; callers with a fallback skip it instead.
+pub fn connected(client: &async_nats::Client) -> bool {
+    client.connection_state() == async_nats::connection::State::Connected
+}
+
 /// Closes a connection for a planned stop: what was published is flushed,
 /// subscriptions end, and the connection is closed before `within` ends, so
 /// a server stopped next is not seen as a connection lost.

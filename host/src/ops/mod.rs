@@ -15,5 +15,5 @@ pub(crate) mod page;
 pub(crate) mod readiness;
 pub(crate) mod status;
 
-pub use readiness::BEHIND_GRACE;
+pub use readiness::{ANSWER_BOUND, BEHIND_GRACE, PROBE_EVERY};
 pub use status::{FleetTotals, ReasonCount, RowCounts, StatusReport, known, unit_backlogs};

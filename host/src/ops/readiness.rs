@@ -4,7 +4,7 @@
 //! answering, and the topology as the config requires it.
 //!
 //! Two probes, so that readiness costs no JetStream request per second: an
-//! echo (a message to this host's own inbox, through the server) every
+//! echo (a request to a subject nobody serves, answered by the server) every
 //! `PROBE_EVERY`, which a frozen or dead server fails within
 //! `ANSWER_BOUND`; and the first partition stream's info every
 //! `JETSTREAM_PROBE_EVERY`, which says JetStream is there and serves the
@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use async_nats::RequestErrorKind;
 use bytes::Bytes;
-use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -121,23 +120,18 @@ impl Readiness {
     /// stream info at once and then every `JETSTREAM_PROBE_EVERY`.
     pub async fn probe(self, router: Names, stop: CancellationToken) {
         tokio::join!(
-            self.clone().echo(stop.clone()),
+            self.clone().echo(router.readiness_subject(), stop.clone()),
             self.jetstream(router, stop)
         );
     }
 
-    /// Sends a message to a subscription of its own and waits for it: a
-    /// round trip through the server that asks JetStream nothing.
-    async fn echo(self, stop: CancellationToken) {
-        let inbox = self.client.new_inbox();
-        let mut echoes = match self.client.subscribe(inbox.clone()).await {
-            Ok(echoes) => echoes,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot subscribe the readiness echo; readiness follows JetStream's probe alone");
-                return;
-            }
-        };
-        let mut sent: u64 = 0;
+    /// The echo probe: a request to a subject nobody serves, which the
+    /// server answers itself ("no responders") on this host's inbox, every
+    /// `PROBE_EVERY` — a round trip through the server that asks JetStream
+    /// nothing and needs only a publish to that subject. (A message to the
+    /// host's own inbox needed a publish to `_INBOX`, which the printed
+    /// permissions rightly do not give: a host on them was not ready.)
+    async fn echo(self, subject: String, stop: CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -146,34 +140,20 @@ impl Readiness {
             if self.client.connection_state() != async_nats::connection::State::Connected {
                 continue;
             }
-            sent += 1;
-            let payload = Bytes::from(sent.to_string());
-            if self
-                .client
-                .publish(inbox.clone(), payload.clone())
-                .await
-                .is_err()
-            {
-                continue;
-            }
-            let deadline = Instant::now() + ANSWER_BOUND;
-            // Echoes of earlier probes that came late are skipped.
-            loop {
-                let echo = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    echo = tokio::time::timeout_at(deadline, echoes.next()) => echo,
-                };
-                match echo {
-                    Ok(Some(echo)) if echo.payload == payload => {
-                        if let Ok(mut seen) = self.seen.lock() {
-                            seen.answered = Instant::now();
-                        }
-                        break;
-                    }
-                    Ok(Some(_)) => {}
-                    // No answer: `answered` grows old, which is the verdict.
-                    Ok(None) | Err(_) => break,
-                }
+            let request = self.client.request(subject.clone(), Bytes::new());
+            let answer = tokio::select! {
+                _ = stop.cancelled() => return,
+                answer = tokio::time::timeout(ANSWER_BOUND, request) => answer,
+            };
+            let answered = match answer {
+                // Served after all: still a round trip.
+                Ok(Ok(_)) => true,
+                Ok(Err(err)) => err.kind() == RequestErrorKind::NoResponders,
+                // No answer: `answered` grows old, which is the verdict.
+                Err(_) => false,
+            };
+            if answered && let Ok(mut seen) = self.seen.lock() {
+                seen.answered = Instant::now();
             }
         }
     }

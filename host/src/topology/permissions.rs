@@ -39,6 +39,8 @@ impl Permissions {
             format!("{prefix}.in.>"),
             format!("{prefix}.dlq.>"),
             router.usage_subject(),
+            // Readiness: a round trip through the server every 200 ms.
+            router.readiness_subject(),
         ];
         for stream in &manifest.streams {
             publish.push(format!("$JS.API.STREAM.INFO.{}", stream.name));

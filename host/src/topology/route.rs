@@ -286,6 +286,12 @@ impl Names {
         format!("{}_state", self.prefix)
     }
 
+    /// What the readiness probe asks: a subject nobody serves, so the
+    /// server itself answers (no responders) on the host's inbox.
+    pub fn readiness_subject(&self) -> String {
+        format!("{}.readyz", self.prefix)
+    }
+
     /// Where hosts share the rows they accepted, for fleet-wide usage.
     pub fn usage_subject(&self) -> String {
         format!("{}.usage.accepts", self.prefix)

@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use async_nats::connection::State;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{HeaderMap, StatusCode};
@@ -238,7 +237,7 @@ impl WatchTask {
                     Next::Replace(format!("no message nor heartbeat for {SILENCE_LIMIT:?}"))
                 }
                 _ = connection_checks.tick() => {
-                    let connected = self.target.client.connection_state() == State::Connected;
+                    let connected = crate::nats::connection::connected(&self.target.client);
                     if !connected {
                         saw_disconnect = true;
                         Next::Continue
