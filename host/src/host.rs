@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
@@ -490,7 +491,8 @@ impl RunningHost {
         if embedded.is_some() || config.stream.create {
             manifest.create(&js).await?;
         } else {
-            verify_topology(&manifest, &js, &refusals, metrics).await?;
+            let readiness_subject = router.readiness_subject();
+            verify_topology(&manifest, &js, &readiness_subject, &refusals, metrics).await?;
             let (js, metrics, stop) = (js.clone(), metrics.clone(), shutdown.clone());
             let ready = readiness.clone();
             tasks.push(tokio::spawn(recheck_topology(
@@ -775,9 +777,21 @@ fn nats_status(config: &Config, url: &str, embedded: bool) -> NatsStatus {
 async fn verify_topology(
     manifest: &Manifest,
     js: &jetstream::Context,
+    readiness_subject: &str,
     refusals: &Refusals,
     metrics: &Metrics,
 ) -> Result<(), TopologyError> {
+    // The readiness probe's subject is checked here too: a user on
+    // permissions printed before it existed would boot and never be ready,
+    // where now the boot names it. Its refusal comes before the flush's.
+    let client = js.client();
+    if client
+        .publish(readiness_subject.to_string(), Bytes::new())
+        .await
+        .is_ok()
+    {
+        let _ = client.flush().await;
+    }
     // A refused request gets no answer and waits out its timeout (30 s
     // before a missing permission was named), but the server says at once
     // what it refused: the verification's requests are all sent together,

@@ -239,8 +239,15 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
         .as_array_mut()
         .unwrap()
         .retain(|subject| subject != "$JS.API.STREAM.INFO.weir_in_0");
+    // A third has the permissions an earlier weir printed: without the
+    // readiness probe's subject.
+    let mut earlier = permissions.clone();
+    earlier["publish"]["allow"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|subject| subject != "weir.readyz");
     let server_config = format!(
-        "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {permissions} }}\n      {{ user: partial, password: partial-secret, permissions: {partial} }}\n    ]\n  }}\n}}\n"
+        "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {permissions} }}\n      {{ user: partial, password: partial-secret, permissions: {partial} }}\n      {{ user: earlier, password: earlier-secret, permissions: {earlier} }}\n    ]\n  }}\n}}\n"
     );
     let nats = Nats::start_with(&server_config);
     let port = nats.server.port();
@@ -322,6 +329,17 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
     );
     assert!(
         message.contains("Permissions Violation for Publish to \"$JS.API.STREAM.INFO.weir_in_0\""),
+        "{message}"
+    );
+    // Without the readiness subject it would boot and never be ready: the
+    // boot names it instead.
+    let message = start_error(&config_for(&format!(
+        "nats://earlier:earlier-secret@127.0.0.1:{port}"
+    )))
+    .await
+    .to_string();
+    assert!(
+        message.contains("Permissions Violation for Publish to \"weir.readyz\""),
         "{message}"
     );
 
