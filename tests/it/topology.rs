@@ -233,19 +233,18 @@ async fn a_host_runs_with_exactly_the_printed_permissions_which_cannot_delete_a_
     // With a sink granted a JetStream publish: its subjects and PubAcks too.
     let config_for = |url: &str| format!("{}{AUDIT_SINK}", operator_config(url));
     let permissions = weir_mq("permissions", &config_for("nats://127.0.0.1:1"), &[]);
-    // A second user lacks one subject weir needs.
-    let mut partial = permissions.clone();
-    partial["publish"]["allow"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|subject| subject != "$JS.API.STREAM.INFO.weir_in_0");
-    // A third has the permissions an earlier weir printed: without the
-    // readiness probe's subject.
-    let mut earlier = permissions.clone();
-    earlier["publish"]["allow"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|subject| subject != "weir.readyz");
+    let without = |missing: &str| {
+        let mut partial = permissions.clone();
+        partial["publish"]["allow"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|subject| subject != missing);
+        partial
+    };
+    // A second user lacks one subject weir needs; a third has the
+    // permissions an earlier weir printed, without the readiness probe's.
+    let partial = without("$JS.API.STREAM.INFO.weir_in_0");
+    let earlier = without("weir.readyz");
     let server_config = format!(
         "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n      {{ user: admin, password: admin-secret }}\n      {{ user: weir, password: weir-secret, permissions: {permissions} }}\n      {{ user: partial, password: partial-secret, permissions: {partial} }}\n      {{ user: earlier, password: earlier-secret, permissions: {earlier} }}\n    ]\n  }}\n}}\n"
     );
