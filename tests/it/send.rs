@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt as _;
-use weir::config::DEFAULT_DRAIN_TIMEOUT;
 
 use crate::support::{ACME_KEY, Nats, TestHost, WEIR, base_config, eventually, orders};
 
@@ -299,13 +298,15 @@ async fn with_nats_down_a_send_gives_up_at_its_timeout_saying_why() {
     // A stop while NATS is down, with no row in hand, waits on nothing it
     // cannot have: the member keys expire and the others take over. It took
     // the drain timeout and 5 s more while the host kept retrying to drop
-    // its claims.
+    // its claims, then ~4.5 s in a renewal, a claim drop begun before the
+    // stop and the watch's consumer delete, each waiting out a timeout
+    // (the shortest, 5 s, bounds it here); now a few milliseconds.
     let stopping = Instant::now();
     host.shutdown().await;
     let stopped = stopping.elapsed();
     println!("a stop with NATS down and no row in hand: {stopped:?}");
     assert!(
-        stopped < DEFAULT_DRAIN_TIMEOUT / 2,
+        stopped < Duration::from_secs(3),
         "a stop with NATS down took {stopped:?}"
     );
 }

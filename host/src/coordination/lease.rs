@@ -175,39 +175,48 @@ pub(super) async fn renew(
         let value = to_bytes(&record);
         let sent = Instant::now();
         let mut renewed = false;
-        let mut pause =
-            match tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)).await {
-                Ok(Ok(_)) => {
-                    renewed = true;
-                    // Answered within the lease: the key never expired
-                    // meanwhile. Answered after it (a freeze, an outage): a
-                    // new term, and runners of the old one stay fenced.
-                    let term = match held {
-                        Some(state) if Instant::now() < state.until => state.term,
-                        Some(state) => state.term + 1,
-                        None => 1,
-                    };
-                    let state = LeaseState {
-                        term,
-                        until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
-                        listed: held.filter(|s| s.term == term).and_then(|s| s.listed),
-                    };
-                    held = Some(state);
-                    lease.send_replace(held);
-                    period
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "cannot renew the member key");
-                    RETRY_PAUSE
-                }
-                Err(_) => {
-                    tracing::warn!("renewing the member key timed out");
-                    Duration::ZERO
-                }
-            };
+        // A stop does not wait on a write NATS may never answer (it is down):
+        // the key expires on its own, or the leave deletes it.
+        let written = tokio::select! {
+            () = stop.cancelled() => return,
+            written = tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)) => written,
+        };
+        let mut pause = match written {
+            Ok(Ok(_)) => {
+                renewed = true;
+                // Answered within the lease: the key never expired
+                // meanwhile. Answered after it (a freeze, an outage): a
+                // new term, and runners of the old one stay fenced.
+                let term = match held {
+                    Some(state) if Instant::now() < state.until => state.term,
+                    Some(state) => state.term + 1,
+                    None => 1,
+                };
+                let state = LeaseState {
+                    term,
+                    until: sent + ttl.saturating_sub(STEP_DOWN_MARGIN),
+                    listed: held.filter(|s| s.term == term).and_then(|s| s.listed),
+                };
+                held = Some(state);
+                lease.send_replace(held);
+                period
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "cannot renew the member key");
+                RETRY_PAUSE
+            }
+            Err(_) => {
+                tracing::warn!("renewing the member key timed out");
+                Duration::ZERO
+            }
+        };
         let term = held.map_or(0, |s| s.term);
         if renewed && in_roster.as_ref() != Some(&(record.clone(), term)) {
-            match tokio::time::timeout(period, kv.put(&roster, value)).await {
+            let written = tokio::select! {
+                () = stop.cancelled() => return,
+                written = tokio::time::timeout(period, kv.put(&roster, value)) => written,
+            };
+            match written {
                 Ok(Ok(revision)) => {
                     in_roster = Some((record.clone(), term));
                     if let Some(state) = held.as_mut().filter(|s| s.listed.is_none()) {

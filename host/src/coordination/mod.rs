@@ -413,6 +413,8 @@ struct UnitTask {
     id: u64,
     release: CancellationToken,
     releasing: bool,
+    /// Deletes an orphaned claim rather than running the unit.
+    dropping: bool,
     handle: JoinHandle<()>,
 }
 
@@ -471,7 +473,10 @@ impl Coordinator {
             // reconcile and no new view.
             let mut changed = false;
             tokio::select! {
-                _ = leave.cancelled(), if !self.leaving => self.leaving = true,
+                _ = leave.cancelled(), if !self.leaving => {
+                    self.leaving = true;
+                    self.abandon_claim_drops();
+                }
                 event = watch.next() => {
                     let mut event = event;
                     // Take every change already here before reconciling once.
@@ -732,6 +737,19 @@ impl Coordinator {
         self.ctx.membership.metrics.coordination_step_downs.inc();
     }
 
+    /// A leaving host drops no claim (see `reconcile`), nor waits on a drop
+    /// begun before: with NATS down, each would hold the stop for its
+    /// timeout. The claims stay `owned`, and the others take the units over
+    /// once this member's keys are gone.
+    fn abandon_claim_drops(&mut self) {
+        self.tasks.retain(|_, task| {
+            if task.dropping {
+                task.handle.abort();
+            }
+            !task.dropping
+        });
+    }
+
     /// Starts pulling the units assigned here that can be claimed, and
     /// releases the units no longer assigned here.
     fn reconcile(&mut self) {
@@ -809,7 +827,7 @@ impl Coordinator {
         let id = self.next_task;
         self.next_task += 1;
         let release = CancellationToken::new();
-        let releasing = matches!(work, UnitWork::DropClaim(_));
+        let dropping = matches!(work, UnitWork::DropClaim(_));
         let (ctx, done, stop) = (self.ctx.clone(), self.done_tx.clone(), release.clone());
         let lease = Lease::current(self.lease.clone());
         let handle = tokio::spawn(async move {
@@ -826,7 +844,8 @@ impl Coordinator {
             UnitTask {
                 id,
                 release,
-                releasing,
+                releasing: dropping,
+                dropping,
                 handle,
             },
         );

@@ -482,8 +482,12 @@ impl WatchTask {
     }
 
     /// Deletes the live consumer, so a stopped watch leaves nothing behind.
+    /// Cut off from the server, the delete would only wait out its timeout
+    /// (holding a stop): the server reaps the consumer on its own.
     async fn finish(mut self) {
-        if let Some(name) = self.consumer.take() {
+        if let Some(name) = self.consumer.take()
+            && crate::nats::connection::connected(&self.target.client)
+        {
             delete_consumer(&self.target.js, &self.target.stream, &name).await;
         }
     }
