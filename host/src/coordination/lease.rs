@@ -177,9 +177,9 @@ pub(super) async fn renew(
         let mut renewed = false;
         // A stop does not wait on a write NATS may never answer (it is down):
         // the key expires on its own, or the leave deletes it.
-        let written = tokio::select! {
-            () = stop.cancelled() => return,
-            written = tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl)) => written,
+        let put = tokio::time::timeout(period, kv.put_with_ttl(&key, value.clone(), ttl));
+        let Some(written) = stop.run_until_cancelled(put).await else {
+            return;
         };
         let mut pause = match written {
             Ok(Ok(_)) => {
@@ -212,9 +212,9 @@ pub(super) async fn renew(
         };
         let term = held.map_or(0, |s| s.term);
         if renewed && in_roster.as_ref() != Some(&(record.clone(), term)) {
-            let written = tokio::select! {
-                () = stop.cancelled() => return,
-                written = tokio::time::timeout(period, kv.put(&roster, value)) => written,
+            let entry = tokio::time::timeout(period, kv.put(&roster, value));
+            let Some(written) = stop.run_until_cancelled(entry).await else {
+                return;
             };
             match written {
                 Ok(Ok(revision)) => {
