@@ -8,7 +8,10 @@
 //! The Python and JS builds need componentize-py on PATH and
 //! componentize-js under WEIR_COMPONENTIZE_JS: `.ci/setup` installs both.
 //! Each project is built once per test run (a componentize build takes
-//! 10–60 s) into a temp dir outside the repository.
+//! 10–60 s) into a temp dir outside the repository, and the tests of what
+//! an author's code does in a host share one plugin per language
+//! ([`PYTHON_APP`], [`JS_PLUGIN`]), which their settings steer: a build
+//! less is a minute less of the suite.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,6 +54,11 @@ pub(crate) fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
 /// Runs `script` (`./build.sh`, `./test.sh`) in `dir`, panicking with its
 /// output when it fails.
 pub(crate) fn run_script(dir: &Path, script: &str) -> String {
+    run_script_with(dir, script, &[])
+}
+
+/// [`run_script`] with `envs` set for the script.
+fn run_script_with(dir: &Path, script: &str, envs: &[(&str, &str)]) -> String {
     let mut command = Command::new(dir.join(script));
     command.current_dir(dir);
     // Rust projects share one target folder, so that every run after the
@@ -58,6 +66,7 @@ pub(crate) fn run_script(dir: &Path, script: &str) -> String {
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/authors");
     command.env("CARGO_TARGET_DIR", target);
     command.env("CARGO_NET_OFFLINE", "true");
+    command.envs(envs.iter().copied());
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("{script} in {}: {e}", dir.display()));
@@ -75,25 +84,60 @@ pub(crate) fn run_script(dir: &Path, script: &str) -> String {
     text
 }
 
-/// The transform scaffold of `lang`, tested and built once per run: its `.wasm`.
-fn built_transform(lang: &'static str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<BTreeMap<&'static str, PathBuf>>> = OnceLock::new();
+/// `./build.sh` in `dir` without JS ahead-of-time compilation
+/// (`WEIR_JS_AOT=0`, which Python's build ignores): about 20 s less per
+/// build, and nothing these tests check depends on it. The scaffold test
+/// ([`built_transform`]) builds with it, as a user's project does.
+fn build_plain(dir: &Path) {
+    run_script_with(dir, "build.sh", &[("WEIR_JS_AOT", "0")]);
+}
+
+/// The `.wasm` of project `name`, built by `build` once per run: every
+/// test asking for `name` gets that build (a componentize build takes
+/// 10–60 s).
+fn built_once(name: &str, build: impl FnOnce() -> PathBuf) -> PathBuf {
+    static BUILT: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
     let built = BUILT.get_or_init(Default::default);
     // One build at a time: they are CPU-bound, and two at once only race.
     let mut built = built
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(wasm) = built.get(lang) {
+    if let Some(wasm) = built.get(name) {
         return wasm.clone();
     }
-    let name = format!("enrich-{lang}");
-    let dir = scaffold(&name, lang, "transform");
-    run_script(&dir, "test.sh");
-    run_script(&dir, "build.sh");
-    let wasm = dir.join(format!("{name}.wasm"));
+    let wasm = build();
     assert!(wasm.is_file(), "{} was not built", wasm.display());
-    built.insert(lang, wasm.clone());
+    built.insert(name.to_string(), wasm.clone());
     wasm
+}
+
+/// Project `name` of the `lang` scaffold for `world`, with `code` as its
+/// `file` (`app.py`, `plugin.js`), built once per run ([`build_plain`]):
+/// its `.wasm`.
+pub(crate) fn written_project(
+    name: &str,
+    lang: &str,
+    world: &str,
+    file: &str,
+    code: &str,
+) -> PathBuf {
+    built_once(name, || {
+        let dir = scaffold(name, lang, world);
+        std::fs::write(dir.join(file), code).expect("write the plugin's code");
+        build_plain(&dir);
+        dir.join(format!("{name}.wasm"))
+    })
+}
+
+/// The transform scaffold of `lang`, tested and built once per run: its `.wasm`.
+fn built_transform(lang: &'static str) -> PathBuf {
+    let name = format!("enrich-{lang}");
+    built_once(&name, || {
+        let dir = scaffold(&name, lang, "transform");
+        run_script(&dir, "test.sh");
+        run_script(&dir, "build.sh");
+        dir.join(format!("{name}.wasm"))
+    })
 }
 
 /// A transform plugin `name` at `wasm` in a pipeline of table `name` into the file sink.
@@ -102,6 +146,15 @@ fn pipeline(name: &str, wasm: &Path) -> String {
         "\n[plugins.{name}]\nwasm = \"{}\"\nworld = \"transform\"\n\n\
          [[pipelines]]\ntables = [\"{name}\"]\ntransforms = [\"{name}\"]\nsink = \"files\"\n",
         wasm.display()
+    )
+}
+
+/// `pipeline` with `lines` (settings, grants) added to its plugin's table.
+fn with_settings(pipeline: String, lines: &str) -> String {
+    pipeline.replacen(
+        "world = \"transform\"\n",
+        &format!("world = \"transform\"\n{lines}\n"),
+        1,
     )
 }
 
@@ -156,15 +209,6 @@ fn plugin_test_rows(wasm: &Path, file: &str, rows: &str) -> Vec<serde_json::Valu
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("weir plugin test --json prints JSON");
     report["rows"].as_array().cloned().unwrap_or_default()
-}
-
-/// A transform project of the Python scaffold named `name` with `app` as
-/// its `app.py`, built: its `.wasm`.
-fn built_python_transform(name: &str, app: &str) -> PathBuf {
-    let dir = scaffold(name, "python", "transform");
-    std::fs::write(dir.join("app.py"), app).expect("write app.py");
-    run_script(&dir, "build.sh");
-    dir.join(format!("{name}.wasm"))
 }
 
 /// Each row's outcome as `weir plugin test --json` reports it, in the
@@ -361,31 +405,97 @@ async fn plugin_test_expect_passes_each_scaffold_and_names_a_changed_outcome() {
     }
 }
 
-/// A Python transform whose `row` indexes a missing key.
-const KEY_ERROR_APP: &str = r#"import weir_plugin as weir
+/// One Python transform for the tests that check what an author's code
+/// does in a host (each build takes ~40 s): its settings' `mode` picks
+/// what `row` does. `keys` indexes a missing key; `count` counts rows per
+/// user in durable state; by default (`weir plugin test` passes no
+/// settings) it reads and sets fields through the row: what it read, the
+/// row it emits (set fields spliced into the payload) and the row's
+/// `json()` afterwards. Line numbers are in the tests' expected reasons.
+const PYTHON_APP: &str = r#"import weir_plugin as weir
 
 
 class Plugin(weir.Transform):
+    def init(self, settings):
+        self.mode = settings.get("mode", "fields")
+
     def row(self, row):
+        return getattr(self, self.mode)(row)
+
+    def keys(self, row):
         data = row.json()
         data["seen"] = data["id"]
         return weir.emit(data)
+
+    def count(self, row):
+        user = row.json()["user"]
+        seen = int(weir.state.get(row, user) or b"0") + 1
+        weir.state.set(row, user, str(seen))
+        return weir.emit({"user": user, "seen": seen})
+
+    def fields(self, row):
+        read = [row.get("s"), "n" in row, row.get("n"), row.get("f"), row.get("t"),
+                row.get("z", "absent"), row.get("missing", "dflt")]
+        nested = row.get("o")
+        if isinstance(nested, dict):
+            nested["added"] = 1
+        elif isinstance(nested, list):
+            nested.append("added")
+        row["n"] = 42
+        row["new"] = "é\n"
+        first = weir.Out(row)
+        return weir.emit(first, {"read": read, "json": row.json()})
 
 
 WitWorld = weir.export(Plugin)
 "#;
 
+/// [`PYTHON_APP`], built once per run.
+fn python_app() -> PathBuf {
+    written_project("app-python", "python", "transform", "app.py", PYTHON_APP)
+}
+
+/// One JS transform for the same tests: `init` throws an Error when its
+/// settings say `boom`; with `mode = "count"` it counts rows per user in
+/// durable state, else its `row` reads `user.name`, which throws on rows
+/// without a `user`.
+const JS_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
+import * as state from "./weir/state.js";
+
+let counting = false;
+
+export const { init, transform } = weir.transform({
+  init(settings) {
+    if (settings.boom) throw new Error("boom");
+    counting = settings.mode === "count";
+  },
+  row(row) {
+    const data = row.json();
+    if (!counting) return weir.emit({ id: data.id, name: data.user.name });
+    const seen = Number(state.getText(row, data.user) ?? "0") + 1;
+    state.set(row, data.user, String(seen));
+    return weir.emit({ user: data.user, seen });
+  },
+});
+"#;
+
+/// [`JS_PLUGIN`], built once per run.
+fn js_plugin() -> PathBuf {
+    written_project("plugin-js", "js", "transform", "plugin.js", JS_PLUGIN)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
-    let wasm = tokio::task::spawn_blocking(|| built_python_transform("key-error", KEY_ERROR_APP))
+    let wasm = tokio::task::spawn_blocking(python_app)
         .await
         .expect("build");
     let nats = Nats::start();
-    let host = TestHost::start(&base_config(nats.url(), &pipeline("keys", &wasm))).await;
+    let config = with_settings(pipeline("keys", &wasm), "settings = { mode = \"keys\" }");
+    let host = TestHost::start(&base_config(nats.url(), &config)).await;
     let response = host.ingest("keys", "{\"id\":1}\n{\"no\":2}\n").await;
     assert_eq!(response.status(), 202);
     let reasons = dead_letter_reasons(&nats, 1).await;
-    assert_eq!(reasons, vec!["KeyError: 'id' (app.py line 7)"]);
+    assert_eq!(reasons, vec!["KeyError: 'id' (app.py line 13)"]);
     let lines = eventually(Duration::from_secs(30), "the good row", || async {
         let lines = host.sink_lines("keys");
         (!lines.is_empty()).then_some(lines)
@@ -399,74 +509,25 @@ async fn a_python_exception_dead_letters_its_row_naming_it_and_its_line() {
     host.shutdown().await;
 }
 
-/// A Python transform that counts rows per user in durable state.
-const COUNTING_APP: &str = r#"import weir_plugin as weir
-
-
-class Plugin(weir.Transform):
-    def row(self, row):
-        user = row.json()["user"]
-        seen = int(weir.state.get(row, user) or b"0") + 1
-        weir.state.set(row, user, str(seen))
-        return weir.emit({"user": user, "seen": seen})
-
-
-WitWorld = weir.export(Plugin)
-"#;
-
-/// A JavaScript transform that counts rows per user in durable state.
-const COUNTING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
-import * as state from "./weir/state.js";
-
-export const { init, transform } = weir.transform({
-  row(row) {
-    const user = row.json().user;
-    const seen = Number(state.getText(row, user) ?? "0") + 1;
-    state.set(row, user, String(seen));
-    return weir.emit({ user, seen });
-  },
-});
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its_row() {
-    keeps_state_and_dead_letters_past_its_limit("python", "app.py", COUNTING_APP, "app.py line 8")
-        .await;
+    keeps_state_and_dead_letters_past_its_limit(python_app, "app.py line 19").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_js_plugin_keeps_state_across_batches_and_a_limit_dead_letters_its_row() {
-    keeps_state_and_dead_letters_past_its_limit(
-        "js",
-        "plugin.js",
-        COUNTING_PLUGIN,
-        "plugin.js line 8",
-    )
-    .await;
+    keeps_state_and_dead_letters_past_its_limit(js_plugin, "plugin.js line 15").await;
 }
 
-/// The counting plugin of `lang` (its code in `file`) granted two keys:
+/// A plugin `built` counting in its `count` mode, granted two keys:
 /// counts carry over from one batch to the next, and the third user's
 /// write dead-letters its row, the reason naming `place`.
-async fn keeps_state_and_dead_letters_past_its_limit(
-    lang: &'static str,
-    file: &'static str,
-    code: &'static str,
-    place: &str,
-) {
-    let wasm = tokio::task::spawn_blocking(move || {
-        let name = format!("counting-{lang}");
-        let dir = scaffold(&name, lang, "transform");
-        std::fs::write(dir.join(file), code).expect("write the plugin");
-        run_script(&dir, "build.sh");
-        dir.join(format!("{name}.wasm"))
-    })
-    .await
-    .expect("build");
+async fn keeps_state_and_dead_letters_past_its_limit(built: fn() -> PathBuf, place: &str) {
+    let wasm = tokio::task::spawn_blocking(built).await.expect("build");
     let nats = Nats::start();
-    let config = pipeline("counts", &wasm).replace(
-        "world = \"transform\"\n",
-        "world = \"transform\"\ngrants.state = { max_keys = 2 }\n",
+    let config = with_settings(
+        pipeline("counts", &wasm),
+        "settings = { mode = \"count\" }\ngrants.state = { max_keys = 2 }",
     );
     let host = TestHost::start(&base_config(nats.url(), &config)).await;
     let rows = |users: &[&str]| {
@@ -514,36 +575,11 @@ async fn keeps_state_and_dead_letters_past_its_limit(
     host.shutdown().await;
 }
 
-/// A JS transform whose `init` throws an Error when told to, and whose
-/// `row` throws on rows without a `user`.
-const THROWING_PLUGIN: &str = r#"import * as weir from "./weir/index.js";
-
-export const { init, transform } = weir.transform({
-  init(settings) {
-    if (settings.boom) throw new Error("boom");
-  },
-  row(row) {
-    const data = row.json();
-    return weir.emit({ id: data.id, name: data.user.name });
-  },
-});
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_js_error_refuses_the_plugin_in_init_and_dead_letters_its_row_in_row() {
-    let wasm = tokio::task::spawn_blocking(|| {
-        let dir = scaffold("throws", "js", "transform");
-        std::fs::write(dir.join("plugin.js"), THROWING_PLUGIN).expect("write plugin.js");
-        run_script(&dir, "build.sh");
-        dir.join("throws.wasm")
-    })
-    .await
-    .expect("build");
+    let wasm = tokio::task::spawn_blocking(js_plugin).await.expect("build");
     let nats = Nats::start();
-    let refused = pipeline("thrower", &wasm).replace(
-        "world = \"transform\"\n",
-        "world = \"transform\"\nsettings = { boom = true }\n",
-    );
+    let refused = with_settings(pipeline("thrower", &wasm), "settings = { boom = true }");
     let err = start_error(&base_config(nats.url(), &refused)).await;
     assert!(
         matches!(err, StartError::Plugin(LoadError::Init { .. })),
@@ -567,7 +603,7 @@ async fn a_js_error_refuses_the_plugin_in_init_and_dead_letters_its_row_in_row()
     let reasons = dead_letter_reasons(&nats, 1).await;
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(
-        reasons[0].starts_with("TypeError: ") && reasons[0].ends_with(" (plugin.js line 9)"),
+        reasons[0].starts_with("TypeError: ") && reasons[0].ends_with(" (plugin.js line 13)"),
         "{reasons:?}"
     );
     let lines = eventually(Duration::from_secs(30), "the good row", || async {
@@ -708,7 +744,7 @@ fn built_http_sink(lang: &str, code: &str) -> PathBuf {
         .status()
         .expect("cp runs");
     assert!(copied.success(), "copy {}", wit.display());
-    run_script(&dir, "build.sh");
+    build_plain(&dir);
     let wasm = dir.join(format!("{name}.wasm"));
     assert!(wasm.is_file(), "{} was not built", wasm.display());
     wasm
@@ -809,30 +845,6 @@ async fn a_js_sink_posts_through_its_http_grant_and_is_refused_without() {
     an_http_sink_posts_through_its_grant_and_is_refused_without("js").await;
 }
 
-/// A Python transform reading and setting fields through the row: what it
-/// read, the row it emits (set fields spliced into the payload) and the
-/// row's `json()` afterwards.
-const FIELDS_APP: &str = r#"import weir_plugin as weir
-
-
-class Plugin(weir.Transform):
-    def row(self, row):
-        read = [row.get("s"), "n" in row, row.get("n"), row.get("f"), row.get("t"),
-                row.get("z", "absent"), row.get("missing", "dflt")]
-        nested = row.get("o")
-        if isinstance(nested, dict):
-            nested["added"] = 1
-        elif isinstance(nested, list):
-            nested.append("added")
-        row["n"] = 42
-        row["new"] = "é\n"
-        first = weir.Out(row)
-        return weir.emit(first, {"read": read, "json": row.json()})
-
-
-WitWorld = weir.export(Plugin)
-"#;
-
 /// Rows whose fields sit in every way JSON allows: escapes, spaces around
 /// tokens, an empty object, a repeated name, nested values, non-ASCII text.
 const FIELDS_ROWS: &str = r#"{"s":"plain","n":1,"f":1.5,"t":true,"z":null,"o":{"k":[1,2]}}
@@ -842,7 +854,7 @@ const FIELDS_ROWS: &str = r#"{"s":"plain","n":1,"f":1.5,"t":true,"z":null,"o":{"
 {"s":"é ünïcode","o":[1,{"a":2}],"x":"\ud83d\ude00"}
 "#;
 
-/// What `FIELDS_APP` must answer for `row`, worked out from the row parsed whole.
+/// What [`PYTHON_APP`] must answer by default for `row`, worked out from the row parsed whole.
 fn fields_expected(row: &str) -> serde_json::Value {
     let mut data: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(row).expect("a fixture row");
@@ -873,7 +885,7 @@ fn fields_expected(row: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_fields_read_and_set_through_the_row_answer_as_the_row_parsed_whole() {
-    let wasm = tokio::task::spawn_blocking(|| built_python_transform("fields", FIELDS_APP))
+    let wasm = tokio::task::spawn_blocking(python_app)
         .await
         .expect("build");
     let answered = plugin_test_rows(&wasm, "fields-rows.ndjson", FIELDS_ROWS);

@@ -379,18 +379,13 @@ export const { init, transform } = weir.transform({
 
 /// A transform project in `lang` whose code is `code`, built: its `.wasm`.
 fn built_enrich(lang: &str, code: &str) -> std::path::PathBuf {
-    let name = format!("enrich-batch-{lang}");
-    let dir = crate::authors::scaffold(&name, lang, "transform");
     let file = if lang == "python" {
         "app.py"
     } else {
         "plugin.js"
     };
-    std::fs::write(dir.join(file), code).expect("write the plugin's code");
-    crate::authors::run_script(&dir, "build.sh");
-    let wasm = dir.join(format!("{name}.wasm"));
-    assert!(wasm.is_file(), "{} was not built", wasm.display());
-    wasm
+    let name = format!("enrich-batch-{lang}");
+    crate::authors::written_project(&name, lang, "transform", file, code)
 }
 
 /// The plugin at `wasm` as plugin and table `name`, looking up at
