@@ -93,7 +93,11 @@ async fn bad_requests_are_refused_with_what_and_where() {
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_unreachable_is_a_503_with_retry_after() {
     let mut nats = Nats::start();
-    let host = TestHost::start(&base_config(nats.url(), "")).await;
+    // The stop below waits out the drain timeout (30 s by default): the
+    // delivered row's ack cannot be confirmed with NATS gone.
+    let config =
+        base_config(nats.url(), "").replace("[delivery]\n", "[delivery]\ndrain_timeout = \"2s\"\n");
+    let host = TestHost::start(&config).await;
     assert_eq!(host.ingest("orders", orders(0, 1)).await.status(), 202);
 
     nats.server.stop();
