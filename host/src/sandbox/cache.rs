@@ -112,7 +112,11 @@ impl CompileCache {
         let path = self.path_of(engine, wasm);
         let stored = std::fs::create_dir_all(&self.dir).and_then(|()| {
             // Written aside and renamed: a crash never leaves half a file under the key.
-            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            // Named for this store alone: hosts in one process storing the same
+            // component at once must not write (and truncate) one file.
+            static STORES: AtomicU64 = AtomicU64::new(0);
+            let store = STORES.fetch_add(1, Ordering::Relaxed);
+            let partial = path.with_extension(format!("partial-{}-{store}", std::process::id()));
             std::fs::write(&partial, compiled)?;
             std::fs::rename(&partial, &path)
         });
