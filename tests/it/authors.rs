@@ -34,7 +34,7 @@ fn workspace() -> &'static Path {
 }
 
 /// `weir plugin new NAME --lang LANG --dir …`, its project's folder.
-pub(crate) fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
+fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
     let dir = workspace().join(name);
     let output = Command::new(WEIR)
         .args([
@@ -53,7 +53,7 @@ pub(crate) fn scaffold(name: &str, lang: &str, world: &str) -> PathBuf {
 
 /// Runs `script` (`./build.sh`, `./test.sh`) in `dir`, panicking with its
 /// output when it fails.
-pub(crate) fn run_script(dir: &Path, script: &str) -> String {
+fn run_script(dir: &Path, script: &str) -> String {
     run_script_with(dir, script, &[])
 }
 
@@ -111,19 +111,21 @@ fn built_once(name: &str, build: impl FnOnce() -> PathBuf) -> PathBuf {
     wasm
 }
 
+/// The file of a `lang` scaffold (Python or JS) that holds the plugin's code.
+fn code_file(lang: &str) -> &'static str {
+    if lang == "python" {
+        "app.py"
+    } else {
+        "plugin.js"
+    }
+}
+
 /// Project `name` of the `lang` scaffold for `world`, with `code` as its
-/// `file` (`app.py`, `plugin.js`), built once per run ([`build_plain`]):
-/// its `.wasm`.
-pub(crate) fn written_project(
-    name: &str,
-    lang: &str,
-    world: &str,
-    file: &str,
-    code: &str,
-) -> PathBuf {
+/// [`code_file`], built once per run ([`build_plain`]): its `.wasm`.
+pub(crate) fn written_project(name: &str, lang: &str, world: &str, code: &str) -> PathBuf {
     built_once(name, || {
         let dir = scaffold(name, lang, world);
-        std::fs::write(dir.join(file), code).expect("write the plugin's code");
+        std::fs::write(dir.join(code_file(lang)), code).expect("write the plugin's code");
         build_plain(&dir);
         dir.join(format!("{name}.wasm"))
     })
@@ -452,7 +454,7 @@ WitWorld = weir.export(Plugin)
 
 /// [`PYTHON_APP`], built once per run.
 fn python_app() -> PathBuf {
-    written_project("app-python", "python", "transform", "app.py", PYTHON_APP)
+    written_project("app-python", "python", "transform", PYTHON_APP)
 }
 
 /// One JS transform for the same tests: `init` throws an Error when its
@@ -481,7 +483,7 @@ export const { init, transform } = weir.transform({
 
 /// [`JS_PLUGIN`], built once per run.
 fn js_plugin() -> PathBuf {
-    written_project("plugin-js", "js", "transform", "plugin.js", JS_PLUGIN)
+    written_project("plugin-js", "js", "transform", JS_PLUGIN)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -727,11 +729,11 @@ export const { init, deliver } = weir.sink({
 fn built_http_sink(lang: &str, code: &str) -> PathBuf {
     let name = format!("http-{lang}");
     let dir = scaffold(&name, lang, "sink");
-    let (file, from, to) = match lang {
-        "python" => ("app.py", "-w sink ", "-w sink-http "),
-        _ => ("plugin.js", "-n sink -d http fetch-event", "-n sink-http"),
+    let (from, to) = match lang {
+        "python" => ("-w sink ", "-w sink-http "),
+        _ => ("-n sink -d http fetch-event", "-n sink-http"),
     };
-    std::fs::write(dir.join(file), code).expect("write the plugin's code");
+    std::fs::write(dir.join(code_file(lang)), code).expect("write the plugin's code");
     let build = std::fs::read_to_string(dir.join("build.sh")).expect("build.sh");
     assert!(build.contains(from), "{lang} build.sh: {build}");
     std::fs::write(dir.join("build.sh"), build.replace(from, to)).expect("build.sh");

@@ -379,13 +379,8 @@ export const { init, transform } = weir.transform({
 
 /// A transform project in `lang` whose code is `code`, built: its `.wasm`.
 fn built_enrich(lang: &str, code: &str) -> std::path::PathBuf {
-    let file = if lang == "python" {
-        "app.py"
-    } else {
-        "plugin.js"
-    };
     let name = format!("enrich-batch-{lang}");
-    crate::authors::written_project(&name, lang, "transform", file, code)
+    crate::authors::written_project(&name, lang, "transform", code)
 }
 
 /// The plugin at `wasm` as plugin and table `name`, looking up at
