@@ -278,7 +278,7 @@ async fn host_sigkill(h: &mut Harness) {
     let fault = Instant::now();
     h.fleet.kill(victim);
     let takeover = h.healed(&load, &steady_tables(), fault).await;
-    h.fleet.restart(victim);
+    h.fleet.restart(victim).await;
     h.fleet.balanced().await;
     h.finish(
         load,
@@ -300,7 +300,7 @@ async fn host_sigterm(h: &mut Harness) {
     let handover = h.healed(&load, &steady_tables(), fault).await;
     h.fleet.wait_exit(victim).await;
     h.fleet.balanced().await;
-    h.fleet.restart(victim);
+    h.fleet.restart(victim).await;
     h.fleet.balanced().await;
     h.finish(
         load,
@@ -387,7 +387,8 @@ async fn host_faults(h: &mut Harness) {
 async fn host_added_and_removed(h: &mut Harness) {
     let load = h.begin().await;
     let joined = Instant::now();
-    h.fleet.spawn();
+    let added = h.fleet.spawn();
+    h.fleet.wait_up(added).await;
     h.fleet.balanced().await;
     let join = joined.elapsed();
     let fault = Instant::now();

@@ -489,17 +489,26 @@ impl Fleet {
         };
         fleet.spawn();
         if !together {
-            let first = &fleet.hosts[0];
-            eventually(Duration::from_secs(60), "the first host is up", || async {
-                first.status().await.map(|_| ())
-            })
-            .await;
+            fleet.wait_up(0).await;
         }
         for _ in 1..size {
             fleet.spawn();
         }
+        for index in usize::from(!together)..size {
+            fleet.wait_up(index).await;
+        }
         fleet.balanced().await;
         fleet
+    }
+
+    /// Waits until host `index` answers (started again on another port if
+    /// its own was taken), or fails the test with its log.
+    pub async fn wait_up(&mut self, index: usize) {
+        let up = self.hosts[index].wait_up(Duration::from_secs(120)).await;
+        self.publish_front_doors();
+        if let Err(why) = up {
+            panic!("{why}");
+        }
     }
 
     /// Starts the next host (h1, h2, …); returns its index.
@@ -599,13 +608,14 @@ impl Fleet {
         .await;
     }
 
-    /// Starts stopped host `index` again (same id, directory and config).
-    pub fn restart(&mut self, index: usize) {
+    /// Starts stopped host `index` again (same id, directory and config),
+    /// and waits until it answers.
+    pub async fn restart(&mut self, index: usize) {
         let (child, url) = Host::run(self.hosts[index].dir.path());
         self.hosts[index].child = child;
         self.hosts[index].url = url;
         self.running[index] = true;
-        self.publish_front_doors();
+        self.wait_up(index).await;
     }
 
     /// Waits until the running hosts, and only they, are members holding
@@ -739,12 +749,7 @@ impl Fleet {
     pub fn logs(&self) -> String {
         self.hosts
             .iter()
-            .map(|host| {
-                let log = host.log();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- {} ---\n{}", host.id, tail.join("\n"))
-            })
+            .map(|host| host.log_tail(30))
             .collect::<Vec<_>>()
             .join("\n")
     }

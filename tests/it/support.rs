@@ -63,10 +63,18 @@ impl Nats {
 
 /// A loopback port nobody listens on (for a process that binds it itself).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port")
-        .port()
+    // Once its probe closes, a port can be handed to the next caller too:
+    // the tests share one process, so none gets a port another was given.
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The folder holding the built test plugins.
@@ -511,6 +519,56 @@ impl Host {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("weir.log")).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the log, under the host's id.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("--- {} ---\n{}", self.id, tail.join("\n"))
+    }
+
+    /// Waits until the host answers its status, or says why not with its
+    /// log. The port picked for it can be taken by another process before
+    /// the host binds it (after connecting and compiling, seconds later):
+    /// such a host is started again on another port.
+    pub async fn wait_up(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut this_run = 0;
+        loop {
+            if self.status().await.is_some() {
+                return Ok(());
+            }
+            if let Ok(Some(exit)) = self.child.try_wait() {
+                let log = self.log();
+                let said = log.get(this_run..).unwrap_or_default();
+                if !(said.contains("cannot listen on") && said.contains("in use")) {
+                    return Err(format!(
+                        "{} exited ({exit}) before it was up\n{}",
+                        self.id,
+                        self.log_tail(30)
+                    ));
+                }
+                eprintln!(
+                    "{}'s port was taken before it bound it; starting it again on another port",
+                    self.id
+                );
+                this_run = log.len();
+                let (child, url) = Host::run(self.dir.path());
+                self.child = child;
+                self.url = url;
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} is not up after {timeout:?}\n{}",
+                    self.id,
+                    self.log_tail(30)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
