@@ -9,12 +9,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 const EXTENSION: &str = "cwasm";
+/// A store's file written aside, before its rename under the key.
+const PARTIAL: &str = "partial-";
+/// A store takes seconds; a partial file this old was left by a crash.
+const ABANDONED_AFTER: Duration = Duration::from_secs(3600);
 
 /// A directory of compiled components with a size bound; least recently
 /// used entries are evicted after each store.
@@ -116,7 +120,7 @@ impl CompileCache {
             // component at once must not write (and truncate) one file.
             static STORES: AtomicU64 = AtomicU64::new(0);
             let store = STORES.fetch_add(1, Ordering::Relaxed);
-            let partial = path.with_extension(format!("partial-{}-{store}", std::process::id()));
+            let partial = path.with_extension(format!("{PARTIAL}{}-{store}", std::process::id()));
             std::fs::write(&partial, compiled)?;
             std::fs::rename(&partial, &path)
         });
@@ -130,15 +134,15 @@ impl CompileCache {
             .ok()
     }
 
-    /// Removes least recently used entries until the cache fits its bound;
-    /// `keep` (the entry just written) is never removed.
+    /// Removes least recently used entries until the cache fits its bound,
+    /// and partial files a crashed store left; `keep` (the entry just
+    /// written) is never removed.
     fn evict(&self, keep: &Path) {
         let Ok(listing) = std::fs::read_dir(&self.dir) else {
             return;
         };
-        let entries: Vec<Entry> = listing
+        let files: Vec<Entry> = listing
             .filter_map(Result::ok)
-            .filter(|entry| entry.path().extension().is_some_and(|ext| ext == EXTENSION))
             .filter_map(|entry| {
                 let meta = entry.metadata().ok()?;
                 Some(Entry {
@@ -147,6 +151,16 @@ impl CompileCache {
                     used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                 })
             })
+            .collect();
+        let now = SystemTime::now();
+        for abandoned in files.iter().filter(|file| abandoned_partial(file, now)) {
+            if let Err(err) = std::fs::remove_file(&abandoned.path) {
+                tracing::warn!(cache = %abandoned.path.display(), error = %err, "cannot remove a partial file left by a crashed store");
+            }
+        }
+        let entries: Vec<Entry> = files
+            .into_iter()
+            .filter(|file| file.path.extension().is_some_and(|ext| ext == EXTENSION))
             .collect();
         for path in to_evict(entries, self.max_bytes, keep) {
             match std::fs::remove_file(&path) {
@@ -192,6 +206,20 @@ fn map(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     unsafe { Component::deserialize_file(engine, path) }
 }
 
+/// Whether `file` is a store's partial file old enough that its store
+/// crashed (a live store renames its file within seconds).
+pub fn abandoned_partial(file: &Entry, now: SystemTime) -> bool {
+    let partial = file
+        .path
+        .extension()
+        .and_then(|ext| ext.to_str())
+        .is_some_and(|ext| ext.starts_with(PARTIAL));
+    partial
+        && now
+            .duration_since(file.used)
+            .is_ok_and(|age| age > ABANDONED_AFTER)
+}
+
 /// The entries to remove, least recently used first, so the rest fit in
 /// `max_bytes`; `keep` stays even if it alone is over the bound.
 pub fn to_evict(mut entries: Vec<Entry>, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
@@ -214,7 +242,6 @@ pub fn to_evict(mut entries: Vec<Entry>, max_bytes: u64, keep: &Path) -> Vec<Pat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     const DEFAULT_BOUND: u64 = 1 << 30;
 
@@ -254,6 +281,19 @@ mod tests {
         assert_ne!(name(&plain, b"a"), name(&plain, b"b"));
         assert_ne!(name(&plain, b"a"), name(&other, b"a"));
         assert!(name(&plain, b"a").starts_with("/cache"));
+    }
+
+    #[test]
+    fn only_partial_files_older_than_any_store_are_abandoned() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let abandoned = |name, age_secs| abandoned_partial(&entry(name, 1, age_secs), now);
+        assert!(abandoned("k.partial-41-0", 2 * 3600));
+        assert!(!abandoned("k.partial-41-0", 10), "a store still writing");
+        assert!(
+            !abandoned("k.cwasm", 2 * 3600),
+            "an entry is evicted by size"
+        );
+        assert!(!abandoned("notes.txt", 2 * 3600), "not weir's to remove");
     }
 
     #[test]
