@@ -29,7 +29,7 @@ use crate::cluster_support::{
 };
 use crate::support::eventually;
 
-/// One scenario at a time across the module's tests.
+/// One scenario (one cluster) at a time across the module's tests.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The partition stream whose leader the leader-kill scenario kills.
@@ -590,8 +590,12 @@ async fn r1_the_same_faults_on_one_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn r3_a_probe_of_an_id_keeps_that_ids_row_out() {
     use async_nats::jetstream::{self, message::PublishMessage, stream};
+    let _serial = SERIAL.lock().await;
     let nodes = NatsNodes::start(3).await;
-    let js = jetstream::new(nodes.client().await);
+    let mut js = jetstream::new(nodes.client().await);
+    // An R3 stream's creation on a busy machine can take longer than the
+    // client's default 5 s.
+    js.set_timeout(Duration::from_secs(30));
     let mut probed = js
         .create_stream(stream::Config {
             name: "PROBED".into(),
@@ -621,6 +625,7 @@ async fn r3_a_probe_of_an_id_keeps_that_ids_row_out() {
 /// once and in order, the stored ones counted (see the R1 case).
 #[tokio::test(flavor = "multi_thread")]
 async fn r3_partly_stored_retries_store_the_rest_once_in_order_and_count_it() {
+    let _serial = SERIAL.lock().await;
     let nodes = NatsNodes::start(3).await;
     let url = format!("nats://127.0.0.1:{}", nodes.nodes[0].port);
     let bare =
