@@ -611,9 +611,7 @@ impl Fleet {
     /// Starts stopped host `index` again (same id, directory and config),
     /// and waits until it answers.
     pub async fn restart(&mut self, index: usize) {
-        let (child, url) = Host::run(self.hosts[index].dir.path());
-        self.hosts[index].child = child;
-        self.hosts[index].url = url;
+        self.hosts[index].start_again();
         self.running[index] = true;
         self.wait_up(index).await;
     }

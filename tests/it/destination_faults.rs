@@ -103,9 +103,7 @@ async fn produce(url: String, producer: u64, stop: Arc<AtomicBool>) -> Vec<(&'st
 pub fn stop_and_restart(host: &mut Host) {
     host.terminate();
     let _ = host.child.wait();
-    let (child, url) = Host::run(host.dir.path());
-    host.child = child;
-    host.url = url;
+    host.start_again();
 }
 
 pub fn signal(host: &Host, signal: libc::c_int) {

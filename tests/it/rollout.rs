@@ -99,9 +99,7 @@ fn restart_with_cache(host: &mut Host, cache: &Path) {
         &format!("compile_cache_dir = \"{}\"", cache.display()),
     );
     std::fs::write(&path, config).unwrap();
-    let (child, url) = Host::run(host.dir.path());
-    host.child = child;
-    host.url = url;
+    host.start_again();
 }
 
 /// After a push is acknowledged, a host restarted with an empty compiled

@@ -195,8 +195,8 @@ async fn nothing_twice_across_planned_stops(server: Server) {
 
     // Rows flowing in (and out: the slow transform is gone), then Ctrl-C.
     std::fs::write(host.dir.path().join("weir.toml"), config(&server, false)).unwrap();
-    let (child, base) = Host::run(host.dir.path());
-    host.child = child;
+    host.start_again();
+    let base = host.url.clone();
     *url.lock().unwrap() = base.clone();
     let flowing = Arc::new(AtomicBool::new(true));
     let producer = {
@@ -219,8 +219,8 @@ async fn nothing_twice_across_planned_stops(server: Server) {
     let sigint = stop(&mut host.child, libc::SIGINT, host.dir.path()).await;
 
     // Started again: the producer's retries get in, everything drains.
-    let (child, base) = Host::run(host.dir.path());
-    host.child = child;
+    host.start_again();
+    let base = host.url.clone();
     *url.lock().unwrap() = base.clone();
     ready(&base).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

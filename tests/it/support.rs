@@ -495,6 +495,12 @@ impl Host {
     pub fn crash_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+        self.start_again();
+    }
+
+    /// Runs the host again from its directory (its config as it is there
+    /// now), on a fresh port; the last process must have ended.
+    pub fn start_again(&mut self) {
         let (child, url) = Host::run(self.dir.path());
         self.child = child;
         self.url = url;
@@ -555,9 +561,7 @@ impl Host {
                     self.id
                 );
                 this_run = log.len();
-                let (child, url) = Host::run(self.dir.path());
-                self.child = child;
-                self.url = url;
+                self.start_again();
                 continue;
             }
             if Instant::now() >= deadline {
