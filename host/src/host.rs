@@ -455,7 +455,6 @@ impl RunningHost {
             followers,
             drain_timeout: config.delivery.drain_timeout,
             gate,
-            ack_wait: config.delivery.ack_wait,
         };
         Ok(Coordination::join(membership).await?)
     }
