@@ -589,13 +589,10 @@ async fn r1_the_same_faults_on_one_server() {
 /// fails, the server changed: probes may be safe then.
 #[tokio::test(flavor = "multi_thread")]
 async fn r3_a_probe_of_an_id_keeps_that_ids_row_out() {
-    use async_nats::jetstream::{self, message::PublishMessage, stream};
+    use async_nats::jetstream::{message::PublishMessage, stream};
     let _serial = SERIAL.lock().await;
     let nodes = NatsNodes::start(3).await;
-    let mut js = jetstream::new(nodes.client().await);
-    // An R3 stream's creation on a busy machine can take longer than the
-    // client's default 5 s.
-    js.set_timeout(Duration::from_secs(30));
+    let js = crate::support::patient_jetstream(nodes.client().await);
     let mut probed = js
         .create_stream(stream::Config {
             name: "PROBED".into(),

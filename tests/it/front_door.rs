@@ -962,10 +962,7 @@ impl BarePartition {
         let router = weir::topology::Names::new(&config.stream.prefix, 1, 1);
         let manifest =
             weir::topology::Manifest::new(&router, &config.stream, &config.delivery, None);
-        let mut js = async_nats::jetstream::new(client.clone());
-        // An R3 stream's creation on a busy machine can take longer than
-        // the client's default 5 s.
-        js.set_timeout(std::time::Duration::from_secs(30));
+        let js = crate::support::patient_jetstream(client.clone());
         let partition = router.partition_stream(0);
         let stream = manifest.streams.iter().find(|s| s.name == partition);
         js.create_stream(stream.unwrap().clone()).await.unwrap();

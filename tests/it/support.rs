@@ -61,6 +61,14 @@ impl Nats {
     }
 }
 
+/// A JetStream context that waits 30 s for an answer: an R3 stream's
+/// creation on a busy machine can take longer than the client's default 5 s.
+pub fn patient_jetstream(client: async_nats::Client) -> jetstream::Context {
+    let mut js = jetstream::new(client);
+    js.set_timeout(Duration::from_secs(30));
+    js
+}
+
 /// A loopback port nobody listens on (for a process that binds it itself).
 pub fn free_port() -> u16 {
     // Once its probe closes, a port can be handed to the next caller too:
