@@ -20,6 +20,60 @@ pub const CREATE_TIMEOUTS: [std::time::Duration; 3] = [
     std::time::Duration::from_secs(10),
 ];
 
+/// How long creating a stream or bucket waits out a cluster that cannot
+/// place its replicas yet ("no suitable peers", 10005): a cluster just
+/// booted, or a node restarting, is briefly short of peers (a host started
+/// on a fresh 3-node cluster exited on it; `tests/it/cluster.rs`).
+pub const PLACEMENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether a stream create or update failed only for a while: it was
+/// refused because the cluster has too few peers up to place it (which
+/// passes as nodes join), or it timed out (which `CREATE_TIMEOUTS` handles).
+pub fn cannot_place_yet(err: &async_nats::jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::{ErrorCode, context::CreateStreamErrorKind};
+    matches!(err.kind(), CreateStreamErrorKind::JetStream(error)
+        if error.error_code() == ErrorCode::CLUSTER_NO_PEERS)
+}
+
+/// Runs `create` (a stream or bucket create, given its request timeout)
+/// until it succeeds, fails for good, or has used up `CREATE_TIMEOUTS` and
+/// `PLACEMENT_PATIENCE`: each timeout moves on to the next, longer wait; a
+/// cluster that cannot place it yet is asked again every `PLACEMENT_RETRY`.
+pub async fn create_patiently<T, E, Attempt>(
+    what: &str,
+    mut create: impl FnMut(std::time::Duration) -> Attempt,
+    timed_out: impl Fn(&E) -> bool,
+    placement_pending: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    Attempt: std::future::Future<Output = Result<T, E>>,
+{
+    let placement_deadline = tokio::time::Instant::now() + PLACEMENT_PATIENCE;
+    let mut timeouts = CREATE_TIMEOUTS.iter().copied();
+    let mut timeout = timeouts
+        .next()
+        .unwrap_or(std::time::Duration::from_secs(10));
+    loop {
+        match create(timeout).await {
+            Err(err)
+                if placement_pending(&err) && tokio::time::Instant::now() < placement_deadline =>
+            {
+                tracing::warn!(%what, "the cluster cannot place it yet; asking again");
+                tokio::time::sleep(PLACEMENT_RETRY).await;
+            }
+            Err(err) if timed_out(&err) => match timeouts.next() {
+                Some(longer) => {
+                    tracing::warn!(%what, ?timeout, "creating it timed out; looking again");
+                    timeout = longer;
+                }
+                None => return Err(err),
+            },
+            done => return done,
+        }
+    }
+}
+
 /// The priority group every unit consumer has.
 pub const PIN_GROUP: &str = "weir";
 
@@ -119,4 +173,64 @@ pub fn decode<T: serde::de::DeserializeOwned>(
 /// that keep a reason as text; [`reply_error`] keeps its cause).
 pub fn api_error(payload: &[u8]) -> Option<String> {
     reply_error(payload).map(|error| error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    use super::{CREATE_TIMEOUTS, PLACEMENT_PATIENCE, create_patiently};
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Refusal {
+        TimedOut,
+        NoPeers,
+        Other,
+    }
+
+    /// Runs `create_patiently` over a scripted sequence of answers and says
+    /// what it returned and which timeouts it asked with.
+    async fn run(answers: Vec<Refusal>) -> (Result<(), Refusal>, Vec<Duration>) {
+        let asked = RefCell::new(Vec::new());
+        let answers = RefCell::new(answers.into_iter());
+        let outcome = create_patiently(
+            "stream S",
+            |timeout| {
+                asked.borrow_mut().push(timeout);
+                let answer = answers.borrow_mut().next();
+                async move { answer.map_or(Ok(()), Err) }
+            },
+            |refusal| *refusal == Refusal::TimedOut,
+            |refusal| *refusal == Refusal::NoPeers,
+        )
+        .await;
+        (outcome, asked.into_inner())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cluster_short_of_peers_is_asked_again_without_using_up_a_timeout() {
+        let (outcome, asked) = run(vec![Refusal::NoPeers; 5]).await;
+        assert_eq!(outcome, Ok(()));
+        assert_eq!(asked, vec![CREATE_TIMEOUTS[0]; 6]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_timeout_moves_on_to_the_next_wait_until_they_are_used_up() {
+        let (outcome, asked) = run(vec![Refusal::TimedOut; 3]).await;
+        assert_eq!(outcome, Err(Refusal::TimedOut));
+        assert_eq!(asked, CREATE_TIMEOUTS.to_vec());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_for_good_is_returned_at_once_and_short_of_peers_only_for_so_long() {
+        let (outcome, asked) = run(vec![Refusal::Other]).await;
+        assert_eq!((outcome, asked.len()), (Err(Refusal::Other), 1));
+
+        let started = tokio::time::Instant::now();
+        let (outcome, _) = run(vec![Refusal::NoPeers; 1000]).await;
+        assert_eq!(outcome, Err(Refusal::NoPeers));
+        assert!(started.elapsed() >= PLACEMENT_PATIENCE);
+        assert!(started.elapsed() < PLACEMENT_PATIENCE + Duration::from_secs(1));
+    }
 }

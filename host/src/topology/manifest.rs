@@ -944,28 +944,23 @@ async fn create_or_update_stream(
     js: &jetstream::Context,
     config: stream::Config,
 ) -> Result<stream::Stream, TopologyError> {
-    let mut attempts = crate::nats::jetstream::CREATE_TIMEOUTS.iter().peekable();
-    while let Some(&timeout) = attempts.next() {
-        let mut js = js.clone();
-        js.set_timeout(timeout);
-        match create_or_update_stream_once(&js, config.clone()).await {
-            Ok(stream) => return Ok(stream),
-            Err(err)
-                if err.kind() == CreateStreamErrorKind::TimedOut && attempts.peek().is_some() =>
-            {
-                tracing::warn!(stream = %config.name, ?timeout, "creating a stream timed out; looking again");
-            }
-            Err(err) => {
-                return Err(TopologyError::Stream {
-                    stream: config.name.clone(),
-                    reason: err.to_string(),
-                });
-            }
-        }
-    }
-    Err(TopologyError::Stream {
+    use crate::nats::jetstream::{cannot_place_yet, create_patiently};
+    let what = format!("stream {}", config.name);
+    create_patiently(
+        &what,
+        |timeout| {
+            let mut js = js.clone();
+            js.set_timeout(timeout);
+            let config = config.clone();
+            async move { create_or_update_stream_once(&js, config).await }
+        },
+        |err: &CreateStreamError| err.kind() == CreateStreamErrorKind::TimedOut,
+        cannot_place_yet,
+    )
+    .await
+    .map_err(|err| TopologyError::Stream {
         stream: config.name.clone(),
-        reason: "no attempt to create it was made".into(),
+        reason: err.to_string(),
     })
 }
 

@@ -85,11 +85,16 @@ struct WriteSpec {
 /// Whether creating a bucket failed because a request timed out (async-nats
 /// reports a timed-out stream create inside as a JetStream error).
 fn timed_out(err: &jetstream::context::CreateKeyValueError) -> bool {
-    use jetstream::context::{CreateKeyValueErrorKind, CreateStreamError, CreateStreamErrorKind};
+    use jetstream::context::{CreateKeyValueErrorKind, CreateStreamErrorKind};
     err.kind() == CreateKeyValueErrorKind::TimedOut
-        || std::error::Error::source(err)
-            .and_then(|source| source.downcast_ref::<CreateStreamError>())
-            .is_some_and(|source| source.kind() == CreateStreamErrorKind::TimedOut)
+        || stream_error(err).is_some_and(|source| source.kind() == CreateStreamErrorKind::TimedOut)
+}
+
+/// The stream create behind a failed bucket create, if that is what failed.
+fn stream_error(
+    err: &jetstream::context::CreateKeyValueError,
+) -> Option<&jetstream::context::CreateStreamError> {
+    std::error::Error::source(err)?.downcast_ref()
 }
 
 /// How long a bucket just created may be "not found", and how often it is
@@ -145,24 +150,25 @@ impl NatsKv {
             num_replicas: options.replicas,
             ..Default::default()
         };
-        // Hosts started together race to create it (`CREATE_TIMEOUTS`).
-        let mut attempts = crate::nats::jetstream::CREATE_TIMEOUTS.iter().peekable();
-        while let Some(&timeout) = attempts.next() {
-            let mut js = jetstream::new(client.clone());
-            js.set_timeout(timeout);
-            match js.create_or_update_key_value(config.clone()).await {
-                Ok(_) => break,
-                Err(err) if attempts.peek().is_some() && timed_out(&err) => {
-                    tracing::warn!(bucket = %options.bucket, ?timeout, "creating a bucket timed out; looking again");
-                }
-                Err(err) => {
-                    return Err(KvError::Bucket {
-                        bucket: options.bucket.clone(),
-                        reason: err.to_string(),
-                    });
-                }
-            }
-        }
+        // Hosts started together race to create it (`CREATE_TIMEOUTS`), and
+        // a cluster just booted may not place its replicas at once.
+        let what = format!("bucket {}", options.bucket);
+        crate::nats::jetstream::create_patiently(
+            &what,
+            |timeout| {
+                let mut js = jetstream::new(client.clone());
+                js.set_timeout(timeout);
+                let config = config.clone();
+                async move { js.create_or_update_key_value(config).await }
+            },
+            timed_out,
+            |err| stream_error(err).is_some_and(crate::nats::jetstream::cannot_place_yet),
+        )
+        .await
+        .map_err(|err| KvError::Bucket {
+            bucket: options.bucket.clone(),
+            reason: err.to_string(),
+        })?;
         // A replicated bucket just created can be "not found" for a moment
         // on a slow cluster (a host of three started together stopped at
         // boot on it), until its stream has a leader to answer.
