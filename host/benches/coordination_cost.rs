@@ -213,6 +213,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                             ReleaseFollower::new().0,
                         ],
                         drain_timeout: Duration::from_secs(30),
+                        ack_wait: Duration::from_secs(30),
                         gate: weir::coordination::ClaimGate::open(),
                     })
                     .await

@@ -2,9 +2,7 @@
 //!
 //! The same rows are published, pipelined, into (a) a plain work-queue stream
 //! with one durable pull consumer, drained by a hand-written async-nats
-//! consumer that acks each row — the limit (also run pinned to one client,
-//! as weir's unit consumers are: a pinned-client priority group, whose pin
-//! header the server stamps on every row) — and (b) weir's own topology,
+//! consumer that acks each row — the limit — and (b) weir's own topology,
 //! drained by a `RunningHost` started in-process: one unit (one consumer,
 //! comparable with the limit), the default topology (4 partitions × 1
 //! shard), and 4 shards of one partition, whose four filtered consumers
@@ -172,18 +170,16 @@ async fn run(rows: usize, rounds: usize) {
     }
 
     let mut limit = Vec::new();
-    let mut limit_pinned = Vec::new();
     let mut weir_one = Vec::new();
     let mut weir_default = Vec::new();
     let mut weir_many = Vec::new();
     for round in 1..=rounds {
-        let raw = measure_limit(&client, &js, server.pid(), &payloads, false).await;
+        let raw = measure_limit(&client, &js, server.pid(), &payloads).await;
         eprintln!(
             "round {round}: limit {:.0} rows/s",
             raw.deliver_rows_per_sec
         );
         limit.push(raw);
-        limit_pinned.push(measure_limit(&client, &js, server.pid(), &payloads, true).await);
         for (layout, results) in [
             (ONE_UNIT, &mut weir_one),
             (DEFAULT_LAYOUT, &mut weir_default),
@@ -199,14 +195,7 @@ async fn run(rows: usize, rounds: usize) {
     }
     // The rounds' figures first: a scale run short of disk (each unit's
     // stream reserves its `max_bytes`) leaves them printed.
-    report(
-        rows,
-        &limit,
-        &limit_pinned,
-        &weir_one,
-        &weir_default,
-        &weir_many,
-    );
+    report(rows, &limit, &weir_one, &weir_default, &weir_many);
     // Scale: more units on one host (a partition each, as the default
     // grows), once each after the rounds.
     let mut scale = Vec::new();
@@ -246,7 +235,7 @@ async fn run_only(
     for round in 1..=rounds {
         let measured = match layout {
             Some(layout) => measure_weir(js, server, dir, layout, payloads).await,
-            None => measure_limit(client, js, server.pid(), payloads, false).await,
+            None => measure_limit(client, js, server.pid(), payloads).await,
         };
         eprintln!(
             "round {round}, {only}: {:.0} rows/s, server {:.1} µs/row, client {:.1} µs/row",
@@ -258,20 +247,18 @@ async fn run_only(
 }
 
 /// The limit: a plain stream like a weir partition (file storage, work
-/// queue), one durable pull consumer, a loop that acks every row; `pinned`:
-/// the consumer pinned to one client, as weir's are.
+/// queue), one durable pull consumer, a loop that acks every row.
 async fn measure_limit(
     client: &async_nats::Client,
     js: &jetstream::Context,
     server_pid: u32,
     payloads: &[Bytes],
-    pinned: bool,
 ) -> Measured {
     // Subjects of the same shape and length as weir's, under another prefix.
     let router = Names::new("raw", 1, 1);
     let tables = tables_covering(&Names::new("weir", DEFAULT_LAYOUT.0, DEFAULT_LAYOUT.1));
     let tables = &tables;
-    let consumer = support::raw_consumer_pinned(js, 1, pinned).await;
+    let consumer = support::raw_consumer(js, 1).await;
     let subjects = subjects(&router, tables, |_| Unit {
         partition: 0,
         shard: 0,
@@ -279,13 +266,12 @@ async fn measure_limit(
     let publish_rows_per_sec = publish_pipelined(js, &subjects, payloads).await;
     tokio::time::sleep(SETTLE).await;
 
-    let mut pull = consumer
+    let mut messages = consumer
         .stream()
-        .max_messages_per_batch(support::RAW_PULL_BATCH);
-    if pinned {
-        pull = pull.group(support::RAW_PIN_GROUP);
-    }
-    let mut messages = pull.messages().await.expect("pull from the raw consumer");
+        .max_messages_per_batch(support::RAW_PULL_BATCH)
+        .messages()
+        .await
+        .expect("pull from the raw consumer");
     let deliver = async {
         let mut first = None;
         for _ in 0..payloads.len() {
@@ -456,7 +442,6 @@ async fn wait_empty(js: &jetstream::Context, name: &str) {
 fn report(
     rows: usize,
     limit: &[Measured],
-    limit_pinned: &[Measured],
     weir_one: &[Measured],
     weir_default: &[Measured],
     weir_many: &[Measured],
@@ -499,7 +484,6 @@ fn report(
     let alloc_bytes = |runs: &[Measured]| median_of(runs, |m| m.alloc_bytes_per_row);
     for (scenario, runs) in [
         ("limit", limit),
-        ("limit_pinned", limit_pinned),
         ("weir", weir_one),
         ("weir_default", weir_default),
         ("weir_4_shards", weir_many),
@@ -515,9 +499,7 @@ fn report(
             alloc_bytes(runs),
         );
     }
-    // The host's allocated bytes against a raw consumer's, round by round:
-    // the plain one, and one pinned as weir's are (what weir adds besides
-    // the pin header the server stamps on every row).
+    // The host's allocated bytes against the raw consumer's, round by round.
     let bytes_over = |runs: &[Measured], reference: &[Measured]| {
         median(
             &runs
@@ -527,14 +509,12 @@ fn report(
                 .collect::<Vec<_>>(),
         )
     };
-    let bytes_over_pinned = bytes_over(weir_one, limit_pinned);
     for (figure, value) in [
         ("weir_alloc_bytes_over_limit", bytes_over(weir_one, limit)),
         (
             "weir_default_alloc_bytes_over_limit",
             bytes_over(weir_default, limit),
         ),
-        ("weir_alloc_bytes_over_pinned_limit", bytes_over_pinned),
     ] {
         print_figure(BENCH, figure, value);
     }
@@ -558,7 +538,6 @@ fn report(
     ]);
     for (name, runs) in [
         ("raw pull consumer (limit)", limit),
-        ("raw pull consumer, pinned as weir's", limit_pinned),
         ("weir, 1 unit", weir_one),
         ("weir, default: 4 partitions × 1 shard", weir_default),
         ("weir, 1 partition × 4 shards", weir_many),
@@ -583,12 +562,8 @@ fn report(
     println!(
         "target: weir ≥ 0.95 × the limit with 1 unit and with the default topology; allocated bytes per row ≤ {TARGET_ALLOC_BYTES_OVER_LIMIT} × the raw consumer's; ≤ {TARGET_ALLOCS_PER_ROW} allocations per row outside the plugin (host side, this process)"
     );
-    println!(
-        "weir, 1 unit, allocates {bytes_over_pinned:.2} × the bytes per row of a raw consumer pinned as weir's (the pin header is the server's, on every row)"
-    );
     report_alloc_split(&[
         ("raw pull consumer (limit)", limit),
-        ("raw pull consumer, pinned as weir's", limit_pinned),
         ("weir, 1 unit", weir_one),
         ("weir, default: 4 partitions × 1 shard", weir_default),
     ]);

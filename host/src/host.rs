@@ -455,6 +455,7 @@ impl RunningHost {
             followers,
             drain_timeout: config.delivery.drain_timeout,
             gate,
+            ack_wait: config.delivery.ack_wait,
         };
         Ok(Coordination::join(membership).await?)
     }

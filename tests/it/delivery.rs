@@ -93,7 +93,7 @@ async fn rejected_rows_are_dead_lettered_with_reason_and_original_payload() {
     assert_eq!(header(headers::PLUGIN), "validate");
     assert_eq!(header(headers::DELIVERIES), "1");
     assert_eq!(header(headers::PLUGIN_VERSION).len(), 12);
-    // The pin the server adds on delivery is not part of the row.
+    // No delivery header of the server's (a pinned consumer's) in the row.
     assert_eq!(header("Nats-Pin-Id"), "");
 
     let lines = eventually(Duration::from_secs(20), "two rows in the sink", || async {

@@ -528,11 +528,10 @@ async fn a_host_frozen_past_its_ttl_is_fenced_and_its_units_are_taken_over() {
 }
 
 /// Idle units taken from a frozen host: the pull requests it left waiting
-/// (an idle unit's request waits 12 s, and one sent before the unit's
-/// first row carries no pin, so the takeover's unpin does not end it) must
-/// not take the units' first rows from their new owner. Taken there, those
-/// rows would wait for the frozen host's pin to time out (15 s) and then
-/// for the ack wait, behind newer rows.
+/// (an idle unit's request waits 12 s) must not take the units' first rows
+/// from their new owner. Taken there, those rows would come back only after
+/// the ack wait, behind newer rows; the claim's consumer created afresh
+/// ends them.
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_units_taken_from_a_frozen_host_deliver_while_it_is_still_frozen() {
     let nats = Nats::start();
@@ -585,7 +584,7 @@ async fn idle_units_taken_from_a_frozen_host_deliver_while_it_is_still_frozen() 
     let expected = frozen_tables.len() * 2 * ROWS as usize;
     let what = format!(
         "host-a writes the {expected} rows of the frozen host's {} tables while it is frozen \
-         (under its pin's 15 s timeout)",
+         (well under an idle request's 12 s expiry)",
         frozen_tables.len()
     );
     let delivered = eventually(Duration::from_secs(12), &what, || async {
@@ -612,4 +611,96 @@ async fn idle_units_taken_from_a_frozen_host_deliver_while_it_is_still_frozen() 
         );
     }
     drop(b);
+}
+
+/// What pinless fencing rests on, shown against the real server: a unit
+/// consumer of a work-queue partition deleted and created again (same name,
+/// same config) loses no row, ends the pull request its old puller left
+/// waiting, and hands out every unacked row again, oldest first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unit_consumer_created_again_ends_old_requests_and_redelivers_unacked_rows_in_order() {
+    use async_nats::jetstream::{consumer, stream};
+    let nats = Nats::start();
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    let partition = js
+        .create_stream(stream::Config {
+            name: "P".into(),
+            subjects: vec!["p.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for n in 1..=10u32 {
+        js.publish(format!("p.{n}"), n.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let config = consumer::pull::Config {
+        durable_name: Some("unit".into()),
+        name: Some("unit".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        max_deliver: -1,
+        ..Default::default()
+    };
+    let unit: consumer::PullConsumer = partition.create_consumer(config.clone()).await.unwrap();
+    // The old owner: took rows 1..=4, acked 1 and 2, and left a request waiting.
+    let mut taken = unit.fetch().max_messages(4).messages().await.unwrap();
+    let mut seen = Vec::new();
+    while let Some(row) = taken.next().await {
+        let row = row.unwrap();
+        seen.push(String::from_utf8_lossy(&row.payload).to_string());
+        if seen.len() <= 2 {
+            row.double_ack().await.unwrap();
+        }
+    }
+    assert_eq!(seen, ["1", "2", "3", "4"]);
+    let inbox = client.new_inbox();
+    let mut old_request = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.MSG.NEXT.P.unit",
+            inbox,
+            r#"{"batch":100,"expires":30000000000}"#.into(),
+        )
+        .await
+        .unwrap();
+    // It is served at once (rows 5..=10), so let it take them and wait on.
+    for want in 5..=10 {
+        let row = old_request.next().await.unwrap();
+        assert_eq!(row.payload, want.to_string());
+    }
+    partition.delete_consumer("unit").await.unwrap();
+    assert_eq!(partition.clone().info().await.unwrap().state.messages, 8);
+    let unit: consumer::PullConsumer = partition.create_consumer(config).await.unwrap();
+    // The old request ends with the consumer (a 409 or nothing more at all).
+    let ended = tokio::time::timeout(Duration::from_secs(2), old_request.next()).await;
+    if let Ok(Some(message)) = &ended {
+        assert!(
+            message.status.is_some(),
+            "the old request got a row after the consumer was created again"
+        );
+    }
+    let mut again = unit.fetch().max_messages(8).messages().await.unwrap();
+    let mut redelivered = Vec::new();
+    while let Some(row) = again.next().await {
+        let row = row.unwrap();
+        redelivered.push(String::from_utf8_lossy(&row.payload).to_string());
+        assert_eq!(row.info().unwrap().delivered, 1);
+    }
+    assert_eq!(redelivered, ["3", "4", "5", "6", "7", "8", "9", "10"]);
+    // Nothing more reaches the old request once the new consumer serves.
+    js.publish("p.11", "11".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let late = tokio::time::timeout(Duration::from_millis(500), old_request.next()).await;
+    assert!(
+        !matches!(late, Ok(Some(ref m)) if m.status.is_none()),
+        "the old request got a row from the new consumer"
+    );
 }

@@ -441,14 +441,15 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     assert_eq!(items[10]["spec"]["bucket"], "weir_state");
     assert_eq!(items[11]["kind"], "ObjectStore");
     assert_eq!(items[11]["spec"]["bucket"], "weir_plugins");
-    // Without the pin, weir refuses the consumer nack would create.
+    // Unit consumers are durable pull consumers of every row, unpinned:
+    // each claim creates its unit's afresh.
     for consumer in &items[3..9] {
-        assert_eq!(
-            consumer["spec"]["priorityPolicy"], "pinned_client",
+        assert_eq!(consumer["spec"]["deliverPolicy"], "all", "{consumer}");
+        assert_eq!(consumer["spec"]["maxDeliver"], -1, "{consumer}");
+        assert!(
+            consumer["spec"].get("priorityPolicy").is_none(),
             "{consumer}"
         );
-        assert_eq!(consumer["spec"]["priorityGroups"][0], "weir", "{consumer}");
-        assert_eq!(consumer["spec"]["pinnedTtl"], "15s", "{consumer}");
     }
     assert_eq!(items[1]["kind"], "Stream");
     assert_eq!(items[1]["metadata"]["name"], "weir-in-0");

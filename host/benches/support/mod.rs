@@ -208,20 +208,6 @@ pub async fn raw_consumer(
     js: &async_nats::jetstream::Context,
     replicas: usize,
 ) -> async_nats::jetstream::consumer::PullConsumer {
-    raw_consumer_pinned(js, replicas, false).await
-}
-
-/// The priority group of a pinned raw consumer.
-pub const RAW_PIN_GROUP: &str = "raw";
-
-/// [`raw_consumer`], `pinned` to one client as weir's unit consumers are
-/// (a pinned-client priority group, [`RAW_PIN_GROUP`]): the server then
-/// stamps a pin id header on every row it delivers.
-pub async fn raw_consumer_pinned(
-    js: &async_nats::jetstream::Context,
-    replicas: usize,
-    pinned: bool,
-) -> async_nats::jetstream::consumer::PullConsumer {
     use async_nats::jetstream::{consumer, stream};
     let config = stream::Config {
         name: "raw".into(),
@@ -248,16 +234,6 @@ pub async fn raw_consumer_pinned(
             durable_name: Some("raw".into()),
             ack_policy: consumer::AckPolicy::Explicit,
             max_ack_pending: RAW_MAX_ACK_PENDING,
-            priority_policy: if pinned {
-                consumer::PriorityPolicy::PinnedClient
-            } else {
-                consumer::PriorityPolicy::None
-            },
-            priority_groups: if pinned {
-                vec![RAW_PIN_GROUP.to_string()]
-            } else {
-                Vec::new()
-            },
             ..Default::default()
         })
         .await

@@ -5,13 +5,14 @@
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::takeover::{self, Takeover};
+use super::takeover;
 use super::{
-    FleetView, Lease, MEMBERS, Membership, OwnerRecord, OwnerState, RETRY_PAUSE, STEP_DOWN_MARGIN,
-    TAKEOVER_RECHECK, UnitEnd, owner_key, to_bytes, unix_ms,
+    FleetView, Lease, MEMBERS, Membership, OwnerRecord, OwnerState, RETRY_PAUSE, TAKEOVER_RECHECK,
+    UnitEnd, owner_key, to_bytes, unix_ms,
 };
 use crate::nats::connection::connected;
 use crate::nats::kv::KvWrite;
+use crate::topology::manifest::unit_consumer;
 use crate::topology::route::Unit;
 
 /// Shared by the coordinator and its unit tasks.
@@ -25,7 +26,8 @@ pub(super) struct UnitContext {
 pub(super) struct Claim {
     /// The owner record's revision (`None`: there is none yet).
     pub(super) revision: Option<u64>,
-    /// The previous owner did not hand over: check for rows it left.
+    /// The previous owner did not hand over (counted as a takeover when it
+    /// left rows in flight).
     pub(super) takeover: bool,
     /// The unit changes owner without a release: another member's claim
     /// is still recorded (counted as a takeover, rows in flight or not).
@@ -150,35 +152,12 @@ pub(super) async fn run_unit(
         }
     };
     let consumer = membership.router.unit_consumer(unit);
-    // Whether the rows a previous owner may have left in flight are dealt
-    // with: only then can this claim end in a `released` record.
-    let mut stale_requests = false;
-    let taken_over = match claim.takeover {
-        false => {
-            stale_requests = check_handover(membership, unit).await;
-            true
-        }
-        true => match take_over(membership, unit, &release).await {
-            None => false,
-            Some(taken) => {
-                // Rows left in flight are a takeover whoever left them (an
-                // earlier run, a claim dropped as an orphan).
-                if claim.from_other || taken.reset {
-                    membership.metrics.unit_takeovers.inc();
-                }
-                stale_requests = taken.requests_waiting;
-                true
-            }
-        },
-    };
-    if !taken_over {
-        // Asked to let go while still waiting to take over (the old owner
-        // came back, say): its rows may still be in flight and pinned, so a
-        // `released` record would wrongly tell the next owner there is nothing
-        // to redo. Removing the claim leaves the takeover to the next owner.
+    let Some(left) = take(membership, unit, &release).await else {
+        // Asked to let go before the unit was taken: nothing was pulled
+        // under this claim, which is removed.
         return match membership.kv.delete_at(&key, revision).await {
             Ok(revision) => {
-                tracing::info!(%consumer, "gave up a takeover not done yet; the next owner takes the unit over");
+                tracing::info!(%consumer, "gave up a claim not taken yet; the next owner takes the unit");
                 Some(Written::Deleted(revision))
             }
             Err(err) => {
@@ -186,12 +165,14 @@ pub(super) async fn run_unit(
                 None
             }
         };
+    };
+    // Rows left in flight are a takeover whoever left them (an earlier
+    // run, a claim dropped as an orphan, a request kept past a release).
+    if claim.from_other || (claim.takeover && left.ack_pending > 0) {
+        membership.metrics.unit_takeovers.inc();
     }
     tracing::debug!(%consumer, "pulling");
-    let lease = match stale_requests {
-        true => lease.claimed(revision).after_takeover(),
-        false => lease.claimed(revision),
-    };
+    let lease = lease.claimed(revision);
     match membership.units.run(unit, release.clone(), lease).await {
         Ok(UnitEnd::Drained) => {}
         Ok(UnitEnd::Fenced) => {
@@ -248,103 +229,33 @@ async fn owner_key_ended(membership: &Membership, owner: &str) -> bool {
     }
 }
 
-/// Checks a unit handed over with a `released` record before pulling it.
-/// The old owner settled every row it took before writing the record, so
-/// a row still unacked, or a pin, is a pull request of the old owner's
-/// that the server kept after its release (one sent without a pin id is
-/// pinned anew by its next row; in a cluster the consumer's leader may
-/// learn of its inbox's end late): it took rows no one reads, which would
-/// come back after the ack wait, behind newer ones (measured: 5 rows 9.4 s
-/// late at a heal). They are sent back now, as at a takeover. Says whether
-/// requests were still waiting, so that the new owner also takes the unit
-/// back from one that takes rows after this check.
-async fn check_handover(membership: &Membership, unit: Unit) -> bool {
-    let stream = membership.router.partition_stream(unit.partition);
-    let consumer = membership.router.unit_consumer(unit);
-    let client = &membership.client;
-    let state = match takeover::inspect(client, &stream, &consumer).await {
-        Ok(state) => state,
-        Err(err) => {
-            tracing::warn!(%consumer, error = %err, "cannot read the state of a unit handed over; pulling it as a takeover would");
-            return true;
-        }
-    };
-    if state.pinned || state.ack_pending > 0 {
-        let action = takeover::rows_back(&state);
-        match takeover::apply(client, &stream, &consumer, &state, action).await {
-            Ok(()) => tracing::info!(
-                %consumer,
-                ?state,
-                "a unit handed over was held by a request its old owner left; its rows are redelivered"
-            ),
-            Err(err) => {
-                tracing::warn!(%consumer, error = %err, "cannot take a unit handed over back from its old owner's request")
-            }
-        }
-    }
-    state.waiting > 0 || state.pinned
-}
-
-/// A takeover done.
-struct TakenOver {
-    /// Rows left in flight were sent back from the ack floor.
-    reset: bool,
-    /// Pull requests the old owner sent were still waiting on the server.
-    requests_waiting: bool,
-}
-
-/// Takes over a unit whose owner did not hand it over: unpins it and, if
-/// rows were left in flight, resets it to its ack floor once nobody pulled
-/// it within the quiet margin. Says whether that is done, and how (`None`:
-/// asked to let go first).
-async fn take_over(
+/// Takes the unit: creates its consumer afresh (retried until the server
+/// does it). Says what the previous puller left (`None`: asked to let go
+/// first).
+async fn take(
     membership: &Membership,
     unit: Unit,
     release: &CancellationToken,
-) -> Option<TakenOver> {
+) -> Option<takeover::ConsumerState> {
     let stream = membership.router.partition_stream(unit.partition);
+    let config = unit_consumer(&membership.router, unit, membership.ack_wait);
     let consumer = membership.router.unit_consumer(unit);
-    let client = &membership.client;
     let started = Instant::now();
     loop {
-        match takeover::inspect(client, &stream, &consumer).await {
-            Ok(state) => match takeover::decide(&state, STEP_DOWN_MARGIN) {
-                Takeover::Wait => {
-                    tracing::debug!(%consumer, ?state, "the unit was pulled within the quiet margin; looking again")
+        match takeover::take(&membership.client, &stream, &config).await {
+            Ok(left) => {
+                if left.ack_pending > 0 || left.waiting > 0 {
+                    tracing::info!(
+                        %consumer,
+                        rows = left.ack_pending,
+                        requests = left.waiting,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "took a unit from its previous puller; rows left in flight are redelivered"
+                    );
                 }
-                action => match takeover::apply(client, &stream, &consumer, &state, action).await {
-                    Ok(()) => {
-                        // Nobody of ours pulls yet: a pin now is a request the
-                        // old owner left open, which took the pin and the rows
-                        // just reset (they would wait out the ack wait there).
-                        let after = takeover::inspect(client, &stream, &consumer).await;
-                        tracing::debug!(%consumer, ?state, ?after, "the unit's state before and after its takeover");
-                        if after.as_ref().is_ok_and(|after| after.pinned) {
-                            tracing::warn!(
-                                %consumer,
-                                "a pull request left by the old owner took the unit after the reset; taking it over again"
-                            );
-                        } else {
-                            if action == Takeover::Reset {
-                                tracing::info!(
-                                    %consumer,
-                                    rows = state.ack_pending,
-                                    waited_ms = started.elapsed().as_millis() as u64,
-                                    "took over a unit; rows left in flight are redelivered"
-                                );
-                            }
-                            return Some(TakenOver {
-                                reset: action == Takeover::Reset,
-                                requests_waiting: state.waiting > 0,
-                            });
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(%consumer, error = %err, "cannot take the unit over yet")
-                    }
-                },
-            },
-            Err(err) => tracing::warn!(%consumer, error = %err, "cannot read the unit's state"),
+                return Some(left);
+            }
+            Err(err) => tracing::warn!(%consumer, error = %err, "cannot take the unit yet"),
         }
         tokio::select! {
             _ = release.cancelled() => return None,

@@ -41,9 +41,6 @@ pub struct Lease {
     /// wrote: a later claim of the unit, by anyone, writes a higher one,
     /// so a destination fences an old owner by it (0: no claim, tools).
     claim: u64,
-    /// The claim took the unit from an owner that did not hand it over and
-    /// whose pull requests were still waiting on the server.
-    taken_over: bool,
 }
 
 impl Lease {
@@ -54,7 +51,6 @@ impl Lease {
             state,
             term,
             claim: 0,
-            taken_over: false,
         }
     }
 
@@ -62,19 +58,6 @@ impl Lease {
     pub fn claimed(mut self, revision: u64) -> Lease {
         self.claim = revision;
         self
-    }
-
-    /// The same lease, for a unit taken from an owner that did not hand it
-    /// over and left pull requests waiting (see [`Lease::taken_over`]).
-    pub fn after_takeover(mut self) -> Lease {
-        self.taken_over = true;
-        self
-    }
-
-    /// Whether the unit was taken from an owner that left pull requests
-    /// waiting on the server.
-    pub fn taken_over(&self) -> bool {
-        self.taken_over
     }
 
     /// The revision of the claim this lease runs under (see [`Lease`]).

@@ -14,18 +14,20 @@
 //! `owners.<partition>.<shard>` so every host (and `weir status`) sees
 //! owners and unowned units from its watch alone.
 //!
+//! - Every claim creates the unit's consumer afresh ([`takeover`]): the
+//!   pull requests of whoever pulled it before end, and the rows it was
+//!   sent and never acked come back at once, oldest first.
 //! - Handover (a join elsewhere, a planned shutdown): the old owner stops
-//!   pulling, finishes every row it was sent, releases the pin and writes
-//!   `released`; the new owner starts on that event, with nothing to redo.
-//! - Takeover (a member key expired): the new owner claims the unit and, if
-//!   the dead owner left rows in flight and nobody pulled within the quiet
-//!   margin, resets the consumer to its ack floor so they come back at once
-//!   ([`takeover`]). A claimer asked to let go before its takeover is done
-//!   deletes its claim instead of writing `released`: the next owner must
-//!   still unpin and reset.
-//! - Fencing: unit consumers are pinned (one puller per unit, enforced by
-//!   the server), and a host that cannot renew its key steps down on its own
-//!   clock a margin before the key can expire, aborting its workers. Each
+//!   pulling, finishes and acks the rows it holds and writes `released`;
+//!   the new owner claims on that event. Rows still on their way to the old
+//!   owner come back to the new one when it creates the consumer.
+//! - Takeover (a member key expired): the same claim, from an owner that is
+//!   no longer a member. A claimer asked to let go before its consumer is
+//!   created deletes its claim instead of writing `released`.
+//! - Fencing: the consumer created afresh at each claim ends a previous
+//!   owner's requests (the server serves one puller per unit), and a host
+//!   that cannot renew its key steps down on its own clock a margin before
+//!   the key can expire, aborting its workers. Each
 //!   worker holds the [`Lease`] its unit was claimed under and checks it
 //!   before every sink call and ack: a host frozen past its lease (SIGSTOP,
 //!   a VM pause) delivers nothing more when it wakes, before its coordinator
@@ -71,7 +73,6 @@ use claim::{
 pub use lease::Lease;
 use lease::LeaseState;
 use lease::{Renewal, renew};
-pub use takeover::reclaim_from_stale_request;
 
 /// Key prefix of member keys: each member's lease, renewed with a TTL.
 pub const MEMBERS: &str = "members.";
@@ -83,7 +84,8 @@ pub const OWNERS: &str = "owners.";
 /// A member steps down this long before its key can expire; a dead owner
 /// has delivered nothing for at least this long when its key expires.
 pub const STEP_DOWN_MARGIN: Duration = Duration::from_secs(1);
-/// Pause between looks at a unit a taken-over owner may still be pulling.
+/// Pause before a unit's consumer is created again after the server
+/// refused (a cluster electing its leaders, say).
 const TAKEOVER_RECHECK: Duration = Duration::from_millis(250);
 /// Pause before a failed renewal or watch is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -293,6 +295,9 @@ pub struct Membership {
     pub drain_timeout: Duration,
     /// What may hold new claims back.
     pub gate: ClaimGate,
+    /// The unit consumers' ack wait (`[delivery]`): each claim creates its
+    /// unit's consumer afresh.
+    pub ack_wait: Duration,
 }
 
 /// A host's part in coordination, running. [`Coordination::leave`] hands
@@ -392,8 +397,8 @@ impl Coordination {
         self.view.clone()
     }
 
-    /// Hands every unit over (each finishes the rows it was sent and
-    /// releases its pin), then deletes the member key so the others take
+    /// Hands every unit over (each finishes and acks the rows it holds),
+    /// then deletes the member key so the others take
     /// them at once.
     pub async fn leave(self) {
         self.leave.cancel();

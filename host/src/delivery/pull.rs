@@ -1,14 +1,12 @@
-//! Pulling one unit's rows under its pin.
+//! Pulling one unit's rows.
 //!
-//! Unit consumers use a pinned-client priority group: the server serves one
-//! puller per unit at a time, which fences a host that still pulls a unit it
-//! lost. A [`Puller`] keeps at most one pull request outstanding on one
-//! inbox, so at any moment it knows exactly which rows the server may still
-//! send it. That is what makes a planned handover exact: [`Puller::release`]
-//! unpins the unit (the server sends the outstanding request nothing more)
-//! and returns the rows that were already on their way, up to the
-//! consumer's last delivery, for the caller to finish before the next owner
-//! starts.
+//! Each claim creates the unit's consumer afresh (`coordination::takeover`),
+//! which ends every request a previous puller left: the server serves one
+//! puller per unit at a time. A [`Puller`] keeps at most one pull request
+//! outstanding on one inbox. A planned handover returns the rows already
+//! here for the caller to finish ([`Puller::release`]); rows still on their
+//! way are not acked, and come back to the next owner, oldest first, when
+//! its claim creates the consumer again.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -22,9 +20,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::coordination::{Lease, reclaim_from_stale_request};
-use crate::nats::connection::connected;
-use crate::nats::jetstream::{PIN_GROUP, last_delivery, unpin};
+use crate::coordination::Lease;
 
 /// How long the server keeps one pull request waiting for rows while rows
 /// come.
@@ -32,10 +28,8 @@ pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Idle heartbeat of a waiting pull request.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long a request waits when the unit is idle: the last request
-/// brought no row, or none came yet (no pin). An idle unit thus costs one
-/// request per 12 s, not one per second. Below the pin's TTL
-/// (`topology::PIN_TIMEOUT`, 15 s), which only a request renews: an idle
-/// holder keeps its pin.
+/// brought no row, or none came yet. An idle unit thus costs one request
+/// per 12 s, not one per second.
 pub const IDLE_PULL_EXPIRES: Duration = Duration::from_secs(12);
 /// Idle heartbeat of such a request: a request lost (a server restart, a
 /// reconnect) shows as silence within two of them.
@@ -45,25 +39,8 @@ const IDLE_PULL_HEARTBEAT: Duration = Duration::from_secs(4);
 const LOST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 /// An idle request with neither row nor heartbeat for this long was lost.
 const IDLE_SILENCE_LIMIT: Duration = Duration::from_secs(9);
-/// After a takeover, how long a pull request the old owner left may still
-/// wait on the server: it was sent while that owner's lease held, so
-/// before this claim, and the server ends it at its expiry. Waiting there
-/// without a pin, it would get the unit's next row (and the pin) ahead of
-/// the new owner's request, and those rows would come back only after the
-/// pin's timeout and the ack wait, behind newer ones.
-const STALE_REQUEST_WINDOW: Duration =
-    Duration::from_secs(IDLE_PULL_EXPIRES.as_secs() + LOST_REQUEST_GRACE.as_secs());
-/// Expiry of a new owner's requests without a pin within that window: each
-/// that ends empty looks whether the old owner's request took the unit.
-const STALE_CHECK_EXPIRES: Duration = Duration::from_secs(1);
-const STALE_CHECK_HEARTBEAT: Duration = Duration::from_millis(500);
 /// Pause before pulling again after the server refused a request.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
-/// How long a release whose unpin failed waits for rows still on their way.
-const RELEASE_WAIT: Duration = Duration::from_millis(500);
-/// How long a release waits for the rows the server sent before its unpin.
-const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
-
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
     #[error("consumer {consumer}: cannot subscribe to its inbox: {source}")]
@@ -75,15 +52,12 @@ pub enum PullError {
 
 /// The body of a `CONSUMER.MSG.NEXT` request.
 #[derive(Serialize)]
-struct PullRequest<'a> {
+struct PullRequest {
     batch: usize,
     #[serde(with = "serde_nanos_u64")]
     expires: Duration,
     #[serde(with = "serde_nanos_u64")]
     idle_heartbeat: Duration,
-    group: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a str>,
 }
 
 mod serde_nanos_u64 {
@@ -99,16 +73,11 @@ mod serde_nanos_u64 {
 struct Outstanding {
     remaining: usize,
     lost_after: Instant,
-    /// Sent without a pin id: an unpin does not end it.
-    without_pin: bool,
     /// An idle request: its heartbeats say it is alive, so silence, not
     /// its long expiry, says it was lost.
     idle: bool,
     /// Whether it brought a row.
     brought: bool,
-    /// Sent within [`STALE_REQUEST_WINDOW`]: ending empty, it looks for a
-    /// request the old owner left.
-    checks_stale: bool,
 }
 
 /// How much one pull request asks for: up to `max_rows` rows, but no more
@@ -148,7 +117,6 @@ pub struct Puller {
     size: PullSize,
     /// Running mean of the payload sizes received, 0 until the first row.
     mean_row_bytes: f64,
-    pin: Option<String>,
     outstanding: Option<Outstanding>,
     /// Rows received while a batch ran ([`Puller::keep_received_alive`]),
     /// handed out before any newer one.
@@ -156,19 +124,10 @@ pub struct Puller {
     /// When rows received were last kept alive.
     kept_alive: Instant,
     /// No request is sent once it no longer holds: a request from a host
-    /// past its lease could take the pin from the unit's next owner.
+    /// past its lease would be served rows of the unit's next owner.
     lease: Lease,
-    /// The consumer's last delivery when this puller opened: later ones
-    /// are this puller's (it holds the unit).
-    delivered_at_open: u64,
-    /// The ack subject of the last row received (empty: none yet), copied
-    /// into one buffer: a clone of each row's subject would allocate.
-    last_reply: String,
     /// The last request ended without a row: the next one waits long.
     idle: bool,
-    /// Until when a request the unit's old owner left may still wait on
-    /// the server (`None`: the unit was handed over, or never owned).
-    stale_requests_until: Option<Instant>,
 }
 
 impl Puller {
@@ -190,18 +149,6 @@ impl Puller {
                     consumer: consumer.clone(),
                     source,
                 })?;
-        let delivered_at_open = match last_delivery(&client, &stream, &consumer).await {
-            Ok(last) => last,
-            Err(err) => {
-                // Only a release's wait for rows on their way reads it: it
-                // may then wait its bound for rows someone else got.
-                tracing::debug!(%consumer, error = %err, "cannot read the unit's last delivery");
-                0
-            }
-        };
-        let stale_requests_until = lease
-            .taken_over()
-            .then(|| Instant::now() + STALE_REQUEST_WINDOW);
         Ok(Puller {
             client,
             stream,
@@ -210,15 +157,11 @@ impl Puller {
             subscriber,
             size,
             mean_row_bytes: 0.0,
-            pin: None,
             outstanding: None,
             received: VecDeque::new(),
             kept_alive: Instant::now(),
             lease,
-            delivered_at_open,
-            last_reply: String::new(),
             idle: false,
-            stale_requests_until,
         })
     }
 
@@ -269,160 +212,21 @@ impl Puller {
         }
     }
 
-    /// Gives the unit up: unpins it, which ends the outstanding request at
-    /// once, and returns the rows that were already sent. Nothing else
-    /// reaches this puller afterwards; the caller finishes these rows and
-    /// the next owner can start.
+    /// Gives the unit up: returns the rows already here, in order, for the
+    /// caller to finish, and drops the inbox's interest (the server ends a
+    /// request whose reply subject has none). Rows still on their way are
+    /// never acked here: the next owner's claim creates the consumer
+    /// afresh, and they come back to it ahead of newer ones.
     pub async fn release(mut self) -> Vec<Message> {
         let mut rows: Vec<Message> = self.received.drain(..).collect();
-        // Unpinned even if no row came yet: one may be on the wire, and the
-        // server pins the receiver of the first row.
-        let pin = self.pin.take();
-        let started = Instant::now();
-        if !connected(&self.client) {
-            // Nothing more can arrive, and the unpin would wait out its
-            // timeout: the pin times out on its own.
-            tracing::warn!(consumer = %self.consumer, "NATS is unreachable: the unit's pin is not released; the next owner waits for it to time out");
-            let _ = self.subscriber.unsubscribe().await;
-            return rows;
-        }
-        match unpin(&self.client, &self.stream, &self.consumer).await {
-            // Once the unpin is answered the server sends a request with
-            // the old pin id nothing more (a new row gets it a 423), and
-            // every row it sent before is ahead of the answer on the
-            // connection: a flush round trip puts them all in the
-            // subscription.
-            Ok(()) => {
-                self.drain_into(&mut rows).await;
-                // A request sent without a pin id that brought no row yet
-                // is not ended by the unpin (the server pins it anew on its
-                // next row), and it waits long: end it by dropping the
-                // inbox's interest. One that brought rows was pinned with
-                // them, and the unpin ended it like any pinned request.
-                if self
-                    .outstanding
-                    .as_ref()
-                    .is_some_and(|o| o.without_pin && !o.brought)
-                {
-                    self.end_unpinned(&mut rows).await;
-                } else {
-                    self.await_in_flight(&mut rows).await;
-                }
-            }
-            Err(err) => {
-                tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the unit's pin; the next owner waits for it to time out");
-                let deadline = started + RELEASE_WAIT;
-                while self.outstanding.is_some() {
-                    match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
-                        Ok(Some(message)) => rows.extend(self.receive(message).await),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-            }
-        }
-        tracing::debug!(consumer = %self.consumer, ?pin, rows = rows.len(), waited = ?started.elapsed(), "pin released");
-        let _ = self.subscriber.unsubscribe().await;
-        rows
-    }
-
-    /// Takes the rows the server sent this puller before the unpin that
-    /// are still on their way: the server's answer to the unpin and its
-    /// deliveries travel separate queues, so the answer can overtake them.
-    /// Its deliveries come in order, so once the consumer's last delivery
-    /// (read after the unpin, when nothing more is sent here) has arrived,
-    /// every one has. Missed, they would come back to the next owner after
-    /// the ack wait, behind newer rows.
-    async fn await_in_flight(&mut self, rows: &mut Vec<Message>) {
-        let last = match last_delivery(&self.client, &self.stream, &self.consumer).await {
-            Ok(last) => last,
-            Err(err) => {
-                tracing::warn!(consumer = %self.consumer, error = %err, "cannot read the unit's last delivery; rows still on their way come back after the ack wait");
-                return;
-            }
-        };
-        if last <= self.delivered_at_open.max(self.highest_delivery()) {
-            return;
-        }
-        let deadline = Instant::now() + IN_FLIGHT_WAIT;
-        while self.highest_delivery() < last {
-            match tokio::time::timeout_at(deadline, self.subscriber.next()).await {
-                Ok(Some(message)) => rows.extend(self.receive(message).await),
-                Ok(None) => return,
-                Err(_) => {
-                    tracing::warn!(
-                        consumer = %self.consumer,
-                        last,
-                        received = self.highest_delivery(),
-                        "rows sent before the release did not arrive in time; they come back after the ack wait"
-                    );
-                    return;
-                }
-            }
-        }
-        tracing::debug!(consumer = %self.consumer, last, "rows on their way at the release arrived");
-    }
-
-    /// Ends a request sent without a pin id that brought no row: takes the
-    /// rows sent to it since all the same, then unsubscribes the inbox, so
-    /// the server sends it nothing more (a request whose reply subject has
-    /// no interest is dropped), after taking what the inbox holds. The
-    /// consumer info asked next is answered after the server handled the
-    /// unsubscription (one connection, in order): a row it delivered in
-    /// between went to no one. That takes a row arriving within that round
-    /// trip; the row comes back after the ack wait, and the pin its
-    /// delivery gave the ended request is released again here.
-    async fn end_unpinned(&mut self, rows: &mut Vec<Message>) {
-        // Rows sent to it before or since the unpin (the server pinned it
-        // on the first): take them, then unpin again, which ends it now
-        // that it carries the pin's id.
-        if let Ok(last) = last_delivery(&self.client, &self.stream, &self.consumer).await
-            && last > self.delivered_at_open.max(self.highest_delivery())
-        {
-            self.await_in_flight(rows).await;
-            if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
-                tracing::debug!(consumer = %self.consumer, error = %err, "second unpin failed");
-            }
-            self.drain_into(rows).await;
-        }
         while let Some(Some(message)) = self.subscriber.next().now_or_never() {
             rows.extend(self.receive(message).await);
         }
         if let Err(err) = self.subscriber.unsubscribe().await {
             tracing::debug!(consumer = %self.consumer, error = %err, "cannot unsubscribe the inbox");
         }
-        self.outstanding = None;
-        match last_delivery(&self.client, &self.stream, &self.consumer).await {
-            Ok(last) if last > self.delivered_at_open.max(self.highest_delivery()) => {
-                tracing::warn!(
-                    consumer = %self.consumer,
-                    last,
-                    received = self.highest_delivery(),
-                    "rows reached the unit as its release ended its request; they come back after the ack wait"
-                );
-                if let Err(err) = unpin(&self.client, &self.stream, &self.consumer).await {
-                    tracing::warn!(consumer = %self.consumer, error = %err, "cannot release the pin of the ended request; the next owner waits for it to time out");
-                }
-            }
-            Ok(_) => {}
-            Err(err) => {
-                tracing::debug!(consumer = %self.consumer, error = %err, "cannot read the unit's last delivery after ending its request")
-            }
-        }
-    }
-
-    /// The consumer sequence of the last row received (0: none yet).
-    fn highest_delivery(&self) -> u64 {
-        crate::nats::ack::parse(&self.last_reply).map_or(0, |info| info.consumer_sequence)
-    }
-
-    /// Flushes, then takes every row already in the subscription.
-    async fn drain_into(&mut self, rows: &mut Vec<Message>) {
-        if let Err(err) = self.client.flush().await {
-            tracing::debug!(error = %err, "flush after unpin failed");
-        }
-        while let Some(Some(message)) = self.subscriber.next().now_or_never() {
-            rows.extend(self.receive(message).await);
-        }
+        tracing::debug!(consumer = %self.consumer, rows = rows.len(), "unit released");
+        rows
     }
 
     /// A request asks for more rows than a batch takes, so the server sends
@@ -459,26 +263,16 @@ impl Puller {
             return;
         }
         let batch = self.size.rows_for(self.mean_row_bytes);
-        let without_pin = self.pin.is_none();
-        let checks_stale = without_pin
-            && self.last_reply.is_empty()
-            && self
-                .stale_requests_until
-                .is_some_and(|until| Instant::now() < until);
-        let idle = !checks_stale && (without_pin || self.idle);
-        let (expires, idle_heartbeat) = if checks_stale {
-            (STALE_CHECK_EXPIRES, STALE_CHECK_HEARTBEAT)
-        } else if idle {
-            (IDLE_PULL_EXPIRES, IDLE_PULL_HEARTBEAT)
-        } else {
-            (PULL_EXPIRES, PULL_HEARTBEAT)
+        // No row yet, or the last request brought none: wait long.
+        let idle = self.idle || self.mean_row_bytes == 0.0;
+        let (expires, idle_heartbeat) = match idle {
+            true => (IDLE_PULL_EXPIRES, IDLE_PULL_HEARTBEAT),
+            false => (PULL_EXPIRES, PULL_HEARTBEAT),
         };
         let body = PullRequest {
             batch,
             expires,
             idle_heartbeat,
-            group: PIN_GROUP,
-            id: self.pin.as_deref(),
         };
         let Ok(body) = serde_json::to_vec(&body) else {
             return;
@@ -493,7 +287,7 @@ impl Puller {
             .await
         {
             Ok(()) => {
-                tracing::trace!(consumer = %self.consumer, pin = ?self.pin, batch, "pull request sent");
+                tracing::trace!(consumer = %self.consumer, batch, "pull request sent");
                 let lost_after = if idle {
                     IDLE_SILENCE_LIMIT
                 } else {
@@ -502,10 +296,8 @@ impl Puller {
                 self.outstanding = Some(Outstanding {
                     remaining: batch,
                     lost_after: Instant::now() + lost_after,
-                    without_pin,
                     idle,
                     brought: false,
-                    checks_stale,
                 })
             }
             Err(err) => {
@@ -515,46 +307,10 @@ impl Puller {
         }
     }
 
-    /// Within [`STALE_REQUEST_WINDOW`] of a takeover, with no pin and no
-    /// row yet: a pin now belongs to a request the old owner left, which
-    /// is ended and its rows sent back ahead of newer ones.
-    async fn reclaim_from_stale_request(&mut self) {
-        if self.pin.is_some() || !self.last_reply.is_empty() || !self.lease.held() {
-            return;
-        }
-        match reclaim_from_stale_request(&self.client, &self.stream, &self.consumer).await {
-            Ok(None) => {}
-            Ok(Some(rows)) => tracing::warn!(
-                consumer = %self.consumer,
-                rows,
-                "a pull request left by the unit's old owner took it after the takeover; took it back"
-            ),
-            Err(err) => {
-                tracing::warn!(consumer = %self.consumer, error = %err, "cannot read whether the unit's old owner still pulls it")
-            }
-        }
-    }
-
     /// A row, or `None` for a status the server sent about the request.
     async fn receive(&mut self, message: Message) -> Option<Message> {
         match message.status {
             None | Some(StatusCode::OK) => {
-                // Read only at a release: deliveries come in order, so the
-                // last one's sequence is the highest.
-                self.last_reply.clear();
-                if let Some(reply) = &message.reply {
-                    self.last_reply.push_str(reply);
-                }
-                if let Some(pin) = message
-                    .headers
-                    .as_ref()
-                    // Stamped on every row delivered to the pinned client; the
-                    // constant name skips parsing a header name per row.
-                    .and_then(|headers| headers.get(async_nats::header::NATS_PIN_ID))
-                    && self.pin.as_deref() != Some(pin.as_str())
-                {
-                    self.pin = Some(pin.to_string());
-                }
                 self.mean_row_bytes = if self.mean_row_bytes == 0.0 {
                     message.payload.len() as f64
                 } else {
@@ -588,19 +344,7 @@ impl Puller {
                 // Expired with nothing to bring: the unit is idle.
                 if let Some(outstanding) = self.outstanding.take() {
                     self.idle = !outstanding.brought;
-                    if outstanding.checks_stale && !outstanding.brought {
-                        self.reclaim_from_stale_request().await;
-                    }
                 }
-                None
-            }
-            Some(StatusCode::PIN_ID_MISMATCH) => {
-                // Another puller holds the pin, or it was released: pull
-                // again without one (served once the pin is free).
-                if self.pin.take().is_some() {
-                    tracing::info!(consumer = %self.consumer, "the unit's pin moved away");
-                }
-                self.outstanding = None;
                 None
             }
             Some(status) => {

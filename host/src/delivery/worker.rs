@@ -215,11 +215,11 @@ impl UnitWorker {
         }
     }
 
-    /// Pulls and runs batches until `release`; then unpins the unit,
-    /// finishes every row the server had already sent and waits (up to
-    /// `drain_timeout`) until the server confirms their answers applied, so
-    /// the next owner, or this host after a restart, starts exactly where
-    /// this one stopped. Aborting the task instead (a host that lost its
+    /// Pulls and runs batches until `release`; then finishes every row
+    /// already here and waits (up to `drain_timeout`) until the server
+    /// confirms their answers applied, so the next owner, or this host
+    /// after a restart, starts exactly where this one stopped (rows still
+    /// on their way come back to it when its claim creates the consumer). Aborting the task instead (a host that lost its
     /// membership) leaves the rows to redelivery, and so does the worker
     /// itself once `lease` no longer holds (it stops pulling, calls no sink
     /// and answers no row: [`UnitEnd::Fenced`]).
@@ -267,7 +267,7 @@ impl UnitWorker {
                         return Ok(self.fenced(&consumer_name, held_rows));
                     }
                     // Biased: a worker past its lease sends no further pull
-                    // request, which could take the pin from the unit's next owner.
+                    // request, which would be served rows of the unit's next owner.
                     let first = tokio::select! {
                         biased;
                         _ = release.cancelled() => break,

@@ -1,8 +1,9 @@
-//! JetStream API requests async-nats does not offer (unpinning a priority
-//! group, a consumer's last delivery), reading any API reply's error, and the names the server adds to
-//! every unit: its priority group and the header it stamps on deliveries.
+//! JetStream API requests async-nats does not offer (starting a unit
+//! consumer afresh, a consumer's ack floor), reading any API reply's error,
+//! and which headers are the server's own.
 
 use async_nats::Client;
+use async_nats::jetstream::consumer::IntoConsumerConfig;
 use bytes::Bytes;
 
 use super::error::{NatsError, reply_error};
@@ -74,11 +75,9 @@ where
     }
 }
 
-/// The priority group every unit consumer has.
-pub const PIN_GROUP: &str = "weir";
-
 /// Whether header `name` is one the server adds as it delivers a message
-/// (the pin of a priority group), not part of the stored row: plugins, dead
+/// (the pin of a priority group, which unit consumers made before weir
+/// dropped pins still stamp), not part of the stored row: plugins, dead
 /// letters and replays never see it.
 pub fn is_delivery_header(name: &str) -> bool {
     name.eq_ignore_ascii_case(async_nats::header::NATS_PIN_ID.as_ref())
@@ -94,33 +93,38 @@ pub fn is_nats_header(name: &str) -> bool {
         .is_some_and(|start| start.eq_ignore_ascii_case("nats-"))
 }
 
-/// Releases a unit consumer's pin: a waiting pull of another client is
-/// served at once.
-pub async fn unpin(client: &Client, stream: &str, consumer: &str) -> Result<(), NatsError> {
-    let subject = format!("$JS.API.CONSUMER.UNPIN.{stream}.{consumer}");
-    let body = serde_json::json!({ "group": PIN_GROUP }).to_string();
-    request(client, subject, body.into()).await.map(drop)
-}
+/// JetStream's error code for a consumer that does not exist.
+const CONSUMER_NOT_FOUND: u64 = 10014;
 
-/// The consumer sequence of a consumer's last delivery (0: none yet), as
-/// the ack subject of each delivered row carries it.
-pub async fn last_delivery(
+/// Deletes a unit consumer and creates it again with `config`: every pull
+/// request waiting on the old one ends (nothing more reaches it), and the
+/// new one hands out every row not acked yet, oldest first (partitions are
+/// work-queue streams: an acked row is gone, an unacked one stays). A
+/// consumer already gone is created (a claimer that died between the two).
+pub async fn start_afresh(
     client: &Client,
     stream: &str,
-    consumer: &str,
-) -> Result<u64, NatsError> {
-    #[derive(serde::Deserialize)]
-    struct Info {
-        delivered: Option<Delivered>,
+    config: &async_nats::jetstream::consumer::pull::Config,
+) -> Result<(), NatsError> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let delete = format!("$JS.API.CONSUMER.DELETE.{stream}.{name}");
+    match request(client, delete, Bytes::new()).await {
+        Ok(_) => {}
+        Err(NatsError::Api { err_code, .. }) if err_code == CONSUMER_NOT_FOUND => {}
+        Err(err) => return Err(err),
     }
-    #[derive(serde::Deserialize)]
-    struct Delivered {
-        #[serde(default)]
-        consumer_seq: u64,
-    }
-    let payload = consumer_info(client, stream, consumer).await?;
-    let info: Info = decode("consumer info", &payload)?;
-    Ok(info.delivered.map_or(0, |d| d.consumer_seq))
+    let create = match config.filter_subject.as_str() {
+        "" => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+        filter => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
+    };
+    let body = serde_json::json!({
+        "stream_name": stream,
+        "config": config.clone().into_consumer_config(),
+        "action": "create",
+    });
+    request(client, create, body.to_string().into())
+        .await
+        .map(drop)
 }
 
 /// The stream sequence at and below which a consumer has every row acked

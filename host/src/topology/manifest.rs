@@ -18,17 +18,11 @@ use crate::config::{
     DEFAULT_DEAD_LETTER_MAX_AGE, DEFAULT_DEAD_LETTER_MAX_BYTES, DeadLettersConfig, DeliveryConfig,
     StreamConfig,
 };
-use crate::nats::jetstream::PIN_GROUP;
 use crate::nats::kv::{BucketOptions, NatsKv};
-use crate::topology::route::Names;
+use crate::topology::route::{Names, Unit};
 
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
-/// A unit's pin lapses after this long without a pull request from its
-/// holder (a holder pulls at least every `IDLE_PULL_EXPIRES`, 12 s, when
-/// idle). Owners release pins explicitly, so this only bounds a pin nobody
-/// released.
-pub const PIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the marker of an expired coordination key is kept: a watch
 /// resuming after a longer outage would miss the expiry.
 const COORDINATION_MARKER_TTL: Duration = Duration::from_secs(3600);
@@ -96,6 +90,30 @@ pub struct ConsumerManifest {
     /// on a partition's only shard before it left such consumers unfiltered.
     #[serde(skip)]
     pub same_rows_filter: Option<String>,
+}
+
+/// A unit's durable pull consumer. Every claim of the unit creates it
+/// afresh from this (`coordination::claim`), which is what fences the
+/// unit's previous puller: no priority group, no pin.
+pub fn unit_consumer(router: &Names, unit: Unit, ack_wait: Duration) -> consumer::pull::Config {
+    let durable = router.unit_consumer(unit);
+    consumer::pull::Config {
+        durable_name: Some(durable.clone()),
+        name: Some(durable),
+        // A partition's only shard takes all its rows: with no filter the
+        // server skips matching each row.
+        filter_subject: match router.shards() {
+            1 => String::new(),
+            _ => router.unit_filter(unit),
+        },
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_ack_pending: MAX_ACK_PENDING,
+        // weir counts deliveries itself and dead-letters past its limit;
+        // the server must never drop a row.
+        max_deliver: -1,
+        ..Default::default()
+    }
 }
 
 impl Manifest {
@@ -194,34 +212,10 @@ impl Manifest {
                 ..Default::default()
             });
             for unit in units.iter().filter(|u| u.partition == partition) {
-                let durable = router.unit_consumer(*unit);
-                let sole_shard = router.shards() == 1;
                 manifest.consumers.push(ConsumerManifest {
                     stream: name.clone(),
-                    same_rows_filter: sole_shard.then(|| router.unit_filter(*unit)),
-                    config: consumer::pull::Config {
-                        durable_name: Some(durable.clone()),
-                        name: Some(durable),
-                        // A partition's only shard takes all its rows: with
-                        // no filter the server skips matching each row.
-                        filter_subject: if sole_shard {
-                            String::new()
-                        } else {
-                            router.unit_filter(*unit)
-                        },
-                        ack_policy: consumer::AckPolicy::Explicit,
-                        ack_wait: delivery.ack_wait,
-                        max_ack_pending: MAX_ACK_PENDING,
-                        // weir counts deliveries itself and dead-letters past
-                        // its limit; the server must never drop a row.
-                        max_deliver: -1,
-                        // One puller per unit, enforced by the server: the
-                        // fence behind coordination.
-                        priority_policy: consumer::PriorityPolicy::PinnedClient,
-                        priority_groups: vec![PIN_GROUP.to_string()],
-                        priority_timeout: PIN_TIMEOUT,
-                        ..Default::default()
-                    },
+                    same_rows_filter: (router.shards() == 1).then(|| router.unit_filter(*unit)),
+                    config: unit_consumer(router, *unit, delivery.ack_wait),
                 });
             }
         }
@@ -282,11 +276,6 @@ impl Manifest {
                     "ackWait": duration(consumer.config.ack_wait),
                     "maxAckPending": consumer.config.max_ack_pending,
                     "maxDeliver": consumer.config.max_deliver,
-                    // Without these weir refuses the consumer: one puller
-                    // per unit is enforced by the server's pin.
-                    "priorityPolicy": "pinned_client",
-                    "priorityGroups": consumer.config.priority_groups,
-                    "pinnedTtl": duration(consumer.config.priority_timeout),
                 }
             }));
         }
@@ -414,9 +403,10 @@ impl Manifest {
                 .await
                 .map_err(|err| consumer_error(err.to_string()))?;
             if let Err(err) = stream.create_consumer(wanted.config.clone()).await {
-                // A consumer from before pinning cannot be updated to it.
-                // Recreating it loses nothing: in a work queue every row not
-                // yet acked is still in the stream and delivered again.
+                // A consumer made while units were pinned cannot be updated
+                // to drop its priority group. Recreating it loses nothing:
+                // in a work queue every row not yet acked is still in the
+                // stream and delivered again.
                 let name = wanted.config.name.clone().unwrap_or_default();
                 let outdated = stream
                     .consumer_info(&name)
@@ -425,7 +415,7 @@ impl Manifest {
                 if !outdated {
                     return Err(consumer_error(err.to_string()));
                 }
-                tracing::warn!(consumer = %name, "recreating a consumer made before unit pinning");
+                tracing::warn!(consumer = %name, "recreating a consumer made while units were pinned");
                 stream
                     .delete_consumer(&name)
                     .await
@@ -897,23 +887,6 @@ fn compare_consumer(
         "max_deliver",
         normalize_unlimited(wanted.max_deliver),
         normalize_unlimited(actual.max_deliver),
-    );
-    // Without the pin two hosts could pull one unit during a handover.
-    check(
-        found,
-        Required,
-        object,
-        "priority_policy",
-        &wanted.priority_policy,
-        &actual.priority_policy,
-    );
-    check(
-        found,
-        Required,
-        object,
-        "priority_groups",
-        &wanted.priority_groups,
-        &actual.priority_groups,
     );
     check(
         found,

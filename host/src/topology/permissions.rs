@@ -1,6 +1,7 @@
 //! The least-privilege NATS permissions a weir host needs, derived from the
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
-//! its streams and consumers, pull and ack its durables, hand a pin over,
+//! its streams and consumers, pull and ack its durables (each created afresh by
+//! the claim that takes its unit, and only those),
 //! coordinate through its KV bucket, fetch plugins pushed to the fleet,
 //! publish to the subjects its sinks are granted (`grants.nats`), serve
 //! the NATS door and answer its requests — and nothing that creates,
@@ -54,10 +55,13 @@ impl Permissions {
             );
             publish.push(format!("$JS.API.CONSUMER.INFO.{stream}.{name}"));
             publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"));
-            // Handing a unit over releases its pin at once; taking over a
-            // dead owner's unit redelivers its unacked rows at once.
-            publish.push(format!("$JS.API.CONSUMER.UNPIN.{stream}.{name}"));
-            publish.push(format!("$JS.API.CONSUMER.RESET.{stream}.{name}"));
+            // Every claim deletes the unit's consumer and creates it again
+            // (the fence on its previous puller): this one, by its exact name.
+            publish.push(format!("$JS.API.CONSUMER.DELETE.{stream}.{name}"));
+            publish.push(match consumer.config.filter_subject.as_str() {
+                "" => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+                filter => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
+            });
             // Acks, naks and in-progress acks go to the reply subject.
             publish.push(format!("$JS.ACK.{stream}.{name}.>"));
         }
@@ -189,7 +193,12 @@ mod tests {
         assert!(publish.contains(&"weir.in.>".to_string()));
         assert!(publish.contains(&"$JS.API.CONSUMER.MSG.NEXT.weir_in_0.weir_in_0_1".to_string()));
         assert!(publish.contains(&"$JS.ACK.weir_in_0.weir_in_0_0.>".to_string()));
-        assert!(publish.contains(&"$JS.API.CONSUMER.RESET.weir_in_0.weir_in_0_1".to_string()));
+        assert!(publish.contains(&"$JS.API.CONSUMER.DELETE.weir_in_0.weir_in_0_1".to_string()));
+        assert!(
+            publish.contains(
+                &"$JS.API.CONSUMER.CREATE.weir_in_0.weir_in_0_1.weir.in.0.1.>".to_string()
+            )
+        );
         assert!(publish.contains(&"$KV.weir_coord.>".to_string()));
         assert!(publish.contains(&"$KV.weir_state.>".to_string()));
         for subject in publish {
@@ -203,11 +212,12 @@ mod tests {
                 assert!(!subject.contains(destructive), "{subject}");
             }
             // Consumers come and go only for the host's own watch of the
-            // coordination bucket, plugin downloads and readers of dead
-            // letters, never on a partition stream.
+            // coordination bucket, plugin downloads, readers of dead
+            // letters, and a claim's unit consumer by its exact name.
             if subject.contains("CONSUMER.CREATE") || subject.contains("CONSUMER.DELETE") {
                 assert!(
-                    subject.contains(".KV_weir_coord")
+                    subject.contains(".weir_in_0.weir_in_0_")
+                        || subject.contains(".KV_weir_coord")
                         || subject.contains(".OBJ_weir_plugins")
                         || subject.contains(".weir_dlq"),
                     "{subject}"

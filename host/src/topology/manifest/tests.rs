@@ -66,8 +66,6 @@ fn a_partitions_only_shard_is_unfiltered_and_its_old_filter_only_recommended_awa
             filter_subject: filter.to_string(),
             ack_policy: wanted.ack_policy,
             max_deliver: wanted.max_deliver,
-            priority_policy: wanted.priority_policy.clone(),
-            priority_groups: wanted.priority_groups.clone(),
             ack_wait: wanted.ack_wait,
             max_ack_pending: wanted.max_ack_pending,
             ..Default::default()
