@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
+use futures::StreamExt;
 
 use weir::config::Config;
 use weir::host::StartError;
@@ -225,6 +226,100 @@ async fn a_topology_of_the_old_default_is_refused_by_name_and_its_rows_kept() {
         || async { (host.sink_lines("orders").len() == 10).then_some(()) },
     )
     .await;
+    host.shutdown().await;
+}
+
+/// An operator's topology from a release whose unit consumers were pinned
+/// (a pinned-client priority group), with rows stored and a pin held by a
+/// host of that release that took three rows and stopped answering: the
+/// upgraded host boots on it, and its first claim creates each unit's
+/// consumer afresh, unpinned, so every row is delivered at once, the
+/// three held ones first.
+#[tokio::test(flavor = "multi_thread")]
+async fn units_pinned_by_an_older_release_are_taken_unpinned_with_every_row() {
+    use async_nats::jetstream::consumer;
+    let nats = Nats::start();
+    let client = nats.client().await;
+    let js = jetstream::new(client.clone());
+    let config = operator_config(nats.url());
+    let loaded = Config::parse(Path::new("weir.toml"), &config, &Default::default()).unwrap();
+    let router = Names::new(
+        &loaded.stream.prefix,
+        loaded.stream.partitions,
+        loaded.stream.shards,
+    );
+    let mut old = Manifest::new(&router, &loaded.stream, &loaded.delivery, None);
+    for unit in &mut old.consumers {
+        unit.config.priority_policy = consumer::PriorityPolicy::PinnedClient;
+        unit.config.priority_groups = vec!["weir".into()];
+        unit.config.priority_timeout = Duration::from_secs(15);
+    }
+    old.create(&js).await.unwrap();
+    let unit = router.route("acme", "orders");
+    for id in 0..10 {
+        js.publish(
+            router.subject(unit, "acme", "orders"),
+            format!("{{\"id\":{id}}}").into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    // The old host: pinned, three rows taken, never answered.
+    let inbox = client.new_inbox();
+    let mut old_host = client.subscribe(inbox.clone()).await.unwrap();
+    let (stream, name) = (
+        router.partition_stream(unit.partition),
+        router.unit_consumer(unit),
+    );
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"),
+            inbox,
+            r#"{"batch":3,"expires":30000000000,"group":"weir"}"#.into(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let row = old_host.next().await.unwrap();
+        assert!(row.headers.is_some_and(|h| h.get("Nats-Pin-Id").is_some()));
+    }
+
+    let host = TestHost::start(&config).await;
+    let lines = eventually(
+        Duration::from_secs(15),
+        "the 10 stored rows delivered (under the old pin's 15 s and the 30 s ack wait)",
+        || async {
+            let lines = host.sink_lines("orders");
+            (lines.len() == 10).then_some(lines)
+        },
+    )
+    .await;
+    let ids: Vec<u64> = lines
+        .iter()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, (0..10).collect::<Vec<_>>(), "in stream order");
+    for unit in router.units() {
+        let info = js
+            .get_stream(router.partition_stream(unit.partition))
+            .await
+            .unwrap()
+            .consumer_info(router.unit_consumer(unit))
+            .await
+            .unwrap();
+        assert_eq!(
+            info.config.priority_policy,
+            consumer::PriorityPolicy::None,
+            "{}",
+            info.name
+        );
+    }
     host.shutdown().await;
 }
 
