@@ -629,15 +629,19 @@ impl UnitRunner for DeliveryUnits {
         unit: Unit,
         release: CancellationToken,
         lease: Lease,
+        settled_through: u64,
     ) -> BoxFuture<'static, Result<UnitEnd, UnitError>> {
         let worker = self.0.worker(unit);
         async move {
-            worker.run(release, lease).await.map_err(|err| match err {
-                DeliveryError::Bind { consumer, source } => UnitError::Bind {
-                    consumer,
-                    source: Box::new(source),
-                },
-            })
+            worker
+                .run(release, lease, settled_through)
+                .await
+                .map_err(|err| match err {
+                    DeliveryError::Bind { consumer, source } => UnitError::Bind {
+                        consumer,
+                        source: Box::new(source),
+                    },
+                })
         }
         .boxed()
     }

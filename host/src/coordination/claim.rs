@@ -173,7 +173,11 @@ pub(super) async fn run_unit(
     }
     tracing::debug!(%consumer, "pulling");
     let lease = lease.claimed(revision);
-    match membership.units.run(unit, release.clone(), lease).await {
+    match membership
+        .units
+        .run(unit, release.clone(), lease, left.settled_through)
+        .await
+    {
         Ok(UnitEnd::Drained) => {}
         Ok(UnitEnd::Fenced) => {
             // Rows may be unsettled: the claim stays `owned` for the next

@@ -206,13 +206,16 @@ impl FleetView {
 /// Runs a unit this host claimed until `release` is cancelled, finishing
 /// every row it was sent, and delivers nothing (no sink call, no ack) once
 /// `lease` no longer holds. Coordination decides *which* units run here;
-/// what running one means (delivery) is the host's to plug in.
+/// what running one means (delivery) is the host's to plug in. Rows at or
+/// below stream sequence `settled_through` were settled before the unit
+/// was taken, and are acked unrun if they come again.
 pub trait UnitRunner: Send + Sync + 'static {
     fn run(
         &self,
         unit: Unit,
         release: CancellationToken,
         lease: Lease,
+        settled_through: u64,
     ) -> BoxFuture<'static, Result<UnitEnd, UnitError>>;
 }
 

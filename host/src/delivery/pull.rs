@@ -128,6 +128,30 @@ pub struct Puller {
     lease: Lease,
     /// The last request ended without a row: the next one waits long.
     idle: bool,
+    /// Rows settled before the unit was taken (`coordination::takeover`):
+    /// acked again if they come, not handed out.
+    settled: SettledThrough,
+}
+
+/// Rows at or below a stream sequence, settled before the unit was taken.
+/// A fresh consumer hands rows out oldest first, so the first newer row
+/// ends the check (and its cost on every later row).
+#[derive(Debug, Clone, Copy)]
+struct SettledThrough(u64);
+
+impl SettledThrough {
+    fn active(self) -> bool {
+        self.0 > 0
+    }
+
+    /// Whether the row at stream sequence `sequence` was settled already.
+    fn covers(&mut self, sequence: u64) -> bool {
+        if sequence <= self.0 {
+            return true;
+        }
+        self.0 = 0;
+        false
+    }
 }
 
 impl Puller {
@@ -138,6 +162,7 @@ impl Puller {
         consumer: String,
         size: PullSize,
         lease: Lease,
+        settled_through: u64,
     ) -> Result<Puller, PullError> {
         let client = js.client();
         let inbox = async_nats::Subject::from(client.new_inbox());
@@ -162,6 +187,7 @@ impl Puller {
             kept_alive: Instant::now(),
             lease,
             idle: false,
+            settled: SettledThrough(settled_through),
         })
     }
 
@@ -307,6 +333,20 @@ impl Puller {
         }
     }
 
+    /// The row, unless it was settled before the unit was taken: then it is
+    /// acked again (which removes it, if the stream has not yet) and dropped.
+    async fn unless_settled(&mut self, row: Message) -> Option<Message> {
+        let sequence = crate::nats::ack::info(&row).map_or(u64::MAX, |info| info.stream_sequence);
+        if !self.settled.covers(sequence) {
+            return Some(row);
+        }
+        tracing::debug!(consumer = %self.consumer, sequence, "a row settled before the takeover came again; acked, not run");
+        if let Err(err) = crate::nats::ack::reply(&self.client, &row, AckKind::Ack).await {
+            tracing::debug!(error = %err, "cannot ack a row settled before the takeover");
+        }
+        None
+    }
+
     /// A row, or `None` for a status the server sent about the request.
     async fn receive(&mut self, message: Message) -> Option<Message> {
         match message.status {
@@ -329,6 +369,9 @@ impl Puller {
                     if outstanding.remaining == 0 {
                         self.outstanding = None;
                     }
+                }
+                if self.settled.active() {
+                    return self.unless_settled(message).await;
                 }
                 Some(message)
             }
@@ -360,6 +403,17 @@ impl Puller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_settled_before_the_take_are_dropped_until_the_first_newer_one() {
+        let mut settled = SettledThrough(4);
+        assert!(settled.active());
+        assert!((1..=4).all(|sequence| settled.covers(sequence)));
+        assert!(!settled.covers(5));
+        assert!(!settled.active(), "the first newer row ends the check");
+        assert!(!settled.covers(3));
+        assert!(!SettledThrough(0).active());
+    }
 
     #[test]
     fn a_request_holds_many_small_rows_but_only_a_batch_of_large_ones() {

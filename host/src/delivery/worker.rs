@@ -227,6 +227,7 @@ impl UnitWorker {
         mut self,
         release: CancellationToken,
         mut lease: Lease,
+        settled_through: u64,
     ) -> Result<UnitEnd, DeliveryError> {
         let stream_name = self.router.partition_stream(self.unit.partition);
         let consumer_name = self.router.unit_consumer(self.unit);
@@ -244,6 +245,7 @@ impl UnitWorker {
                     .saturating_mul(self.settings.pull_rows.div_ceil(self.settings.batch_rows)),
             },
             lease.clone(),
+            settled_through,
         )
         .await
         .map_err(|source| DeliveryError::Bind {
