@@ -670,9 +670,14 @@ async fn deliveries_by_unit(js: &async_nats::jetstream::Context) -> BTreeMap<Str
             .expect("partition stream");
         for shard in 0..4 {
             let name = format!("weir_in_{partition}_{shard}");
-            let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-                stream.get_consumer(&name).await.expect("unit consumer");
-            let info = consumer.info().await.expect("consumer info");
+            // A claim creates the unit's consumer afresh: it may be gone
+            // for a moment.
+            let info = eventually(Duration::from_secs(10), "the unit consumer", || async {
+                let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                    stream.get_consumer(&name).await.ok()?;
+                consumer.info().await.ok().cloned()
+            })
+            .await;
             delivered.insert(name, info.delivered.consumer_sequence);
         }
     }

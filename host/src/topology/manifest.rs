@@ -460,9 +460,20 @@ impl Manifest {
             let mut found = Vec::new();
             let name = wanted.config.name.clone().unwrap_or_default();
             let object = format!("{}/{name}", wanted.stream);
-            let info = match js.get_stream(&wanted.stream).await {
-                Ok(stream) => stream.consumer_info(&name).await.map_err(|e| e.to_string()),
-                Err(err) => Err(err.to_string()),
+            let read = || async {
+                match js.get_stream(&wanted.stream).await {
+                    Ok(stream) => stream.consumer_info(&name).await.map_err(|e| e.to_string()),
+                    Err(err) => Err(err.to_string()),
+                }
+            };
+            // A claim creates its unit's consumer afresh (delete, then
+            // create): one missing is looked for again before it counts.
+            let info = match read().await {
+                Ok(info) => Ok(info),
+                Err(_) => {
+                    tokio::time::sleep(RECREATE_GRACE).await;
+                    read().await
+                }
             };
             match info {
                 Ok(info) => compare_consumer(&object, wanted, &info.config, &mut found),
@@ -952,6 +963,10 @@ async fn create_or_update_stream_once(
         Err(_) => js.create_stream(config).await,
     }
 }
+
+/// How long a consumer found missing is given to appear before it counts
+/// as missing: a claim deletes and creates its unit's consumer in one go.
+const RECREATE_GRACE: Duration = Duration::from_secs(1);
 
 /// How often a running host re-checks the topology it verified at boot.
 pub const RECHECK_PERIOD: Duration = Duration::from_secs(60);
