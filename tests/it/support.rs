@@ -213,6 +213,18 @@ impl TestHost {
             .unwrap_or_default()
     }
 
+    /// The `id` of each row in the sink file of `table`, in file order.
+    pub fn sink_ids(&self, table: &str) -> Vec<u64> {
+        self.sink_lines(table)
+            .iter()
+            .map(|line| {
+                serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    }
+
     /// The TOML the host was started from (operator commands read it too).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("weir.toml")

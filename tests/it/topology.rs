@@ -188,16 +188,7 @@ async fn a_topology_of_the_old_default_is_refused_by_name_and_its_rows_kept() {
         .await
         .unwrap();
     let unit = router.route("acme", "orders");
-    for id in 0..10 {
-        js.publish(
-            router.subject(unit, "acme", "orders"),
-            format!("{{\"id\":{id}}}").into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    store_orders(&js, &router, unit, 10).await;
 
     let err = start_error(&new_default).await;
     let message = err.to_string();
@@ -256,16 +247,7 @@ async fn units_pinned_by_an_older_release_are_taken_unpinned_with_every_row() {
     }
     old.create(&js).await.unwrap();
     let unit = router.route("acme", "orders");
-    for id in 0..10 {
-        js.publish(
-            router.subject(unit, "acme", "orders"),
-            format!("{{\"id\":{id}}}").into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    store_orders(&js, &router, unit, 10).await;
     // The old host: pinned, three rows taken, never answered.
     let inbox = client.new_inbox();
     let mut old_host = client.subscribe(inbox.clone()).await.unwrap();
@@ -287,23 +269,15 @@ async fn units_pinned_by_an_older_release_are_taken_unpinned_with_every_row() {
     }
 
     let host = TestHost::start(&config).await;
-    let lines = eventually(
+    let ids = eventually(
         Duration::from_secs(15),
         "the 10 stored rows delivered (under the old pin's 15 s and the 30 s ack wait)",
         || async {
-            let lines = host.sink_lines("orders");
-            (lines.len() == 10).then_some(lines)
+            let ids = host.sink_ids("orders");
+            (ids.len() == 10).then_some(ids)
         },
     )
     .await;
-    let ids: Vec<u64> = lines
-        .iter()
-        .map(|line| {
-            serde_json::from_str::<serde_json::Value>(line).unwrap()["id"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
     assert_eq!(ids, (0..10).collect::<Vec<_>>(), "in stream order");
     for unit in router.units() {
         let info = js
@@ -555,4 +529,24 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
         .sum();
     assert_eq!(total, 10 << 30);
     assert_eq!(items[8]["spec"]["filterSubject"], "weir.in.1.2.>");
+}
+
+/// Stores `count` acme orders rows (ids 0..count) straight in `unit`'s
+/// partition, as a host of an earlier release left them.
+async fn store_orders(
+    js: &jetstream::Context,
+    router: &Names,
+    unit: weir::topology::Unit,
+    count: u64,
+) {
+    for id in 0..count {
+        js.publish(
+            router.subject(unit, "acme", "orders"),
+            format!("{{\"id\":{id}}}").into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
 }
