@@ -37,12 +37,18 @@
 //!    offered open-loop at the HTTP run's offered rate (p50, p99 from send
 //!    to the answer), each answer a `Weir-Status: 202`.
 //!
+//! The producers (HTTP clients and NATS requesters) run on a tokio runtime
+//! of their own, as producers in processes of their own would; the host
+//! runs on the bench's main runtime. Each round also reports nats-server's
+//! CPU per row and this process's (host and producers): on a machine whose
+//! cores the three share, throughput follows their sum.
+//!
 //! The host delivers while it ingests (pass-through transform, null sink),
 //! as in production. Every request must be answered 202 and the host must
 //! count every row accepted, or the bench fails: a fast wrong answer is not
 //! a result. `cargo bench -p weir --bench front_door`; `WEIR_BENCH_ROWS`
 //! (default 200000) sets the throughput run's size, `WEIR_BENCH_ROUNDS`
-//! (default 3) how many rounds of each door alternate.
+//! (default 5) how many rounds of each door alternate.
 
 #[allow(dead_code)] // each bench uses part of the helpers
 mod support;
@@ -62,6 +68,15 @@ use support::{
 };
 
 const BENCH: &str = "front_door";
+/// The producers' runtime: clients run on workers of their own, as
+/// producers in processes of their own would, not queued behind the host's
+/// tasks on its workers (which delayed every wakeup of a client, and a
+/// NATS request has more of them than an HTTP one).
+static PRODUCERS: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+
+fn producers() -> &'static tokio::runtime::Handle {
+    PRODUCERS.get().expect("main starts the producers' runtime")
+}
 const ROWS_PER_REQUEST: usize = 1000;
 const CLIENTS: usize = 4;
 /// Requests of the keyed runs (new keys, then the same again).
@@ -78,12 +93,20 @@ fn main() {
     support::install_tls_provider();
     let rows = env_count("WEIR_BENCH_ROWS", 200_000);
     let seconds = env_count("WEIR_BENCH_SECONDS", 5) as u64;
-    let rounds = env_count("WEIR_BENCH_ROUNDS", 3).max(1);
+    let rounds = env_count("WEIR_BENCH_ROUNDS", 5).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let producers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("producer")
+        .enable_all()
+        .build()
+        .expect("the producers' runtime");
+    PRODUCERS.set(producers.handle().clone()).expect("set once");
     runtime.block_on(run(rows, rounds, Duration::from_secs(seconds)));
+    producers.shutdown_background();
 }
 
 async fn run(rows: usize, rounds: usize, latency_window: Duration) {
@@ -154,6 +177,7 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
             .collect(),
     );
     let http = reqwest::Client::new();
+    let producer_http = reqwest::Client::new();
 
     let metrics_url = format!("http://{}/metrics", host.http_addr());
     // The NATS door's requesters: one connection each, as each HTTP client
@@ -162,8 +186,10 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     let mut requesters = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         requesters.push(
-            async_nats::connect(server.url())
+            producers()
+                .spawn(async_nats::connect(server.url().to_string()))
                 .await
+                .expect("joined")
                 .expect("a requester connects"),
         );
     }
@@ -174,13 +200,15 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     let (mut http_rounds, mut nats_rounds) = (Vec::new(), Vec::new());
     let mut sent = 0u64;
     let server_cpu = || support::stat_cpu(&format!("/proc/{}/stat", server.pid()));
+    let own_cpu = || support::stat_cpu("/proc/self/stat");
     for _ in 0..rounds {
         for door in ["http", "nats"] {
             let (before, cpu_before) =
                 (door_seconds(&http, &metrics_url, door).await, server_cpu());
+            let process_before = own_cpu();
             let took = if door == "http" {
                 run_clients(bodies.clone(), {
-                    let (http, url) = (http.clone(), url.clone());
+                    let (http, url) = (producer_http.clone(), url.clone());
                     move |_, _, body| {
                         let (http, url) = (http.clone(), url.clone());
                         async move { post(&http, &url, body).await }
@@ -199,7 +227,8 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
             };
             let in_door = door_seconds(&http, &metrics_url, door).await - before;
             let server = server_cpu().saturating_sub(cpu_before);
-            let round = DoorRound::new(rows, bodies.len(), took, in_door, server);
+            let process = own_cpu().saturating_sub(process_before);
+            let round = DoorRound::new(rows, bodies.len(), took, in_door, server, process);
             match door {
                 "http" => http_rounds.push(round),
                 _ => nats_rounds.push(round),
@@ -230,12 +259,14 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     let nats_door_ms = median_of(&nats_rounds, |r| r.door_ms);
     let http_server_us = median_of(&http_rounds, |r| r.server_us_per_row);
     let nats_server_us = median_of(&nats_rounds, |r| r.server_us_per_row);
+    let http_process_us = median_of(&http_rounds, |r| r.process_us_per_row);
+    let nats_process_us = median_of(&nats_rounds, |r| r.process_us_per_row);
     let before = accept_to_ack_buckets(&http, &metrics_url).await;
 
     // Latency at half the measured throughput, offered open-loop.
     let offered = weir_rows_per_sec / 2.0;
     let latencies = open_loop(offered, latency_window, bodies.clone(), {
-        let (http, url) = (http.clone(), url.clone());
+        let (http, url) = (producer_http.clone(), url.clone());
         move |body| {
             let (http, url) = (http.clone(), url.clone());
             async move { post(&http, &url, body).await }
@@ -263,7 +294,7 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
 
     // The NATS door at the same offered load.
     let nats_latencies = open_loop(offered, latency_window, bodies.clone(), {
-        let (client, subject) = (client.clone(), subject.clone());
+        let (client, subject) = (requesters[0].clone(), subject.clone());
         move |body| {
             let (client, subject) = (client.clone(), subject.clone());
             async move { request(&client, subject, body).await }
@@ -333,6 +364,8 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
     print_figure(BENCH, "nats_request_in_door_ms", nats_door_ms);
     print_figure(BENCH, "http_server_cpu_us_per_row", http_server_us);
     print_figure(BENCH, "nats_server_cpu_us_per_row", nats_server_us);
+    print_figure(BENCH, "http_process_cpu_us_per_row", http_process_us);
+    print_figure(BENCH, "nats_process_cpu_us_per_row", nats_process_us);
     print_figure(BENCH, "nats_door_latency_p50_ms", nats_p50);
     print_figure(BENCH, "nats_door_latency_p99_ms", nats_p99);
     print_figure(BENCH, "weir_new_keys_rows_per_sec", new_keys_rows_per_sec);
@@ -397,6 +430,11 @@ async fn run(rows: usize, rounds: usize, latency_window: Duration) {
         "nats-server CPU per row in the throughput runs".into(),
         format!("NATS {nats_server_us:.2} µs"),
         format!("HTTP {http_server_us:.2} µs"),
+    ]);
+    table.push(vec![
+        "this process's CPU per row (host and producers)".into(),
+        format!("NATS {nats_process_us:.2} µs"),
+        format!("HTTP {http_process_us:.2} µs"),
     ]);
     table.push(vec![
         format!(
@@ -527,7 +565,7 @@ where
         schedule.tick().await;
         let answered = send(bodies[index % bodies.len()].clone());
         index += 1;
-        requests.push(tokio::spawn(async move {
+        requests.push(producers().spawn(async move {
             let sent = Instant::now();
             answered.await;
             sent.elapsed()
@@ -588,6 +626,8 @@ struct DoorRound {
     /// nats-server's CPU per row over the round (storing, and delivering
     /// what the host delivers meanwhile, for both doors alike).
     server_us_per_row: f64,
+    /// This process's CPU per row: the host and the producers.
+    process_us_per_row: f64,
 }
 
 impl DoorRound {
@@ -597,12 +637,14 @@ impl DoorRound {
         took: Duration,
         in_door_seconds: f64,
         server_cpu: Duration,
+        process_cpu: Duration,
     ) -> DoorRound {
         DoorRound {
             rows_per_sec: rows as f64 / took.as_secs_f64(),
             client_ms: took.as_secs_f64() * 1000.0 * CLIENTS as f64 / requests as f64,
             door_ms: in_door_seconds * 1000.0 / requests as f64,
             server_us_per_row: server_cpu.as_secs_f64() * 1e6 / rows as f64,
+            process_us_per_row: process_cpu.as_secs_f64() * 1e6 / rows as f64,
         }
     }
 }
@@ -619,7 +661,7 @@ where
     let clients: Vec<_> = (0..CLIENTS)
         .map(|client| {
             let (bodies, next, send) = (bodies.clone(), next.clone(), send.clone());
-            tokio::spawn(async move {
+            producers().spawn(async move {
                 loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(body) = bodies.get(index) else {
