@@ -62,14 +62,15 @@ impl InfoReply {
 /// Reads a unit consumer's state (one request); a consumer not there (its
 /// last claimer died between deleting and creating it) left nothing.
 async fn inspect(client: &Client, stream: &str, consumer: &str) -> ConsumerState {
-    match consumer_info(client, stream, consumer).await {
-        Ok(payload) => match decode::<InfoReply>("info", &payload) {
-            Ok(info) => ConsumerState {
-                ack_pending: info.num_ack_pending,
-                waiting: info.num_waiting,
-                settled_through: info.settled_through(),
-            },
-            Err(_) => ConsumerState::default(),
+    let info = match consumer_info(client, stream, consumer).await {
+        Ok(payload) => decode::<InfoReply>("info", &payload),
+        Err(err) => Err(err),
+    };
+    match info {
+        Ok(info) => ConsumerState {
+            ack_pending: info.num_ack_pending,
+            waiting: info.num_waiting,
+            settled_through: info.settled_through(),
         },
         Err(err) => {
             tracing::debug!(%consumer, error = %err, "cannot read the unit's state before taking it");

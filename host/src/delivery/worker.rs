@@ -219,8 +219,8 @@ impl UnitWorker {
     /// already here and waits (up to `drain_timeout`) until the server
     /// confirms their answers applied, so the next owner, or this host
     /// after a restart, starts exactly where this one stopped (rows still
-    /// on their way come back to it when its claim creates the consumer). Aborting the task instead (a host that lost its
-    /// membership) leaves the rows to redelivery, and so does the worker
+    /// on their way come back to it when its claim creates the consumer).
+    /// Aborting the task instead (a host that lost its membership) leaves the rows to redelivery, and so does the worker
     /// itself once `lease` no longer holds (it stops pulling, calls no sink
     /// and answers no row: [`UnitEnd::Fenced`]).
     pub async fn run(

@@ -11,8 +11,7 @@ use std::time::Duration;
 use crate::config::SyncPolicy;
 
 /// Oldest nats-server weir works with: per-message TTLs and multi-filter
-/// consumers need 2.11; the front door's fast
-/// batch publish needs 2.14.
+/// consumers need 2.11; the front door's fast batch publish needs 2.14.
 pub const MIN_SERVER_VERSION: (u32, u32) = (2, 14);
 /// How long the server may take to say it listens.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

@@ -26,6 +26,7 @@ pub const CREATE_TIMEOUTS: [std::time::Duration; 3] = [
 /// booted, or a node restarting, is briefly short of peers (a host started
 /// on a fresh 3-node cluster exited on it; `tests/it/cluster.rs`).
 pub const PLACEMENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often such a create is asked again meanwhile.
 pub const PLACEMENT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Whether a stream create or update failed only for a while: it was
@@ -93,6 +94,16 @@ pub fn is_nats_header(name: &str) -> bool {
         .is_some_and(|start| start.eq_ignore_ascii_case("nats-"))
 }
 
+/// The API subject that creates consumer `name` on `stream` with the
+/// filter `filter` (empty: none): what [`start_afresh`] sends, and so what
+/// a host's permissions must allow.
+pub fn consumer_create_subject(stream: &str, name: &str, filter: &str) -> String {
+    match filter {
+        "" => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+        filter => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
+    }
+}
+
 /// JetStream's error code for a consumer that does not exist.
 const CONSUMER_NOT_FOUND: u64 = 10014;
 
@@ -113,10 +124,7 @@ pub async fn start_afresh(
         Err(NatsError::Api { err_code, .. }) if err_code == CONSUMER_NOT_FOUND => {}
         Err(err) => return Err(err),
     }
-    let create = match config.filter_subject.as_str() {
-        "" => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
-        filter => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
-    };
+    let create = consumer_create_subject(stream, &name, &config.filter_subject);
     let body = serde_json::json!({
         "stream_name": stream,
         "config": config.clone().into_consumer_config(),

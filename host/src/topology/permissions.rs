@@ -1,7 +1,7 @@
 //! The least-privilege NATS permissions a weir host needs, derived from the
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
-//! its streams and consumers, pull and ack its durables (each created afresh by
-//! the claim that takes its unit, and only those),
+//! its streams and consumers, pull and ack its durables (and create each
+//! afresh, by its exact name, at the claim that takes its unit),
 //! coordinate through its KV bucket, fetch plugins pushed to the fleet,
 //! publish to the subjects its sinks are granted (`grants.nats`), serve
 //! the NATS door and answer its requests — and nothing that creates,
@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use crate::config::PluginConfig;
+use crate::nats::jetstream::consumer_create_subject;
 use crate::topology::manifest::Manifest;
 use crate::topology::route::Names;
 
@@ -58,10 +59,11 @@ impl Permissions {
             // Every claim deletes the unit's consumer and creates it again
             // (the fence on its previous puller): this one, by its exact name.
             publish.push(format!("$JS.API.CONSUMER.DELETE.{stream}.{name}"));
-            publish.push(match consumer.config.filter_subject.as_str() {
-                "" => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
-                filter => format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
-            });
+            publish.push(consumer_create_subject(
+                stream,
+                name,
+                &consumer.config.filter_subject,
+            ));
             // Acks, naks and in-progress acks go to the reply subject.
             publish.push(format!("$JS.ACK.{stream}.{name}.>"));
         }
