@@ -6,20 +6,33 @@
 #   . "$here/../lib.sh"
 #
 # Sets `root` (the checkout) and `weir` (its debug binary), moves to the
-# checkout and puts nats-server and friends on PATH (.ci/setup).
+# checkout, and installs what every example needs when it is missing: the
+# wasm32-wasip2 target and nats-server (.ci/need.sh). An example that needs
+# more asks for it (`need_postgresql`); the tests' tools are .ci/setup's.
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-. .ci/setup
+. .ci/need.sh
+need_wasm_targets
+need_nats_server
+# Seconds spent installing, then building (`took` prints the split).
+weir_installed_at=$SECONDS
+weir_built_at=$SECONDS
 weir="$root/target/debug/weir"
 
-# build_example PLUGIN…: builds weir and the plugins, and copies each
-# named plugin (`weir_PLUGIN.wasm`) into the example's plugins/.
+# build_example PLUGIN…: builds weir and the named plugins only (package
+# `weir-PLUGIN`, file `weir_PLUGIN.wasm`), and copies each into the
+# example's plugins/.
 build_example() {
-  echo "== building weir and the plugins"
-  cargo build --locked -p weir
-  cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
+  echo "== building weir and the plugins ($*)"
+  local plugin packages=()
+  for plugin in "$@"; do packages+=(-p "weir-${plugin//_/-}"); done
+  # Side by side: the plugins fill the cores while weir's build runs on one.
+  cargo build --locked --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml "${packages[@]}" &
+  local plugins_build=$!
+  cargo build --locked -p weir --bin weir || { wait "$plugins_build"; return 1; }
+  wait "$plugins_build" || { echo "the plugins did not build" >&2; return 1; }
+  weir_built_at=$SECONDS
   mkdir -p "$here/plugins"
-  local plugin
   for plugin in "$@"; do
     cp "plugins/target/wasm32-wasip2/release/weir_$plugin.wasm" "$here/plugins/"
   done
@@ -56,4 +69,9 @@ stop_weir() {
   [ -n "${weir_pid:-}" ] || return 0
   kill -TERM "$weir_pid" 2>/dev/null || true
   wait "$weir_pid" 2>/dev/null || true
+}
+
+# took: how long the example took, and where the time went.
+took() {
+  echo "took $SECONDS s: installs $weir_installed_at s, build $((weir_built_at - weir_installed_at)) s, run $((SECONDS - weir_built_at)) s"
 }

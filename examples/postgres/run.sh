@@ -7,6 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/../lib.sh"
 
+need_postgresql
 build_example validator postgres_sink
 rm -rf "$here/data"
 

@@ -33,3 +33,4 @@ kill -TERM $weir_pid
 wait $weir_pid
 trap - EXIT
 echo "done: weir and its nats-server stopped cleanly"
+took

@@ -15,7 +15,8 @@
 //! helpers), [`ops`] (status and operator endpoints), [`config`],
 //! [`telemetry`], [`client`] (the `weir send` client) and [`host`], which
 //! assembles a running host from them; the tables of plugin worlds
-//! ([`world`]) and of what a plugin may import ([`capability`]).
+//! ([`world`]) and of what a plugin may import ([`capability`]); and
+//! [`fence`], what the row path sees of a unit's lease.
 
 // The path of a row, in order.
 pub mod ingest;
@@ -31,6 +32,7 @@ pub mod reload;
 pub mod capability;
 pub mod client;
 pub mod config;
+pub mod fence;
 pub mod host;
 pub mod nats;
 pub mod ops;

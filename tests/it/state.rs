@@ -182,7 +182,7 @@ async fn window_counts_survive_replays_and_a_second_writer_is_fenced() {
     let fenced = first
         .run(rows("acme", &[(6, "a", 100, 50)]), &expired)
         .await;
-    assert!(matches!(fenced, Err(RunError::Fenced)), "{fenced:?}");
+    assert!(matches!(fenced, Err(RunError::Fenced(_))), "{fenced:?}");
     assert_eq!(tally("acme", "a").await.as_deref(), Some("3,13"));
     // With its lease (it is the owner now, the other one woke up late) its
     // write is refused, the rows come back, and run again on what is

@@ -70,7 +70,9 @@ async fn fleet_wide_counts_agree_across_hosts_and_survive_a_restart() {
         let expected = expected.clone();
         let url = host.url.clone();
         async move {
-            let report = weir::client::fetch_status(&url, None).await.ok()?;
+            let report = weir::client::fetch_status(&url, Some(ACME_KEY))
+                .await
+                .ok()?;
             (report.drained() && report.totals == expected).then_some(report)
         }
     };
@@ -83,6 +85,20 @@ async fn fleet_wide_counts_agree_across_hosts_and_survive_a_restart() {
     })
     .await;
     assert_eq!(from_a.summary(), from_b.summary());
+    // The first drained report (before any usage snapshot covers the
+    // accepts) says what the backlog says: nothing is queued.
+    for report in [&from_a, &from_b] {
+        assert_eq!(report.tenants.len(), 1, "{:?}", report.tenants);
+        assert_eq!(
+            (
+                report.tenants[0].queued_rows,
+                report.tenants[0].queued_bytes
+            ),
+            (0, 0),
+            "{:?}",
+            report.tenants
+        );
+    }
     assert_eq!(
         from_a.summary(),
         format!(

@@ -308,7 +308,6 @@ impl TestArgs {
         let rows = FileRows {
             args: self,
             plugin,
-            lines,
             reports: Arc::new(Reports {
                 sink: plugin.config.world == World::Sink,
                 rows: Mutex::default(),
@@ -326,21 +325,11 @@ impl TestArgs {
         });
         let mut runner = rows.runner(state).context("the plugin's pipeline")?;
         let lease = Lease::until(tokio::time::Instant::now() + TEST_LEASE);
-        let indexes: Vec<usize> = (0..lines.len()).collect();
-        let mut results = Vec::with_capacity(indexes.len());
-        isolation::run(
-            &mut runner,
-            &rows,
-            &indexes,
-            &lease,
-            &mut |index, result| {
-                results.push((index, result));
-            },
-        )
-        .await?;
-        results.sort_by_key(|(index, _)| *index);
+        let packed = self.batch(&lines.iter().collect::<Vec<_>>());
+        let mut results = Vec::with_capacity(lines.len());
+        isolation::run(&mut runner, &packed, &lease, &mut results).await?;
         let mut failures = Vec::new();
-        for (index, result) in results {
+        for (index, result) in results.into_iter().enumerate() {
             let (Err(failure), Some(line)) = (result, lines.get(index)) else {
                 continue;
             };
@@ -594,16 +583,16 @@ async fn only_world(sandbox: &Sandbox, wasm: &Path) -> anyhow::Result<World> {
     }
 }
 
-/// The rows of the file, for the pipeline runner and its isolation.
+/// The plugin the file's rows run through, and what it answered.
 struct FileRows<'a> {
     args: &'a TestArgs,
     plugin: &'a Arc<Plugin>,
-    lines: &'a [Line],
     reports: Arc<Reports>,
 }
 
 impl FileRows<'_> {
-    /// A runner of the plugin alone, reporting every answer.
+    /// A runner of the plugin alone, reporting every answer (its lanes'
+    /// too: each failing row is reported on its own).
     fn runner(&self, state: Option<UnitState>) -> Option<PipelineRunner> {
         let name = self.plugin.name().to_string();
         let (transforms, sink) = match self.plugin.config.world {
@@ -622,20 +611,6 @@ impl FileRows<'_> {
         let runner = runner.with_destination("weir-plugin-test", false);
         Some(runner.observed(self.reports.clone()))
     }
-}
-
-impl isolation::Rows for FileRows<'_> {
-    fn pack(&self, part: &[usize], _: Batch) -> Batch {
-        let lines: Vec<&Line> = part.iter().filter_map(|&i| self.lines.get(i)).collect();
-        self.args.batch(&lines)
-    }
-
-    fn lane_runner(&self) -> Option<PipelineRunner> {
-        self.runner(None)
-    }
-
-    // Each failing row is reported on its own; the isolation is not news.
-    fn isolating(&self, _: &weir::delivery::StepFailure, _: usize) {}
 }
 
 /// Each row's outcome, as the plugin answered it, by line.

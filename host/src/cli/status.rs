@@ -227,12 +227,21 @@ pub fn tables(report: &StatusReport) -> String {
             "tenants: none shown (an admin key shows every tenant, a tenant's key its own)"
         );
     } else {
+        // Nothing in the streams: every queued figure is exactly 0, counted or not.
         match report.usage_age_ms {
+            _ if report.totals.streams_empty() => {}
             Some(age) if age > STALE_USAGE_MS => {
-                let _ = writeln!(out, "tenants' usage as of {} ago (stale):", duration(age));
+                let _ = writeln!(
+                    out,
+                    "tenants' usage as of {} ago (NATS has not answered since):",
+                    duration(age)
+                );
             }
             None => {
-                let _ = writeln!(out, "tenants' usage without a snapshot yet (partial):");
+                let _ = writeln!(
+                    out,
+                    "tenants' usage as this host saw rows accepted (the fleet's first count of the streams is due within 10 s):"
+                );
             }
             Some(_) => {}
         }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     MEMBERS, MemberRecord, PluginVersions, RETRY_PAUSE, STEP_DOWN_MARGIN, roster_key, to_bytes,
 };
+use crate::fence::Fence;
 use crate::nats::kv::{KvWrite, NatsKv};
 
 /// The host's lease as renewals publish it.
@@ -110,6 +111,17 @@ impl Lease {
                 }
             }
         }
+    }
+}
+
+/// What the row path below the worker sees of the lease.
+impl Fence for Lease {
+    fn held(&self) -> bool {
+        Lease::held(self)
+    }
+
+    fn claim(&self) -> u64 {
+        Lease::claim(self)
     }
 }
 

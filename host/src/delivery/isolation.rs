@@ -6,60 +6,78 @@
 //! - a fast failure (trap, memory cap) splits the rows in halves until the
 //!   failing rows stand alone: few calls, each cheap;
 //! - a deadline runs every row of the call alone, [`ISOLATION_LANES`] at a
-//!   time on instances of their own: halving would cost one deadline-long
-//!   call per step, one after another, and stall every tenant on the unit;
+//!   time on instances of their own (`PipelineRunner::lane`): halving
+//!   would cost one deadline-long call per step, one after another, and
+//!   stall every tenant on the unit;
 //! - a deadline in a stateful pipeline runs the rows alone one after
 //!   another on the same runner: its state stays the one copy, written in
 //!   row order.
+//!
+//! It works on the packed rows it is given and returns what became of
+//! each: it never calls back into its caller.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::coordination::Lease;
 use crate::delivery::batch::Batch;
-use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure, Verdict};
+use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure};
+use crate::delivery::verdict::Verdict;
+use crate::fence::{Fence, Fenced};
 use crate::sandbox::FailureKind;
 
 /// Rows of a batch that failed on a deadline run alone this many at a
 /// time, each lane on instances of its own.
 pub const ISOLATION_LANES: usize = 8;
 
-/// The rows being isolated, by the caller's indexes.
-pub trait Rows: Sync {
-    /// The rows `part`, packed for the pipeline into `into` (empty; its
-    /// buffers, the last batch's, may be reused).
-    fn pack(&self, part: &[usize], into: Batch) -> Batch;
-    /// A runner of the same pipeline on instances of its own and without
-    /// state: one lane of a deadline's isolation.
-    fn lane_runner(&self) -> Option<PipelineRunner>;
-    /// A call of `rows` rows failed: isolation begins (said once per run).
-    fn isolating(&self, failure: &StepFailure, rows: usize);
-}
-
 /// What became of one row: its verdict, or the failure of the call it
 /// made alone (the caller decides: a retry with backoff, a report).
-pub type RowResult = Result<Verdict, StepFailure>;
+pub type RowVerdict = Result<Verdict, StepFailure>;
 
-/// The lease ran out: nothing more may be delivered.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the lease ran out")]
-pub struct Fenced;
-
-/// Runs the rows `indexes` through `runner`, isolating the rows whose call
-/// fails; hands each row's result, with its index, to `settle` (no vector
-/// of results: a batch that goes through costs no allocation here).
+/// Runs `rows` through `runner`, isolating the rows whose call fails:
+/// `results` (emptied first; a vector kept from the last batch, so a batch
+/// that goes through costs no allocation here) gets each row's result, in
+/// the order of `rows`.
 pub async fn run(
     runner: &mut PipelineRunner,
-    rows: &impl Rows,
-    indexes: &[usize],
-    lease: &Lease,
-    settle: &mut impl FnMut(usize, RowResult),
+    rows: &Batch,
+    lease: &dyn Fence,
+    results: &mut Vec<RowVerdict>,
 ) -> Result<(), Fenced> {
-    let Some(failure) = call(runner, rows, indexes, lease, settle).await? else {
-        return Ok(());
+    results.clear();
+    let failure = match runner.run_on(rows, lease).await {
+        Ok(mut verdicts) => {
+            results.extend(verdicts.drain(..).map(Ok));
+            runner.keep_verdicts(verdicts);
+            return Ok(());
+        }
+        Err(RunError::Failed(failure)) => failure,
+        Err(RunError::Fenced(fenced)) => return Err(fenced),
     };
-    let mut failed = Some((indexes.to_vec(), failure));
+    results.extend((0..rows.len()).map(|_| Ok(Verdict::Done)));
+    isolate(
+        runner,
+        rows,
+        (0..rows.len()).collect(),
+        failure,
+        lease,
+        results,
+    )
+    .await
+}
+
+/// After the call of `part` (indexes into `rows`) failed with `failure`:
+/// smaller calls until every failing row stands alone, each row's result
+/// written at its index in `results`.
+async fn isolate(
+    runner: &mut PipelineRunner,
+    rows: &Batch,
+    part: Vec<usize>,
+    failure: StepFailure,
+    lease: &dyn Fence,
+    results: &mut [RowVerdict],
+) -> Result<(), Fenced> {
+    let mut failed = Some((part, failure));
     let mut parts: Vec<Vec<usize>> = Vec::new();
-    let mut isolating = false;
+    let mut packed = Batch::default();
     loop {
         let (part, failure) = match failed.take() {
             Some(failed) => failed,
@@ -67,25 +85,33 @@ pub async fn run(
                 let Some(part) = parts.pop() else {
                     return Ok(());
                 };
-                match call(runner, rows, &part, lease, settle).await? {
-                    Some(failure) => (part, failure),
-                    None => continue,
+                pack(rows, &part, &mut packed);
+                match runner.run_on(&packed, lease).await {
+                    Ok(mut verdicts) => {
+                        for (&index, verdict) in part.iter().zip(verdicts.drain(..)) {
+                            results[index] = Ok(verdict);
+                        }
+                        runner.keep_verdicts(verdicts);
+                        continue;
+                    }
+                    Err(RunError::Failed(failure)) => (part, failure),
+                    Err(RunError::Fenced(fenced)) => return Err(fenced),
                 }
             }
         };
         if let [index] = part[..] {
-            settle(index, Err(failure));
+            results[index] = Err(failure);
             continue;
-        }
-        if !isolating {
-            rows.isolating(&failure, part.len());
-            isolating = true;
         }
         if failure.error.kind == FailureKind::Deadline && runner.is_stateful() {
             parts.extend(part.iter().rev().map(|&index| vec![index]));
         } else if failure.error.kind == FailureKind::Deadline {
-            for (index, result) in alone(rows, &part, lease).await? {
-                settle(index, result);
+            // Made before the wait: a runner is not shared across threads.
+            let lanes = (0..ISOLATION_LANES.min(part.len()))
+                .map(|_| runner.lane())
+                .collect();
+            for (index, result) in alone(lanes, rows, &part, lease).await? {
+                results[index] = result;
             }
         } else {
             let (left, right) = part.split_at(part.len() / 2);
@@ -95,26 +121,11 @@ pub async fn run(
     }
 }
 
-/// One call of the rows `part`: each row's verdict handed to `settle`, or
-/// the call's failure (nothing handed over).
-async fn call(
-    runner: &mut PipelineRunner,
-    rows: &impl Rows,
-    part: &[usize],
-    lease: &Lease,
-    settle: &mut impl FnMut(usize, RowResult),
-) -> Result<Option<StepFailure>, Fenced> {
-    let packed = rows.pack(part, runner.take_spare());
-    match runner.run(packed, lease).await {
-        Ok(mut verdicts) => {
-            for (&index, verdict) in part.iter().zip(verdicts.drain(..)) {
-                settle(index, Ok(verdict));
-            }
-            runner.keep_verdicts(verdicts);
-            Ok(None)
-        }
-        Err(RunError::Failed(failure)) => Ok(Some(failure)),
-        Err(RunError::Fenced) => Err(Fenced),
+/// The rows `part` of `rows`, packed into `into` (emptied first).
+fn pack(rows: &Batch, part: &[usize], into: &mut Batch) {
+    into.clear();
+    for &row in part {
+        into.push_from(rows, row);
     }
 }
 
@@ -122,12 +133,15 @@ async fn call(
 /// one deadline, shared with up to [`ISOLATION_LANES`] − 1 others, and the
 /// rows that are fine go through meanwhile.
 async fn alone(
-    rows: &impl Rows,
+    lanes: Vec<PipelineRunner>,
+    rows: &Batch,
     part: &[usize],
-    lease: &Lease,
-) -> Result<Vec<(usize, RowResult)>, Fenced> {
+    lease: &dyn Fence,
+) -> Result<Vec<(usize, RowVerdict)>, Fenced> {
     let next = AtomicUsize::new(0);
-    let lanes = (0..ISOLATION_LANES.min(part.len())).map(|_| lane(rows, part, &next, lease));
+    let lanes = lanes
+        .into_iter()
+        .map(|runner| lane(runner, rows, part, &next, lease));
     let mut results = Vec::with_capacity(part.len());
     for lane in futures::future::join_all(lanes).await {
         results.extend(lane?);
@@ -135,24 +149,23 @@ async fn alone(
     Ok(results)
 }
 
-/// One lane: fresh instances (dropped afterwards, back to the pool),
-/// taking the next row of `part` until none is left.
+/// One lane: its fresh instances (dropped afterwards, back to the pool)
+/// take the next row of `part` until none is left.
 async fn lane(
-    rows: &impl Rows,
+    mut runner: PipelineRunner,
+    rows: &Batch,
     part: &[usize],
     next: &AtomicUsize,
-    lease: &Lease,
-) -> Result<Vec<(usize, RowResult)>, Fenced> {
+    lease: &dyn Fence,
+) -> Result<Vec<(usize, RowVerdict)>, Fenced> {
     let mut results = Vec::new();
-    let Some(mut runner) = rows.lane_runner() else {
-        return Ok(results);
-    };
+    let mut packed = Batch::default();
     while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
-        let packed = rows.pack(&[index], runner.take_spare());
-        let result = match runner.run(packed, lease).await {
+        pack(rows, &[index], &mut packed);
+        let result = match runner.run_on(&packed, lease).await {
             Ok(verdicts) => Ok(verdicts.into_iter().next().unwrap_or(Verdict::Done)),
             Err(RunError::Failed(failure)) => Err(failure),
-            Err(RunError::Fenced) => return Err(Fenced),
+            Err(RunError::Fenced(fenced)) => return Err(fenced),
         };
         results.push((index, result));
     }

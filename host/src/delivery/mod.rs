@@ -1,38 +1,48 @@
-//! Delivery, the second half of a row's path: a [`worker`] per owned unit
-//! [`pull`]s rows, packs them into a [`batch`], runs the table's
-//! [`pipeline`] of plugins and settles every row: ack, nak with a delay, or
-//! [`dead_letter`] then ack (`settle` plans it from the verdicts, `settler`
-//! carries the plan out). A shadow's candidate runs off that path, on
-//! copies ([`shadow`]).
-
+//! Delivery, the second half of a row's path. A [`worker`] per owned unit
+//! moves each batch one way, every stage taking the last one's output:
+//!
+//! ```text
+//! pull       Puller::next_until            → Vec<Message>
+//! intake     Intake::of(&[Message])        → Intake (decoded once, grouped, packed)
+//! dispatch   dispatch(&Intake)             → Vec<Verdict>, one per row
+//!              isolation::run(&Batch)      → Vec<RowVerdict>   (per group)
+//!                PipelineRunner::run_on    → Vec<Verdict>      (pipeline/)
+//! hold       Hold::ran(RanBatch)           → Landed (state writes landed)
+//! settle     Settler::settle(..)           → Settled (settle/)
+//! ```
+//!
+//! A shadow's candidate runs off that path, on copies ([`shadow`]).
 //!
 //! Exported: the batch a pipeline is given (`Batch`, `Position`, `Answer`,
 //! `Outcome`), the pipeline runner and its verdicts (`PipelineRunner`,
 //! `Verdict`, `RowOutcome`, `Stepped`, `StepFailure`, `RunError`,
 //! `Observer`), the dead letters (`DeadLetters`, `LetterFilter`,
 //! `StoredLetter`, `parse_since`, `SinceError`, their `headers`), the
-//! `Workers` a host runs and the `Shadows` they feed, and [`isolation`] (a failing row found by
-//! halving) as a module: its `run` and `Rows` are named through it.
+//! `Workers` a host runs and the `Shadows` they feed, and [`isolation`]
+//! (the rows that fail their call found alone) as a module.
 
 pub(crate) mod batch;
-pub(crate) mod dead_letter;
+mod dispatch;
+pub(crate) mod dlq;
+mod hold;
+mod intake;
 pub mod isolation;
 mod pipeline;
 mod pull;
-mod run;
+mod runners;
 mod settle;
 mod shadow;
-mod settler;
 mod traced;
 mod verdict;
 pub(crate) mod worker;
 
 pub use batch::{Answer, Batch, Outcome, Position};
-pub use dead_letter::{
+pub use dlq::{
     DeadLetters, LetterFilter, Replayed, SinceError, StoredLetter, headers, parse_since,
 };
-pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped, Verdict};
+pub use pipeline::{Observer, PipelineRunner, RowOutcome, RunError, StepFailure, Stepped};
 pub use shadow::{QUEUE_BATCHES as SHADOW_QUEUE_BATCHES, Shadows};
+pub use verdict::Verdict;
 pub use worker::Workers;
 
 /// `vector` emptied, as a vector of `U`: a per-batch vector kept from one

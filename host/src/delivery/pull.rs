@@ -20,7 +20,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::coordination::Lease;
+use crate::fence::Fence;
 
 /// How long the server keeps one pull request waiting for rows while rows
 /// come.
@@ -125,7 +125,7 @@ pub struct Puller {
     kept_alive: Instant,
     /// No request is sent once it no longer holds: a request from a host
     /// past its lease would be served rows of the unit's next owner.
-    lease: Lease,
+    lease: Box<dyn Fence>,
     /// The last request ended without a row: the next one waits long.
     idle: bool,
     /// Rows settled before the unit was taken (`coordination::takeover`):
@@ -161,7 +161,7 @@ impl Puller {
         stream: String,
         consumer: String,
         size: PullSize,
-        lease: Lease,
+        lease: Box<dyn Fence>,
         settled_through: u64,
     ) -> Result<Puller, PullError> {
         let client = js.client();

@@ -16,11 +16,15 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use crate::delivery::batch::Batch;
-use crate::delivery::pipeline::{Observer, Stepped, call_alone, row_results};
+use crate::delivery::pipeline::{
+    Observer, Reply, RowOutcome, StepFailure, Stepped, call_span, read, warm,
+};
 use crate::reload::canary::{Canary, Counts};
 use crate::reload::generation::{CanaryVersion, Generation};
 use crate::reload::shadow::{Diff, RowResult};
 use crate::sandbox::Plugin;
+use crate::sandbox::PluginInstance;
+use tracing::Instrument;
 
 /// Batch copies queued per shadow and host; past it batches are skipped.
 pub const QUEUE_BATCHES: usize = 4;
@@ -103,6 +107,12 @@ struct Tap {
 }
 
 impl Observer for Tap {
+    /// Rows isolation runs alone are not copied: a shadow compares the
+    /// batches the release serves.
+    fn sees_lanes(&self) -> bool {
+        false
+    }
+
     fn answered(&self, plugin: &Plugin, given: &Batch, stepped: &Stepped) {
         for lane in &self.lanes {
             if plugin.name() != lane.name || plugin.version != lane.serving {
@@ -154,6 +164,65 @@ async fn run(
         }
         counts.add_diff(&name, &candidate.canary, &diff);
     }
+}
+
+/// What a transform's answer `stepped` means for each row `given`, owned:
+/// what a shadow compares.
+fn row_results(given: &Batch, stepped: &Stepped) -> Vec<RowResult> {
+    let Stepped::Changed {
+        outcomes,
+        rows,
+        parents,
+    } = stepped
+    else {
+        return vec![RowResult::Ok; given.len()];
+    };
+    let mut emitted: Vec<Vec<Vec<u8>>> = vec![Vec::new(); outcomes.len()];
+    for (row, &parent) in parents.iter().enumerate() {
+        if let (Some(RowOutcome::Emit(_)), Some(out)) =
+            (outcomes.get(parent), emitted.get_mut(parent))
+        {
+            out.push(rows.payload(row).to_vec());
+        }
+    }
+    outcomes
+        .iter()
+        .zip(emitted)
+        .map(|(outcome, emitted)| match outcome {
+            RowOutcome::Ok => RowResult::Ok,
+            RowOutcome::Emit(_) => RowResult::Emit(emitted),
+            RowOutcome::Retry(ms) => RowResult::Retry(*ms),
+            RowOutcome::DeadLetter(reason) => RowResult::DeadLetter(reason.clone()),
+        })
+        .collect()
+}
+
+/// One call of transform `plugin` (its warm instance in `slot`) on
+/// `given`, alone: a shadow's candidate, which no state, destination or
+/// verdict ever sees.
+async fn call_alone(
+    plugin: &Arc<Plugin>,
+    slot: &mut Option<PluginInstance>,
+    given: &Batch,
+) -> Result<Stepped, StepFailure> {
+    let instance = warm(plugin, slot).await?;
+    let reply = instance
+        .transform(given.packed())
+        .instrument(call_span(plugin))
+        .await;
+    let answered = match reply {
+        Ok(transformed) => read(&Reply::Transformed(transformed), given)
+            .map_err(|err| instance.contract(&format!("returned a malformed answer: {err}"))),
+        Err(error) => Err(error),
+    };
+    answered.map_err(|error| {
+        // A failed call leaves the instance in an unknown state.
+        *slot = None;
+        StepFailure {
+            plugin: plugin.clone(),
+            error,
+        }
+    })
 }
 
 #[cfg(test)]

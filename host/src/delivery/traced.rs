@@ -8,8 +8,25 @@ use std::time::{Duration, SystemTime};
 use async_nats::Message;
 use opentelemetry::KeyValue;
 
-use super::pipeline::{CallRecord, Verdict};
+use std::sync::Arc;
+
+use super::verdict::Verdict;
+use crate::sandbox::Plugin;
 use crate::telemetry::traces::{PluginCall, TRACEPARENT, Traces};
+
+/// One plugin call of a run that was given rows of traced requests: a
+/// child span of each such request's `deliver` span (`delivery::traced`).
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    pub plugin: Arc<Plugin>,
+    pub began: SystemTime,
+    pub took: Duration,
+    /// Each traced request among the rows given (its `traceparent`), with
+    /// how many of its rows.
+    pub requests: Vec<(Arc<str>, u32)>,
+    /// Why the call failed, if it did.
+    pub error: Option<String>,
+}
 
 /// What became of one traced request's rows in a batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! Delivery: a worker per unit pulls batches (bounded by rows, bytes and
 //! wait), runs each table's pipeline, and settles every row by its verdict:
-//! ack, nak with a delay, or dead-letter then ack.
+//! ack, nak with a delay, or dead-letter then ack. Each batch goes one way
+//! through the stages (`delivery` names them): pull, intake, dispatch,
+//! hold, settle; the worker hands each stage's output to the next.
 //!
 //! Architecture invariant: a row is acked only after its pipeline finished
 //! with it, or after its dead letter was stored. A crash at any point before
@@ -9,10 +11,9 @@
 //! Fencing: a worker runs under the [`Lease`] its unit was claimed under and
 //! checks it right before every sink call, dead letter and answer; once it
 //! no longer holds, the batch is abandoned unanswered (the next owner gets
-//! its rows back) and the worker stops.
+//! its rows back) and the worker stops. The worker alone holds the lease;
+//! what it calls sees it as a [`crate::fence::Fence`].
 
-use super::traced;
-use crate::telemetry::traces::Traces;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,18 +26,24 @@ use tracing::Instrument;
 
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
-use crate::delivery::pipeline::{CallRecord, PipelineRunner, Verdict};
+use crate::delivery::dispatch::dispatch;
+use crate::delivery::hold::{Hold, RanBatch};
+use crate::delivery::intake::Intake;
+use crate::delivery::isolation::RowVerdict;
 use crate::delivery::pull::{PullSize, Puller};
-use crate::delivery::run::{Destinations, Scratch, run_pipelines};
-use crate::delivery::settle::Fenced;
-use crate::delivery::settler::{Settler, confirm_acks};
+use crate::delivery::runners::Runners;
+use crate::delivery::settle::{Settler, confirm_acks};
 use crate::delivery::shadow::Shadows;
+use crate::delivery::traced;
+use crate::delivery::verdict::Verdict;
 use crate::destination::Publisher;
+use crate::fence::Fenced;
 use crate::nats::ack;
 use crate::nats::kv::NatsKv;
 use crate::reload::generation::Generation;
 use crate::state::prune::{AppliedPruning, CONFIRM_TIMEOUT};
 use crate::state::store::{StateStore, UnitState};
+use crate::telemetry::traces::Traces;
 use crate::telemetry::{Metrics, UnitLabels};
 use crate::topology::route::{Names, Unit};
 
@@ -52,53 +59,28 @@ pub enum DeliveryError {
     },
 }
 
-/// A fresh runner (its own instances) for every pipeline variant of a
-/// generation (one per pipeline without canaries), by variant index.
-/// `unit` is the unit consumer's name: a destination's ledger names it;
-/// `publisher` is where a sink granted `nats` publishes; a runner with a
-/// shadowed transform feeds its queue in `shadows`.
-fn runners(
-    generation: &Generation,
-    state: Option<&UnitState>,
-    unit: &str,
-    publisher: &Publisher,
-    shadows: &Shadows,
-) -> Vec<Option<PipelineRunner>> {
-    (0..generation.variant_count())
-        .map(|variant| {
-            let pipeline = generation
-                .config()
-                .pipelines
-                .get(generation.variant_pipeline(variant)?)?;
-            let plugin = |name: &str| generation.plugin_in(variant, name).cloned();
-            let mut runner = PipelineRunner::new(pipeline, plugin, state.cloned())?
-                .with_destination(unit, true)
-                .with_publisher(publisher);
-            // A batch's state writes travel while the next batch runs.
-            runner.overlap_state_writes();
-            Some(match shadows.tap(generation, variant) {
-                Some(tap) => runner.observed(tap),
-                None => runner,
-            })
-        })
-        .collect()
-}
-
 /// Pulls one unit and runs its rows through their pipelines.
 pub struct UnitWorker {
     js: jetstream::Context,
+    /// Answers rows in progress and asks the server about the unit.
+    client: Client,
     router: Names,
     unit: Unit,
+    /// The unit consumer's name.
+    consumer: String,
     settings: DeliveryConfig,
     pipelines: Arc<Generation>,
     /// Where a hot reload publishes a new generation of pipelines; looked at
     /// only between batches, so a batch runs start to end on one version.
     generations: watch::Receiver<Arc<Generation>>,
-    runners: Vec<Option<PipelineRunner>>,
+    runners: Runners,
+    hold: Hold,
     settler: Settler,
     metrics: Metrics,
     state: Option<UnitState>,
     applied: AppliedPruning,
+    /// The ack subject of the last row acked (see `Settled::last_ack`).
+    last_ack: Option<async_nats::Subject>,
     /// The host's connection as a sink granted `nats` publishes on it.
     publisher: Publisher,
     /// Told the partition after each settled batch.
@@ -110,34 +92,22 @@ pub struct UnitWorker {
     behind: Behind,
     /// A `deliver` span per traced request of each batch.
     traces: Traces,
-    /// The per-row vectors of a batch, kept for the next.
-    scratch: Scratch,
-    /// The batch whose rows ran but whose state writes are on their way:
-    /// answered once they landed, after the next batch ran.
-    held: Option<Held>,
-    /// The vectors of the last held batch, for the next.
-    spare: Option<(Vec<Message>, Vec<Verdict>)>,
-    /// Rows whose state write failed (stream sequences, with why), kept
+    /// The vectors of a batch's intake and of isolation's results, kept
     /// for the next.
-    state_failed: Vec<(u64, String)>,
+    intake_spare: Intake,
+    results: Vec<RowVerdict>,
     /// Batches run so far: the number that tags a batch's state writes.
     batches_run: u64,
 }
 
-/// What a batch's answer needs of its run.
-struct Ran {
-    /// The number that tags its state writes.
-    number: u64,
-    began: Instant,
-    calls: Vec<CallRecord>,
-    stateful: bool,
-}
-
-/// A batch run whose state writes were still on their way.
-struct Held {
-    ran: Ran,
-    batch: Vec<Message>,
-    verdicts: Vec<Verdict>,
+/// What comes before the next batch.
+enum Next {
+    /// Its first row.
+    Row(Message),
+    /// The unit is released: finish what is here.
+    Released,
+    /// The lease ran out, with a held batch of this many rows abandoned.
+    Fenced(usize),
 }
 
 /// What a worker tells after settling a batch: its unit's partition (usage
@@ -171,46 +141,42 @@ impl UnitWorker {
             unit,
             metrics: metrics.clone(),
         });
+        let consumer = router.unit_consumer(unit);
         let publisher = Publisher::new(js.clone(), router.partition_stream(unit.partition));
-        let runners = runners(
-            &pipelines,
-            state.as_ref(),
-            &router.unit_consumer(unit),
-            &publisher,
-            &shadows,
-        );
-        let unit_labels = UnitLabels {
-            unit: router.unit_consumer(unit),
-        };
-        let mut settler = Settler::new(
+        let runners = Runners::build(&pipelines, state.as_ref(), &consumer, &publisher, &shadows);
+        let settler = Settler::new(
             &js,
             router.clone(),
             settings.clone(),
             metrics.clone(),
-            unit_labels,
+            UnitLabels {
+                unit: consumer.clone(),
+            },
+            pipelines.config().dead_letters.redact.clone(),
         );
-        settler.redact = pipelines.config().dead_letters.redact.clone();
         UnitWorker {
+            client: js.client(),
             js,
             router,
             unit,
+            consumer,
             settings,
             pipelines,
             generations,
             runners,
+            hold: Hold::default(),
             settler,
             metrics,
             behind: Arc::new(|| None),
             traces: Traces::default(),
             state,
             applied: AppliedPruning::default(),
+            last_ack: None,
             publisher,
             settled: None,
             shadows,
-            scratch: Scratch::default(),
-            held: None,
-            spare: None,
-            state_failed: Vec::new(),
+            intake_spare: Intake::default(),
+            results: Vec::new(),
             batches_run: 0,
         }
     }
@@ -220,108 +186,117 @@ impl UnitWorker {
     /// confirms their answers applied, so the next owner, or this host
     /// after a restart, starts exactly where this one stopped (rows still
     /// on their way come back to it when its claim creates the consumer).
-    /// Aborting the task instead (a host that lost its membership) leaves the rows to redelivery, and so does the worker
-    /// itself once `lease` no longer holds (it stops pulling, calls no sink
-    /// and answers no row: [`UnitEnd::Fenced`]).
+    /// Aborting the task instead (a host that lost its membership) leaves
+    /// the rows to redelivery, and so does the worker itself once `lease`
+    /// no longer holds (it stops pulling, calls no sink and answers no row:
+    /// [`UnitEnd::Fenced`]).
     pub async fn run(
         mut self,
         release: CancellationToken,
         mut lease: Lease,
         settled_through: u64,
     ) -> Result<UnitEnd, DeliveryError> {
-        let stream_name = self.router.partition_stream(self.unit.partition);
-        let consumer_name = self.router.unit_consumer(self.unit);
-        let mut puller = Puller::open(
-            self.js.clone(),
-            stream_name,
-            consumer_name.clone(),
-            PullSize {
-                min_rows: self.settings.batch_rows,
-                max_rows: self.settings.pull_rows,
-                // As many bytes as the batches the largest request makes.
-                bytes: self
-                    .settings
-                    .batch_bytes
-                    .saturating_mul(self.settings.pull_rows.div_ceil(self.settings.batch_rows)),
-            },
-            lease.clone(),
-            settled_through,
-        )
-        .await
-        .map_err(|source| DeliveryError::Bind {
-            consumer: consumer_name.clone(),
-            source,
-        })?;
-        // One buffer of messages for every batch: no allocation per batch.
-        let mut batch = Vec::with_capacity(self.settings.batch_rows);
+        let stream = self.router.partition_stream(self.unit.partition);
+        let (js, consumer) = (self.js.clone(), self.consumer.clone());
+        let fence = Box::new(lease.clone());
+        let size = pull_size(&self.settings);
+        let mut puller = Puller::open(js, stream, consumer, size, fence, settled_through)
+            .await
+            .map_err(|source| DeliveryError::Bind {
+                consumer: self.consumer.clone(),
+                source,
+            })?;
         loop {
-            // A batch held for its state writes goes on while the next rows
-            // are already here, and is answered as soon as they are not.
-            let ready = match self.held.is_some() && lease.held() && !release.is_cancelled() {
-                true => puller.next_until(Some(Instant::now())).await,
-                false => None,
-            };
-            let first = match ready {
-                Some(first) => first,
-                None => {
-                    let held_rows = self.held.as_ref().map_or(0, |held| held.batch.len());
-                    if let Err(Fenced) = self.answer_held(&lease, None).await {
-                        return Ok(self.fenced(&consumer_name, held_rows));
-                    }
-                    // Biased: a worker past its lease sends no further pull
-                    // request, which would be served rows of the unit's next owner.
-                    let first = tokio::select! {
-                        biased;
-                        _ = release.cancelled() => break,
-                        _ = lease.lost() => return Ok(self.fenced(&consumer_name, 0)),
-                        // Waits no longer than the unit's summary is due, so an
-                        // idle unit still says what it dead-lettered.
-                        first = puller.next_until(self.settler.summary.due()) => first,
-                    };
-                    let Some(first) = first else {
-                        self.settler.summary.flush(&consumer_name, false);
-                        continue;
-                    };
-                    first
-                }
+            let first = match self.next_row(&mut puller, &mut lease, &release).await {
+                Next::Row(first) => first,
+                Next::Released => break,
+                Next::Fenced(rows) => return Ok(self.fenced(rows)),
             };
             let began = Instant::now();
+            let (mut batch, verdicts) = self.hold.buffers(self.settings.batch_rows);
             fill_batch(&self.settings, first, &mut puller, &lease, &mut batch).await;
             let rows = batch.len();
             let processed = self
-                .process(&mut batch, began, Some(&mut puller), &lease)
+                .process(batch, verdicts, began, Some(&mut puller), &lease)
                 .await;
-            batch.clear();
             if let Err(Fenced) = processed {
-                return Ok(self.fenced(&consumer_name, rows));
+                return Ok(self.fenced(rows));
             }
         }
-        let mut rest = puller.release().await;
+        Ok(self.finish_released(puller.release().await, &lease).await)
+    }
+
+    /// Waits for the first row of the next batch. A batch held for its
+    /// state writes goes on while the next rows are already here, and is
+    /// settled as soon as they are not.
+    async fn next_row(
+        &mut self,
+        puller: &mut Puller,
+        lease: &mut Lease,
+        release: &CancellationToken,
+    ) -> Next {
+        if self.hold.is_holding()
+            && lease.held()
+            && !release.is_cancelled()
+            && let Some(first) = puller.next_until(Some(Instant::now())).await
+        {
+            return Next::Row(first);
+        }
+        loop {
+            let held_rows = self.hold.held_rows().len();
+            if let Err(Fenced) = self.settle_held(lease).await {
+                return Next::Fenced(held_rows);
+            }
+            // Biased: a worker past its lease sends no further pull
+            // request, which would be served rows of the unit's next owner.
+            let first = tokio::select! {
+                biased;
+                _ = release.cancelled() => return Next::Released,
+                _ = lease.lost() => return Next::Fenced(0),
+                // Waits no longer than the unit's summary is due, so an
+                // idle unit still says what it dead-lettered.
+                first = puller.next_until(self.settler.summary_due()) => first,
+            };
+            match first {
+                Some(first) => return Next::Row(first),
+                None => self.settler.flush_summary(),
+            }
+        }
+    }
+
+    /// Released: every row already here is run and settled (in batches),
+    /// and the server's confirmation of their answers waited for.
+    async fn finish_released(&mut self, mut rest: Vec<Message>, lease: &Lease) -> UnitEnd {
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
-            let mut batch = std::mem::replace(&mut rest, tail);
+            let batch = std::mem::replace(&mut rest, tail);
             let rows = batch.len();
-            if let Err(Fenced) = self.process(&mut batch, Instant::now(), None, &lease).await {
-                return Ok(self.fenced(&consumer_name, rows));
+            let (_, verdicts) = self.hold.buffers(rows);
+            let processed = self
+                .process(batch, verdicts, Instant::now(), None, lease)
+                .await;
+            if let Err(Fenced) = processed {
+                return self.fenced(rows);
             }
         }
+        let last_ack = self.last_ack.clone();
         self.settler
-            .confirm_applied(&consumer_name, self.settings.drain_timeout)
+            .confirm_applied(last_ack, self.settings.drain_timeout)
             .await;
         self.settler.stopped();
-        Ok(UnitEnd::Drained)
+        UnitEnd::Drained
     }
 
     /// The lease ran out (with a batch of `rows` in hand, if any): said once
     /// per worker, which stops here.
-    fn fenced(&mut self, consumer: &str, rows: usize) -> UnitEnd {
+    fn fenced(&mut self, rows: usize) -> UnitEnd {
         self.settler.stopped();
         if rows > 0 {
             self.metrics.fenced_batches.inc();
         }
         tracing::warn!(
             unit = ?self.unit,
-            consumer,
+            consumer = %self.consumer,
             rows,
             "this host's lease ran out: the unit may be another host's now, so this batch is \
              abandoned unanswered (its rows go to the next owner) and the unit is no longer pulled here"
@@ -330,23 +305,21 @@ impl UnitWorker {
     }
 
     /// Runs a batch through its pipelines, keeping its rows alive while it
-    /// runs, then settles every row.
-    /// `puller`: where rows received meanwhile are kept alive too.
+    /// runs, then settles every row (or holds the batch for its state).
+    /// `puller`: where rows received meanwhile are kept alive too (`None`:
+    /// released, no batch comes after this one to overlap its writes).
     /// `began`: when its first row was pulled.
     async fn process(
         &mut self,
-        batch: &mut Vec<Message>,
+        batch: Vec<Message>,
+        verdicts: Vec<Verdict>,
         began: Instant,
         puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        let span = tracing::info_span!(
-            "batch",
-            unit = %self.settler.unit_labels.unit,
-            rows = batch.len()
-        );
+        let span = tracing::info_span!("batch", unit = %self.consumer, rows = batch.len());
         let processed = self
-            .process_in_span(batch, began, puller, lease)
+            .process_in_span(batch, verdicts, began, puller, lease)
             .instrument(span)
             .await;
         self.metrics
@@ -355,246 +328,149 @@ impl UnitWorker {
         processed
     }
 
+    /// pull → intake → dispatch → hold → settle, each stage given the
+    /// last one's output.
     async fn process_in_span(
         &mut self,
-        batch: &mut Vec<Message>,
+        batch: Vec<Message>,
+        verdicts: Vec<Verdict>,
         began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        // A batch runs start to end on one generation, and so do its writes.
-        if self.generations.has_changed().unwrap_or(false) {
-            self.answer_held(lease, None).await?;
-        }
-        self.adopt_new_generation();
-        if let Some(reason) = (self.behind)() {
-            self.answer_held(lease, None).await?;
-            // One version per fleet: the batch waits (its rows kept alive)
-            // rather than run on a version the fleet has left.
-            // A switch takes moments; say so only when it takes longer.
-            tracing::debug!(unit = ?self.unit, %reason, "holding a batch until this host runs the fleet's plugin versions");
-            let (behind, unit) = (self.behind.clone(), self.unit);
-            let caught_up = async move {
-                let since = Instant::now();
-                let mut said = false;
-                while let Some(reason) = behind() {
-                    if !said && since.elapsed() > BEHIND_WARN {
-                        tracing::warn!(?unit, %reason, "a batch is held until this host runs the fleet's plugin versions");
-                        said = true;
-                    }
-                    tokio::time::sleep(BEHIND_POLL).await;
-                }
-            };
-            let client = &self.settler.client;
-            let ack_wait = self.settings.ack_wait;
-            keep_alive(
-                [batch.as_slice(), &[]],
-                client,
-                puller.as_deref_mut(),
-                ack_wait,
-                lease,
-                caught_up,
-            )
-            .await;
-            self.adopt_new_generation();
-        }
-        self.metrics.batches.inc();
-        let stateful = self
-            .runners
-            .iter()
-            .flatten()
-            .any(PipelineRunner::is_stateful);
-        let remembers = self
-            .runners
-            .iter()
-            .flatten()
-            .any(PipelineRunner::remembers_applied);
-        if remembers {
-            self.prune_applied().await;
-        }
-        if let Some(puller) = puller.as_deref_mut()
-            && lease.held()
-        {
-            puller
-                .keep_received_alive_within(progress_period(self.settings.ack_wait))
-                .await;
-        }
-        if self.traces.enabled() {
-            self.runners
-                .iter_mut()
-                .flatten()
-                .for_each(PipelineRunner::record_calls);
-        }
-        self.batches_run += 1;
-        let number = self.batches_run;
-        for runner in self.runners.iter_mut().flatten() {
-            runner.set_batch(number);
-        }
-        let work = run_pipelines(
+        self.catch_up(&batch, puller.as_deref_mut(), lease).await?;
+        self.before_batch(puller.as_deref_mut(), lease).await;
+        let (number, stateful) = (self.batches_run, self.runners.is_stateful());
+        let spare = std::mem::take(&mut self.intake_spare);
+        let intake = Intake::of(&batch, &self.router, &self.pipelines, self.unit, spare);
+        let work = dispatch(
             &mut self.runners,
+            &intake,
             &self.pipelines,
-            &self.router,
-            &self.settings,
-            batch,
             lease,
-            Destinations {
-                unit: self.unit,
-                publisher: &self.publisher,
-            },
-            &mut self.scratch,
+            verdicts,
+            &mut self.results,
         );
-        let client = &self.settler.client;
+        let rows = [batch.as_slice(), self.hold.held_rows()];
         let ack_wait = self.settings.ack_wait;
-        let held: &[Message] = self.held.as_ref().map_or(&[], |held| &held.batch);
-        let ran = keep_alive(
-            [batch.as_slice(), held],
-            client,
+        let verdicts = keep_alive(
+            rows,
+            &self.client,
             puller.as_deref_mut(),
             ack_wait,
             lease,
             work,
         )
         .await;
+        self.intake_spare = intake.spare();
         // Taken whatever the outcome: a later batch's spans show only its own.
-        let calls: Vec<CallRecord> = self
-            .runners
-            .iter_mut()
-            .flatten()
-            .flat_map(PipelineRunner::take_calls)
-            .collect();
-        ran?;
-        let ran = Ran {
+        let calls = self.runners.take_calls();
+        let ran = RanBatch {
+            messages: batch,
+            verdicts: verdicts?,
             number,
             began,
             calls,
             stateful,
         };
-        self.finish_batch(batch, ran, puller.is_some(), lease).await
+        let overlap = puller.is_some();
+        for landed in self.hold.ran(ran, &mut self.runners, overlap).await {
+            self.settle(landed, lease).await?;
+        }
+        Ok(())
     }
 
-    /// After a batch ran: answers the batch held before it, then this one,
-    /// or holds this one while its state writes travel (`overlap`: a
-    /// next batch may come to run meanwhile).
-    async fn finish_batch(
+    /// Before a batch runs: it runs start to end on one generation (the
+    /// batch held before it settled first if a new one came), and only
+    /// on the fleet's plugin versions (kept alive meanwhile).
+    async fn catch_up(
         &mut self,
-        batch: &mut Vec<Message>,
-        ran: Ran,
-        overlap: bool,
+        batch: &[Message],
+        puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        let mut verdicts = std::mem::take(&mut self.scratch.verdicts);
-        let mut answered = self.answer_held(lease, Some((batch, &mut verdicts))).await;
-        let pending = |runners: &[Option<PipelineRunner>]| {
-            runners
-                .iter()
-                .flatten()
-                .any(|r| r.state_pending(ran.number))
+        if self.generations.has_changed().unwrap_or(false) {
+            self.settle_held(lease).await?;
+        }
+        self.adopt_new_generation();
+        let Some(reason) = (self.behind)() else {
+            return Ok(());
         };
-        if answered.is_ok() && pending(&self.runners) {
-            if overlap {
-                // Answered after the next batch ran, once its writes landed.
-                let (spare_batch, spare_verdicts) = self.spare.take().unwrap_or_default();
-                self.scratch.verdicts = spare_verdicts;
-                self.held = Some(Held {
-                    ran,
-                    batch: std::mem::replace(batch, spare_batch),
-                    verdicts,
-                });
-                return Ok(());
+        self.settle_held(lease).await?;
+        // One version per fleet: the batch waits (its rows kept alive)
+        // rather than run on a version the fleet has left.
+        // A switch takes moments; say so only when it takes longer.
+        tracing::debug!(unit = ?self.unit, %reason, "holding a batch until this host runs the fleet's plugin versions");
+        let (behind, unit) = (self.behind.clone(), self.unit);
+        let caught_up = async move {
+            let since = Instant::now();
+            let mut said = false;
+            while let Some(reason) = behind() {
+                if !said && since.elapsed() > BEHIND_WARN {
+                    tracing::warn!(?unit, %reason, "a batch is held until this host runs the fleet's plugin versions");
+                    said = true;
+                }
+                tokio::time::sleep(BEHIND_POLL).await;
             }
-            self.land_state(ran.number, batch, &mut verdicts, None)
+        };
+        let ack_wait = self.settings.ack_wait;
+        let rows = [batch, &[]];
+        keep_alive(rows, &self.client, puller, ack_wait, lease, caught_up).await;
+        self.adopt_new_generation();
+        Ok(())
+    }
+
+    /// What a batch needs done first: the applied rows pruned, the rows
+    /// received for later batches kept alive, and its number given out.
+    async fn before_batch(&mut self, puller: Option<&mut Puller>, lease: &Lease) {
+        self.metrics.batches.inc();
+        if self.runners.remembers_applied() {
+            self.prune_applied().await;
+        }
+        if let Some(puller) = puller
+            && lease.held()
+        {
+            puller
+                .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
         }
-        if answered.is_ok() {
-            answered = self.answer(batch, &mut verdicts, &ran, lease).await;
+        self.batches_run += 1;
+        self.runners
+            .begin_batch(self.batches_run, self.traces.enabled());
+    }
+
+    /// The batch held for its state writes, settled once they landed.
+    async fn settle_held(&mut self, lease: &Lease) -> Result<(), Fenced> {
+        match self.hold.release(&mut self.runners).await {
+            Some(held) => self.settle(held, lease).await,
+            None => Ok(()),
         }
-        self.scratch.verdicts = verdicts;
-        answered
     }
 
     /// Answers every row of a batch run (acks, naks, dead letters) and
     /// tells who listens.
-    async fn answer(
-        &mut self,
-        batch: &[Message],
-        verdicts: &mut Vec<Verdict>,
-        ran: &Ran,
-        lease: &Lease,
-    ) -> Result<(), Fenced> {
-        self.settler.record_acked = ran.stateful;
+    async fn settle(&mut self, mut batch: RanBatch, lease: &Lease) -> Result<(), Fenced> {
         let traced = self
             .traces
             .enabled()
-            .then(|| traced::traced_requests(batch, verdicts));
-        let settled = self.settler.settle(batch, verdicts, lease).await;
-        if let (Some(traced), Ok(())) = (traced, &settled) {
-            let unit = &self.settler.unit_labels.unit;
-            traced::record(&self.traces, unit, ran.began.elapsed(), traced, &ran.calls);
+            .then(|| traced::traced_requests(&batch.messages, &batch.verdicts));
+        let mut settled = self
+            .settler
+            .settle(&batch.messages, &mut batch.verdicts, batch.stateful, lease)
+            .await;
+        if let (Some(traced), false) = (traced, settled.fenced) {
+            let took = batch.began.elapsed();
+            traced::record(&self.traces, &self.consumer, took, traced, &batch.calls);
         }
-        self.applied.answered(&mut self.settler.acked);
-        let delivered = std::mem::take(&mut self.settler.delivered);
+        self.applied.answered(&mut settled.acked);
+        if settled.last_ack.is_some() {
+            self.last_ack = settled.last_ack.take();
+        }
         if let Some(hook) = &self.settled {
-            hook(self.unit.partition, delivered);
+            hook(self.unit.partition, settled.delivered);
         }
-        settled
-    }
-
-    /// Answers the batch held for its state writes once they landed; rows
-    /// whose write failed come back, in it and in `current` (the batch
-    /// run since, whose earlier calls' writes may have failed too).
-    async fn answer_held(
-        &mut self,
-        lease: &Lease,
-        current: Option<(&[Message], &mut [Verdict])>,
-    ) -> Result<(), Fenced> {
-        let Some(mut held) = self.held.take() else {
-            return Ok(());
-        };
-        self.land_state(held.ran.number, &held.batch, &mut held.verdicts, current)
-            .await;
-        let answered = self
-            .answer(&held.batch, &mut held.verdicts, &held.ran, lease)
-            .await;
-        held.batch.clear();
-        held.verdicts.clear();
-        self.spare = Some((held.batch, held.verdicts));
-        answered
-    }
-
-    /// Waits for the state writes of batch `number` and before; a row
-    /// whose write failed comes back, in `batch` or in `current`.
-    async fn land_state(
-        &mut self,
-        number: u64,
-        batch: &[Message],
-        verdicts: &mut [Verdict],
-        current: Option<(&[Message], &mut [Verdict])>,
-    ) {
-        let mut failed = std::mem::take(&mut self.state_failed);
-        for runner in self.runners.iter_mut().flatten() {
-            runner.land_state(number, &mut failed).await;
-        }
-        if !failed.is_empty() {
-            retry_failed(batch, verdicts, &failed);
-            if let Some((batch, verdicts)) = current {
-                retry_failed(batch, verdicts, &failed);
-            }
-            failed.clear();
-        }
-        self.state_failed = failed;
-    }
-}
-
-/// Rows of `batch` among `failed` (stream sequences whose state write
-/// failed, with why) come back.
-fn retry_failed(batch: &[Message], verdicts: &mut [Verdict], failed: &[(u64, String)]) {
-    for (message, verdict) in batch.iter().zip(verdicts) {
-        let Some(sequence) = ack::info(message).map(|info| info.stream_sequence) else {
-            continue;
-        };
-        if let Some((_, reason)) = failed.iter().find(|(failed, _)| *failed == sequence) {
-            verdict.retry_for_state(reason.clone());
-        }
+        self.hold.settled(batch);
+        settled.result()
     }
 }
 
@@ -646,28 +522,23 @@ impl UnitWorker {
             return;
         }
         let next = self.generations.borrow_and_update().clone();
-        self.runners = runners(
+        self.runners = Runners::build(
             &next,
             self.state.as_ref(),
-            &self.router.unit_consumer(self.unit),
+            &self.consumer,
             &self.publisher,
             &self.shadows,
         );
         if let Some(floor) = self.applied.floor() {
-            self.runners
-                .iter_mut()
-                .flatten()
-                .for_each(|r| r.set_ack_floor(floor));
+            self.runners.set_ack_floor(floor);
         }
         self.settings = next.config().delivery.clone();
-        self.settler.settings = self.settings.clone();
-        self.settler.redact = next.config().dead_letters.redact.clone();
+        let redact = next.config().dead_letters.redact.clone();
+        self.settler.adopt(self.settings.clone(), redact);
         self.pipelines = next;
         tracing::debug!(unit = ?self.unit, "running a new generation of pipelines");
     }
-}
 
-impl UnitWorker {
     /// Before a stateful pipeline's batch: drops from the scopes the
     /// sequences of rows whose acks the server confirmed, asks it to
     /// confirm those answered since, and every [`ACK_FLOOR_PERIOD`] reads
@@ -675,14 +546,12 @@ impl UnitWorker {
     async fn prune_applied(&mut self) {
         let applied = &mut self.applied;
         if let Some(sequences) = applied.confirmed().await {
-            for runner in self.runners.iter_mut().flatten() {
-                runner.forget_applied(&sequences);
-            }
+            self.runners.forget_applied(&sequences);
         }
         if applied.wants_confirmation()
-            && let Some(last_ack) = self.settler.last_acked.clone()
+            && let Some(last_ack) = self.last_ack.clone()
         {
-            let client = self.settler.client.clone();
+            let client = self.client.clone();
             applied.confirm(async move {
                 matches!(
                     confirm_acks(&client, last_ack, CONFIRM_TIMEOUT).await,
@@ -694,14 +563,11 @@ impl UnitWorker {
             return;
         }
         let stream = self.router.partition_stream(self.unit.partition);
-        let consumer = self.router.unit_consumer(self.unit);
-        match crate::nats::jetstream::ack_floor(&self.js.client(), &stream, &consumer).await {
+        let consumer = &self.consumer;
+        match crate::nats::jetstream::ack_floor(&self.client, &stream, consumer).await {
             Ok(floor) => {
                 applied.floor_read(Some(floor));
-                self.runners
-                    .iter_mut()
-                    .flatten()
-                    .for_each(|r| r.set_ack_floor(floor));
+                self.runners.set_ack_floor(floor);
             }
             Err(err) => {
                 applied.floor_read(None);
@@ -712,6 +578,18 @@ impl UnitWorker {
 }
 
 pub use crate::delivery::isolation::ISOLATION_LANES;
+
+/// A unit's pull requests, sized for its batches.
+fn pull_size(settings: &DeliveryConfig) -> PullSize {
+    PullSize {
+        min_rows: settings.batch_rows,
+        max_rows: settings.pull_rows,
+        // As many bytes as the batches the largest request makes.
+        bytes: settings
+            .batch_bytes
+            .saturating_mul(settings.pull_rows.div_ceil(settings.batch_rows)),
+    }
+}
 
 /// How often rows being worked on are answered "in progress": a third of
 /// the ack wait, so a row is answered in time even when a tick comes late.

@@ -38,7 +38,7 @@ pub fn cannot_place_yet(err: &async_nats::jetstream::context::CreateStreamError)
         if error.error_code() == ErrorCode::CLUSTER_NO_PEERS)
 }
 
-/// Runs `create` (a stream or bucket create, given its request timeout)
+/// Runs `create` (a stream, bucket or consumer create, given its timeout)
 /// until it succeeds, fails for good, or has used up `CREATE_TIMEOUTS` and
 /// `PLACEMENT_PATIENCE`: each timeout moves on to the next, longer wait; a
 /// cluster that cannot place it yet is asked again every `PLACEMENT_RETRY`.

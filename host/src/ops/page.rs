@@ -29,7 +29,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use crate::delivery::dead_letter::{DeadLetters, LetterError, LetterFilter, StoredLetter};
+use crate::delivery::dlq::{DeadLetters, LetterError, LetterFilter, StoredLetter};
 use crate::ops::history::Sample;
 use crate::ops::status::{
     FleetStatus, FleetTotals, RowCounts, StatusReport, StatusSource, TenantUsage,

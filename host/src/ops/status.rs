@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::coordination::{FleetView, MEMBERS};
-use crate::delivery::dead_letter::headers;
+use crate::delivery::dlq::headers;
 use crate::ingest::usage::Ledger;
 use crate::reload::canary::{fleet_diff, fleet_tally};
 use crate::reload::generation::{CanaryStatus, Generation, PluginStatus};
@@ -82,6 +82,13 @@ pub struct FleetTotals {
     pub dead_lettered: Option<u64>,
     /// Rows in the partition streams now: queued or in flight.
     pub queued: Option<u64>,
+}
+
+impl FleetTotals {
+    /// The partition streams hold no row: nothing is queued, for anyone.
+    pub fn streams_empty(&self) -> bool {
+        self.queued == Some(0)
+    }
 }
 
 /// Dead letters as the dead-letter stream holds them.
@@ -158,11 +165,14 @@ pub struct MemberStatus {
 
 impl StatusReport {
     /// True when every unit's backlog is known to be empty and nothing is
-    /// in flight: an unknown backlog is not a drained one.
+    /// in flight: an unknown backlog is not a drained one. Rows the streams
+    /// still hold (an ack the server had not applied when it was read) are
+    /// not drained either.
     pub fn drained(&self) -> bool {
         self.units
             .iter()
             .all(|unit| unit.pending == Some(0) && unit.ack_pending == Some(0))
+            && self.totals.queued.is_none_or(|rows| rows == 0)
     }
 
     /// Rows waiting or in flight on every unit; `None` when any unit's is
@@ -179,6 +189,10 @@ impl StatusReport {
         match self.backlog() {
             None if !self.nats.connected => "backlog unknown: NATS is disconnected".to_string(),
             None => "backlog unknown: NATS did not answer in time".to_string(),
+            Some(0) => format!(
+                "{} rows still in the streams (acks not yet applied)",
+                known(self.totals.queued)
+            ),
             Some(rows) => format!("{rows} rows not yet settled"),
         }
     }
@@ -485,9 +499,14 @@ impl StatusSource {
                 .map(|scan| scan.by_reason.clone())
                 .unwrap_or_default(),
         };
+        let totals = reads.totals();
+        // Streams that hold no row leave no tenant anything queued, though
+        // this host's ledger counts the accepts its next snapshot (within
+        // a second) would drop: the streams are the truth.
+        let streams_empty = totals.streams_empty();
         StatusReport {
             rows: self.rows(),
-            totals: reads.totals(),
+            totals,
             fleet: fleet_status,
             units,
             plugins: self.plugin_status(),
@@ -502,8 +521,8 @@ impl StatusSource {
                 .into_iter()
                 .map(|(tenant, usage)| TenantUsage {
                     tenant,
-                    queued_rows: usage.queued.rows,
-                    queued_bytes: usage.queued.bytes,
+                    queued_rows: if streams_empty { 0 } else { usage.queued.rows },
+                    queued_bytes: if streams_empty { 0 } else { usage.queued.bytes },
                     recent_rows: usage.recent.rows,
                     recent_bytes: usage.recent.bytes,
                 })
@@ -782,5 +801,18 @@ mod tests {
             "backlog unknown: NATS is disconnected"
         );
         assert!(report(&[(Some(0), Some(0))], true).drained());
+    }
+
+    #[test]
+    fn rows_the_streams_still_hold_are_not_drained_though_no_unit_has_a_backlog() {
+        let mut held = report(&[(Some(0), Some(0))], true);
+        held.totals.queued = Some(2);
+        assert!(!held.drained());
+        assert_eq!(
+            held.not_drained_because(),
+            "2 rows still in the streams (acks not yet applied)"
+        );
+        held.totals.queued = Some(0);
+        assert!(held.drained());
     }
 }

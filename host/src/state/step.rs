@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::coordination::Lease;
+use crate::fence::{Fence, Fenced};
 use crate::state::batch::BatchState;
 use crate::state::scope::{Changes, Limits, Overlay, Settled};
 use crate::state::store::{ScopeStore, StoreError, Stored, UnitState, Write, scope_key};
@@ -30,12 +30,6 @@ pub struct Unreadable {
     pub plugin: String,
     pub source: StoreError,
 }
-
-/// The lease ran out before a scope was written: nothing of the batch may
-/// be delivered.
-#[derive(Debug, thiserror::Error)]
-#[error("the lease ran out before the state was written")]
-pub struct LeaseLost;
 
 /// How an input row ended, for its scope's write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,8 +374,8 @@ impl StateStep {
     pub async fn commit(
         &mut self,
         ends: &[RowEnd],
-        lease: &Lease,
-    ) -> Result<Vec<(usize, String)>, LeaseLost> {
+        lease: &dyn Fence,
+    ) -> Result<Vec<(usize, String)>, Fenced> {
         let mut retries = Vec::new();
         let failed_before = self.land_all().await;
         self.retry_rows_of(&failed_before, &mut retries);
@@ -407,7 +401,7 @@ impl StateStep {
                 continue;
             }
             if !lease.held() {
-                return Err(LeaseLost);
+                return Err(Fenced);
             }
             let (dead, applied): (Vec<usize>, Vec<usize>) = rows
                 .iter()
@@ -504,6 +498,19 @@ mod tests {
         max_bytes: 1000,
     };
 
+    /// A lease that always holds: these tests are about the writes.
+    struct Held;
+
+    impl Fence for Held {
+        fn held(&self) -> bool {
+            true
+        }
+
+        fn claim(&self) -> u64 {
+            0
+        }
+    }
+
     fn step() -> StateStep {
         step_on(MemoryKv::new())
     }
@@ -528,8 +535,7 @@ mod tests {
         let mut state = step.give(&[0, 1]);
         state.scope_of(0).unwrap().set(b"count", b"2").unwrap();
         step.took(Some(state));
-        let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(60));
-        step.commit(ends, &lease).await.unwrap()
+        step.commit(ends, &Held).await.unwrap()
     }
 
     #[tokio::test]
@@ -570,9 +576,8 @@ mod tests {
             scope.set(b"count".to_vec(), vec![count + 1]).unwrap();
         }
         step.took(Some(state));
-        let lease = Lease::until(tokio::time::Instant::now() + Duration::from_secs(60));
         let ends = vec![RowEnd::Applied; sequences.len()];
-        step.commit(&ends, &lease).await.unwrap()
+        step.commit(&ends, &Held).await.unwrap()
     }
 
     #[tokio::test]

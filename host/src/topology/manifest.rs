@@ -8,7 +8,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
 use async_nats::jetstream::{self, consumer, object_store, stream};
 use futures::StreamExt;
 use futures::future::join_all;
@@ -393,38 +392,7 @@ impl Manifest {
             create_or_update_stream(js, config.clone()).await?;
         }
         for wanted in &self.consumers {
-            let consumer_error = |reason: String| TopologyError::Consumer {
-                stream: wanted.stream.clone(),
-                consumer: wanted.config.name.clone().unwrap_or_default(),
-                reason,
-            };
-            let stream = js
-                .get_stream(&wanted.stream)
-                .await
-                .map_err(|err| consumer_error(err.to_string()))?;
-            if let Err(err) = stream.create_consumer(wanted.config.clone()).await {
-                // A consumer made while units were pinned cannot be updated
-                // to drop its priority group. Recreating it loses nothing:
-                // in a work queue every row not yet acked is still in the
-                // stream and delivered again.
-                let name = wanted.config.name.clone().unwrap_or_default();
-                let outdated = stream
-                    .consumer_info(&name)
-                    .await
-                    .is_ok_and(|info| info.config.priority_policy != wanted.config.priority_policy);
-                if !outdated {
-                    return Err(consumer_error(err.to_string()));
-                }
-                tracing::warn!(consumer = %name, "recreating a consumer made while units were pinned");
-                stream
-                    .delete_consumer(&name)
-                    .await
-                    .map_err(|err| consumer_error(err.to_string()))?;
-                stream
-                    .create_consumer(wanted.config.clone())
-                    .await
-                    .map_err(|err| consumer_error(err.to_string()))?;
-            }
+            create_or_update_consumer(js, wanted).await?;
         }
         for bucket in &self.buckets {
             NatsKv::open_or_create(&js.client(), bucket)
@@ -922,54 +890,16 @@ fn normalize_unlimited(value: i64) -> i64 {
     if value <= 0 { -1 } else { value }
 }
 
-/// Creates or updates a stream, looking again when the server does not
-/// answer in time (`CREATE_TIMEOUTS`: hosts started together race).
-async fn create_or_update_stream(
-    js: &jetstream::Context,
-    config: stream::Config,
-) -> Result<stream::Stream, TopologyError> {
-    use crate::nats::jetstream::{cannot_place_yet, create_patiently};
-    let what = format!("stream {}", config.name);
-    create_patiently(
-        &what,
-        |timeout| {
-            let mut js = js.clone();
-            js.set_timeout(timeout);
-            let config = config.clone();
-            async move { create_or_update_stream_once(&js, config).await }
-        },
-        |err: &CreateStreamError| err.kind() == CreateStreamErrorKind::TimedOut,
-        cannot_place_yet,
-    )
-    .await
-    .map_err(|err| TopologyError::Stream {
-        stream: config.name.clone(),
-        reason: err.to_string(),
-    })
-}
-
-async fn create_or_update_stream_once(
-    js: &jetstream::Context,
-    config: stream::Config,
-) -> Result<stream::Stream, CreateStreamError> {
-    let name = config.name.clone();
-    match js.get_stream(&name).await {
-        Ok(_) => {
-            js.update_stream(config).await?;
-            js.get_stream(&name)
-                .await
-                .map_err(|err| CreateStreamError::with_source(CreateStreamErrorKind::Response, err))
-        }
-        Err(_) => js.create_stream(config).await,
-    }
-}
-
 /// How long a consumer found missing is given to appear before it counts
 /// as missing: a claim deletes and creates its unit's consumer in one go.
 const RECREATE_GRACE: Duration = Duration::from_secs(1);
 
 /// How often a running host re-checks the topology it verified at boot.
 pub const RECHECK_PERIOD: Duration = Duration::from_secs(60);
+
+mod create;
+
+use create::{create_or_update_consumer, create_or_update_stream};
 
 #[cfg(test)]
 mod tests;

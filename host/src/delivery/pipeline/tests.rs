@@ -7,12 +7,12 @@ fn a_calls_traced_requests_are_each_named_once_with_their_rows() {
     let (a, b): (Arc<str>, Arc<str>) = (Arc::from("00-a"), Arc::from("00-b"));
     let traced = vec![Some(a.clone()), None, Some(a.clone()), Some(b.clone())];
     assert_eq!(
-        traced_requests(&traced, &[0, 1, 2, 3]),
+        requests_among(&traced, &[0, 1, 2, 3]),
         vec![(a.clone(), 2), (b.clone(), 1)]
     );
     // A later step is given only some rows (row 3 was dropped).
-    assert_eq!(traced_requests(&traced, &[2, 2, 1]), vec![(a, 2)]);
-    assert!(traced_requests(&[], &[0, 1]).is_empty());
+    assert_eq!(requests_among(&traced, &[2, 2, 1]), vec![(a, 2)]);
+    assert!(requests_among(&[], &[0, 1]).is_empty());
 }
 
 #[test]

@@ -1,149 +1,28 @@
-//! NATS subjects a sink publishes to through the host's own connection
-//! (`grants.nats`). During a `deliver` call the sink's publishes are only
-//! checked and buffered ([`PublishCall`]); once every input row has its
-//! verdict, [`PublishStep::finish`] sends those of the rows delivered,
-//! each with a `Nats-Msg-Id` from its row's partition stream, sequence and
-//! index among the row's publishes, and waits for their PubAcks (or, on
-//! core NATS, a flush) before the rows are acked. A publish that fails
-//! makes the batch run again: the ids make a JetStream target drop the
-//! copies of what it already stored.
+//! A sink's publishes on one unit (`grants.nats`): once every input row
+//! has its verdict, [`PublishStep::finish`] sends those of the rows
+//! delivered, each with a `Nats-Msg-Id` from its row's partition stream,
+//! sequence and index among the row's publishes, and waits for their
+//! PubAcks (or, on core NATS, a flush) before the rows are acked. A publish
+//! that fails makes the batch run again: the ids make a JetStream target
+//! drop the copies of what it already stored.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::HeaderValue;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
-use bytes::Bytes;
 
-use crate::config::{NatsGrant, subject_problem};
-use crate::coordination::Lease;
+use crate::config::NatsGrant;
+use crate::destination::outcome::{Fenced, Finished};
+use crate::fence::Fence;
 
-use super::step::{Fenced, Finished};
+use super::publisher::{DEFAULT_MAX_PAYLOAD, Output, PublishCall, Publisher};
 
 /// How long the PubAcks (or the flush) of one batch may take before the
 /// batch runs again.
 const PUBLISH_WAIT: Duration = Duration::from_secs(10);
 /// Publishes awaited at once: within the connection's in-flight limit.
 const WINDOW: usize = 256;
-/// What one call may buffer, payloads and headers together.
-const MAX_CALL_BYTES: usize = 64 << 20;
-/// A message's largest size when no server said (NATS's default).
-const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
-
-/// The host's connection, and the partition stream a unit's rows come
-/// from (the first part of every message id).
-#[derive(Clone)]
-pub struct Publisher {
-    js: jetstream::Context,
-    stream: String,
-}
-
-impl Publisher {
-    pub fn new(js: jetstream::Context, stream: String) -> Publisher {
-        Publisher { js, stream }
-    }
-}
-
-/// One message a call published, not sent yet.
-#[derive(Debug)]
-struct Output {
-    /// The input row (index into the pipeline's batch) it belongs to.
-    input: usize,
-    subject: String,
-    headers: HeaderMap,
-    payload: Bytes,
-}
-
-/// What one `deliver` call published (see the module).
-pub struct PublishCall {
-    grant: Arc<NatsGrant>,
-    sink: String,
-    /// Per row given to the call, its input row.
-    origins: Vec<usize>,
-    max_payload: usize,
-    bytes: usize,
-    outputs: Vec<Output>,
-}
-
-impl PublishCall {
-    /// Checks one publish against the grant and buffers it.
-    pub fn publish(
-        &mut self,
-        row: u32,
-        subject: String,
-        headers: Vec<(String, String)>,
-        payload: Vec<u8>,
-    ) -> Result<(), String> {
-        let sink = &self.sink;
-        let input = usize::try_from(row)
-            .ok()
-            .and_then(|row| self.origins.get(row).copied())
-            .ok_or_else(|| {
-                format!(
-                    "sink `{sink}`: nats publish names row {row}, and the batch has {} rows",
-                    self.origins.len()
-                )
-            })?;
-        if let Some(problem) = subject_problem(&subject, false) {
-            return Err(format!(
-                "sink `{sink}`: `{subject}` is not a subject to publish to: it {problem}"
-            ));
-        }
-        if !self.grant.allows(&subject) {
-            return Err(format!(
-                "sink `{sink}`: subject `{subject}` is not in its grants.nats.publish ({})",
-                self.grant.publish.join(", ")
-            ));
-        }
-        let mut map = HeaderMap::new();
-        let mut size = subject.len() + payload.len();
-        for (name, value) in &headers {
-            let parsed: Result<HeaderName, _> = name.parse();
-            let (Ok(parsed), Ok(value)) = (parsed, value.parse::<HeaderValue>()) else {
-                return Err(format!(
-                    "sink `{sink}`: the header `{}` is not a NATS header (a name of printable \
-                     ASCII without `:`, a value without line breaks)",
-                    name.escape_debug()
-                ));
-            };
-            // NATS's own headers are the host's: a sink's message id would
-            // defeat the host's, and a row's atomic-batch or expectation
-            // headers (how weir stored it) would make every publish fail.
-            if is_nats_header(name) {
-                continue;
-            }
-            size += name.len() + value.as_str().len() + 4;
-            map.append(parsed, value);
-        }
-        if size > self.max_payload {
-            return Err(format!(
-                "sink `{sink}`: a message of {size} bytes to `{subject}` is larger than the \
-                 server takes ({} bytes)",
-                self.max_payload
-            ));
-        }
-        if self.bytes + size > MAX_CALL_BYTES {
-            return Err(format!(
-                "sink `{sink}`: one call publishes at most {MAX_CALL_BYTES} bytes"
-            ));
-        }
-        self.bytes += size;
-        self.outputs.push(Output {
-            input,
-            subject,
-            headers: map,
-            payload: Bytes::from(payload),
-        });
-        Ok(())
-    }
-}
-
-/// `Nats-Msg-Id`, `Nats-Batch-Id`, `Nats-Expected-…`: headers JetStream acts on.
-fn is_nats_header(name: &str) -> bool {
-    name.get(..5)
-        .is_some_and(|start| start.eq_ignore_ascii_case("nats-"))
-}
 
 /// A sink's publishes on one unit (see the module).
 pub struct PublishStep {
@@ -218,7 +97,7 @@ impl PublishStep {
     pub async fn finish(
         &mut self,
         delivered: impl Fn(usize) -> bool,
-        lease: &Lease,
+        lease: &dyn Fence,
     ) -> Result<Finished, Fenced> {
         let Some(mut call) = self.call.take() else {
             return Ok(Finished::Committed);
@@ -358,62 +237,6 @@ mod tests {
             publish: vec!["audit.>".into(), "one.*.x".into()],
             jetstream: true,
         }
-    }
-
-    fn call() -> PublishCall {
-        let mut step = PublishStep::new("s", grant(), false);
-        step.give(4, [(1, 11), (3, 33), (3, 33)].into_iter())
-    }
-
-    #[test]
-    fn publishes_are_checked_against_the_grant() {
-        let mut call = call();
-        assert_eq!(
-            call.publish(0, "audit.a.b".into(), vec![], b"x".to_vec()),
-            Ok(())
-        );
-        assert_eq!(call.publish(2, "one.t.x".into(), vec![], vec![]), Ok(()));
-        let refused = call
-            .publish(0, "other.a".into(), vec![], vec![])
-            .unwrap_err();
-        assert!(
-            refused.contains("not in its grants.nats.publish (audit.>, one.*.x)"),
-            "{refused}"
-        );
-        for bad in ["audit.*", "audit.>", "audit..a", "audit. a", ""] {
-            assert!(
-                call.publish(0, bad.into(), vec![], vec![]).is_err(),
-                "{bad:?}"
-            );
-        }
-        assert!(
-            call.publish(3, "audit.a".into(), vec![], vec![])
-                .unwrap_err()
-                .contains("row 3")
-        );
-        let header = call
-            .publish(
-                0,
-                "audit.a".into(),
-                vec![("a:b".into(), "v".into())],
-                vec![],
-            )
-            .unwrap_err();
-        assert!(header.contains("not a NATS header"), "{header}");
-        assert!(
-            call.publish(
-                0,
-                "audit.a".into(),
-                vec![("k".into(), "a\r\nb".into())],
-                vec![]
-            )
-            .is_err()
-        );
-        let big = call
-            .publish(0, "audit.a".into(), vec![], vec![0; DEFAULT_MAX_PAYLOAD])
-            .unwrap_err();
-        assert!(big.contains("larger than the server takes"), "{big}");
-        assert_eq!(call.outputs.len(), 2);
     }
 
     #[test]

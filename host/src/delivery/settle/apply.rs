@@ -6,7 +6,6 @@
 //! with it, or after its dead letter was stored.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,54 +13,59 @@ use async_nats::jetstream::{self, AckKind};
 use async_nats::{Client, Message};
 use tokio::time::Instant;
 
-use crate::config::DeliveryConfig;
-use crate::coordination::Lease;
-use crate::delivery::dead_letter::{DeadLetter, DeadLetters};
-use crate::delivery::pipeline::Verdict;
-use crate::delivery::recycle;
-use crate::delivery::settle::{
-    Answer, Delivery, Fate, Fence, Fenced, Late, Named, OrderWatch, Reply, SettlementPlan,
+use super::plan::{
+    AckReply, Delivery, Fate, Late, Named, OrderWatch, RowAnswer, SettlementPlan, WhileHeld,
 };
+use super::summary::Summary;
+use crate::config::DeliveryConfig;
+use crate::delivery::dlq::{DeadLetter, DeadLetters};
+use crate::delivery::recycle;
+use crate::delivery::verdict::Verdict;
+use crate::fence::{Fence, Fenced};
 use crate::nats::ack::{self, AckInfo};
 use crate::sandbox::Plugin;
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::Names;
 
-/// Rows dead-lettered or retried are logged one by one at DEBUG, and at
-/// INFO as one summary per unit at most this often: a bad producer must
-/// not turn the log into a copy of the dead-letter stream.
-const SUMMARY_PERIOD: Duration = Duration::from_secs(10);
-/// Distinct reasons a summary names; the rest are counted together.
-const SUMMARY_REASONS: usize = 8;
-/// Characters of a reason a summary keeps.
-const SUMMARY_REASON_CHARS: usize = 120;
-
 /// Settles rows: the part of a worker that holds no plugin instance, so it
 /// can be borrowed across awaits while the worker is sent between threads.
-pub(super) struct Settler {
+pub(in crate::delivery) struct Settler {
     /// Answers every row's ack subject: one handle for all rows.
-    pub(super) client: Client,
+    client: Client,
     router: Names,
-    pub(super) settings: DeliveryConfig,
+    settings: DeliveryConfig,
     dead_letters: DeadLetters,
     metrics: Metrics,
-    /// The ack subject of the last row acked: repeated with a reply asked
-    /// for, it confirms every answer sent before it was applied.
-    pub(super) last_acked: Option<async_nats::Subject>,
-    /// The stream sequences of the rows acked, kept while `record_acked`
-    /// (a stateful pipeline's rows, whose scopes may then forget them).
-    pub(super) acked: Vec<u64>,
-    pub(super) record_acked: bool,
     /// The unit's pending-rows gauge.
-    pub(super) unit_labels: UnitLabels,
-    pub(super) summary: Summary,
+    unit_labels: UnitLabels,
+    summary: Summary,
     order: OrderWatch,
     /// `[dead_letters] redact` of the generation the worker runs.
-    pub(super) redact: Vec<String>,
-    /// Rows answered as delivered since the worker last took the count.
-    pub(super) delivered: u64,
+    redact: Vec<String>,
     /// The last batch's per-row vectors, kept for the next.
     spare: SettleSpare,
+}
+
+/// What settling a batch did.
+#[derive(Debug, Default)]
+pub(in crate::delivery) struct Settled {
+    /// Rows answered as delivered.
+    pub delivered: u64,
+    /// The stream sequences of the rows acked, when asked for (a stateful
+    /// pipeline's rows, whose scopes may then forget them).
+    pub acked: Vec<u64>,
+    /// The ack subject of the last row acked: repeated with a reply asked
+    /// for, it confirms every answer sent before it was applied.
+    pub last_ack: Option<async_nats::Subject>,
+    /// The fence failed before every row was answered: the rows after are
+    /// the next owner's.
+    pub fenced: bool,
+}
+
+impl Settled {
+    pub fn result(&self) -> Result<(), Fenced> {
+        if self.fenced { Err(Fenced) } else { Ok(()) }
+    }
 }
 
 /// A settlement's per-row vectors, empty between batches (their elements
@@ -71,16 +75,17 @@ struct SettleSpare {
     infos: Vec<Option<AckInfo<'static>>>,
     deliveries: Vec<Delivery>,
     fates: Vec<Fate<Arc<Plugin>>>,
-    answers: Vec<Answer<'static>>,
+    answers: Vec<RowAnswer<'static>>,
 }
 
 impl Settler {
-    pub(super) fn new(
+    pub(in crate::delivery) fn new(
         js: &jetstream::Context,
         router: Names,
         settings: DeliveryConfig,
         metrics: Metrics,
         unit_labels: UnitLabels,
+        redact: Vec<String>,
     ) -> Settler {
         Settler {
             client: js.client(),
@@ -88,30 +93,47 @@ impl Settler {
             router,
             settings,
             metrics,
-            last_acked: None,
-            acked: Vec::new(),
-            record_acked: false,
             unit_labels,
             summary: Summary::new(),
             order: OrderWatch::default(),
-            redact: Vec::new(),
-            delivered: 0,
+            redact,
             spare: SettleSpare::default(),
         }
+    }
+
+    /// The settings and redaction of a new generation, from its next batch.
+    pub(in crate::delivery) fn adopt(&mut self, settings: DeliveryConfig, redact: Vec<String>) {
+        self.settings = settings;
+        self.redact = redact;
+    }
+
+    /// When the unit's INFO summary is to be said, if there is anything to say.
+    pub(in crate::delivery) fn summary_due(&self) -> Option<Instant> {
+        self.summary.due()
+    }
+
+    /// Says the unit's summary if it is due.
+    pub(in crate::delivery) fn flush_summary(&mut self) {
+        self.summary.flush(&self.unit_labels.unit, false);
     }
 
     /// Acks, naks or dead-letters each row. Dead letters are stored before
     /// their rows are acked; a row whose letter was not stored is retried.
     /// Nothing is stored or answered once `lease` no longer holds: the rows
-    /// left are the next owner's.
-    pub(super) async fn settle(
+    /// left are the next owner's. `record_acked`: the acked rows' sequences
+    /// are returned.
+    pub(in crate::delivery) async fn settle(
         &mut self,
         batch: &[Message],
         verdicts: &mut Vec<Verdict>,
-        lease: &Lease,
-    ) -> Result<(), Fenced> {
+        record_acked: bool,
+        lease: &dyn Fence,
+    ) -> Settled {
         if !lease.held() {
-            return Err(Fenced);
+            return Settled {
+                fenced: true,
+                ..Settled::default()
+            };
         }
         // Each per-row vector is the last batch's, reused.
         let spare = std::mem::take(&mut self.spare);
@@ -135,7 +157,9 @@ impl Settler {
         let stored = self.store_letters(&plan, batch, &infos, &deliveries).await;
         let mut answers = recycle(spare.answers);
         plan.answers_into(&stored, self.settings.failure_delay, &mut answers);
-        let answered = self.answer_all(batch, &infos, &mut answers, lease).await;
+        let settled = self
+            .answer_all(batch, &infos, &mut answers, record_acked, lease)
+            .await;
         // The server says with every delivery how many rows are left after
         // it: the unit's backlog, without asking for the consumer's info.
         if let Some(Some(info)) = infos.last() {
@@ -151,7 +175,7 @@ impl Settler {
             deliveries,
             fates: recycle(plan.rows),
         };
-        answered
+        settled
     }
 
     fn count_late(&self, late: &Late) {
@@ -216,33 +240,38 @@ impl Settler {
     }
 
     /// Answers each row in batch order, the lease checked right before each;
-    /// `Err` when it ran out (the rows after are left unanswered).
+    /// fenced when it ran out (the rows after are left unanswered).
     async fn answer_all(
         &mut self,
         batch: &[Message],
         infos: &[Option<AckInfo<'_>>],
-        answers: &mut Vec<Answer<'_>>,
-        lease: &Lease,
-    ) -> Result<(), Fenced> {
+        answers: &mut Vec<RowAnswer<'_>>,
+        record_acked: bool,
+        lease: &dyn Fence,
+    ) -> Settled {
+        let mut settled = Settled::default();
         let mut last_acked = None;
         let answers = answers.drain(..);
-        let mut rows = Fence::new(batch.iter().zip(infos).zip(answers), || lease.held());
+        let mut rows = WhileHeld::new(batch.iter().zip(infos).zip(answers), || lease.held());
         for ((message, info), answer) in rows.by_ref() {
             let acked = answer.acks();
             if !acked && let Some(info) = info {
                 self.order.handed_back(info.stream_sequence);
             }
+            if answer == RowAnswer::Delivered {
+                settled.delivered += 1;
+            }
             self.count(message, info.as_ref(), &answer);
             let kind = match answer.reply() {
-                Reply::Ack => AckKind::Ack,
-                Reply::Nak(delay) => AckKind::Nak(Some(delay)),
+                AckReply::Ack => AckKind::Ack,
+                AckReply::Nak(delay) => AckKind::Nak(Some(delay)),
             };
             match self.answer(message, kind).await {
                 Ok(()) if acked => {
                     last_acked = Some(message);
                     if let Some(info) = info {
-                        if self.record_acked {
-                            self.acked.push(info.stream_sequence);
+                        if record_acked {
+                            settled.acked.push(info.stream_sequence);
                         }
                         // A server clock ahead of this host's counts as 0.
                         let waited = SystemTime::now()
@@ -257,31 +286,29 @@ impl Settler {
                 }
             }
         }
-        if let Some(message) = last_acked {
-            self.last_acked = message.reply.clone();
-        }
-        rows.result()
+        settled.last_ack = last_acked.and_then(|message: &Message| message.reply.clone());
+        settled.fenced = rows.result().is_err();
+        settled
     }
 
     /// Counts a row's answer (before it is sent) and logs it at DEBUG.
-    fn count(&mut self, message: &Message, info: Option<&AckInfo<'_>>, answer: &Answer<'_>) {
+    fn count(&mut self, message: &Message, info: Option<&AckInfo<'_>>, answer: &RowAnswer<'_>) {
         match *answer {
-            Answer::Delivered => {
+            RowAnswer::Delivered => {
                 self.metrics.rows_delivered.inc();
-                self.delivered += 1;
             }
-            Answer::Dropped => {
+            RowAnswer::Dropped => {
                 self.metrics.rows_dropped.inc();
             }
-            Answer::Unlettered { .. } => {
+            RowAnswer::Unlettered { .. } => {
                 self.metrics.rows_retried.inc();
             }
-            Answer::DeadLettered {
+            RowAnswer::DeadLettered {
                 plugin,
                 reason,
                 cause,
             } => self.dead_lettered(message, info, plugin, reason, cause.label()),
-            Answer::Retried {
+            RowAnswer::Retried {
                 delay,
                 plugin,
                 reason,
@@ -351,8 +378,13 @@ impl Settler {
     /// answered once every answer before it was applied (and, on a
     /// replicated consumer, once it has reached the quorum); re-acking it
     /// changes nothing.
-    pub(super) async fn confirm_applied(&self, consumer: &str, within: Duration) {
-        let Some(subject) = self.last_acked.clone() else {
+    pub(in crate::delivery) async fn confirm_applied(
+        &self,
+        last_ack: Option<async_nats::Subject>,
+        within: Duration,
+    ) {
+        let consumer = self.unit_labels.unit.as_str();
+        let Some(subject) = last_ack else {
             return;
         };
         let started = Instant::now();
@@ -377,7 +409,7 @@ impl Settler {
 
     /// The unit is no longer pulled here: its summary is said now, and its
     /// backlog is another host's to report.
-    pub(super) fn stopped(&mut self) {
+    pub(in crate::delivery) fn stopped(&mut self) {
         self.summary.flush(&self.unit_labels.unit, true);
         self.metrics.unit_pending_rows.remove(&self.unit_labels);
     }
@@ -386,7 +418,7 @@ impl Settler {
 /// Repeats the ack sent last on `client` (`last_ack`, its subject) as a
 /// request: the server answers once it applied every answer sent before
 /// it. The outer error: no answer `within`.
-pub(super) async fn confirm_acks(
+pub(in crate::delivery) async fn confirm_acks(
     client: &Client,
     last_ack: async_nats::Subject,
     within: Duration,
@@ -403,94 +435,4 @@ pub(super) async fn confirm_acks(
             .await?
             .map(|_| ()),
     )
-}
-
-/// Rows dead-lettered and retried since the last INFO summary of a unit.
-pub(super) struct Summary {
-    since: Instant,
-    retried: u64,
-    /// Dead-lettered rows by plugin and reason (bounded; see
-    /// [`SUMMARY_REASONS`]).
-    dead_lettered: BTreeMap<(String, String), u64>,
-}
-
-impl Summary {
-    fn new() -> Summary {
-        Summary {
-            since: Instant::now(),
-            retried: 0,
-            dead_lettered: BTreeMap::new(),
-        }
-    }
-
-    /// When the summary is to be said, if there is anything to say.
-    pub(super) fn due(&self) -> Option<Instant> {
-        let quiet = self.dead_lettered.is_empty() && self.retried == 0;
-        (!quiet).then_some(self.since + SUMMARY_PERIOD)
-    }
-
-    fn dead_lettered(&mut self, plugin: &str, reason: &str) {
-        let reason: String = reason.chars().take(SUMMARY_REASON_CHARS).collect();
-        let key = (plugin.to_string(), reason);
-        let key = if self.dead_lettered.len() < SUMMARY_REASONS
-            || self.dead_lettered.contains_key(&key)
-        {
-            key
-        } else {
-            (String::new(), "other reasons".to_string())
-        };
-        *self.dead_lettered.entry(key).or_default() += 1;
-    }
-
-    /// Logs one INFO line if anything happened and `SUMMARY_PERIOD` has
-    /// passed (or at once when `now`), then starts over.
-    pub(super) fn flush(&mut self, unit: &str, now: bool) {
-        let elapsed = self.since.elapsed();
-        if !now && elapsed < SUMMARY_PERIOD {
-            return;
-        }
-        let summary = std::mem::replace(self, Summary::new());
-        let dead_lettered: u64 = summary.dead_lettered.values().sum();
-        if dead_lettered == 0 && summary.retried == 0 {
-            return;
-        }
-        let reasons = summary
-            .dead_lettered
-            .iter()
-            .map(|((plugin, reason), rows)| match plugin.as_str() {
-                "" => format!("{rows} × {reason}"),
-                plugin => format!("{rows} × {plugin}: {reason}"),
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        tracing::info!(
-            unit,
-            dead_lettered,
-            retried = summary.retried,
-            seconds = elapsed.as_secs(),
-            reasons,
-            "{dead_lettered} rows dead-lettered and {} retried in the last {} s",
-            summary.retried,
-            elapsed.as_secs()
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_summary_names_a_bounded_number_of_reasons() {
-        let mut summary = Summary::new();
-        assert_eq!(summary.due(), None, "nothing to say, nothing due");
-        for n in 0..SUMMARY_REASONS + 5 {
-            summary.dead_lettered("validate", &format!("reason {n}"));
-            summary.dead_lettered("validate", &format!("reason {n}"));
-        }
-        assert_eq!(summary.dead_lettered.len(), SUMMARY_REASONS + 1);
-        let others = &summary.dead_lettered[&(String::new(), "other reasons".to_string())];
-        assert_eq!(*others, 10);
-        assert!(summary.due().is_some());
-    }
 }

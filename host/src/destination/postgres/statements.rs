@@ -1,7 +1,7 @@
 //! One `deliver` call's transaction: the statements a sink issues through
 //! the WIT `postgres` interface, each in a savepoint of one transaction on
 //! one pooled connection, begun by the first statement. The step
-//! (`destination::step`) commits or rolls it back once the call is answered.
+//! (`postgres::commit`) commits or rolls it back once the call is answered.
 
 use std::sync::Arc;
 

@@ -9,11 +9,12 @@
 
 use std::sync::Arc;
 
-use crate::coordination::Lease;
+use crate::destination::outcome::{Ending, Fenced, Finished};
+use crate::fence::Fence;
 
-use super::call::{OpenTransaction, PgCall};
 use super::ledger::{CommitError, Ledger};
 use super::pool::PgPool;
+use super::statements::{OpenTransaction, PgCall};
 
 /// The ledger could not be read: every row comes back.
 #[derive(Debug, thiserror::Error)]
@@ -21,34 +22,6 @@ use super::pool::PgPool;
 pub struct Unreadable {
     pub sink: String,
     pub reason: String,
-}
-
-/// The unit is not this host's any more: nothing of the batch may be answered.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Fenced(pub String);
-
-/// What became of a call's transaction.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Finished {
-    /// Committed (or nothing to commit): the rows' verdicts stand.
-    Committed,
-    /// Rolled back because a row of the call is retried: every row of the
-    /// call comes back, with this reason.
-    RolledBack(String),
-    /// The database could not take it (unreachable, the connection lost,
-    /// a serialisation failure, rows applied meanwhile): nothing was
-    /// written; the batch is to run again once it can.
-    Again(String),
-}
-
-/// How a call's transaction ends.
-pub enum Ending {
-    /// Every row of the call has its verdict and none is retried: commit,
-    /// recording these input rows (indexes into the batch) as applied.
-    Commit(Vec<usize>),
-    /// A row of the call is retried: nothing of it is written.
-    RollBack(String),
 }
 
 /// A sink's transactions on one unit (see the module).
@@ -169,8 +142,8 @@ impl PostgresStep {
     }
 
     /// Once the call's rows have their verdicts: commits (while `lease`
-    /// holds) or rolls back.
-    pub async fn finish(&mut self, ending: Ending, lease: &Lease) -> Result<Finished, Fenced> {
+    /// holds, fenced in the database by its claim) or rolls back.
+    pub async fn finish(&mut self, ending: Ending, lease: &dyn Fence) -> Result<Finished, Fenced> {
         let Some(mut call) = self.call.take() else {
             return Ok(Finished::Committed);
         };

@@ -2,19 +2,16 @@
 //! stored or answered: what each row gets (ack, nak with a delay, or a dead
 //! letter then an ack), which retries are given up on, which rows came back
 //! out of order, and where fencing cuts the answers short. Pure (no NATS,
-//! no clock, no message), so every case is unit-tested here;
-//! [`crate::delivery::settler`] carries a plan out.
+//! no clock, no message), so every case is unit-tested here; `apply`
+//! carries a plan out.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::delivery::pipeline::Verdict;
+use crate::delivery::verdict::Verdict;
+use crate::fence::Fenced;
 use crate::sandbox::Plugin;
-
-/// The lease ran out: the batch in hand was abandoned, unanswered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fenced;
 
 /// What settlement needs of the plugin a verdict names: its name (metrics,
 /// logs) and its version (the dead letter).
@@ -195,7 +192,7 @@ impl<P: Named> SettlementPlan<P> {
     /// stored. A row whose letter was not (or of which nothing is said) is
     /// retried after `failure_delay`.
     #[cfg(test)]
-    pub fn answers(&self, stored: &[bool], failure_delay: Duration) -> Vec<Answer<'_>> {
+    pub fn answers(&self, stored: &[bool], failure_delay: Duration) -> Vec<RowAnswer<'_>> {
         let mut answers = Vec::with_capacity(self.rows.len());
         self.answers_into(stored, failure_delay, &mut answers);
         answers
@@ -206,17 +203,17 @@ impl<P: Named> SettlementPlan<P> {
         &'a self,
         stored: &[bool],
         failure_delay: Duration,
-        answers: &mut Vec<Answer<'a>>,
+        answers: &mut Vec<RowAnswer<'a>>,
     ) {
         let mut stored = stored.iter();
         answers.extend(self.rows.iter().map(|fate| match fate {
-            Fate::Ack => Answer::Delivered,
-            Fate::Dropped => Answer::Dropped,
+            Fate::Ack => RowAnswer::Delivered,
+            Fate::Dropped => RowAnswer::Dropped,
             Fate::Retry {
                 delay,
                 plugin,
                 reason,
-            } => Answer::Retried {
+            } => RowAnswer::Retried {
                 delay: *delay,
                 plugin: plugin.as_ref().map(Named::name),
                 reason,
@@ -226,12 +223,12 @@ impl<P: Named> SettlementPlan<P> {
                 reason,
                 cause,
             } => match stored.next() {
-                Some(true) => Answer::DeadLettered {
+                Some(true) => RowAnswer::DeadLettered {
                     plugin: plugin.as_ref().map(Named::name),
                     reason,
                     cause: *cause,
                 },
-                _ => Answer::Unlettered {
+                _ => RowAnswer::Unlettered {
                     delay: failure_delay,
                 },
             },
@@ -256,7 +253,7 @@ fn give_up<P>(fate: Fate<P>, delivered: i64, max_deliveries: u32) -> Fate<P> {
 
 /// How a row is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
+pub enum AckReply {
     Ack,
     Nak(Duration),
 }
@@ -264,7 +261,7 @@ pub enum Reply {
 /// What is done for a row once the letters were sent: its answer, and what
 /// it is counted and logged as.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Answer<'a> {
+pub enum RowAnswer<'a> {
     /// Acked: its pipeline is done with it.
     Delivered,
     /// Acked: a transform dropped it.
@@ -285,32 +282,36 @@ pub enum Answer<'a> {
     Unlettered { delay: Duration },
 }
 
-impl Answer<'_> {
-    pub fn reply(&self) -> Reply {
+impl RowAnswer<'_> {
+    pub fn reply(&self) -> AckReply {
         match self {
-            Answer::Delivered | Answer::Dropped | Answer::DeadLettered { .. } => Reply::Ack,
-            Answer::Retried { delay, .. } | Answer::Unlettered { delay } => Reply::Nak(*delay),
+            RowAnswer::Delivered | RowAnswer::Dropped | RowAnswer::DeadLettered { .. } => {
+                AckReply::Ack
+            }
+            RowAnswer::Retried { delay, .. } | RowAnswer::Unlettered { delay } => {
+                AckReply::Nak(*delay)
+            }
         }
     }
 
     /// Whether the row leaves the unit (an ack), rather than coming back.
     pub fn acks(&self) -> bool {
-        self.reply() == Reply::Ack
+        self.reply() == AckReply::Ack
     }
 }
 
 /// A batch's answers, each given only if the lease still holds right before
 /// it (a clock read, against answering after a freeze): once it does not,
 /// no further row is answered.
-pub struct Fence<I, F> {
+pub struct WhileHeld<I, F> {
     answers: I,
     held: F,
     fenced: bool,
 }
 
-impl<I: Iterator, F: FnMut() -> bool> Fence<I, F> {
-    pub fn new(answers: I, held: F) -> Fence<I, F> {
-        Fence {
+impl<I: Iterator, F: FnMut() -> bool> WhileHeld<I, F> {
+    pub fn new(answers: I, held: F) -> WhileHeld<I, F> {
+        WhileHeld {
             answers,
             held,
             fenced: false,
@@ -323,7 +324,7 @@ impl<I: Iterator, F: FnMut() -> bool> Fence<I, F> {
     }
 }
 
-impl<I: Iterator, F: FnMut() -> bool> Iterator for Fence<I, F> {
+impl<I: Iterator, F: FnMut() -> bool> Iterator for WhileHeld<I, F> {
     type Item = I::Item;
 
     fn next(&mut self) -> Option<I::Item> {
@@ -382,9 +383,9 @@ mod tests {
 
     /// A plugin as the plan sees it (a real one needs a compiled component).
     #[derive(Debug, PartialEq)]
-    struct Step(&'static str);
+    struct TestPlugin(&'static str);
 
-    impl Named for Step {
+    impl Named for TestPlugin {
         fn name(&self) -> &str {
             self.0
         }
@@ -412,10 +413,10 @@ mod tests {
         SettlementPlan::new(verdicts, &deliveries, MAX_DELIVERIES, &mut order)
     }
 
-    fn retry(delay_ms: u64, plugin: &'static str) -> Fate<Step> {
+    fn retry(delay_ms: u64, plugin: &'static str) -> Fate<TestPlugin> {
         Fate::Retry {
             delay: Duration::from_millis(delay_ms),
-            plugin: Some(Step(plugin)),
+            plugin: Some(TestPlugin(plugin)),
             reason: format!("`{plugin}` failed"),
         }
     }
@@ -426,8 +427,8 @@ mod tests {
         assert!(matches!(plan.rows[..], [Fate::Ack]), "{plan:?}");
         assert_eq!(plan.letters().count(), 0);
         let answers = plan.answers(&[], FAILURE_DELAY);
-        assert_eq!(answers, [Answer::Delivered]);
-        assert_eq!(answers[0].reply(), Reply::Ack);
+        assert_eq!(answers, [RowAnswer::Delivered]);
+        assert_eq!(answers[0].reply(), AckReply::Ack);
         assert!(answers[0].acks());
         assert_eq!(plan.late, Late::default());
     }
@@ -437,11 +438,11 @@ mod tests {
         // The pipeline folds an `emit` (its descendants delivered by the
         // steps after) into the input row's `Done`: one ack for the input,
         // nothing to answer for the descendants, which are no messages.
-        let plan: SettlementPlan<Step> = plan(vec![Fate::Ack, Fate::Ack], &[1, 3]);
+        let plan: SettlementPlan<TestPlugin> = plan(vec![Fate::Ack, Fate::Ack], &[1, 3]);
         assert_eq!(plan.rows, [Fate::Ack, Fate::Ack]);
         assert_eq!(
             plan.answers(&[], FAILURE_DELAY),
-            [Answer::Delivered, Answer::Delivered]
+            [RowAnswer::Delivered, RowAnswer::Delivered]
         );
     }
 
@@ -458,13 +459,16 @@ mod tests {
         let answers = plan.answers(&[], FAILURE_DELAY);
         assert_eq!(
             answers,
-            [Answer::Retried {
+            [RowAnswer::Retried {
                 delay: Duration::from_millis(1_600),
                 plugin: Some("enrich"),
                 reason: "`enrich` failed",
             }]
         );
-        assert_eq!(answers[0].reply(), Reply::Nak(Duration::from_millis(1_600)));
+        assert_eq!(
+            answers[0].reply(),
+            AckReply::Nak(Duration::from_millis(1_600))
+        );
         assert!(!answers[0].acks());
     }
 
@@ -478,7 +482,7 @@ mod tests {
         let plan: SettlementPlan<Arc<Plugin>> = plan(vec![verdict], &[1]);
         assert_eq!(
             plan.answers(&[], FAILURE_DELAY),
-            [Answer::Retried {
+            [RowAnswer::Retried {
                 delay: Duration::from_secs(3),
                 plugin: None,
                 reason: "sink `s` asked for a retry",
@@ -493,7 +497,7 @@ mod tests {
             &[i64::from(MAX_DELIVERIES), 9],
         );
         let gave_up = |deliveries: i64| Fate::DeadLetter {
-            plugin: Some(Step("enrich")),
+            plugin: Some(TestPlugin("enrich")),
             reason: format!("gave up after {deliveries} deliveries: `enrich` failed"),
             cause: Cause::Retries,
         };
@@ -504,12 +508,12 @@ mod tests {
             [
                 (
                     0,
-                    Some(&Step("enrich")),
+                    Some(&TestPlugin("enrich")),
                     "gave up after 5 deliveries: `enrich` failed"
                 ),
                 (
                     1,
-                    Some(&Step("enrich")),
+                    Some(&TestPlugin("enrich")),
                     "gave up after 9 deliveries: `enrich` failed"
                 ),
             ]
@@ -519,12 +523,12 @@ mod tests {
         assert_eq!(
             plan.answers(&[true, false], FAILURE_DELAY),
             [
-                Answer::DeadLettered {
+                RowAnswer::DeadLettered {
                     plugin: Some("enrich"),
                     reason: "gave up after 5 deliveries: `enrich` failed",
                     cause: Cause::Retries,
                 },
-                Answer::Unlettered {
+                RowAnswer::Unlettered {
                     delay: FAILURE_DELAY
                 },
             ]
@@ -535,7 +539,7 @@ mod tests {
     #[test]
     fn a_dead_letter_is_stored_then_acked_or_else_retried() {
         let lettered = Fate::DeadLetter {
-            plugin: Some(Step("validate")),
+            plugin: Some(TestPlugin("validate")),
             reason: "no id".to_string(),
             cause: Cause::Verdict,
         };
@@ -544,33 +548,33 @@ mod tests {
         assert_eq!(
             plan.rows,
             [Fate::DeadLetter {
-                plugin: Some(Step("validate")),
+                plugin: Some(TestPlugin("validate")),
                 reason: "no id".to_string(),
                 cause: Cause::Verdict,
             }]
         );
         assert_eq!(
             plan.letters().collect::<Vec<_>>(),
-            [(0, Some(&Step("validate")), "no id")]
+            [(0, Some(&TestPlugin("validate")), "no id")]
         );
         let stored = plan.answers(&[true], FAILURE_DELAY);
         assert_eq!(
             stored,
-            [Answer::DeadLettered {
+            [RowAnswer::DeadLettered {
                 plugin: Some("validate"),
                 reason: "no id",
                 cause: Cause::Verdict,
             }]
         );
-        assert_eq!(stored[0].reply(), Reply::Ack);
+        assert_eq!(stored[0].reply(), AckReply::Ack);
         let lost = plan.answers(&[false], FAILURE_DELAY);
         assert_eq!(
             lost,
-            [Answer::Unlettered {
+            [RowAnswer::Unlettered {
                 delay: FAILURE_DELAY
             }]
         );
-        assert_eq!(lost[0].reply(), Reply::Nak(FAILURE_DELAY));
+        assert_eq!(lost[0].reply(), AckReply::Nak(FAILURE_DELAY));
         // Nothing said of a letter: not acked.
         assert_eq!(plan.answers(&[], FAILURE_DELAY), lost);
         assert_eq!(Cause::Verdict.label(), "verdict");
@@ -589,7 +593,7 @@ mod tests {
         );
         assert_eq!(
             plan.answers(&[true], FAILURE_DELAY),
-            [Answer::DeadLettered {
+            [RowAnswer::DeadLettered {
                 plugin: None,
                 reason: "no pipeline takes table `t`",
                 cause: Cause::Undeliverable,
@@ -606,7 +610,7 @@ mod tests {
                 retry(200, "enrich"),
                 retry(200, "enrich"),
                 Fate::DeadLetter {
-                    plugin: Some(Step("validate")),
+                    plugin: Some(TestPlugin("validate")),
                     reason: "no id".into(),
                     cause: Cause::Verdict,
                 },
@@ -625,36 +629,36 @@ mod tests {
         assert_eq!(
             answers,
             [
-                Answer::Delivered,
-                Answer::Retried {
+                RowAnswer::Delivered,
+                RowAnswer::Retried {
                     delay: Duration::from_millis(200),
                     plugin: Some("enrich"),
                     reason: "`enrich` failed",
                 },
-                Answer::DeadLettered {
+                RowAnswer::DeadLettered {
                     plugin: Some("enrich"),
                     reason: "gave up after 5 deliveries: `enrich` failed",
                     cause: Cause::Retries,
                 },
-                Answer::Unlettered {
+                RowAnswer::Unlettered {
                     delay: FAILURE_DELAY
                 },
-                Answer::DeadLettered {
+                RowAnswer::DeadLettered {
                     plugin: None,
                     reason: "not a row",
                     cause: Cause::Undeliverable,
                 },
-                Answer::Delivered,
+                RowAnswer::Delivered,
             ]
         );
-        let acked: Vec<bool> = answers.iter().map(Answer::acks).collect();
+        let acked: Vec<bool> = answers.iter().map(RowAnswer::acks).collect();
         assert_eq!(acked, [true, false, true, false, true, true]);
     }
 
     #[test]
     fn fenced_before_the_first_answer_nothing_is_answered() {
         let plan = plan(vec![Fate::Ack, retry(200, "enrich")], &[1, 1]);
-        let mut fence = Fence::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || false);
+        let mut fence = WhileHeld::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || false);
         assert_eq!(fence.next(), None);
         assert_eq!(fence.next(), None, "stays fenced");
         assert_eq!(fence.result(), Err(Fenced));
@@ -662,22 +666,23 @@ mod tests {
 
     #[test]
     fn fenced_mid_batch_the_rows_after_are_left_unanswered() {
-        let plan: SettlementPlan<Step> = plan(vec![Fate::Ack, Fate::Ack, Fate::Ack], &[1, 1, 1]);
+        let plan: SettlementPlan<TestPlugin> =
+            plan(vec![Fate::Ack, Fate::Ack, Fate::Ack], &[1, 1, 1]);
         let mut checks = 0;
-        let mut fence = Fence::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || {
+        let mut fence = WhileHeld::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || {
             checks += 1;
             checks <= 2
         });
-        let answered: Vec<Answer<'_>> = fence.by_ref().collect();
-        assert_eq!(answered, [Answer::Delivered, Answer::Delivered]);
+        let answered: Vec<RowAnswer<'_>> = fence.by_ref().collect();
+        assert_eq!(answered, [RowAnswer::Delivered, RowAnswer::Delivered]);
         assert_eq!(fence.result(), Err(Fenced));
     }
 
     #[test]
     fn a_batch_answered_whole_is_not_fenced() {
-        let plan: SettlementPlan<Step> = plan(vec![Fate::Ack, Fate::Ack], &[1, 1]);
+        let plan: SettlementPlan<TestPlugin> = plan(vec![Fate::Ack, Fate::Ack], &[1, 1]);
         let mut checks = 0;
-        let mut fence = Fence::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || {
+        let mut fence = WhileHeld::new(plan.answers(&[], FAILURE_DELAY).into_iter(), || {
             checks += 1;
             true
         });
@@ -688,7 +693,7 @@ mod tests {
             checks, 2,
             "the lease is read once per row, not after the last"
         );
-        let mut empty = Fence::new(std::iter::empty::<()>(), || false);
+        let mut empty = WhileHeld::new(std::iter::empty::<()>(), || false);
         assert_eq!(empty.next(), None);
         assert_eq!(empty.result(), Ok(()), "no row, nothing fenced");
     }
@@ -696,7 +701,7 @@ mod tests {
     #[test]
     fn the_plan_counts_rows_back_behind_newer_ones_unasked() {
         let mut order = OrderWatch::default();
-        let first: SettlementPlan<Step> = SettlementPlan::new(
+        let first: SettlementPlan<TestPlugin> = SettlementPlan::new(
             vec![Fate::Ack, retry(10, "enrich")],
             &[delivery(10, 1), delivery(11, 1)],
             MAX_DELIVERIES,
@@ -708,7 +713,7 @@ mod tests {
             sequence: None,
             delivered: 1,
         };
-        let second: SettlementPlan<Step> = SettlementPlan::new(
+        let second: SettlementPlan<TestPlugin> = SettlementPlan::new(
             vec![Fate::Ack, Fate::Ack, Fate::Ack, Fate::Ack, Fate::Ack],
             &[
                 delivery(12, 1),

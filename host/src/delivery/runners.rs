@@ -1,0 +1,116 @@
+//! A unit worker's pipeline runners, one per pipeline variant of the
+//! generation it runs, built here and nowhere else (a lane of isolation is
+//! made from its runner, `PipelineRunner::lane`). What the worker asks of
+//! them all at once is asked here: whether any keeps state, the batch
+//! number its state writes carry, their landing, the ack floor.
+
+use crate::delivery::pipeline::PipelineRunner;
+use crate::delivery::shadow::Shadows;
+use crate::delivery::traced::CallRecord;
+use crate::destination::Publisher;
+use crate::reload::generation::Generation;
+use crate::state::store::UnitState;
+
+/// Every variant's runner (`None`: a variant whose plugins are not loaded).
+pub(super) struct Runners {
+    by_variant: Vec<Option<PipelineRunner>>,
+}
+
+impl Runners {
+    /// A fresh runner (its own instances) for every pipeline variant of
+    /// `generation` (one per pipeline without canaries). `unit` is the unit
+    /// consumer's name: a destination's ledger names it; `publisher` is
+    /// where a sink granted `nats` publishes; a runner with a shadowed
+    /// transform feeds its queue in `shadows`.
+    pub fn build(
+        generation: &Generation,
+        state: Option<&UnitState>,
+        unit: &str,
+        publisher: &Publisher,
+        shadows: &Shadows,
+    ) -> Runners {
+        let by_variant = (0..generation.variant_count())
+            .map(|variant| {
+                let pipeline = generation
+                    .config()
+                    .pipelines
+                    .get(generation.variant_pipeline(variant)?)?;
+                let plugin = |name: &str| generation.plugin_in(variant, name).cloned();
+                let mut runner = PipelineRunner::new(pipeline, plugin, state.cloned())?
+                    .with_destination(unit, true)
+                    .with_publisher(publisher);
+                // A batch's state writes travel while the next batch runs.
+                runner.overlap_state_writes();
+                Some(match shadows.tap(generation, variant) {
+                    Some(tap) => runner.observed(tap),
+                    None => runner,
+                })
+            })
+            .collect();
+        Runners { by_variant }
+    }
+
+    pub fn get_mut(&mut self, variant: usize) -> Option<&mut PipelineRunner> {
+        self.by_variant.get_mut(variant)?.as_mut()
+    }
+
+    fn each(&self) -> impl Iterator<Item = &PipelineRunner> {
+        self.by_variant.iter().flatten()
+    }
+
+    fn each_mut(&mut self) -> impl Iterator<Item = &mut PipelineRunner> {
+        self.by_variant.iter_mut().flatten()
+    }
+
+    /// Whether any runner keeps state (its rows' acks are recorded).
+    pub fn is_stateful(&self) -> bool {
+        self.each().any(PipelineRunner::is_stateful)
+    }
+
+    /// Whether any runner remembers the rows it applied (state or a
+    /// destination), so the worker prunes what the server confirmed.
+    pub fn remembers_applied(&self) -> bool {
+        self.each().any(PipelineRunner::remembers_applied)
+    }
+
+    /// Before batch `number` runs: its state writes carry the number, and
+    /// each runner records its calls if `traced`.
+    pub fn begin_batch(&mut self, number: u64, traced: bool) {
+        for runner in self.each_mut() {
+            if traced {
+                runner.record_calls();
+            }
+            runner.set_batch(number);
+        }
+    }
+
+    /// The calls recorded since the last take.
+    pub fn take_calls(&mut self) -> Vec<CallRecord> {
+        self.each_mut()
+            .flat_map(PipelineRunner::take_calls)
+            .collect()
+    }
+
+    /// Whether a state write of batch `number` is still on its way.
+    pub fn state_pending(&self, number: u64) -> bool {
+        self.each().any(|runner| runner.state_pending(number))
+    }
+
+    /// Waits for the state writes of batch `number` and before; the rows
+    /// whose write failed are added to `failed` (sequence, why).
+    pub async fn land_state(&mut self, number: u64, failed: &mut Vec<(u64, String)>) {
+        for runner in self.each_mut() {
+            runner.land_state(number, failed).await;
+        }
+    }
+
+    pub fn set_ack_floor(&mut self, floor: u64) {
+        self.each_mut()
+            .for_each(|runner| runner.set_ack_floor(floor));
+    }
+
+    pub fn forget_applied(&mut self, sequences: &[u64]) {
+        self.each_mut()
+            .for_each(|runner| runner.forget_applied(sequences));
+    }
+}
