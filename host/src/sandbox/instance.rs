@@ -191,12 +191,11 @@ impl Plugin {
         // call never starves the host's other tasks) until its deadline passes.
         store.epoch_deadline_callback(|context| {
             let state = context.data();
-            let paused = state
-                .plugin
-                .pauses
-                .total()
-                .saturating_sub(state.paused_before);
-            Ok(if std::time::Instant::now() >= state.call_ends + paused {
+            let pauses = &state.plugin.pauses;
+            let paused = pauses.total().saturating_sub(state.paused_before);
+            let now = std::time::Instant::now();
+            let over = now >= state.call_ends + paused;
+            Ok(if over && pauses.current_at(now) {
                 wasmtime::UpdateDeadline::Interrupt
             } else {
                 wasmtime::UpdateDeadline::Yield(1)

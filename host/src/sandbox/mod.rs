@@ -126,18 +126,50 @@ pub enum LoadError {
 /// How long the process stood still, as the epoch ticker saw it. Taken
 /// off plugin deadlines: a deadline measures the plugin, not the host, so
 /// a pause never turns a finished call into a failed one.
-#[derive(Debug, Default)]
-pub struct Pauses(AtomicU64);
+#[derive(Debug)]
+pub struct Pauses {
+    since: std::time::Instant,
+    total_nanos: AtomicU64,
+    /// When the ticker last woke, in nanoseconds after `since`.
+    last_tick_nanos: AtomicU64,
+}
 
 impl Pauses {
-    pub fn total(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::SeqCst))
+    fn new() -> Pauses {
+        Pauses {
+            since: std::time::Instant::now(),
+            total_nanos: AtomicU64::new(0),
+            last_tick_nanos: AtomicU64::new(0),
+        }
     }
 
-    fn add(&self, pause: Duration) {
-        let nanos = u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX);
-        self.0.fetch_add(nanos, Ordering::SeqCst);
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.total_nanos.load(Ordering::SeqCst))
     }
+
+    /// The ticker woke at `now` after a pause of `paused` (zero if none).
+    /// The pause is counted before the wake is: whoever sees the new wake
+    /// sees the pause too.
+    fn ticked(&self, now: std::time::Instant, paused: Duration) {
+        if !paused.is_zero() {
+            self.total_nanos.fetch_add(nanos(paused), Ordering::SeqCst);
+        }
+        self.last_tick_nanos
+            .store(nanos(now.duration_since(self.since)), Ordering::SeqCst);
+    }
+
+    /// Whether the ticker has woken within [`PAUSE_THRESHOLD`] of `now`. If
+    /// not, the process may just have stood still and the ticker not yet
+    /// counted it (a call can see an epoch moved before a SIGSTOP first),
+    /// so no deadline is judged until it has.
+    fn current_at(&self, now: std::time::Instant) -> bool {
+        let last_tick = Duration::from_nanos(self.last_tick_nanos.load(Ordering::SeqCst));
+        now.duration_since(self.since).saturating_sub(last_tick) <= PAUSE_THRESHOLD
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The process-wide engine, its linkers and the epoch ticker.
@@ -199,7 +231,7 @@ impl Sandbox {
             .map_err(SandboxError::Engine)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let pauses = Arc::new(Pauses::default());
+        let pauses = Arc::new(Pauses::new());
         let (ticker_engine, stop, ticker_pauses) =
             (engine.clone(), ticker_stop.clone(), pauses.clone());
         std::thread::Builder::new()
@@ -213,9 +245,12 @@ impl Sandbox {
                     last = now;
                     // Recorded before the epoch moves: a call checks its
                     // deadline only on an epoch change, so it sees the pause.
-                    if slept > EPOCH_TICK + PAUSE_THRESHOLD {
-                        ticker_pauses.add(slept - EPOCH_TICK);
-                    }
+                    let paused = if slept > EPOCH_TICK + PAUSE_THRESHOLD {
+                        slept - EPOCH_TICK
+                    } else {
+                        Duration::ZERO
+                    };
+                    ticker_pauses.ticked(now, paused);
                     ticker_engine.increment_epoch();
                 }
             })
@@ -606,5 +641,19 @@ mod tests {
         assert_eq!(imported_version("weir:plugin/types@0.3.0"), Some("0.3.0"));
         assert_eq!(imported_version("wasi:io/streams@0.2.6"), None);
         assert_eq!(imported_version("weir:plugin/host"), None);
+    }
+
+    #[test]
+    fn a_deadline_waits_for_the_ticker_to_count_a_pause_it_has_not_seen() {
+        let pauses = Pauses::new();
+        let woke = pauses.since + Duration::from_secs(1);
+        pauses.ticked(woke, Duration::ZERO);
+        assert!(pauses.current_at(woke + EPOCH_TICK));
+        // A SIGSTOP the ticker slept through: until it wakes, not current.
+        let resumed = woke + Duration::from_millis(2500);
+        assert!(!pauses.current_at(resumed));
+        pauses.ticked(resumed, resumed - woke - EPOCH_TICK);
+        assert!(pauses.current_at(resumed));
+        assert_eq!(pauses.total(), Duration::from_millis(2490));
     }
 }
