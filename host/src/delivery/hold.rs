@@ -8,16 +8,18 @@
 use async_nats::Message;
 use tokio::time::Instant;
 
+use crate::delivery::intake::Delivery;
 use crate::delivery::runners::Runners;
 use crate::delivery::traced::CallRecord;
 use crate::delivery::verdict::Verdict;
-use crate::nats::ack;
 
-/// A batch that ran: its messages, one verdict each, and what its
-/// settlement needs of the run.
+/// A batch that ran: its messages, one verdict and one delivery each, and
+/// what its settlement needs of the run.
 pub(super) struct RanBatch {
     pub messages: Vec<Message>,
     pub verdicts: Vec<Verdict>,
+    /// Each message's delivery, as the intake read it.
+    pub deliveries: Vec<Option<Delivery>>,
     /// The number that tags its state writes.
     pub number: u64,
     pub began: Instant,
@@ -40,12 +42,20 @@ impl IntoIterator for Landed {
     }
 }
 
+/// A batch's per-message vectors, emptied: a settled batch's, for the next.
+#[derive(Default)]
+pub(super) struct Vectors {
+    pub messages: Vec<Message>,
+    pub verdicts: Vec<Verdict>,
+    pub deliveries: Vec<Option<Delivery>>,
+}
+
 /// At most one batch whose state writes are on their way, and the emptied
 /// vectors of settled batches for the next ones.
 #[derive(Default)]
 pub(super) struct Hold {
     held: Option<RanBatch>,
-    spare: Vec<(Vec<Message>, Vec<Verdict>)>,
+    spare: Vec<Vectors>,
     /// Rows whose state write failed (stream sequences, with why), kept
     /// for the next landing.
     failed: Vec<(u64, String)>,
@@ -55,21 +65,27 @@ pub(super) struct Hold {
 const SPARE_BATCHES: usize = 2;
 
 impl Hold {
-    /// Empty vectors for the next batch's messages and verdicts: a settled
-    /// batch's, or new ones.
-    pub fn buffers(&mut self, rows: usize) -> (Vec<Message>, Vec<Verdict>) {
-        self.spare
-            .pop()
-            .unwrap_or_else(|| (Vec::with_capacity(rows), Vec::with_capacity(rows)))
+    /// Empty vectors for the next batch: a settled batch's, or new ones.
+    pub fn buffers(&mut self, rows: usize) -> Vectors {
+        self.spare.pop().unwrap_or_else(|| Vectors {
+            messages: Vec::with_capacity(rows),
+            verdicts: Vec::with_capacity(rows),
+            deliveries: Vec::with_capacity(rows),
+        })
     }
 
     /// Takes back a settled batch's vectors.
     pub fn settled(&mut self, batch: RanBatch) {
-        let (mut messages, mut verdicts) = (batch.messages, batch.verdicts);
         if self.spare.len() < SPARE_BATCHES {
-            messages.clear();
-            verdicts.clear();
-            self.spare.push((messages, verdicts));
+            let mut vectors = Vectors {
+                messages: batch.messages,
+                verdicts: batch.verdicts,
+                deliveries: batch.deliveries,
+            };
+            vectors.messages.clear();
+            vectors.verdicts.clear();
+            vectors.deliveries.clear();
+            self.spare.push(vectors);
         }
     }
 
@@ -135,8 +151,8 @@ impl Hold {
 /// Rows of `batch` among `failed` (stream sequences whose state write
 /// failed, with why) come back.
 fn retry_failed(batch: &mut RanBatch, failed: &[(u64, String)]) {
-    for (message, verdict) in batch.messages.iter().zip(&mut batch.verdicts) {
-        let Some(sequence) = ack::info(message).map(|info| info.stream_sequence) else {
+    for (delivery, verdict) in batch.deliveries.iter().zip(&mut batch.verdicts) {
+        let Some(sequence) = delivery.map(|delivery| delivery.sequence) else {
             continue;
         };
         if let Some((_, reason)) = failed.iter().find(|(failed, _)| *failed == sequence) {

@@ -4,6 +4,8 @@
 //! for the plugins. A row that cannot be decoded is kept with why, to be
 //! dead-lettered. What comes after reads rows only from here.
 
+use std::time::SystemTime;
+
 use async_nats::Message;
 
 use crate::delivery::batch::{Batch, Position};
@@ -15,6 +17,32 @@ use crate::topology::route::{Names, Unit};
 /// Largest packed group a worker keeps between batches: more than a
 /// default batch of 256 rows of 256 bytes, far less than `batch_bytes`' cap.
 const KEPT_MAX_BYTES: usize = 256 << 10;
+
+/// A row's delivery, as its ack subject tells it: read once, here, for
+/// every stage after (the plan, the answers, a retried state write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Delivery {
+    /// Its sequence in its partition stream.
+    pub sequence: u64,
+    /// How many times it was delivered.
+    pub delivered: i64,
+    /// When the stream stored it.
+    pub created: SystemTime,
+    /// The rows left in the unit after it, as the server counted them.
+    pub pending: u64,
+}
+
+impl Delivery {
+    /// `None` for a message that is no JetStream delivery.
+    fn of(message: &Message) -> Option<Delivery> {
+        ack::info(message).map(|info| Delivery {
+            sequence: info.stream_sequence,
+            delivered: info.delivered,
+            created: info.created,
+            pending: info.pending,
+        })
+    }
+}
 
 /// The rows of one pipeline variant of a batch.
 pub(super) struct Group {
@@ -41,9 +69,11 @@ pub(super) struct Intake {
 
 impl Intake {
     /// An intake of `batch` whose vectors are `spare`'s (the last batch's,
-    /// emptied; a batch then costs no allocation of its rows' size).
+    /// emptied; a batch then costs no allocation of its rows' size), each
+    /// message's delivery put in `deliveries` (emptied first), in order.
     pub fn of(
         batch: &[Message],
+        deliveries: &mut Vec<Option<Delivery>>,
         router: &Names,
         generation: &Generation,
         unit: Unit,
@@ -52,8 +82,10 @@ impl Intake {
         spare.rows = batch.len();
         spare.used = 0;
         spare.undeliverable.clear();
-        for (index, message) in batch.iter().enumerate() {
-            let row = match decode(router, generation, unit, message) {
+        deliveries.clear();
+        deliveries.extend(batch.iter().map(Delivery::of));
+        for (index, (message, delivery)) in batch.iter().zip(deliveries.iter()).enumerate() {
+            let row = match decode(router, generation, unit, message, delivery.as_ref()) {
                 Ok(row) => row,
                 Err(reason) => {
                     spare.undeliverable.push((index, reason));
@@ -125,8 +157,9 @@ fn decode<'a>(
     generation: &Generation,
     unit: Unit,
     message: &'a Message,
+    delivery: Option<&Delivery>,
 ) -> Result<Decoded<'a>, String> {
-    let info = ack::info(message).ok_or("no delivery info: not a JetStream delivery")?;
+    let delivery = delivery.ok_or("no delivery info: not a JetStream delivery")?;
     let (tenant, table) = router
         .parse(message.subject.as_str())
         .map_err(|err| err.to_string())?;
@@ -138,8 +171,8 @@ fn decode<'a>(
         tenant,
         table,
         position: Position {
-            sequence: info.stream_sequence,
-            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            sequence: delivery.sequence,
+            attempt: u32::try_from(delivery.delivered).unwrap_or(u32::MAX),
         },
     })
 }

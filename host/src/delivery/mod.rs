@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! pull       Puller::next_until            → Vec<Message>
-//! intake     Intake::of(&[Message])        → Intake (decoded once, grouped, packed)
+//! intake     Intake::of(&[Message])        → Intake (decoded once, grouped, packed),
+//!                                            and each message's Delivery (its ack subject)
 //! dispatch   dispatch(&Intake)             → Vec<Verdict>, one per row
 //!              isolation::run(&Batch)      → Vec<RowVerdict>   (per group)
 //!                PipelineRunner::run_on    → Vec<Verdict>      (pipeline/)

@@ -27,7 +27,7 @@ use tracing::Instrument;
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::dispatch::dispatch;
-use crate::delivery::hold::{Hold, RanBatch};
+use crate::delivery::hold::{Hold, RanBatch, Vectors};
 use crate::delivery::intake::Intake;
 use crate::delivery::isolation::RowVerdict;
 use crate::delivery::pull::{PullSize, Puller};
@@ -35,7 +35,6 @@ use crate::delivery::runners::Runners;
 use crate::delivery::settle::{Settler, confirm_acks};
 use crate::delivery::shadow::Shadows;
 use crate::delivery::traced;
-use crate::delivery::verdict::Verdict;
 use crate::destination::Publisher;
 use crate::fence::Fenced;
 use crate::nats::ack;
@@ -147,6 +146,7 @@ impl UnitWorker {
         let settler = Settler::new(
             &js,
             router.clone(),
+            router.partition_stream(unit.partition),
             settings.clone(),
             metrics.clone(),
             UnitLabels {
@@ -213,11 +213,18 @@ impl UnitWorker {
                 Next::Fenced(rows) => return Ok(self.fenced(rows)),
             };
             let began = Instant::now();
-            let (mut batch, verdicts) = self.hold.buffers(self.settings.batch_rows);
-            fill_batch(&self.settings, first, &mut puller, &lease, &mut batch).await;
-            let rows = batch.len();
+            let mut vectors = self.hold.buffers(self.settings.batch_rows);
+            fill_batch(
+                &self.settings,
+                first,
+                &mut puller,
+                &lease,
+                &mut vectors.messages,
+            )
+            .await;
+            let rows = vectors.messages.len();
             let processed = self
-                .process(batch, verdicts, began, Some(&mut puller), &lease)
+                .process(vectors, began, Some(&mut puller), &lease)
                 .await;
             if let Err(Fenced) = processed {
                 return Ok(self.fenced(rows));
@@ -271,10 +278,11 @@ impl UnitWorker {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
             let rows = batch.len();
-            let (_, verdicts) = self.hold.buffers(rows);
-            let processed = self
-                .process(batch, verdicts, Instant::now(), None, lease)
-                .await;
+            let vectors = Vectors {
+                messages: batch,
+                ..self.hold.buffers(rows)
+            };
+            let processed = self.process(vectors, Instant::now(), None, lease).await;
             if let Err(Fenced) = processed {
                 return self.fenced(rows);
             }
@@ -304,22 +312,23 @@ impl UnitWorker {
         UnitEnd::Fenced
     }
 
-    /// Runs a batch through its pipelines, keeping its rows alive while it
-    /// runs, then settles every row (or holds the batch for its state).
-    /// `puller`: where rows received meanwhile are kept alive too (`None`:
-    /// released, no batch comes after this one to overlap its writes).
-    /// `began`: when its first row was pulled.
+    /// Runs a batch (the messages of `vectors`, its other vectors empty)
+    /// through its pipelines, keeping its rows alive while it runs, then
+    /// settles every row (or holds the batch for its state). `puller`:
+    /// where rows received meanwhile are kept alive too (`None`: released,
+    /// no batch comes after this one to overlap its writes). `began`: when
+    /// its first row was pulled.
     async fn process(
         &mut self,
-        batch: Vec<Message>,
-        verdicts: Vec<Verdict>,
+        vectors: Vectors,
         began: Instant,
         puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
-        let span = tracing::info_span!("batch", unit = %self.consumer, rows = batch.len());
+        let span =
+            tracing::info_span!("batch", unit = %self.consumer, rows = vectors.messages.len());
         let processed = self
-            .process_in_span(batch, verdicts, began, puller, lease)
+            .process_in_span(vectors, began, puller, lease)
             .instrument(span)
             .await;
         self.metrics
@@ -332,17 +341,28 @@ impl UnitWorker {
     /// last one's output.
     async fn process_in_span(
         &mut self,
-        batch: Vec<Message>,
-        verdicts: Vec<Verdict>,
+        vectors: Vectors,
         began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
     ) -> Result<(), Fenced> {
+        let Vectors {
+            messages: batch,
+            verdicts,
+            mut deliveries,
+        } = vectors;
         self.catch_up(&batch, puller.as_deref_mut(), lease).await?;
         self.before_batch(puller.as_deref_mut(), lease).await;
         let (number, stateful) = (self.batches_run, self.runners.is_stateful());
         let spare = std::mem::take(&mut self.intake_spare);
-        let intake = Intake::of(&batch, &self.router, &self.pipelines, self.unit, spare);
+        let intake = Intake::of(
+            &batch,
+            &mut deliveries,
+            &self.router,
+            &self.pipelines,
+            self.unit,
+            spare,
+        );
         let work = dispatch(
             &mut self.runners,
             &intake,
@@ -368,6 +388,7 @@ impl UnitWorker {
         let ran = RanBatch {
             messages: batch,
             verdicts: verdicts?,
+            deliveries,
             number,
             began,
             calls,
@@ -456,7 +477,13 @@ impl UnitWorker {
             .then(|| traced::traced_requests(&batch.messages, &batch.verdicts));
         let mut settled = self
             .settler
-            .settle(&batch.messages, &mut batch.verdicts, batch.stateful, lease)
+            .settle(
+                &batch.messages,
+                &batch.deliveries,
+                &mut batch.verdicts,
+                batch.stateful,
+                lease,
+            )
             .await;
         if let (Some(traced), false) = (traced, settled.fenced) {
             let took = batch.began.elapsed();

@@ -13,16 +13,15 @@ use async_nats::jetstream::{self, AckKind};
 use async_nats::{Client, Message};
 use tokio::time::Instant;
 
-use super::plan::{
-    AckReply, Delivery, Fate, Late, Named, OrderWatch, RowAnswer, SettlementPlan, WhileHeld,
-};
+use super::plan::{AckReply, Fate, Late, Named, OrderWatch, RowAnswer, SettlementPlan, WhileHeld};
 use super::summary::Summary;
 use crate::config::DeliveryConfig;
 use crate::delivery::dlq::{DeadLetter, DeadLetters};
+use crate::delivery::intake::Delivery;
 use crate::delivery::recycle;
 use crate::delivery::verdict::Verdict;
 use crate::fence::{Fence, Fenced};
-use crate::nats::ack::{self, AckInfo};
+use crate::nats::ack;
 use crate::sandbox::Plugin;
 use crate::telemetry::{DeadLetterLabels, Metrics, UnitLabels};
 use crate::topology::route::Names;
@@ -33,6 +32,8 @@ pub(in crate::delivery) struct Settler {
     /// Answers every row's ack subject: one handle for all rows.
     client: Client,
     router: Names,
+    /// The unit's partition stream, named in its dead letters.
+    stream: String,
     settings: DeliveryConfig,
     dead_letters: DeadLetters,
     metrics: Metrics,
@@ -72,8 +73,6 @@ impl Settled {
 /// borrow a batch's messages and plan).
 #[derive(Default)]
 struct SettleSpare {
-    infos: Vec<Option<AckInfo<'static>>>,
-    deliveries: Vec<Delivery>,
     fates: Vec<Fate<Arc<Plugin>>>,
     answers: Vec<RowAnswer<'static>>,
 }
@@ -82,6 +81,7 @@ impl Settler {
     pub(in crate::delivery) fn new(
         js: &jetstream::Context,
         router: Names,
+        stream: String,
         settings: DeliveryConfig,
         metrics: Metrics,
         unit_labels: UnitLabels,
@@ -91,6 +91,7 @@ impl Settler {
             client: js.client(),
             dead_letters: DeadLetters::new(js.clone(), router.clone()),
             router,
+            stream,
             settings,
             metrics,
             unit_labels,
@@ -117,7 +118,8 @@ impl Settler {
         self.summary.flush(&self.unit_labels.unit, false);
     }
 
-    /// Acks, naks or dead-letters each row. Dead letters are stored before
+    /// Acks, naks or dead-letters each row (`deliveries`: each one's, as
+    /// the intake read it). Dead letters are stored before
     /// their rows are acked; a row whose letter was not stored is retried.
     /// Nothing is stored or answered once `lease` no longer holds: the rows
     /// left are the next owner's. `record_acked`: the acked rows' sequences
@@ -125,6 +127,7 @@ impl Settler {
     pub(in crate::delivery) async fn settle(
         &mut self,
         batch: &[Message],
+        deliveries: &[Option<Delivery>],
         verdicts: &mut Vec<Verdict>,
         record_acked: bool,
         lease: &dyn Fence,
@@ -137,42 +140,31 @@ impl Settler {
         }
         // Each per-row vector is the last batch's, reused.
         let spare = std::mem::take(&mut self.spare);
-        // One read of each row's ack subject: its deliveries, and its order.
-        let mut infos: Vec<Option<AckInfo<'_>>> = recycle(spare.infos);
-        infos.extend(batch.iter().map(ack::info));
-        let mut deliveries = spare.deliveries;
-        deliveries.clear();
-        deliveries.extend(infos.iter().map(|info| Delivery {
-            sequence: info.as_ref().map(|info| info.stream_sequence),
-            delivered: info.as_ref().map_or(1, |info| info.delivered),
-        }));
         let plan = SettlementPlan::new_in(
             spare.fates,
             verdicts.drain(..).map(Fate::from),
-            &deliveries,
+            deliveries,
             self.settings.max_deliveries,
             &mut self.order,
         );
         self.count_late(&plan.late);
-        let stored = self.store_letters(&plan, batch, &infos, &deliveries).await;
+        let stored = self.store_letters(&plan, batch, deliveries).await;
         let mut answers = recycle(spare.answers);
         plan.answers_into(&stored, self.settings.failure_delay, &mut answers);
         let settled = self
-            .answer_all(batch, &infos, &mut answers, record_acked, lease)
+            .answer_all(batch, deliveries, &mut answers, record_acked, lease)
             .await;
         // The server says with every delivery how many rows are left after
         // it: the unit's backlog, without asking for the consumer's info.
-        if let Some(Some(info)) = infos.last() {
+        if let Some(Some(last)) = deliveries.last() {
             self.metrics
                 .unit_pending_rows
                 .get_or_create(&self.unit_labels)
-                .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
+                .set(i64::try_from(last.pending).unwrap_or(i64::MAX));
         }
         self.summary.flush(&self.unit_labels.unit, false);
         self.spare = SettleSpare {
             answers: recycle(answers),
-            infos: recycle(infos),
-            deliveries,
             fates: recycle(plan.rows),
         };
         settled
@@ -202,11 +194,10 @@ impl Settler {
         &self,
         plan: &SettlementPlan<P>,
         batch: &[Message],
-        infos: &[Option<AckInfo<'_>>],
-        deliveries: &[Delivery],
+        deliveries: &[Option<Delivery>],
     ) -> Vec<bool> {
         let letters = plan.letters().map(|(index, plugin, reason)| {
-            let (message, info) = (&batch[index], infos[index].as_ref());
+            let (message, delivery) = (&batch[index], deliveries[index].as_ref());
             let (tenant, table) = self
                 .router
                 .parse(message.subject.as_str())
@@ -216,9 +207,9 @@ impl Settler {
                 table,
                 reason,
                 plugin: plugin.map(|p| (p.name(), p.version())),
-                deliveries: deliveries[index].delivered,
-                stream: info.map_or("", |info| info.stream),
-                sequence: info.map_or(0, |info| info.stream_sequence),
+                deliveries: delivery.map_or(1, |delivery| delivery.delivered),
+                stream: if delivery.is_some() { &self.stream } else { "" },
+                sequence: delivery.map_or(0, |delivery| delivery.sequence),
                 payload: message.payload.clone(),
                 original_headers: message.headers.as_ref(),
             }
@@ -244,7 +235,7 @@ impl Settler {
     async fn answer_all(
         &mut self,
         batch: &[Message],
-        infos: &[Option<AckInfo<'_>>],
+        deliveries: &[Option<Delivery>],
         answers: &mut Vec<RowAnswer<'_>>,
         record_acked: bool,
         lease: &dyn Fence,
@@ -252,16 +243,16 @@ impl Settler {
         let mut settled = Settled::default();
         let mut last_acked = None;
         let answers = answers.drain(..);
-        let mut rows = WhileHeld::new(batch.iter().zip(infos).zip(answers), || lease.held());
-        for ((message, info), answer) in rows.by_ref() {
+        let mut rows = WhileHeld::new(batch.iter().zip(deliveries).zip(answers), || lease.held());
+        for ((message, delivery), answer) in rows.by_ref() {
             let acked = answer.acks();
-            if !acked && let Some(info) = info {
-                self.order.handed_back(info.stream_sequence);
+            if !acked && let Some(delivery) = delivery {
+                self.order.handed_back(delivery.sequence);
             }
             if answer == RowAnswer::Delivered {
                 settled.delivered += 1;
             }
-            self.count(message, info.as_ref(), &answer);
+            self.count(message, delivery.as_ref(), &answer);
             let kind = match answer.reply() {
                 AckReply::Ack => AckKind::Ack,
                 AckReply::Nak(delay) => AckKind::Nak(Some(delay)),
@@ -269,13 +260,13 @@ impl Settler {
             match self.answer(message, kind).await {
                 Ok(()) if acked => {
                     last_acked = Some(message);
-                    if let Some(info) = info {
+                    if let Some(delivery) = delivery {
                         if record_acked {
-                            settled.acked.push(info.stream_sequence);
+                            settled.acked.push(delivery.sequence);
                         }
                         // A server clock ahead of this host's counts as 0.
                         let waited = SystemTime::now()
-                            .duration_since(info.created)
+                            .duration_since(delivery.created)
                             .unwrap_or_default();
                         self.metrics.accept_to_ack.observe(waited.as_secs_f64());
                     }
@@ -292,7 +283,7 @@ impl Settler {
     }
 
     /// Counts a row's answer (before it is sent) and logs it at DEBUG.
-    fn count(&mut self, message: &Message, info: Option<&AckInfo<'_>>, answer: &RowAnswer<'_>) {
+    fn count(&mut self, message: &Message, delivery: Option<&Delivery>, answer: &RowAnswer<'_>) {
         match *answer {
             RowAnswer::Delivered => {
                 self.metrics.rows_delivered.inc();
@@ -307,7 +298,7 @@ impl Settler {
                 plugin,
                 reason,
                 cause,
-            } => self.dead_lettered(message, info, plugin, reason, cause.label()),
+            } => self.dead_lettered(message, delivery, plugin, reason, cause.label()),
             RowAnswer::Retried {
                 delay,
                 plugin,
@@ -319,7 +310,7 @@ impl Settler {
                     tenant = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(t, _)| t),
                     table = %self.router.parse(message.subject.as_str()).map_or(Cow::Borrowed(""), |(_, t)| t),
                     unit = %self.unit_labels.unit,
-                    sequence = info.map_or(0, |info| info.stream_sequence),
+                    sequence = delivery.map_or(0, |delivery| delivery.sequence),
                     plugin = plugin.unwrap_or(""),
                     %reason,
                     ?delay,
@@ -333,7 +324,7 @@ impl Settler {
     fn dead_lettered(
         &mut self,
         message: &Message,
-        info: Option<&AckInfo<'_>>,
+        delivery: Option<&Delivery>,
         plugin: Option<&str>,
         reason: &str,
         cause: &'static str,
@@ -356,7 +347,7 @@ impl Settler {
             tenant = parsed.as_ref().map_or("", |(tenant, _)| tenant.as_ref()),
             table = parsed.as_ref().map_or("", |(_, table)| table.as_ref()),
             unit = %self.unit_labels.unit,
-            sequence = info.map_or(0, |info| info.stream_sequence),
+            sequence = delivery.map_or(0, |delivery| delivery.sequence),
             plugin = plugin.unwrap_or(""),
             reason,
             cause,

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::delivery::intake::Delivery;
 use crate::delivery::verdict::Verdict;
 use crate::fence::Fenced;
 use crate::sandbox::Plugin;
@@ -28,15 +29,6 @@ impl Named for Arc<Plugin> {
     fn version(&self) -> &str {
         &self.version
     }
-}
-
-/// A row's delivery, as its ack subject tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivery {
-    /// Its stream sequence; `None` for a message that is no JetStream delivery.
-    pub sequence: Option<u64>,
-    /// How many times it was delivered (1 when unknown).
-    pub delivered: i64,
 }
 
 /// Why a row is dead-lettered: the `cause` label of its metric.
@@ -133,7 +125,7 @@ impl<P: Named> SettlementPlan<P> {
     #[cfg(test)]
     pub fn new<V: Into<Fate<P>>>(
         verdicts: impl IntoIterator<Item = V>,
-        deliveries: &[Delivery],
+        deliveries: &[Option<Delivery>],
         max_deliveries: u32,
         order: &mut OrderWatch,
     ) -> SettlementPlan<P> {
@@ -145,20 +137,17 @@ impl<P: Named> SettlementPlan<P> {
     pub fn new_in<V: Into<Fate<P>>>(
         mut rows: Vec<Fate<P>>,
         verdicts: impl IntoIterator<Item = V>,
-        deliveries: &[Delivery],
+        deliveries: &[Option<Delivery>],
         max_deliveries: u32,
         order: &mut OrderWatch,
     ) -> SettlementPlan<P> {
         let mut late = Late::default();
-        for delivery in deliveries {
-            let Some(sequence) = delivery.sequence else {
-                continue;
-            };
+        for delivery in deliveries.iter().flatten() {
             let highest = order.highest;
-            if order.received(sequence, delivery.delivered) {
+            if order.received(delivery.sequence, delivery.delivered) {
                 late.rows += 1;
                 late.first
-                    .get_or_insert((sequence, delivery.delivered, highest));
+                    .get_or_insert((delivery.sequence, delivery.delivered, highest));
             }
         }
         rows.clear();
@@ -167,7 +156,9 @@ impl<P: Named> SettlementPlan<P> {
                 .into_iter()
                 .zip(deliveries)
                 .map(|(verdict, delivery)| {
-                    give_up(verdict.into(), delivery.delivered, max_deliveries)
+                    // A message that is no JetStream delivery counts as a first.
+                    let delivered = delivery.map_or(1, |delivery| delivery.delivered);
+                    give_up(verdict.into(), delivered, max_deliveries)
                 }),
         );
         SettlementPlan { rows, late }
@@ -395,17 +386,19 @@ mod tests {
         }
     }
 
-    fn delivery(sequence: u64, delivered: i64) -> Delivery {
-        Delivery {
-            sequence: Some(sequence),
+    fn delivery(sequence: u64, delivered: i64) -> Option<Delivery> {
+        Some(Delivery {
+            sequence,
             delivered,
-        }
+            created: std::time::SystemTime::UNIX_EPOCH,
+            pending: 0,
+        })
     }
 
     /// Rows 1, 2, … delivered as often as `delivered` says, planned with a
     /// fresh order watch.
     fn plan<P: Named, V: Into<Fate<P>>>(verdicts: Vec<V>, delivered: &[i64]) -> SettlementPlan<P> {
-        let deliveries: Vec<Delivery> = (1..)
+        let deliveries: Vec<Option<Delivery>> = (1..)
             .zip(delivered)
             .map(|(sequence, &delivered)| delivery(sequence, delivered))
             .collect();
@@ -709,10 +702,7 @@ mod tests {
         );
         assert_eq!(first.late, Late::default());
         order.handed_back(11);
-        let no_info = Delivery {
-            sequence: None,
-            delivered: 1,
-        };
+        let no_info = None;
         let second: SettlementPlan<TestPlugin> = SettlementPlan::new(
             vec![Fate::Ack, Fate::Ack, Fate::Ack, Fate::Ack, Fate::Ack],
             &[
