@@ -12,16 +12,53 @@ use crate::delivery::intake::{Group, Intake};
 use crate::delivery::isolation::{self, RowVerdict};
 use crate::delivery::pipeline::StepFailure;
 use crate::delivery::runners::Runners;
+use crate::delivery::traced::CallRecord;
 use crate::delivery::verdict::Verdict;
 use crate::fence::{Fence, Fenced};
 use crate::reload::canary::Tally;
 use crate::reload::generation::Generation;
 use crate::sandbox::FailureKind;
+use crate::state::landing::Landing;
 
-/// Runs every group of `intake` through its runner: one verdict per row
-/// of the batch, in batch order, in `verdicts` (an emptied vector kept
-/// from an earlier batch; `results` likewise, for isolation's results).
+/// What a batch's run leaves for its settlement.
+pub(super) struct Ran {
+    /// One per row of the batch, in batch order.
+    pub verdicts: Vec<Verdict>,
+    /// Its plugin calls on rows of traced requests.
+    pub calls: Vec<CallRecord>,
+    /// Its state writes on their way: its rows are answered once they landed.
+    pub landing: Landing,
+    /// Whether a pipeline of it keeps state (its acks are recorded).
+    pub stateful: bool,
+}
+
+/// Runs every group of `intake` through its runner (recording its calls
+/// if `traced`): one verdict per row of the batch, in batch order, in
+/// `verdicts` (an emptied vector kept from an earlier batch; `results`
+/// likewise, for isolation's results).
 pub(super) async fn dispatch(
+    runners: &mut Runners,
+    intake: &Intake,
+    generation: &Generation,
+    lease: &dyn Fence,
+    traced: bool,
+    verdicts: Vec<Verdict>,
+    results: &mut Vec<RowVerdict>,
+) -> Result<Ran, Fenced> {
+    runners.begin_batch(traced);
+    let stateful = runners.is_stateful();
+    let verdicts = run_groups(runners, intake, generation, lease, verdicts, results).await;
+    // Taken whatever the outcome: a later batch's spans show only its own.
+    let (calls, landing) = runners.end_batch();
+    Ok(Ran {
+        verdicts: verdicts?,
+        calls,
+        landing,
+        stateful,
+    })
+}
+
+async fn run_groups(
     runners: &mut Runners,
     intake: &Intake,
     generation: &Generation,

@@ -1,32 +1,25 @@
 //! Batches between their run and their settlement. A batch whose state
-//! writes are on their way is held here, unanswered, while the next batch
-//! runs (its writes travel meanwhile); it comes out once they landed, its
-//! rows whose write failed turned into retries (and so are those of the
-//! batch run since, whose calls saw the same scopes). Batches come out in
-//! the order they ran: a unit's rows are answered in order.
+//! writes are on their way (its run's [`Landing`](crate::state::landing::Landing)) is held here,
+//! unanswered, while the next batch runs (its writes travel meanwhile); it
+//! comes out once they landed, its rows whose write failed turned into
+//! retries. Batches come out in the order they ran: a unit's rows are
+//! answered in order.
 
 use async_nats::Message;
 use tokio::time::Instant;
 
+use crate::delivery::dispatch::Ran;
 use crate::delivery::intake::Delivery;
-use crate::delivery::runners::Runners;
-use crate::delivery::traced::CallRecord;
 use crate::delivery::verdict::Verdict;
 
-/// A batch that ran: its messages, one verdict and one delivery each, and
-/// what its settlement needs of the run.
+/// A batch that ran: its messages, one delivery each, and what its run
+/// left for its settlement.
 pub(super) struct RanBatch {
     pub messages: Vec<Message>,
-    pub verdicts: Vec<Verdict>,
     /// Each message's delivery, as the intake read it.
     pub deliveries: Vec<Option<Delivery>>,
-    /// The number that tags its state writes.
-    pub number: u64,
+    pub ran: Ran,
     pub began: Instant,
-    /// Its plugin calls on rows of traced requests.
-    pub calls: Vec<CallRecord>,
-    /// Whether a pipeline of it keeps state (its acks are recorded).
-    pub stateful: bool,
 }
 
 /// The batches ready to settle, in order: the one held before, if its
@@ -56,9 +49,6 @@ pub(super) struct Vectors {
 pub(super) struct Hold {
     held: Option<RanBatch>,
     spare: Vec<Vectors>,
-    /// Rows whose state write failed (stream sequences, with why), kept
-    /// for the next landing.
-    failed: Vec<(u64, String)>,
 }
 
 /// Settled batches' vectors kept: one running, one held.
@@ -79,7 +69,7 @@ impl Hold {
         if self.spare.len() < SPARE_BATCHES {
             let mut vectors = Vectors {
                 messages: batch.messages,
-                verdicts: batch.verdicts,
+                verdicts: batch.ran.verdicts,
                 deliveries: batch.deliveries,
             };
             vectors.messages.clear();
@@ -102,56 +92,38 @@ impl Hold {
     /// out once its writes landed; `ran` is held in turn if its own writes
     /// are on their way and `overlap` (a next batch may run meanwhile),
     /// else its writes are waited for here.
-    pub async fn ran(&mut self, mut ran: RanBatch, runners: &mut Runners, overlap: bool) -> Landed {
+    pub async fn ran(&mut self, mut ran: RanBatch, overlap: bool) -> Landed {
         let earlier = match self.held.take() {
-            Some(mut held) => {
-                self.land(runners, &mut held, Some(&mut ran)).await;
-                Some(held)
-            }
+            Some(held) => Some(land(held).await),
             None => None,
         };
-        if runners.state_pending(ran.number) {
+        if !ran.ran.landing.is_empty() {
             if overlap {
                 self.held = Some(ran);
                 return Landed([earlier, None]);
             }
-            self.land(runners, &mut ran, None).await;
+            ran = land(ran).await;
         }
         Landed([earlier, Some(ran)])
     }
 
     /// The batch held, once its writes landed: before the worker waits for
     /// rows, or runs a batch on another generation.
-    pub async fn release(&mut self, runners: &mut Runners) -> Option<RanBatch> {
-        let mut held = self.held.take()?;
-        self.land(runners, &mut held, None).await;
-        Some(held)
-    }
-
-    /// Waits for the writes of `batch` and before; a row whose write failed
-    /// comes back, in `batch` or in `after` (run since).
-    async fn land(
-        &mut self,
-        runners: &mut Runners,
-        batch: &mut RanBatch,
-        after: Option<&mut RanBatch>,
-    ) {
-        runners.land_state(batch.number, &mut self.failed).await;
-        if self.failed.is_empty() {
-            return;
-        }
-        retry_failed(batch, &self.failed);
-        if let Some(after) = after {
-            retry_failed(after, &self.failed);
-        }
-        self.failed.clear();
+    pub async fn release(&mut self) -> Option<RanBatch> {
+        Some(land(self.held.take()?).await)
     }
 }
 
-/// Rows of `batch` among `failed` (stream sequences whose state write
-/// failed, with why) come back.
-fn retry_failed(batch: &mut RanBatch, failed: &[(u64, String)]) {
-    for (delivery, verdict) in batch.deliveries.iter().zip(&mut batch.verdicts) {
+/// `batch` once its state writes landed: a row whose write failed comes
+/// back. (A row of a later batch run on a scope whose write failed is
+/// sent back by that batch's own commit.)
+async fn land(mut batch: RanBatch) -> RanBatch {
+    let failed = std::mem::take(&mut batch.ran.landing).landed().await;
+    if failed.is_empty() {
+        return batch;
+    }
+    let verdicts = batch.deliveries.iter().zip(&mut batch.ran.verdicts);
+    for (delivery, verdict) in verdicts {
         let Some(sequence) = delivery.map(|delivery| delivery.sequence) else {
             continue;
         };
@@ -159,4 +131,5 @@ fn retry_failed(batch: &mut RanBatch, failed: &[(u64, String)]) {
             verdict.retry_for_state(reason.clone());
         }
     }
+    batch
 }

@@ -5,10 +5,10 @@
 //! pull       Puller::next_until            → Vec<Message>
 //! intake     Intake::of(&[Message])        → Intake (decoded once, grouped, packed),
 //!                                            and each message's Delivery (its ack subject)
-//! dispatch   dispatch(&Intake)             → Vec<Verdict>, one per row
+//! dispatch   dispatch(&Intake)             → Ran (a verdict per row, calls, state Landing)
 //!              isolation::run(&Batch)      → Vec<RowVerdict>   (per group)
 //!                PipelineRunner::run_on    → Vec<Verdict>      (pipeline/)
-//! hold       Hold::ran(RanBatch)           → Landed (state writes landed)
+//! hold       Hold::ran(RanBatch)           → Landed (its Landing landed)
 //! settle     Settler::settle(..)           → Settled (settle/)
 //! ```
 //!

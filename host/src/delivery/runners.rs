@@ -1,14 +1,15 @@
 //! A unit worker's pipeline runners, one per pipeline variant of the
 //! generation it runs, built here and nowhere else (a lane of isolation is
 //! made from its runner, `PipelineRunner::lane`). What the worker asks of
-//! them all at once is asked here: whether any keeps state, the batch
-//! number its state writes carry, their landing, the ack floor.
+//! them all at once is asked here: whether any keeps state, what a batch
+//! leaves on its way (its recorded calls, its state writes), the ack floor.
 
 use crate::delivery::pipeline::PipelineRunner;
 use crate::delivery::shadow::Shadows;
 use crate::delivery::traced::CallRecord;
 use crate::destination::Publisher;
 use crate::reload::generation::Generation;
+use crate::state::landing::Landing;
 use crate::state::store::UnitState;
 
 /// Every variant's runner (`None`: a variant whose plugins are not loaded).
@@ -73,35 +74,23 @@ impl Runners {
         self.each().any(PipelineRunner::remembers_applied)
     }
 
-    /// Before batch `number` runs: its state writes carry the number, and
-    /// each runner records its calls if `traced`.
-    pub fn begin_batch(&mut self, number: u64, traced: bool) {
-        for runner in self.each_mut() {
-            if traced {
-                runner.record_calls();
-            }
-            runner.set_batch(number);
+    /// Before a batch runs: each runner records its calls if `traced`.
+    pub fn begin_batch(&mut self, traced: bool) {
+        if traced {
+            self.each_mut().for_each(PipelineRunner::record_calls);
         }
     }
 
-    /// The calls recorded since the last take.
-    pub fn take_calls(&mut self) -> Vec<CallRecord> {
-        self.each_mut()
-            .flat_map(PipelineRunner::take_calls)
-            .collect()
-    }
-
-    /// Whether a state write of batch `number` is still on its way.
-    pub fn state_pending(&self, number: u64) -> bool {
-        self.each().any(|runner| runner.state_pending(number))
-    }
-
-    /// Waits for the state writes of batch `number` and before; the rows
-    /// whose write failed are added to `failed` (sequence, why).
-    pub async fn land_state(&mut self, number: u64, failed: &mut Vec<(u64, String)>) {
+    /// After a batch ran: the calls it recorded, and its state writes on
+    /// their way (its rows are answered once they landed).
+    pub fn end_batch(&mut self) -> (Vec<CallRecord>, Landing) {
+        let mut landing = Landing::default();
+        let mut calls = Vec::new();
         for runner in self.each_mut() {
-            runner.land_state(number, failed).await;
+            calls.extend(runner.take_calls());
+            landing.join(runner.take_landing());
         }
+        (calls, landing)
     }
 
     pub fn set_ack_floor(&mut self, floor: u64) {

@@ -95,8 +95,6 @@ pub struct UnitWorker {
     /// for the next.
     intake_spare: Intake,
     results: Vec<RowVerdict>,
-    /// Batches run so far: the number that tags a batch's state writes.
-    batches_run: u64,
 }
 
 /// What comes before the next batch.
@@ -177,7 +175,6 @@ impl UnitWorker {
             shadows,
             intake_spare: Intake::default(),
             results: Vec::new(),
-            batches_run: 0,
         }
     }
 
@@ -353,7 +350,6 @@ impl UnitWorker {
         } = vectors;
         self.catch_up(&batch, puller.as_deref_mut(), lease).await?;
         self.before_batch(puller.as_deref_mut(), lease).await;
-        let (number, stateful) = (self.batches_run, self.runners.is_stateful());
         let spare = std::mem::take(&mut self.intake_spare);
         let intake = Intake::of(
             &batch,
@@ -368,12 +364,13 @@ impl UnitWorker {
             &intake,
             &self.pipelines,
             lease,
+            self.traces.enabled(),
             verdicts,
             &mut self.results,
         );
         let rows = [batch.as_slice(), self.hold.held_rows()];
         let ack_wait = self.settings.ack_wait;
-        let verdicts = keep_alive(
+        let ran = keep_alive(
             rows,
             &self.client,
             puller.as_deref_mut(),
@@ -383,19 +380,14 @@ impl UnitWorker {
         )
         .await;
         self.intake_spare = intake.spare();
-        // Taken whatever the outcome: a later batch's spans show only its own.
-        let calls = self.runners.take_calls();
         let ran = RanBatch {
             messages: batch,
-            verdicts: verdicts?,
             deliveries,
-            number,
+            ran: ran?,
             began,
-            calls,
-            stateful,
         };
         let overlap = puller.is_some();
-        for landed in self.hold.ran(ran, &mut self.runners, overlap).await {
+        for landed in self.hold.ran(ran, overlap).await {
             self.settle(landed, lease).await?;
         }
         Ok(())
@@ -455,14 +447,11 @@ impl UnitWorker {
                 .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
         }
-        self.batches_run += 1;
-        self.runners
-            .begin_batch(self.batches_run, self.traces.enabled());
     }
 
     /// The batch held for its state writes, settled once they landed.
     async fn settle_held(&mut self, lease: &Lease) -> Result<(), Fenced> {
-        match self.hold.release(&mut self.runners).await {
+        match self.hold.release().await {
             Some(held) => self.settle(held, lease).await,
             None => Ok(()),
         }
@@ -474,20 +463,20 @@ impl UnitWorker {
         let traced = self
             .traces
             .enabled()
-            .then(|| traced::traced_requests(&batch.messages, &batch.verdicts));
+            .then(|| traced::traced_requests(&batch.messages, &batch.ran.verdicts));
         let mut settled = self
             .settler
             .settle(
                 &batch.messages,
                 &batch.deliveries,
-                &mut batch.verdicts,
-                batch.stateful,
+                &mut batch.ran.verdicts,
+                batch.ran.stateful,
                 lease,
             )
             .await;
         if let (Some(traced), false) = (traced, settled.fenced) {
             let took = batch.began.elapsed();
-            traced::record(&self.traces, &self.consumer, took, traced, &batch.calls);
+            traced::record(&self.traces, &self.consumer, took, traced, &batch.ran.calls);
         }
         self.applied.answered(&mut settled.acked);
         if settled.last_ack.is_some() {

@@ -4,7 +4,8 @@
 //! acks. A scope's value, its encoding and limits (`scope`), the
 //! overlays a call reads and writes through (`batch`), the store behind
 //! them, the state bucket or memory (`store`), the stateful step that
-//! wraps the granted plugin's call (`step`) and the pruning of the rows
+//! wraps the granted plugin's call (`step`), a batch's writes on their way
+//! as its settlement waits for them (`landing`) and the pruning of the rows
 //! that cannot come back (`prune`).
 
 //!
@@ -12,6 +13,7 @@
 //! scope's key in the bucket (`scope_key`).
 
 pub(crate) mod batch;
+pub(crate) mod landing;
 pub(crate) mod prune;
 pub(crate) mod scope;
 pub(crate) mod step;

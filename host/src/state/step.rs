@@ -15,9 +15,10 @@ use tokio::task::JoinHandle;
 
 use crate::fence::{Fence, Fenced};
 use crate::state::batch::BatchState;
+use crate::state::landing::{self, Landing};
 use crate::state::scope::{Changes, Limits, Overlay, Settled};
 use crate::state::store::{ScopeStore, StoreError, Stored, UnitState, Write, scope_key};
-use crate::telemetry::{Metrics, PluginLabels, StateWriteLabels};
+use crate::telemetry::{Metrics, PluginLabels};
 use crate::topology::route::Unit;
 
 /// How soon rows come back when their state could not be read or written.
@@ -66,26 +67,21 @@ pub struct StateStep {
     /// The call's overlays, named by their keys, for the write.
     runs: Vec<ScopeRun>,
     /// Whether a commit returns before its writes landed (the unit
-    /// worker's, which answers their rows after [`StateStep::land`]).
+    /// worker's, which answers their rows once the batch's [`Landing`]
+    /// landed).
     overlap: bool,
-    /// The number the worker gave the batch running: its writes' tag.
-    batch: u64,
     /// Writes sent and not yet answered, all from one commit: the next
-    /// commit waits for them (its compare-and-set needs their revisions)
-    /// and the worker answers their rows only once they landed, so a
-    /// batch's writes travel while the next batch runs.
+    /// commit waits for them (its compare-and-set needs their revisions),
+    /// so a batch's writes travel while the next batch runs.
     in_flight: Vec<InFlight>,
-    /// Rows to come back because their scope's write failed after they
-    /// ran, by stream sequence (the worker answers them as retries).
-    failed: Vec<(u64, String)>,
+    /// The same writes' outcomes, for whoever answers their rows
+    /// ([`StateStep::take_landing`]).
+    landing: Landing,
 }
 
-/// One scope's write on its way, and the rows it settles.
+/// One scope's write on its way.
 struct InFlight {
     key: String,
-    /// The worker's number of the batch it settles.
-    batch: u64,
-    sequences: Vec<u64>,
     write: Write,
     landed: JoinHandle<Result<u64, StoreError>>,
 }
@@ -121,44 +117,26 @@ impl StateStep {
             given: Vec::new(),
             runs: Vec::new(),
             overlap: false,
-            batch: 0,
             in_flight: Vec::new(),
-            failed: Vec::new(),
+            landing: Landing::default(),
         }
     }
 
     /// Commits return with their writes on their way; their rows are to
-    /// be answered after [`StateStep::land`].
+    /// be answered once the batch's [`Landing`] landed.
     pub fn overlap_writes(&mut self) {
         self.overlap = true;
     }
 
-    /// The worker's number of the batch about to run: its writes' tag.
-    pub fn set_batch(&mut self, batch: u64) {
-        self.batch = batch;
-    }
-
-    /// Whether writes of batch `batch` or before are still on their way.
-    pub fn writes_pending(&self, batch: u64) -> bool {
-        self.in_flight.iter().any(|write| write.batch <= batch)
-    }
-
-    /// Waits for the writes of batch `batch` and before; a write that
-    /// failed sends its rows back ([`StateStep::take_failed`]).
-    pub async fn land(&mut self, batch: u64) {
-        if self.writes_pending(batch) {
-            self.land_all().await;
-        }
-    }
-
-    /// Rows whose scope's write failed after they ran (stream sequences,
-    /// with why): they come back.
-    pub fn take_failed(&mut self, into: &mut Vec<(u64, String)>) {
-        into.append(&mut self.failed);
+    /// The writes sent by the last commit (overlapped), to be waited for
+    /// before their rows are answered: a failed one sends its rows back.
+    pub fn take_landing(&mut self) -> Landing {
+        std::mem::take(&mut self.landing)
     }
 
     /// Waits for every write on its way; the keys whose write failed, with
     /// why (their scopes left the cache: read again before the next run).
+    /// Their rows come back through their batch's [`Landing`].
     async fn land_all(&mut self) -> Vec<(String, String)> {
         let mut failed_keys = Vec::new();
         for flight in std::mem::take(&mut self.in_flight) {
@@ -170,12 +148,6 @@ impl StateStep {
                 }),
             };
             if let Some(reason) = self.landed(&flight.key, &flight.write, landed) {
-                self.failed.extend(
-                    flight
-                        .sequences
-                        .iter()
-                        .map(|&sequence| (sequence, reason.clone())),
-                );
                 failed_keys.push((flight.key, reason));
             }
         }
@@ -361,11 +333,11 @@ impl StateStep {
 
     /// Sends the write of each scope the call wrote whose rows are all
     /// settled (`ends`, per input row); the rows are answered only once it
-    /// landed ([`StateStep::land`]), and meanwhile the next batch runs on
-    /// the scope as written. A scope with a row to retry keeps its old
-    /// state and all its rows come back. First the writes of the last
+    /// landed ([`StateStep::take_landing`]), and meanwhile the next batch
+    /// runs on the scope as written. A scope with a row to retry keeps its
+    /// old state and all its rows come back. First the writes of the last
     /// commit land: a scope whose write failed comes back with all its
-    /// rows, the last commit's ([`StateStep::take_failed`]) and this one's,
+    /// rows, the last commit's (through its landing) and this one's,
     /// which ran on what was never stored. Nothing is written once `lease`
     /// no longer holds. A write someone else made since this runner read
     /// the scope (a host that owned the unit before, woken past its lease)
@@ -417,7 +389,7 @@ impl StateStep {
         if !self.overlap {
             let failed = self.land_all().await;
             // This run's own rows: answered by the retries returned.
-            self.failed.clear();
+            self.landing = Landing::default();
             self.retry_rows_of(&failed, &mut retries);
         }
         Ok(retries)
@@ -438,14 +410,14 @@ impl StateStep {
         let stored = self.cache.entry(key.clone()).or_default();
         let write = self.store.prepare(stored, changes);
         let (store, sent_key, sent) = (self.store.clone(), key.clone(), write.clone());
-        let landed = tokio::spawn(async move { store.send(&sent_key, &sent).await });
-        self.in_flight.push(InFlight {
-            key,
-            batch: self.batch,
-            sequences,
-            write,
-            landed,
+        let outcome = self.landing.add(&key, &self.plugin, sequences);
+        let (plugin, writes) = (self.plugin.clone(), self.metrics.state_writes.clone());
+        let landed = tokio::spawn(async move {
+            let landed = store.send(&sent_key, &sent).await;
+            landing::tell(outcome, &writes, &plugin, &landed);
+            landed
         });
+        self.in_flight.push(InFlight { key, write, landed });
     }
 
     /// One scope's write answered: why its rows come back if it failed
@@ -456,33 +428,18 @@ impl StateStep {
         write: &Write,
         landed: Result<u64, StoreError>,
     ) -> Option<String> {
-        let result = match &landed {
-            Ok(_) => "stored",
-            Err(StoreError::Fenced { .. }) => "conflict",
-            Err(StoreError::Purged { .. }) => "purged",
-            Err(_) => "failed",
-        };
-        let labels = StateWriteLabels {
-            plugin: self.plugin.clone(),
-            result,
-        };
-        self.metrics.state_writes.get_or_create(&labels).inc();
-        let reason = match landed {
+        let reason = landing::failure(&self.plugin, &landed);
+        match landed {
             Ok(revision) => {
                 if let Some(stored) = self.cache.get_mut(key) {
                     stored.landed(write, revision);
                 }
-                return None;
             }
-            Err(err @ StoreError::Fenced { .. }) => {
-                format!("plugin `{}`: {err}; read again", self.plugin)
+            Err(_) => {
+                self.cache.remove(key);
             }
-            // `weir state purge`: the rows run again on empty state.
-            Err(err @ StoreError::Purged { .. }) => format!("plugin `{}`: {err}", self.plugin),
-            Err(err) => format!("the state of plugin `{}`: {err}", self.plugin),
-        };
-        self.cache.remove(key);
-        Some(reason)
+        }
+        reason
     }
 }
 
@@ -586,16 +543,14 @@ mod tests {
         let kv = MemoryKv::new();
         let mut step = step_on(kv.clone());
         step.overlap_writes();
-        step.set_batch(1);
         assert!(count(&mut step, &[1, 2]).await.is_empty());
+        let first = step.take_landing();
+        assert!(!first.is_empty(), "the first batch's write is on its way");
         // The next batch runs on the first's count while its write travels.
-        step.set_batch(2);
         assert!(count(&mut step, &[3]).await.is_empty());
-        assert!(!step.writes_pending(1), "the first batch's write landed");
-        assert!(step.writes_pending(2));
-        step.land(2).await;
-        let mut failed = Vec::new();
-        step.take_failed(&mut failed);
+        let second = step.take_landing();
+        assert!(first.landed().await.is_empty());
+        let failed = second.landed().await;
         assert!(failed.is_empty(), "{failed:?}");
         let unit = Unit {
             partition: 0,
@@ -607,20 +562,19 @@ mod tests {
 
         // Another owner writes; this host's next write is fenced, but only
         // found so when the batch after it commits: both come back.
-        step.set_batch(3);
         assert!(count(&mut step, &[4]).await.is_empty());
+        let fenced = step.take_landing();
         kv.put(&key, bytes::Bytes::from_static(b"\x01"))
             .await
             .unwrap();
-        step.set_batch(4);
         let retried = count(&mut step, &[5, 6]).await;
         assert_eq!(
             retried.iter().map(|(row, _)| *row).collect::<Vec<_>>(),
             [0, 1],
             "the batch run on the unstored count comes back"
         );
-        step.land(4).await;
-        step.take_failed(&mut failed);
+        assert!(step.take_landing().is_empty(), "nothing written on it");
+        let failed = fenced.landed().await;
         assert_eq!(
             failed
                 .iter()

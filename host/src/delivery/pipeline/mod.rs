@@ -20,6 +20,7 @@ use crate::delivery::verdict::Verdict;
 use crate::destination::{PostgresStep, PublishStep, Publisher};
 use crate::fence::{Fence, Fenced};
 use crate::sandbox::{CallError, Plugin};
+use crate::state::landing::Landing;
 use crate::state::step::StateStep;
 use crate::state::store::UnitState;
 use crate::telemetry::traces::TRACEPARENT;
@@ -347,31 +348,18 @@ impl PipelineRunner {
 
     /// The stateful step's commits return with their writes on their way
     /// (see [`StateStep::commit`]): the caller answers a batch's rows only
-    /// after [`PipelineRunner::land_state`].
+    /// once the batch's [`Landing`] landed ([`PipelineRunner::take_landing`]).
     pub fn overlap_state_writes(&mut self) {
         self.stateful().for_each(StateStep::overlap_writes);
     }
 
-    /// The number of the batch about to run, which tags its state writes.
-    pub fn set_batch(&mut self, batch: u64) {
-        self.stateful().for_each(|state| state.set_batch(batch));
-    }
-
-    /// Whether state writes of batch `batch` or before are on their way.
-    pub fn state_pending(&self, batch: u64) -> bool {
-        self.steps
-            .iter()
-            .filter_map(|step| step.state.as_ref())
-            .any(|state| state.writes_pending(batch))
-    }
-
-    /// Waits for the state writes of batch `batch` and before; the rows
-    /// whose write failed since (stream sequences, with why) go to `failed`.
-    pub async fn land_state(&mut self, batch: u64, failed: &mut Vec<(u64, String)>) {
+    /// The state writes of the batch just run, on their way.
+    pub fn take_landing(&mut self) -> Landing {
+        let mut landing = Landing::default();
         for state in self.stateful() {
-            state.land(batch).await;
-            state.take_failed(failed);
+            landing.join(state.take_landing());
         }
+        landing
     }
 
     /// Whether a plugin of this pipeline keeps durable state.
