@@ -254,52 +254,118 @@ fn expected_outcomes() -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_transform_in_each_language_gives_the_expected_outcomes_in_a_host() {
-    let langs = ["rust", "python", "js"];
-    let mut extra = String::new();
-    for lang in langs {
-        let wasm = tokio::task::spawn_blocking(move || built_transform(lang))
-            .await
-            .expect("build");
-        // `weir plugin test` (no NATS) says what the fixture expects; the
-        // host below must then do it.
+/// A plugin as a team built it for `weir:plugin@0.2.0`, the previous world
+/// version (kept compressed in `tests/artifacts/served/0.2.0/`): `name` is
+/// `transform-LANG` (the scaffold) or `sink-rust` (the file sink); unpacked
+/// once per run.
+fn built_for_0_2_0(name: &str) -> PathBuf {
+    built_once(&format!("served-0.2.0-{name}"), || {
+        let packed = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/artifacts/served/0.2.0")
+            .join(format!("{name}.wasm.zst"));
+        let file =
+            std::fs::File::open(&packed).unwrap_or_else(|e| panic!("{}: {e}", packed.display()));
+        let bytes = zstd::decode_all(file).expect("a zstd stream");
+        let wasm = workspace().join(format!("{name}-0.2.0.wasm"));
+        std::fs::write(&wasm, bytes).expect("write the component");
+        wasm
+    })
+}
+
+/// Each transform of `plugins` (a name, which is also its table, its
+/// `.wasm` and its pipeline's sink) gives the fixture's expected outcomes
+/// in `weir plugin test` (no NATS) and then in one host, whose config ends
+/// with `sinks`: the same rows in the sink, the same dead letters.
+async fn give_the_fixtures_outcomes(plugins: Vec<(String, PathBuf, &str)>, sinks: &str) {
+    let mut extra = sinks.to_string();
+    for (name, wasm, sink) in &plugins {
         let outcomes = tokio::task::spawn_blocking({
             let wasm = wasm.clone();
             move || plugin_test_outcomes(&wasm)
         })
         .await
         .expect("weir plugin test");
-        assert_eq!(outcomes, expected_outcomes(), "{lang}: weir plugin test");
-        extra.push_str(&pipeline(lang, &wasm));
+        assert_eq!(outcomes, expected_outcomes(), "{name}: weir plugin test");
+        extra.push_str(
+            &pipeline(name, wasm).replace("sink = \"files\"", &format!("sink = \"{sink}\"")),
+        );
     }
     let nats = Nats::start();
     let host = TestHost::start(&base_config(nats.url(), &extra)).await;
     let (lines, reasons) = expected();
-    for lang in langs {
-        let response = host.ingest(lang, ROWS).await;
+    for (name, _, _) in &plugins {
+        let response = host.ingest(name, ROWS).await;
         assert_eq!(
             response.status(),
             202,
-            "{lang}: {:?}",
+            "{name}: {:?}",
             response.text().await
         );
         let got = eventually(Duration::from_secs(30), "the emitted rows", || async {
-            let got = host.sink_lines(lang);
+            let got = host.sink_lines(name);
             (got.len() >= lines.len()).then_some(got)
         })
         .await;
-        assert_eq!(got, lines, "{lang}: the rows in the sink");
+        assert_eq!(got, lines, "{name}: the rows in the sink");
     }
-    let mut got = dead_letter_reasons(&nats, reasons.len() * langs.len()).await;
+    let mut got = dead_letter_reasons(&nats, reasons.len() * plugins.len()).await;
     got.sort();
-    let mut want: Vec<String> = reasons
-        .iter()
-        .flat_map(|r| [r.clone(), r.clone(), r.clone()])
-        .collect();
+    let mut want: Vec<String> = plugins.iter().flat_map(|_| reasons.clone()).collect();
     want.sort();
-    assert_eq!(got, want, "one dead letter per language, with its reason");
+    assert_eq!(got, want, "one dead letter per plugin, with its reason");
     host.shutdown().await;
+}
+
+/// A new scaffold in each language, and the same scaffold as built for the
+/// previous world version (0.2.0) before an upgrade, into the file sink as
+/// built for 0.2.0 too: all six give the fixture's outcomes, so a 0.2.0
+/// build runs as its rebuild does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_transform_and_its_0_2_0_build_in_each_language_give_the_expected_outcomes() {
+    let old_sink = format!(
+        "\n[plugins.files_v0_2_0]\nwasm = \"{}\"\nworld = \"sink\"\n\
+         grants.dirs = [{{ host = \"out\", guest = \"/out\", writable = true }}]\n",
+        built_for_0_2_0("sink-rust").display()
+    );
+    let mut plugins = Vec::new();
+    for lang in ["rust", "python", "js"] {
+        let wasm = tokio::task::spawn_blocking(move || built_transform(lang))
+            .await
+            .expect("build");
+        plugins.push((lang.to_string(), wasm, "files"));
+        let old = built_for_0_2_0(&format!("transform-{lang}"));
+        plugins.push((format!("{lang}_v0_2_0"), old, "files_v0_2_0"));
+    }
+    give_the_fixtures_outcomes(plugins, &old_sink).await;
+}
+
+/// `weir plugin check` names the version a plugin was built for, and says
+/// that 0.2.0 is the previous one, still served.
+#[test]
+fn plugin_check_names_the_previous_version_a_plugin_was_built_for() {
+    let wasm = built_for_0_2_0("transform-rust");
+    let output = Command::new(WEIR)
+        .args(["plugin", "check"])
+        .arg(&wasm)
+        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
+        .output()
+        .expect("weir runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("world: weir:plugin/transform@0.2.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "built for weir:plugin@0.2.0, the previous version, which this weir still serves"
+        ),
+        "{text}"
+    );
 }
 
 /// `weir plugin test WASM --rows FILE --expect FILE` in `dir`: its exit

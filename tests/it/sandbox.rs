@@ -158,12 +158,12 @@ world = "transform"
     );
 }
 
-/// What a transform built with the 0.2.0 SDK imports: its batch's numbers
-/// as `list<u32>`, before 0.3.0 packed them as little-endian bytes. The
-/// host refuses it by its imports, before it looks at its exports.
-const BUILT_FOR_0_2_0: &str = r#"
+/// What a transform built with the 0.1.0 SDK imports, older than the
+/// previous version (0.2.0), which this host still serves. The host
+/// refuses it by its imports, before it looks at its exports.
+const BUILT_FOR_0_1_0: &str = r#"
 (component
-  (import "weir:plugin/types@0.2.0" (instance
+  (import "weir:plugin/types@0.1.0" (instance
     (type $batch (record
       (field "data" (list u8))
       (field "rows" (list u32))
@@ -171,7 +171,7 @@ const BUILT_FOR_0_2_0: &str = r#"
       (field "attempts" (list u32))
       (field "headers" (list u32))))
     (export "batch" (type (eq $batch)))))
-  (import "weir:plugin/host@0.2.0" (instance
+  (import "weir:plugin/host@0.1.0" (instance
     (export "add-counter" (func (param "name" string) (param "delta" u64)))))
 )
 "#;
@@ -183,7 +183,7 @@ async fn a_plugin_built_for_an_older_wit_is_refused_naming_its_version_and_the_r
     let wasm = dir.path().join("old_sdk.wasm");
     std::fs::write(
         &wasm,
-        wat::parse_str(BUILT_FOR_0_2_0).expect("component text"),
+        wat::parse_str(BUILT_FOR_0_1_0).expect("component text"),
     )
     .expect("write");
     let extra = format!(
@@ -198,11 +198,11 @@ world = "transform"
     let StartError::Plugin(LoadError::WrongVersion { plugin, found, .. }) = &err else {
         panic!("expected a wrong-version error, got {err}");
     };
-    assert_eq!((plugin.as_str(), found.as_str()), ("old", "0.2.0"));
+    assert_eq!((plugin.as_str(), found.as_str()), ("old", "0.1.0"));
     let message = err.to_string();
     assert!(
         message.contains(&format!(
-            "old_sdk.wasm was built for `weir:plugin@0.2.0`, but this weir speaks `weir:plugin@{}`",
+            "old_sdk.wasm was built for `weir:plugin@0.1.0`, but this weir speaks `weir:plugin@{}` (and still runs plugins built for 0.2.0)",
             weir::sandbox::WIT_VERSION
         )),
         "{message}"

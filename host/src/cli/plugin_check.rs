@@ -69,7 +69,7 @@ fn as_text(file: &str, inspection: &Inspection) -> String {
         worlds => {
             let names: Vec<String> = worlds
                 .iter()
-                .map(|world| format!("weir:plugin/{}@{WIT_VERSION}", world.as_str()))
+                .map(|world| format!("weir:plugin/{}@{}", world.as_str(), inspection.wit_version))
                 .collect();
             let _ = writeln!(out, "world: {}", names.join(", "));
             let _ = writeln!(out, "other worlds, and the exports they miss:");
@@ -85,6 +85,13 @@ fn as_text(file: &str, inspection: &Inspection) -> String {
         let _ = writeln!(
             out,
             "wit: built for weir:plugin@{found}; this weir speaks {WIT_VERSION}: rebuild it with the current SDK"
+        );
+    } else if inspection.wit_version != WIT_VERSION {
+        let _ = writeln!(
+            out,
+            "wit: built for weir:plugin@{}, the previous version, which this weir still serves \
+             (it speaks {WIT_VERSION}); rebuild it with the current SDK before the next one",
+            inspection.wit_version
         );
     }
     let _ = writeln!(out, "exports: {}", inspection.exports.join(", "));
@@ -137,7 +144,8 @@ fn as_json(inspection: &Inspection) -> serde_json::Value {
         "from_cache": inspection.origin == Origin::Cache,
         "implements": implemented,
         "worlds": worlds,
-        "wit_version": inspection.foreign_version.as_deref().unwrap_or(WIT_VERSION),
+        "wit_version": inspection.wit_version,
+        "wit_served": inspection.foreign_version.is_none(),
         "imports": inspection.imports,
         "exports": inspection.exports,
         "grants": grants,

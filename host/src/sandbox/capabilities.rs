@@ -1,7 +1,8 @@
 //! How the sandbox links each capability of
 //! [`crate::capability::CAPABILITIES`] into a plugin's `Linker`: one arm per
 //! capability in [`link`] (a match, so a capability added to the table and
-//! not here does not compile). What each serves is `imports.rs`,
+//! not here does not compile), under the name of every world version
+//! served (`served.rs`). What each serves is `imports.rs`,
 //! `http.rs` and `http_batch.rs`; the table says which linker it goes in.
 
 use wasmtime::component::{HasSelf, Linker};
@@ -9,6 +10,7 @@ use wasmtime::component::{HasSelf, Linker};
 use super::bindings::sink::weir::plugin::{nats, postgres};
 use super::bindings::transform::weir::plugin::{host, http_batch, state};
 use super::instance::PluginState;
+use super::served::link_versions;
 use crate::capability::{CAPABILITIES, Capability, Linked};
 
 /// Each store's [`PluginState`] serves the host functions itself.
@@ -21,12 +23,22 @@ fn own(state: &mut PluginState) -> &mut PluginState {
 fn link(capability: Capability, linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
     type Own = HasSelf<PluginState>;
     match capability {
-        Capability::Host => host::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::Host => link_versions(linker, "host", |instance| {
+            host::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
         Capability::WasiHttp => wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker),
-        Capability::HttpBatch => http_batch::add_to_linker::<PluginState, Own>(linker, own),
-        Capability::State => state::add_to_linker::<PluginState, Own>(linker, own),
-        Capability::Postgres => postgres::add_to_linker::<PluginState, Own>(linker, own),
-        Capability::Nats => nats::add_to_linker::<PluginState, Own>(linker, own),
+        Capability::HttpBatch => link_versions(linker, "http-batch", |instance| {
+            http_batch::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
+        Capability::State => link_versions(linker, "state", |instance| {
+            state::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
+        Capability::Postgres => link_versions(linker, "postgres", |instance| {
+            postgres::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
+        Capability::Nats => link_versions(linker, "nats", |instance| {
+            nats::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
         Capability::Wasi => wasmtime_wasi::p2::add_to_linker_async(linker),
     }
 }

@@ -21,8 +21,11 @@ pub struct Inspection {
     pub origin: Origin,
     /// For each world, the exports the component lacks for it.
     pub worlds: Vec<(World, Vec<&'static str>)>,
-    /// A `weir:plugin` version other than this host's, when it imports one.
+    /// A `weir:plugin` version this host does not serve, when it imports one.
     pub foreign_version: Option<String>,
+    /// The `weir:plugin` version it was built for (today's when it
+    /// imports none of weir's interfaces).
+    pub wit_version: String,
     pub imports: Vec<String>,
     pub exports: Vec<String>,
     /// The grants its imports would need, each with why.
@@ -89,6 +92,7 @@ impl Sandbox {
                 .map(|world| (world, missing_exports(&self.engine, component, world)))
                 .collect(),
             foreign_version: foreign_version(&self.engine, component),
+            wit_version: built_for(&self.engine, component),
             grants: grant_needs(&imports),
             imports,
             exports,

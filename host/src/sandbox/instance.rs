@@ -20,6 +20,7 @@ use super::bindings::{
     Admission, Batch, Decision, Delivered, Route, TableRoute, Topology, Transformed,
 };
 use super::http::HttpGate;
+use super::served;
 use super::worlds::{Exports, PluginPre};
 use super::*;
 
@@ -359,14 +360,20 @@ impl PluginInstance {
     /// against the batch as it reads it: the sandbox only runs the call.
     pub async fn transform(&mut self, rows: &Batch) -> Result<Transformed, CallError> {
         let began = self.begin_call();
-        let Exports::Transform(exports) = &self.exports else {
-            return Err(self.contract("is not a transform"));
-        };
-        Self::keep_batch(&mut self.store, rows);
-        let result = exports
-            .call_transform(&mut self.store, rows)
-            .await
-            .map_err(|err| self.failure(err));
+        let result = match &self.exports {
+            Exports::Transform(exports) => {
+                Self::keep_batch(&mut self.store, rows);
+                exports.call_transform(&mut self.store, rows).await
+            }
+            Exports::TransformV0_2(exports) => {
+                Self::keep_batch(&mut self.store, rows);
+                let rows = served::batch_v0_2(rows);
+                let answer = exports.call_transform(&mut self.store, &rows).await;
+                answer.map(served::transformed)
+            }
+            _ => return Err(self.contract("is not a transform")),
+        }
+        .map_err(|err| self.failure(err));
         self.store.data_mut().batch = None;
         self.end_call(began, result)
     }
@@ -374,14 +381,20 @@ impl PluginInstance {
     /// Hands a packed batch to a sink; the caller checks the answer.
     pub async fn deliver(&mut self, rows: &Batch) -> Result<Delivered, CallError> {
         let began = self.begin_call();
-        let Exports::Sink(exports) = &self.exports else {
-            return Err(self.contract("is not a sink"));
-        };
-        Self::keep_batch(&mut self.store, rows);
-        let result = exports
-            .call_deliver(&mut self.store, rows)
-            .await
-            .map_err(|err| self.failure(err));
+        let result = match &self.exports {
+            Exports::Sink(exports) => {
+                Self::keep_batch(&mut self.store, rows);
+                exports.call_deliver(&mut self.store, rows).await
+            }
+            Exports::SinkV0_2(exports) => {
+                Self::keep_batch(&mut self.store, rows);
+                let rows = served::batch_v0_2(rows);
+                let answer = exports.call_deliver(&mut self.store, &rows).await;
+                answer.map(served::delivered)
+            }
+            _ => return Err(self.contract("is not a sink")),
+        }
+        .map_err(|err| self.failure(err));
         self.store.data_mut().batch = None;
         self.end_call(began, result)
     }

@@ -29,6 +29,7 @@ mod http;
 mod http_batch;
 mod imports;
 mod json_members;
+mod served;
 mod inspect;
 mod instance;
 mod worlds;
@@ -39,6 +40,7 @@ pub use cache::Origin;
 pub use inspect::Inspection;
 use instance::PluginState;
 pub use instance::{CallError, FailureKind, Plugin, PluginInstance};
+pub use served::SERVED_WIT_VERSIONS;
 use worlds::PluginPre;
 
 /// The log target of the lines around a compilation, so a command that
@@ -423,6 +425,7 @@ impl Sandbox {
             None => None,
         };
         let http_pool = http_pool(config)?;
+        let pre_version = pre.version();
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -457,7 +460,17 @@ impl Sandbox {
                 error,
             })?;
         drop(smoke_test);
-        tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), "plugin loaded");
+        let wit = pre_version;
+        tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), wit, "plugin loaded");
+        if wit != WIT_VERSION {
+            tracing::warn!(
+                plugin = %config.name,
+                wit,
+                current = WIT_VERSION,
+                "plugin built for the previous weir:plugin version, which this weir still serves \
+                 (converting each batch); rebuild it with the current SDK before the next world version"
+            );
+        }
         Ok(loaded)
     }
 }
@@ -511,25 +524,37 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
 }
 
 /// Why a component built for `found` cannot run, and what to do about it:
-/// the packed batch differs between versions (0.3.0 carries its numbers as
-/// little-endian bytes), so only a rebuild helps.
+/// this host serves today's world version and the previous one only
+/// (`wit/README.md`), so only a rebuild helps.
 pub fn wrong_version(found: &str) -> String {
     format!(
         "was built for `weir:plugin@{found}`, but this weir speaks `weir:plugin@{WIT_VERSION}` \
-         and cannot run it: rebuild the plugin with the current SDK (Rust: the `weir-plugin` \
-         crate of this weir's checkout; Python and JavaScript: copy `weir_plugin/` or `weir/` \
-         and `wit/` from a project made by this weir's `weir plugin new`)"
+         (and still runs plugins built for {}) and cannot run it: rebuild the plugin with the \
+         current SDK (Rust: the `weir-plugin` crate of this weir's checkout; Python and \
+         JavaScript: copy `weir_plugin/` or `weir/` and `wit/` from a project made by this \
+         weir's `weir plugin new`)",
+        SERVED_WIT_VERSIONS[1..].join(", ")
     )
 }
 
-/// The version of `weir:plugin` a component imports, when it is not this
-/// host's (a plugin built with an older SDK).
+/// The version of `weir:plugin` a component imports, when this host does
+/// not serve it (a plugin built with an SDK older than the previous one).
 fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
     component
         .component_type()
         .imports(engine)
-        .find_map(|(name, _)| imported_version(name).filter(|v| *v != WIT_VERSION))
+        .find_map(|(name, _)| imported_version(name).filter(|v| !SERVED_WIT_VERSIONS.contains(v)))
         .map(str::to_string)
+}
+
+/// The version of `weir:plugin` a component was built for, as its imports
+/// name it (today's when it imports none of weir's interfaces).
+fn built_for(engine: &Engine, component: &Component) -> String {
+    component
+        .component_type()
+        .imports(engine)
+        .find_map(|(name, _)| imported_version(name).map(str::to_string))
+        .unwrap_or_else(|| WIT_VERSION.to_string())
 }
 
 /// `weir:plugin/host@0.1.0` → `0.1.0`; none for anything else.

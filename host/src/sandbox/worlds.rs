@@ -1,7 +1,8 @@
 //! How the sandbox links, instantiates and `init`s each world of
-//! [`crate::world::WORLDS`]: one line per world in the `worlds!` call below
-//! (its variant and the `bindgen!` module of `bindings.rs`). Calling a
-//! world's own exports (`transform`, `admit`, …) is `PluginInstance`'s.
+//! [`crate::world::WORLDS`]: one line per world and served version whose
+//! exports differ in the `worlds!` call below (its variant, world, version
+//! and the `bindgen!` module of `bindings.rs`). Calling a world's own
+//! exports (`transform`, `admit`, …) is `PluginInstance`'s.
 
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
@@ -10,29 +11,46 @@ use super::bindings;
 use crate::world::World;
 
 macro_rules! worlds {
-    ($($variant:ident => $module:ident :: { $exports:ident, $pre:ident }),* $(,)?) => {
+    ($($variant:ident = $world:ident @ $version:literal => $($module:ident)::+ { $exports:ident, $pre:ident }),* $(,)?) => {
         /// A component linked for its world, ready to instantiate in a
         /// store holding `T` (the instance's `PluginState`).
         pub(super) enum PluginPre<T: 'static> {
-            $($variant(bindings::$module::$pre<T>),)*
+            $($variant($($module)::+::$pre<T>),)*
         }
 
         /// A live instance's exports, typed by its world.
         pub(super) enum Exports {
             /// Before instantiation finished.
             None,
-            $($variant(bindings::$module::$exports),)*
+            $($variant($($module)::+::$exports),)*
         }
 
         impl<T: Send + 'static> PluginPre<T> {
-            /// Checks the linked component against `world`'s exports.
+            /// Checks the linked component against `world`'s exports, at
+            /// each version served, today's first (the error said is today's).
             pub(super) fn new(
                 world: World,
                 pre: InstancePre<T>,
             ) -> wasmtime::Result<PluginPre<T>> {
-                Ok(match world {
-                    $(World::$variant => PluginPre::$variant(bindings::$module::$pre::new(pre)?),)*
-                })
+                let mut first_error = None;
+                $(
+                    if world == World::$world {
+                        match $($module)::+::$pre::new(pre.clone()) {
+                            Ok(typed) => return Ok(PluginPre::$variant(typed)),
+                            Err(err) => {
+                                first_error.get_or_insert(err);
+                            }
+                        }
+                    }
+                )*
+                Err(first_error.unwrap_or_else(|| wasmtime::format_err!("no bindings for world {world:?}")))
+            }
+
+            /// The `weir:plugin` version the component was built for.
+            pub(super) fn version(&self) -> &'static str {
+                match self {
+                    $(PluginPre::$variant(_) => $version,)*
+                }
             }
 
             pub(super) async fn instantiate(
@@ -62,8 +80,11 @@ macro_rules! worlds {
 }
 
 worlds! {
-    Transform => transform::{Transform, TransformPre},
-    Sink => sink::{Sink, SinkPre},
-    Budget => budget::{Budget, BudgetPre},
-    Router => router::{Router, RouterPre},
+    Transform = Transform @ "0.3.0" => bindings::transform { Transform, TransformPre },
+    TransformV0_2 = Transform @ "0.2.0" => bindings::v0_2_0::transform { Transform, TransformPre },
+    Sink = Sink @ "0.3.0" => bindings::sink { Sink, SinkPre },
+    SinkV0_2 = Sink @ "0.2.0" => bindings::v0_2_0::sink { Sink, SinkPre },
+    // The policy worlds did not change in 0.3.0: one binding serves both.
+    Budget = Budget @ "0.3.0" => bindings::budget { Budget, BudgetPre },
+    Router = Router @ "0.3.0" => bindings::router { Router, RouterPre },
 }
