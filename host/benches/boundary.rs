@@ -18,7 +18,10 @@
 //! measured with) runs beside them on an engine configured like weir's, so
 //! the packed batch is compared with the interface it replaces; and once
 //! more compiled without epoch interruption, to show what weir's per-call
-//! deadlines cost the guest's code.
+//! deadlines cost the guest's code. The validator as built for the
+//! previous world version, 0.2.0 (`tests/artifacts/served/0.2.0/`: the
+//! same code, its SDK reading `list<u32>` numbers, which the host converts
+//! at each call), gives what running a plugin built before an upgrade costs.
 //!
 //! `cargo bench -p weir --bench boundary`.
 
@@ -59,13 +62,37 @@ wasm = {validator:?}
 world = "transform"
 settings = {{ mask = ["email", "card"] }}
 
+[plugins.mask_v0_2_0]
+wasm = {validator_v0_2_0:?}
+world = "transform"
+settings = {{ mask = ["email", "card"] }}
+
 [plugins.noop]
 wasm = {passthrough:?}
 world = "transform"
 "#,
         validator = weir_test_artifacts::VALIDATOR,
+        validator_v0_2_0 = validator_v0_2_0().display().to_string(),
         passthrough = weir_test_artifacts::PASSTHROUGH,
     )
+}
+
+/// The validator as built for `weir:plugin@0.2.0`, unpacked from the tests'
+/// artifacts into a file of the run.
+fn validator_v0_2_0() -> &'static Path {
+    static UNPACKED: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
+    let (_, path) = UNPACKED.get_or_init(|| {
+        let packed = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/artifacts/served/0.2.0/validator-rust.wasm.zst");
+        let file = std::fs::File::open(&packed)
+            .unwrap_or_else(|err| panic!("{}: {err}", packed.display()));
+        let bytes = zstd::decode_all(file).expect("a zstd stream");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("validator-0.2.0.wasm");
+        std::fs::write(&path, bytes).expect("write the component");
+        (dir, path)
+    });
+    path
 }
 
 /// The ways a batch is transformed.
@@ -73,6 +100,8 @@ world = "transform"
 enum Variant {
     Native,
     Plugin,
+    /// The same plugin as built for the previous world version (0.2.0).
+    PluginV0_2_0,
     NoOp,
     Naive,
     /// The naive reference without epoch interruption (no deadlines).
@@ -166,6 +195,11 @@ struct AtBatch {
     /// The naive reference compiled without epoch interruption, / native:
     /// what weir's per-call deadlines cost the guest's code.
     unbounded_ratio: f64,
+    /// The plugin as built for 0.2.0.
+    v0_2_0: f64,
+    /// v0_2_0 / plugin, sample by sample: what a previous version's build
+    /// costs against its rebuild.
+    v0_2_0_ratio: f64,
 }
 
 fn main() {
@@ -190,13 +224,14 @@ fn main() {
             .block_on(sandbox.load(&config.plugins[name]))
             .unwrap_or_else(|err| panic!("load plugin `{name}`: {err}"))
     };
-    let (mask, noop) = (load("mask"), load("noop"));
+    let (mask, mask_v0_2_0, noop) = (load("mask"), load("mask_v0_2_0"), load("noop"));
     let instantiate = |plugin: &Arc<Plugin>| {
         runtime
             .block_on(plugin.instantiate())
             .expect("a fresh instance")
     };
     let mut mask_instance = instantiate(&mask);
+    let mut v0_2_0_instance = instantiate(&mask_v0_2_0);
     let mut noop_instance = instantiate(&noop);
     let mut naive_instance =
         runtime.block_on(naive::Instance::load(weir_test_artifacts::NAIVE_MASK, true));
@@ -208,6 +243,7 @@ fn main() {
     check_same_work(
         &runtime,
         &mut mask_instance,
+        &mut v0_2_0_instance,
         &mut naive_instance,
         &support::plugin_batches(10, 10)[0],
     );
@@ -224,6 +260,9 @@ fn main() {
             let elapsed = match variant {
                 Variant::Native => time_native(&batches, calls),
                 Variant::Plugin => time_plugin(&runtime, &mut mask_instance, &batches, calls),
+                Variant::PluginV0_2_0 => {
+                    time_plugin(&runtime, &mut v0_2_0_instance, &batches, calls)
+                }
                 Variant::NoOp => time_plugin(&runtime, &mut noop_instance, &batches, calls),
                 Variant::Naive => time_naive(&runtime, &mut naive_instance, &naive_batches, calls),
                 Variant::NaiveNoDeadline => {
@@ -236,6 +275,7 @@ fn main() {
         for variant in [
             Variant::Native,
             Variant::Plugin,
+            Variant::PluginV0_2_0,
             Variant::NoOp,
             Variant::Naive,
             Variant::NaiveNoDeadline,
@@ -244,9 +284,11 @@ fn main() {
         }
         let (mut native, mut plugin, mut noop, mut naive, mut unbounded) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut v0_2_0 = Vec::new();
         for _ in 0..samples {
             native.push(per_row(Variant::Native));
             plugin.push(per_row(Variant::Plugin));
+            v0_2_0.push(per_row(Variant::PluginV0_2_0));
             noop.push(per_row(Variant::NoOp));
             naive.push(per_row(Variant::Naive));
             unbounded.push(per_row(Variant::NaiveNoDeadline));
@@ -255,6 +297,7 @@ fn main() {
         let naive_ratios: Vec<f64> = naive.iter().zip(&native).map(|(p, n)| p / n).collect();
         let unbounded_ratios: Vec<f64> =
             unbounded.iter().zip(&native).map(|(p, n)| p / n).collect();
+        let v0_2_0_ratios: Vec<f64> = v0_2_0.iter().zip(&plugin).map(|(o, p)| o / p).collect();
         let measured = AtBatch {
             batch,
             native: median(&native),
@@ -264,10 +307,12 @@ fn main() {
             naive: median(&naive),
             naive_ratio: median(&naive_ratios),
             unbounded_ratio: median(&unbounded_ratios),
+            v0_2_0: median(&v0_2_0),
+            v0_2_0_ratio: median(&v0_2_0_ratios),
         };
         eprintln!(
-            "batch {batch}: native {:.0}, plugin {:.0}, no-op {:.0}, naive {:.0} ns/row",
-            measured.native, measured.plugin, measured.noop, measured.naive
+            "batch {batch}: native {:.0}, plugin {:.0} (0.2.0 build {:.0}), no-op {:.0}, naive {:.0} ns/row",
+            measured.native, measured.plugin, measured.v0_2_0, measured.noop, measured.naive
         );
         results.push(measured);
     }
@@ -286,10 +331,16 @@ fn main() {
 fn check_same_work(
     runtime: &tokio::runtime::Runtime,
     instance: &mut PluginInstance,
+    v0_2_0: &mut PluginInstance,
     naive: &mut naive::Instance,
     rows: &Batch,
 ) {
     let from_plugin = support::masked_by_plugin(runtime, instance, rows);
+    assert_eq!(
+        support::masked_by_plugin(runtime, v0_2_0, rows),
+        from_plugin,
+        "the 0.2.0 build and its rebuild mask differently"
+    );
     let from_naive = runtime.block_on(naive.mask(&payloads(rows)));
     let native = mask_native(rows);
     assert_eq!(from_plugin.len(), native.payloads.len());
@@ -398,6 +449,16 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             &format!("ratio_plugin_to_native_batch_{batch}"),
             at.ratio,
         );
+        print_figure(
+            BENCH,
+            &format!("plugin_v0_2_0_ns_per_row_batch_{batch}"),
+            at.v0_2_0,
+        );
+        print_figure(
+            BENCH,
+            &format!("ratio_plugin_v0_2_0_to_plugin_batch_{batch}"),
+            at.v0_2_0_ratio,
+        );
         print_figure(BENCH, &format!("noop_ns_per_row_batch_{batch}"), at.noop);
         print_figure(BENCH, &format!("naive_ns_per_row_batch_{batch}"), at.naive);
         print_figure(
@@ -432,6 +493,7 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
         "native",
         "plugin",
         "x native",
+        "0.2.0 build x plugin",
         "no-op plugin",
         "plugin - no-op",
         "naive list<list<u8>>",
@@ -444,6 +506,7 @@ fn report(results: &[AtBatch], fresh_instance_us: f64, rows_per_sample: usize, s
             format!("{:.0}", at.native),
             format!("{:.0}", at.plugin),
             format!("{:.2}", at.ratio),
+            format!("{:.2}", at.v0_2_0_ratio),
             format!("{:.0}", at.noop),
             format!("{:.0}", at.plugin - at.noop),
             format!("{:.0}", at.naive),
