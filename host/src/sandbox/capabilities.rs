@@ -5,12 +5,12 @@
 //! served (`served.rs`). What each serves is `imports.rs`,
 //! `http.rs` and `http_batch.rs`; the table says which linker it goes in.
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{HasSelf, Linker, LinkerInstance};
 
 use super::bindings::sink::weir::plugin::{nats, postgres};
 use super::bindings::transform::weir::plugin::{host, http_batch, state};
 use super::instance::PluginState;
-use super::served::link_versions;
+use super::served::SERVED_WIT_VERSIONS;
 use crate::capability::{CAPABILITIES, Capability, Linked};
 
 /// Each store's [`PluginState`] serves the host functions itself.
@@ -41,6 +41,19 @@ fn link(capability: Capability, linker: &mut Linker<PluginState>) -> wasmtime::R
         }),
         Capability::Wasi => wasmtime_wasi::p2::add_to_linker_async(linker),
     }
+}
+
+/// Defines `weir:plugin/{interface}` at every served version in `linker`,
+/// each with today's host functions (`add`).
+fn link_versions(
+    linker: &mut Linker<PluginState>,
+    interface: &str,
+    add: impl Fn(&mut LinkerInstance<'_, PluginState>) -> wasmtime::Result<()>,
+) -> wasmtime::Result<()> {
+    for version in SERVED_WIT_VERSIONS {
+        add(&mut linker.instance(&format!("weir:plugin/{interface}@{version}"))?)?;
+    }
+    Ok(())
 }
 
 /// Links every capability the table links as `linked` (every plugin's

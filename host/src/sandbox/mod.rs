@@ -460,17 +460,7 @@ impl Sandbox {
                 error,
             })?;
         drop(smoke_test);
-        let wit = pre_version;
-        tracing::info!(plugin = %config.name, version = %loaded.version, world = config.world.as_str(), wit, "plugin loaded");
-        if wit != WIT_VERSION {
-            tracing::warn!(
-                plugin = %config.name,
-                wit,
-                current = WIT_VERSION,
-                "plugin built for the previous weir:plugin version, which this weir still serves \
-                 (converting each batch); rebuild it with the current SDK before the next world version"
-            );
-        }
+        said_loaded(config, &loaded.version, pre_version);
         Ok(loaded)
     }
 }
@@ -520,6 +510,22 @@ fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(
                 found.join(", ")
             }
         ))
+    }
+}
+
+/// Logs a plugin loaded, and a warning when it was built for the previous
+/// world version (`wit`), which is served until the next one.
+fn said_loaded(config: &PluginConfig, version: &str, wit: &str) {
+    let (plugin, world) = (&config.name, config.world.as_str());
+    tracing::info!(%plugin, %version, world, wit, "plugin loaded");
+    if wit != WIT_VERSION {
+        tracing::warn!(
+            %plugin,
+            wit,
+            current = WIT_VERSION,
+            "plugin built for the previous weir:plugin version, which this weir still serves \
+             (converting each batch); rebuild it with the current SDK before the next world version"
+        );
     }
 }
 

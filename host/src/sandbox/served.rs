@@ -3,35 +3,20 @@
 //! running unchanged (the policy is `wit/README.md`'s).
 //!
 //! A previous version's imports are today's host functions under its
-//! names: an interface a new version changed only by adding functions
-//! serves the old import as it is (the component model checks the
-//! functions a component imports, not the ones it leaves out). Its exports
+//! names (`capabilities.rs` links each interface at every version here):
+//! an interface a new version changed only by adding functions serves the
+//! old import as it is (the component model checks the functions a
+//! component imports, not the ones it leaves out). Its exports
 //! are bound from the kept copy of its WIT (`bindings::v0_2_0`), and a
 //! batch and its answer are converted at the call: 0.2.0 carries their
 //! numbers as `list<u32>` where 0.3.0 packs them as little-endian bytes.
 
-use wasmtime::component::LinkerInstance;
-
 use super::bindings::v0_2_0;
 use super::bindings::{Batch, Delivered, Transformed};
-use super::instance::PluginState;
 use crate::sandbox::WIT_VERSION;
 
 /// Every `weir:plugin` version this host runs, today's first.
 pub const SERVED_WIT_VERSIONS: &[&str] = &[WIT_VERSION, "0.2.0"];
-
-/// Defines `weir:plugin/{interface}` at every served version in `linker`,
-/// each with today's host functions (`add`).
-pub(super) fn link_versions(
-    linker: &mut wasmtime::component::Linker<PluginState>,
-    interface: &str,
-    add: impl Fn(&mut LinkerInstance<'_, PluginState>) -> wasmtime::Result<()>,
-) -> wasmtime::Result<()> {
-    for version in SERVED_WIT_VERSIONS {
-        add(&mut linker.instance(&format!("weir:plugin/{interface}@{version}"))?)?;
-    }
-    Ok(())
-}
 
 /// A batch as a 0.2.0 plugin reads it.
 pub(super) fn batch_v0_2(rows: &Batch) -> v0_2_0::transform::weir::plugin::types::Batch {
