@@ -3,7 +3,7 @@
 //! module, so what packs a batch (delivery) needs only these types, not the
 //! sandbox that runs it. [`v0_2_0`] is the previous world version, still
 //! served (`wit/served/`): only its exports are bound here, since its
-//! imports are served by today's host functions (`sandbox/served.rs`).
+//! imports are served by today's host functions (`sandbox/capabilities.rs`).
 
 pub mod transform {
     wasmtime::component::bindgen!({
