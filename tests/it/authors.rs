@@ -23,7 +23,8 @@ use weir::host::StartError;
 use weir::sandbox::LoadError;
 
 use crate::support::{
-    Nats, TestHost, WEIR, base_config, dead_letter_reasons, eventually, start_error,
+    Nats, TestHost, WEIR, base_config, built_for_0_2_0, dead_letter_reasons, eventually,
+    start_error,
 };
 
 /// Where projects are written and built: outside the repository, for the run.
@@ -252,24 +253,6 @@ fn expected_outcomes() -> Vec<serde_json::Value> {
             outcome
         })
         .collect()
-}
-
-/// A plugin as a team built it for `weir:plugin@0.2.0`, the previous world
-/// version (kept compressed in `tests/artifacts/served/0.2.0/`): `name` is
-/// `transform-LANG` (the scaffold) or `sink-rust` (the file sink); unpacked
-/// once per run.
-fn built_for_0_2_0(name: &str) -> PathBuf {
-    built_once(&format!("served-0.2.0-{name}"), || {
-        let packed = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/artifacts/served/0.2.0")
-            .join(format!("{name}.wasm.zst"));
-        let file =
-            std::fs::File::open(&packed).unwrap_or_else(|e| panic!("{}: {e}", packed.display()));
-        let bytes = zstd::decode_all(file).expect("a zstd stream");
-        let wasm = workspace().join(format!("{name}-0.2.0.wasm"));
-        std::fs::write(&wasm, bytes).expect("write the component");
-        wasm
-    })
 }
 
 /// Each transform of `plugins` (a name, which is also its table, its

@@ -17,7 +17,8 @@ use weir_test_artifacts::{
 };
 
 use crate::support::{
-    Nats, TestHost, WEIR, base_config, compile_cache_dir, dead_letter_reasons, eventually,
+    Nats, TestHost, WEIR, base_config, built_for_0_2_0, compile_cache_dir, dead_letter_reasons,
+    eventually,
 };
 
 /// `weir plugin <args>` with the tests' compiled cache, never the user's.
@@ -423,16 +424,34 @@ async fn budgets_and_routers_answer_for_each_row() {
     )
     .unwrap();
     let rows = rows.to_str().unwrap();
+    // Today's builds, and the same policies as built for 0.2.0, the previous
+    // world version, which must answer alike.
+    let (old_budget, old_router) = (
+        built_for_0_2_0("budget-rust"),
+        built_for_0_2_0("router-rust"),
+    );
+    let builds = [
+        (TENANT_BUDGET, HOT_TENANT_ROUTER),
+        (old_budget.to_str().unwrap(), old_router.to_str().unwrap()),
+    ];
+    for (budget, router) in builds {
+        a_budget_and_a_router_answer_for_each_row(budget, router, rows);
+    }
+}
+
+/// `weir plugin test` of the tenant budget at `budget` and the hot-tenant
+/// router at `router` on `rows`: each answers every row as its settings say.
+fn a_budget_and_a_router_answer_for_each_row(budget_wasm: &str, router_wasm: &str, rows: &str) {
     let budget = weir_plugin(&[
         "test",
-        TENANT_BUDGET,
+        budget_wasm,
         "--rows",
         rows,
         "--settings",
         r#"{"queued_rows": 2}"#,
         "--json",
     ]);
-    assert!(budget.status.success(), "{budget:?}");
+    assert!(budget.status.success(), "{budget_wasm}: {budget:?}");
     let report = json_of(&budget);
     let decisions: Vec<&str> = report["rows"]
         .as_array()
@@ -440,22 +459,29 @@ async fn budgets_and_routers_answer_for_each_row() {
         .iter()
         .map(|row| row["decision"].as_str().unwrap())
         .collect();
-    assert_eq!(decisions, ["admit", "admit", "throttle"], "{report}");
+    assert_eq!(
+        decisions,
+        ["admit", "admit", "throttle"],
+        "{budget_wasm}: {report}"
+    );
     let suspended = json_of(&weir_plugin(&[
         "test",
-        TENANT_BUDGET,
+        budget_wasm,
         "--rows",
         rows,
         "--tenant-settings",
         r#"{"suspended": true}"#,
         "--json",
     ]));
-    assert_eq!(suspended["rows"][0]["decision"], "reject", "{suspended}");
+    assert_eq!(
+        suspended["rows"][0]["decision"], "reject",
+        "{budget_wasm}: {suspended}"
+    );
 
     let route = |tenant: &str| {
         let output = weir_plugin(&[
             "test",
-            HOT_TENANT_ROUTER,
+            router_wasm,
             "--rows",
             rows,
             "--settings",
@@ -466,7 +492,7 @@ async fn budgets_and_routers_answer_for_each_row() {
             tenant,
             "--json",
         ]);
-        assert!(output.status.success(), "{output:?}");
+        assert!(output.status.success(), "{router_wasm}: {output:?}");
         json_of(&output)
     };
     let hot = route("acme");

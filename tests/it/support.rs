@@ -147,6 +147,34 @@ pub fn compile_cache_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled")
 }
 
+/// A plugin as a team built it for `weir:plugin@0.2.0`, the previous world
+/// version (kept compressed in `tests/artifacts/served/0.2.0/`, whose
+/// README says how each was built): `name` is `transform-LANG` (the
+/// scaffold), `sink-rust` (the file sink), `budget-rust` or `router-rust`
+/// (the policies). Unpacked once per run, under `target/`.
+pub fn built_for_0_2_0(name: &str) -> PathBuf {
+    static UNPACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let wasm = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("served-0.2.0")
+        .join(format!("{name}.wasm"));
+    let _one_at_a_time = UNPACKING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !wasm.is_file() {
+        let packed = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/artifacts/served/0.2.0")
+            .join(format!("{name}.wasm.zst"));
+        let file =
+            std::fs::File::open(&packed).unwrap_or_else(|e| panic!("{}: {e}", packed.display()));
+        let bytes = zstd::decode_all(file).expect("a zstd stream");
+        std::fs::create_dir_all(wasm.parent().expect("a folder")).expect("create the folder");
+        let part = wasm.with_extension("part");
+        std::fs::write(&part, bytes).expect("write the component");
+        std::fs::rename(&part, &wasm).expect("move the component in place");
+    }
+    wasm
+}
+
 /// A host running in this process, with its own temp dir.
 pub struct TestHost {
     pub host: RunningHost,

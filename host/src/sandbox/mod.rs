@@ -425,7 +425,7 @@ impl Sandbox {
             None => None,
         };
         let http_pool = http_pool(config)?;
-        let pre_version = pre.version();
+        let wit = built_for(&self.engine, &component);
         let loaded = Arc::new(Plugin {
             config: config.clone(),
             settings_json: config.settings.to_string(),
@@ -460,7 +460,7 @@ impl Sandbox {
                 error,
             })?;
         drop(smoke_test);
-        said_loaded(config, &loaded.version, pre_version);
+        said_loaded(config, &loaded.version, &wit);
         Ok(loaded)
     }
 }

@@ -1,7 +1,7 @@
 //! How the sandbox links, instantiates and `init`s each world of
 //! [`crate::world::WORLDS`]: one line per world and served version whose
-//! exports differ in the `worlds!` call below (its variant, world, version
-//! and the `bindgen!` module of `bindings.rs`). Calling a world's own
+//! exports differ in the `worlds!` call below (its variant, world and the
+//! `bindgen!` module of `bindings.rs`). Calling a world's own
 //! exports (`transform`, `admit`, …) is `PluginInstance`'s.
 
 use wasmtime::Store;
@@ -11,7 +11,7 @@ use super::bindings;
 use crate::world::World;
 
 macro_rules! worlds {
-    ($($variant:ident = $world:ident @ $version:literal => $($module:ident)::+ { $exports:ident, $pre:ident }),* $(,)?) => {
+    ($($variant:ident = $world:ident => $($module:ident)::+ { $exports:ident, $pre:ident }),* $(,)?) => {
         /// A component linked for its world, ready to instantiate in a
         /// store holding `T` (the instance's `PluginState`).
         pub(super) enum PluginPre<T: 'static> {
@@ -46,13 +46,6 @@ macro_rules! worlds {
                 Err(first_error.unwrap_or_else(|| wasmtime::format_err!("no bindings for world {world:?}")))
             }
 
-            /// The `weir:plugin` version the component was built for.
-            pub(super) fn version(&self) -> &'static str {
-                match self {
-                    $(PluginPre::$variant(_) => $version,)*
-                }
-            }
-
             pub(super) async fn instantiate(
                 &self,
                 store: &mut Store<T>,
@@ -80,11 +73,11 @@ macro_rules! worlds {
 }
 
 worlds! {
-    Transform = Transform @ "0.3.0" => bindings::transform { Transform, TransformPre },
-    TransformV0_2 = Transform @ "0.2.0" => bindings::v0_2_0::transform { Transform, TransformPre },
-    Sink = Sink @ "0.3.0" => bindings::sink { Sink, SinkPre },
-    SinkV0_2 = Sink @ "0.2.0" => bindings::v0_2_0::sink { Sink, SinkPre },
+    Transform = Transform => bindings::transform { Transform, TransformPre },
+    TransformV0_2 = Transform => bindings::v0_2_0::transform { Transform, TransformPre },
+    Sink = Sink => bindings::sink { Sink, SinkPre },
+    SinkV0_2 = Sink => bindings::v0_2_0::sink { Sink, SinkPre },
     // The policy worlds did not change in 0.3.0: one binding serves both.
-    Budget = Budget @ "0.3.0" => bindings::budget { Budget, BudgetPre },
-    Router = Router @ "0.3.0" => bindings::router { Router, RouterPre },
+    Budget = Budget => bindings::budget { Budget, BudgetPre },
+    Router = Router => bindings::router { Router, RouterPre },
 }
