@@ -322,35 +322,6 @@ async fn a_new_transform_and_its_0_2_0_build_in_each_language_give_the_expected_
     give_the_fixtures_outcomes(plugins, &old_sink).await;
 }
 
-/// `weir plugin check` names the version a plugin was built for, and says
-/// that 0.2.0 is the previous one, still served.
-#[test]
-fn plugin_check_names_the_previous_version_a_plugin_was_built_for() {
-    let wasm = built_for_0_2_0("transform-rust");
-    let output = Command::new(WEIR)
-        .args(["plugin", "check"])
-        .arg(&wasm)
-        .env("WEIR_CACHE_DIR", crate::support::compile_cache_dir())
-        .output()
-        .expect("weir runs");
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        text.contains("world: weir:plugin/transform@0.2.0"),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            "built for weir:plugin@0.2.0, the previous version, which this weir still serves"
-        ),
-        "{text}"
-    );
-}
-
 /// `weir plugin test WASM --rows FILE --expect FILE` in `dir`: its exit
 /// code and stdout.
 fn plugin_test_expect(dir: &Path, wasm: &Path, expected: &str) -> (Option<i32>, String) {

@@ -262,6 +262,30 @@ sink = "files"
     host.shutdown().await;
 }
 
+/// `weir plugin check` names the version a plugin was built for, and says
+/// that 0.2.0 is the previous one, still served.
+#[test]
+fn plugin_check_names_the_previous_version_a_plugin_was_built_for() {
+    let wasm = built_for_0_2_0("transform-rust");
+    let output = weir_plugin(&["check", wasm.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("world: weir:plugin/transform@0.2.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "built for weir:plugin@0.2.0, the previous version, which this weir still serves"
+        ),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn plugin_check_names_each_plugins_world_and_the_grants_it_needs() {
     for (wasm, world) in [

@@ -546,21 +546,27 @@ pub fn wrong_version(found: &str) -> String {
 /// The version of `weir:plugin` a component imports, when this host does
 /// not serve it (a plugin built with an SDK older than the previous one).
 fn foreign_version(engine: &Engine, component: &Component) -> Option<String> {
-    component
-        .component_type()
-        .imports(engine)
-        .find_map(|(name, _)| imported_version(name).filter(|v| !SERVED_WIT_VERSIONS.contains(v)))
-        .map(str::to_string)
+    imported_versions(engine, component)
+        .into_iter()
+        .find(|version| !SERVED_WIT_VERSIONS.contains(&version.as_str()))
 }
 
 /// The version of `weir:plugin` a component was built for, as its imports
 /// name it (today's when it imports none of weir's interfaces).
 fn built_for(engine: &Engine, component: &Component) -> String {
+    imported_versions(engine, component)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| WIT_VERSION.to_string())
+}
+
+/// The `weir:plugin` versions a component's imports name, in import order.
+fn imported_versions(engine: &Engine, component: &Component) -> Vec<String> {
     component
         .component_type()
         .imports(engine)
-        .find_map(|(name, _)| imported_version(name).map(str::to_string))
-        .unwrap_or_else(|| WIT_VERSION.to_string())
+        .filter_map(|(name, _)| imported_version(name).map(str::to_string))
+        .collect()
 }
 
 /// `weir:plugin/host@0.1.0` → `0.1.0`; none for anything else.
