@@ -950,6 +950,19 @@ impl BarePartition {
         let partition = router.partition_stream(0);
         let stream = manifest.streams.iter().find(|s| s.name == partition);
         js.create_stream(stream.unwrap().clone()).await.unwrap();
+        // A replicated stream answers publishes only once it has elected a
+        // leader: before that the front door finds no stream (CI saw it).
+        crate::support::eventually(
+            std::time::Duration::from_secs(30),
+            "the partition stream has a leader",
+            || async {
+                let mut stream = js.get_stream(&partition).await.ok()?;
+                let info = stream.info().await.ok()?;
+                let led = info.cluster.as_ref().is_none_or(|c| c.leader.is_some());
+                led.then_some(())
+            },
+        )
+        .await;
         BarePartition {
             config,
             router,
