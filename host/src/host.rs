@@ -47,7 +47,9 @@ use crate::ops::page::Page;
 use crate::ops::readiness::Readiness;
 use crate::ops::status::{NatsStatus, StatusSource};
 use crate::reload::generation::Generation;
-use crate::reload::releases::{Prepare, Release, ReleaseFollower, StoreError, Tallies};
+use crate::reload::releases::{
+    FleetCompiled, Prepare, Release, ReleaseFollower, StoreError, Tallies,
+};
 use crate::reload::{FleetReleases, Reloader, behind_fleet, released_files, with_files};
 use crate::sandbox::{LoadError, Sandbox, SandboxError};
 use crate::state::store::StateStore;
@@ -199,7 +201,8 @@ impl RunningHost {
         // of it where one was pushed (not this host's own file).
         let pushed_dir = config.data_dir.join("pushed");
         let released = released_files(&client, &router, &config, &pushed_dir).await?;
-        let (sandbox, generation) = Self::first_generation(&config, &released, &metrics).await?;
+        let (sandbox, generation) =
+            Self::first_generation(&config, &released, (&client, &router), &metrics).await?;
         let first_gate = Gate::new(generation.config().clone(), |name| {
             generation.plugin(name).cloned()
         });
@@ -511,18 +514,23 @@ impl RunningHost {
     }
 
     /// The sandbox and the first generation of plugins it loads: the
-    /// config's, with the fleet's released files (`released`) in place.
+    /// config's, with the fleet's released files (`released`) in place,
+    /// each compiled once for the fleet (`FleetCompiled`).
     async fn first_generation(
         config: &Arc<Config>,
         released: &std::collections::BTreeMap<String, std::path::PathBuf>,
+        (client, router): (&async_nats::Client, &Names),
         metrics: &Metrics,
     ) -> Result<(Arc<Sandbox>, Generation), StartError> {
-        let sandbox = Arc::new(
-            Sandbox::with_pool(metrics.clone(), instance_pool(config))?.with_cache(
-                config.compile_cache_dir.clone(),
-                config.compile_cache_max_bytes,
-            ),
+        let mut sandbox = Sandbox::with_pool(metrics.clone(), instance_pool(config))?.with_cache(
+            config.compile_cache_dir.clone(),
+            config.compile_cache_max_bytes,
         );
+        let me = host_id(config.coordination.host_id.as_deref(), &config.data_dir)?;
+        if let Some(fleet) = FleetCompiled::open(client, router, &me).await {
+            sandbox = sandbox.with_fleet(fleet);
+        }
+        let sandbox = Arc::new(sandbox);
         let config = match released.is_empty() {
             true => config.clone(),
             false => Arc::new(with_files(config, released)),

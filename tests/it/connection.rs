@@ -128,15 +128,16 @@ async fn mq_apply_readies_an_empty_server_and_says_what_it_changed() {
         "created stream KV_weir_coord",
         "created stream KV_weir_state",
         "created stream OBJ_weir_plugins",
+        "created stream OBJ_weir_compiled",
         "created stream weir_in_3",
         "created consumer weir_in_3/weir_in_3_0",
-        "12 created, 0 updated, 0 unchanged",
+        "13 created, 0 updated, 0 unchanged",
     ] {
         assert!(first.contains(object), "no `{object}` in:\n{first}");
     }
     let second = apply();
     assert!(
-        second.contains("0 created, 0 updated, 12 unchanged"),
+        second.contains("0 created, 0 updated, 13 unchanged"),
         "{second}"
     );
     delivers_rows(&config).await;

@@ -25,6 +25,7 @@ mod canary;
 mod cli;
 mod cluster;
 mod cluster_support;
+mod compiled;
 mod connection;
 mod delivery;
 mod deploy;

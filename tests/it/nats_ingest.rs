@@ -26,7 +26,7 @@ const STATUS: &str = weir::ingest::STATUS_HEADER;
 /// The base config as an operator's NATS sees it (the test applies the
 /// topology as admin; the host only verifies it), with a second tenant
 /// `beta`. `extra` goes into the `orders` pipeline (and may add tables).
-fn config(nats_url: &str, extra: &str) -> String {
+pub(crate) fn config(nats_url: &str, extra: &str) -> String {
     format!(
         "{}\n[[tenants]]\nname = \"beta\"\napi_keys = [\"{BETA_KEY}\"]\n",
         base_config(nats_url, extra).replace("[stream]\ncreate = true\n", "")
@@ -50,14 +50,14 @@ fn permissions(config: &str, args: &[&str]) -> String {
 /// A nats-server with an admin, the hosts' user `weir` and a producer user
 /// per tenant (`acme`, `beta`, password `<name>-secret`), each with exactly
 /// the permissions weir prints for `template`, and the topology applied.
-struct Server {
+pub(crate) struct Server {
     /// Kept running (and removed) with the server value.
     _nats: Nats,
     port: u16,
 }
 
 impl Server {
-    fn start(template: &str) -> Server {
+    pub(crate) fn start(template: &str) -> Server {
         Server::start_for(template, &["acme", "beta"], "")
     }
 
@@ -93,11 +93,11 @@ impl Server {
         server
     }
 
-    fn url(&self, user: &str) -> String {
+    pub(crate) fn url(&self, user: &str) -> String {
         format!("nats://{user}:{user}-secret@127.0.0.1:{}", self.port)
     }
 
-    async fn admin(&self) -> async_nats::Client {
+    pub(crate) async fn admin(&self) -> async_nats::Client {
         async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-secret".into())
             .connect(format!("nats://127.0.0.1:{}", self.port))
             .await
@@ -106,7 +106,7 @@ impl Server {
 
     /// A producer of `tenant` as the docs set it up: its own user, answers
     /// on its own inbox prefix. The server's errors arrive on the receiver.
-    async fn producer(
+    pub(crate) async fn producer(
         &self,
         tenant: &str,
     ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {

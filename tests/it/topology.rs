@@ -101,8 +101,8 @@ async fn apply_manifests(client: &async_nats::Client, config_text: &str) {
     }
     assert_eq!(
         kinds,
-        (8, 4),
-        "4 partitions, dead letters, coordination and state buckets and plugin store; a consumer per unit"
+        (9, 4),
+        "4 partitions, dead letters, coordination and state buckets, plugin and compiled stores; a consumer per unit"
     );
 }
 
@@ -501,8 +501,8 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     let items = nack["items"].as_array().unwrap();
     assert_eq!(
         items.len(),
-        3 + 6 + 2 + 1,
-        "3 streams, 6 consumers, the coordination and state buckets and the plugin store"
+        3 + 6 + 2 + 2,
+        "3 streams, 6 consumers, the coordination and state buckets, the plugin and compiled stores"
     );
     assert_eq!(items[9]["kind"], "KeyValue");
     assert_eq!(items[9]["spec"]["bucket"], "weir_coord");
@@ -510,6 +510,9 @@ fn manifests_for_nack_are_kubernetes_resources_and_a_file_store_budget_adds_up()
     assert_eq!(items[10]["spec"]["bucket"], "weir_state");
     assert_eq!(items[11]["kind"], "ObjectStore");
     assert_eq!(items[11]["spec"]["bucket"], "weir_plugins");
+    assert_eq!(items[12]["kind"], "ObjectStore");
+    assert_eq!(items[12]["spec"]["bucket"], "weir_compiled");
+    assert_eq!(items[12]["spec"]["ttl"], "2592000s", "30 days");
     // Unit consumers are durable pull consumers of every row, unpinned:
     // each claim creates its unit's afresh.
     for consumer in &items[3..9] {

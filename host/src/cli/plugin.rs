@@ -347,30 +347,41 @@ async fn push(
     let plugin = configured(&config, &fleet, &name)?;
     // Refused before anything is checked or stored.
     let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
-    // Checked before connecting: a plugin no host can run is
-    // refused without touching the fleet. With the config's
-    // compiled cache: a version compiled before (here, or by a
-    // host on this machine) is not compiled again.
-    let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
+    // Checked before anything is stored: a plugin no host can run is
+    // refused without touching the fleet. With the config's compiled
+    // cache and the fleet's artifacts: a version compiled before (here, by
+    // a host on this machine, or for the fleet) is not compiled again, and
+    // what is compiled here is the fleet's one compilation when this weir
+    // is the hosts' build and may keep it (a host's credentials).
+    let connected = fleet.connect().await;
+    let mut sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
         config.compile_cache_dir.clone(),
         config.compile_cache_max_bytes,
     );
+    if let Ok((config, client)) = &connected
+        && let Some(artifacts) =
+            releases::FleetCompiled::open(client, &router_of(config), "weir plugin push").await
+    {
+        sandbox = sandbox.with_fleet(artifacts);
+    }
     let version = weir::sandbox::version_of(&bytes);
     let began = std::time::Instant::now();
     releases::check(&sandbox, plugin, &file, &bytes).await?;
-    let cached = sandbox
-        .compile_cache()
-        .is_some_and(|cache| cache.hits() > 0);
+    use weir::sandbox::Origin;
+    let origin = [Origin::Cache, Origin::Fleet, Origin::Compiled]
+        .into_iter()
+        .find(|origin| sandbox.loaded_from(*origin) > 0);
     println!(
         "plugin {name}: {version} checked in {:.1} s ({})",
         began.elapsed().as_secs_f64(),
-        match cached {
-            true => "from the compiled cache",
-            false => "compiled",
+        match origin {
+            Some(Origin::Cache) => "from the compiled cache",
+            Some(Origin::Fleet) => "from the fleet's compiled artifact",
+            _ => "compiled",
         }
     );
     drop(sandbox);
-    let (config, client) = fleet.connect().await?;
+    let (config, client) = connected?;
     let router = router_of(&config);
     let staged = releases::stage(&client, &router, &name, &bytes).await?;
     if let Some(canary) = canary {

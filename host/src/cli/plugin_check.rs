@@ -48,6 +48,7 @@ fn compiled(inspection: &Inspection) -> String {
     match inspection.origin {
         Origin::Compiled => format!("compiled in {secs:.2} s"),
         Origin::Cache => format!("loaded from the compiled cache in {secs:.2} s"),
+        Origin::Fleet => format!("loaded the fleet's compiled artifact in {secs:.2} s"),
     }
 }
 

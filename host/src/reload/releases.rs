@@ -35,9 +35,11 @@ use crate::reload::shadow::Diff;
 use crate::sandbox::{LoadError, Sandbox};
 use crate::topology::route::Names;
 
+mod compiled;
 mod follower;
 mod rollback;
 
+pub use compiled::{COMPILING, FleetCompiled};
 pub use follower::{ReleaseFollower, Tallies};
 pub use rollback::{RollbackTo, stage_rollback};
 

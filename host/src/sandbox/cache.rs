@@ -30,11 +30,13 @@ pub struct CompileCache {
     misses: AtomicU64,
 }
 
-/// Where a component came from: the cache, or Cranelift.
+/// Where a component came from: the cache, the fleet's artifact, or
+/// Cranelift here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
-    Cache,
-    Compiled,
+    Cache = 0,
+    Fleet = 1,
+    Compiled = 2,
 }
 
 impl CompileCache {
@@ -64,14 +66,8 @@ impl CompileCache {
     /// The entry of this `.wasm` for this engine.
     fn path_of(&self, engine: &Engine, wasm: &[u8]) -> PathBuf {
         use sha2::Digest;
-        use std::hash::Hash;
         let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
-        // SHA-256 rather than std's hasher, whose output may change between
-        // Rust releases: the same engine keeps finding its entries.
-        let mut engine_key = Sha256Hasher(sha2::Sha256::new());
-        engine.precompile_compatibility_hash().hash(&mut engine_key);
-        env!("CARGO_PKG_VERSION").hash(&mut engine_key);
-        let engine_key = engine_key.0.finalize();
+        let engine_key = engine_key(engine);
         self.dir.join(format!(
             "{}-{}.{EXTENSION}",
             hex(&sha2::Sha256::digest(wasm)),
@@ -173,6 +169,20 @@ impl CompileCache {
             }
         }
     }
+}
+
+/// What tells engines whose compiled code is interchangeable from others:
+/// wasmtime's compatibility hash (its version and every setting that
+/// shapes the code) and weir's version.
+pub(crate) fn engine_key(engine: &Engine) -> [u8; 32] {
+    use sha2::Digest;
+    use std::hash::Hash;
+    // SHA-256 rather than std's hasher, whose output may change between
+    // Rust releases: the same engine keeps finding its entries.
+    let mut key = Sha256Hasher(sha2::Sha256::new());
+    engine.precompile_compatibility_hash().hash(&mut key);
+    env!("CARGO_PKG_VERSION").hash(&mut key);
+    key.0.finalize().into()
 }
 
 /// Feeds what a `Hash` impl writes into SHA-256.

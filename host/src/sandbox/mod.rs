@@ -30,6 +30,7 @@ mod http_batch;
 mod imports;
 mod json_members;
 mod served;
+pub mod shared;
 mod inspect;
 mod instance;
 mod worlds;
@@ -41,6 +42,7 @@ pub use inspect::Inspection;
 use instance::PluginState;
 pub use instance::{CallError, FailureKind, Plugin, PluginInstance};
 pub use served::SERVED_WIT_VERSIONS;
+pub use shared::{Claim, FleetArtifacts};
 use worlds::PluginPre;
 
 /// The log target of the lines around a compilation, so a command that
@@ -55,6 +57,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// A ticker sleep that overshoots by more than this was the whole process
 /// standing still (SIGSTOP, a VM stall), not a plugin running.
 const PAUSE_THRESHOLD: Duration = Duration::from_millis(250);
+/// The longest a host waits for the artifact another process compiles for
+/// the fleet before compiling its own (a 20 MB component takes seconds).
+const FLEET_WAIT: Duration = Duration::from_secs(300);
+/// How often a host waiting for the fleet's artifact looks for it.
+const FLEET_POLL: Duration = Duration::from_millis(100);
 /// Core instances per component: a std wasip2 guest has a handful.
 const POOL_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
 /// Per-memory address space the pool reserves; per-plugin caps are lower.
@@ -189,6 +196,10 @@ pub struct Sandbox {
     pauses: Arc<Pauses>,
     /// Where compiled components are kept between starts, if anywhere.
     cache: Option<Arc<CompileCache>>,
+    /// The fleet's compiled components, if shared.
+    fleet: Option<Arc<dyn FleetArtifacts>>,
+    /// Components loaded so far, by [`Origin`].
+    origins: [AtomicU64; 3],
 }
 
 impl Sandbox {
@@ -267,6 +278,8 @@ impl Sandbox {
             ticker_stop,
             pauses,
             cache: None,
+            fleet: None,
+            origins: Default::default(),
         })
     }
 
@@ -284,27 +297,187 @@ impl Sandbox {
         self.cache.as_deref()
     }
 
-    /// Compiles a component, or loads it from the compiled cache; a
-    /// compilation is logged before (it can take half a minute) and after.
+    /// Shares compiled components with the fleet through `artifacts` (see
+    /// [`shared`]): a component one host compiled is loaded by the others.
+    pub fn with_fleet(mut self, artifacts: Arc<dyn FleetArtifacts>) -> Sandbox {
+        self.fleet = Some(artifacts);
+        self
+    }
+
+    /// How many components this sandbox loaded from `origin` so far.
+    pub fn loaded_from(&self, origin: Origin) -> u64 {
+        self.origins[origin as usize].load(Ordering::Relaxed)
+    }
+
+    /// A component: from the compiled cache, else the fleet's artifact,
+    /// else compiled here (and shared with the fleet, if this process won
+    /// the claim to compile it while the others wait).
     pub(crate) async fn compile(
         &self,
         plugin: &str,
         path: &str,
         bytes: Vec<u8>,
     ) -> Result<Compiled, LoadError> {
+        let bytes = Arc::new(bytes);
+        let compiled = match self.cached(&bytes).await {
+            Some(component) => Ok(Compiled {
+                component,
+                origin: Origin::Cache,
+            }),
+            None => match self.fleet.clone() {
+                Some(fleet) => self.through_fleet(&*fleet, plugin, path, &bytes).await,
+                None => self
+                    .compile_here(plugin, path, &bytes)
+                    .await
+                    .map(|(c, _)| c),
+            },
+        };
+        if let Ok(compiled) = &compiled {
+            self.origins[compiled.origin as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        compiled
+    }
+
+    /// The compiled cache's entry of `bytes`, if it has one.
+    async fn cached(&self, bytes: &Arc<Vec<u8>>) -> Option<Component> {
+        let cache = self.cache.clone()?;
+        let (engine, bytes) = (self.engine.clone(), bytes.clone());
+        tokio::task::spawn_blocking(move || cache.load(&engine, &bytes))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The fleet's artifact of `bytes`; while another process holds the
+    /// claim to compile it, waits for it (at most [`FLEET_WAIT`]); with the
+    /// claim, compiles and shares it. Any trouble with the store: compiled
+    /// here, as without a fleet.
+    async fn through_fleet(
+        &self,
+        fleet: &dyn FleetArtifacts,
+        plugin: &str,
+        path: &str,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Result<Compiled, LoadError> {
+        let key = shared::key(&self.engine, bytes);
+        let gave_up = std::time::Instant::now() + FLEET_WAIT;
+        let mut waiting_for = None;
+        let trouble = loop {
+            match fleet.get(&key).await {
+                Ok(Some(sealed)) => match self.unsealed(plugin, &key, bytes, sealed).await {
+                    Some(component) => {
+                        return Ok(Compiled {
+                            component,
+                            origin: Origin::Fleet,
+                        });
+                    }
+                    None => break None,
+                },
+                Ok(None) => {}
+                Err(reason) => break Some(reason),
+            }
+            match fleet.claim(&key).await {
+                Ok(Claim::Taken(claim)) => {
+                    // Kept by the last holder between our look and our claim?
+                    if let Ok(Some(sealed)) = fleet.get(&key).await {
+                        drop(claim);
+                        if let Some(component) = self.unsealed(plugin, &key, bytes, sealed).await {
+                            return Ok(Compiled {
+                                component,
+                                origin: Origin::Fleet,
+                            });
+                        }
+                        break None;
+                    }
+                    let (compiled, code) = self.compile_here(plugin, path, bytes).await?;
+                    let header = shared::seal_header(&self.engine, bytes, &code);
+                    match fleet.put(&key, &header, &code).await {
+                        Ok(()) => {
+                            tracing::info!(plugin, artifact = %key, "kept the compiled plugin {plugin} for the fleet")
+                        }
+                        Err(reason) => {
+                            tracing::warn!(plugin, artifact = %key, %reason, "cannot keep the compiled plugin {plugin} for the fleet")
+                        }
+                    }
+                    drop((claim, code));
+                    return_freed_memory();
+                    return Ok(compiled);
+                }
+                Ok(Claim::HeldBy(who)) if std::time::Instant::now() < gave_up => {
+                    if waiting_for.as_ref() != Some(&who) {
+                        tracing::info!(target: COMPILE_LOG, plugin, "plugin {plugin}: {who} compiles it for the fleet; waiting for its artifact");
+                        waiting_for = Some(who);
+                    }
+                    tokio::time::sleep(FLEET_POLL).await;
+                }
+                Ok(Claim::HeldBy(who)) => {
+                    break Some(format!("{who} has not kept it within {FLEET_WAIT:?}"));
+                }
+                Err(reason) => break Some(reason),
+            }
+        };
+        if let Some(reason) = trouble {
+            tracing::warn!(plugin, artifact = %key, %reason, "the fleet's compiled artifacts cannot be used; compiling plugin {plugin} here");
+        }
+        self.compile_here(plugin, path, bytes).await.map(|(c, _)| c)
+    }
+
+    /// The component in a sealed artifact, if [`shared::unseal`] and then
+    /// wasmtime accept it; a refusal is logged (the caller compiles).
+    async fn unsealed(
+        &self,
+        plugin: &str,
+        key: &str,
+        bytes: &Arc<Vec<u8>>,
+        sealed: Vec<u8>,
+    ) -> Option<Component> {
+        let (engine, cache, bytes) = (self.engine.clone(), self.cache.clone(), bytes.clone());
+        let loaded = tokio::task::spawn_blocking(move || -> Result<Component, String> {
+            let code =
+                shared::unseal(&engine, &bytes, &sealed).map_err(|refusal| refusal.to_string())?;
+            if let Some(component) = cache
+                .as_ref()
+                .and_then(|cache| cache.store(&engine, &bytes, code))
+            {
+                return Ok(component);
+            }
+            // SAFETY: `unseal` checked that this code was made from this
+            // component by an engine of this build and settings, and is the
+            // code that was sealed, in a store only hosts may write;
+            // wasmtime checks its own header again.
+            unsafe { Component::deserialize(&engine, code) }.map_err(|err| format!("{err:#}"))
+        })
+        .await
+        .map_err(|err| err.to_string())
+        .and_then(|loaded| loaded);
+        return_freed_memory();
+        match loaded {
+            Ok(component) => {
+                tracing::info!(target: COMPILE_LOG, plugin, artifact = %key, "plugin {plugin}: loaded the fleet's compiled artifact");
+                Some(component)
+            }
+            Err(reason) => {
+                tracing::warn!(plugin, artifact = %key, %reason, "refused the fleet's compiled artifact of plugin {plugin}; compiling it here");
+                None
+            }
+        }
+    }
+
+    /// Compiles a component here (logged before: it can take half a
+    /// minute, and after), keeps it in the compiled cache, and returns it
+    /// with the native code it was loaded from.
+    async fn compile_here(
+        &self,
+        plugin: &str,
+        path: &str,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Result<(Compiled, Vec<u8>), LoadError> {
         let engine = self.engine.clone();
         let compile_config = self.compile_config.clone();
         let cache = self.cache.clone();
-        let (name, shown) = (plugin.to_string(), path.to_string());
+        let (name, shown, bytes) = (plugin.to_string(), path.to_string(), bytes.clone());
         // Cranelift takes a while on a big component: keep it off the runtime threads.
-        let compiled = tokio::task::spawn_blocking(move || -> wasmtime::Result<Compiled> {
-            if let Some(component) = cache.as_ref().and_then(|c| c.load(&engine, &bytes)) {
-                tracing::debug!(plugin = %name, "compiled component loaded from the cache");
-                return Ok(Compiled {
-                    component,
-                    origin: Origin::Cache,
-                });
-            }
+        let compiled = tokio::task::spawn_blocking(move || -> wasmtime::Result<(Compiled, Vec<u8>)> {
             tracing::info!(target: COMPILE_LOG, plugin = %name, path = %shown, "compiling plugin {name} ({})…", megabytes(bytes.len()));
             let started = std::time::Instant::now();
             // The engine that compiles keeps Cranelift's contexts (tens of
@@ -327,12 +500,14 @@ impl Sandbox {
             };
             let component = std::thread::scope(|scope| scope.spawn(load).join())
                 .map_err(|_| wasmtime::Error::msg("loading the compiled component panicked"))??;
-            drop(compiled);
             return_freed_memory();
-            Ok(Compiled {
-                component,
-                origin: Origin::Compiled,
-            })
+            Ok((
+                Compiled {
+                    component,
+                    origin: Origin::Compiled,
+                },
+                compiled,
+            ))
         })
         .await;
         let compile_error = |reason: String| LoadError::Compile {

@@ -22,6 +22,8 @@ use crate::topology::route::{Names, Unit};
 
 /// Rows a unit may have delivered but not yet acked.
 const MAX_ACK_PENDING: i64 = 20_000;
+/// How long the fleet keeps a compiled artifact.
+const COMPILED_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long the marker of an expired coordination key is kept: a watch
 /// resuming after a longer outage would miss the expiry.
 const COORDINATION_MARKER_TTL: Duration = Duration::from_secs(3600);
@@ -182,12 +184,25 @@ impl Manifest {
                     ..BucketOptions::new(router.state_bucket())
                 },
             ],
-            object_stores: vec![object_store::Config {
-                bucket: router.plugin_store(),
-                description: Some("weir plugins pushed to the fleet".into()),
-                num_replicas: replicas,
-                ..Default::default()
-            }],
+            object_stores: vec![
+                object_store::Config {
+                    bucket: router.plugin_store(),
+                    description: Some("weir plugins pushed to the fleet".into()),
+                    num_replicas: replicas,
+                    ..Default::default()
+                },
+                object_store::Config {
+                    bucket: router.compiled_store(),
+                    description: Some(
+                        "weir plugins compiled once for the fleet (written by hosts only)".into(),
+                    ),
+                    // Artifacts of past releases and engines go on their
+                    // own; a host that needs one again compiles it again.
+                    max_age: COMPILED_MAX_AGE,
+                    num_replicas: replicas,
+                    ..Default::default()
+                },
+            ],
         };
         for partition in 0..router.partitions() {
             let name = router.partition_stream(partition);
@@ -303,6 +318,7 @@ impl Manifest {
                     "bucket": store.bucket,
                     "description": store.description,
                     "storage": "file",
+                    "ttl": (!store.max_age.is_zero()).then(|| duration(store.max_age)),
                     "replicas": store.num_replicas.max(1),
                 }
             }));
@@ -697,6 +713,7 @@ fn object_store_stream(store: &object_store::Config) -> stream::Config {
             format!("$O.{}.M.>", store.bucket),
         ],
         storage: store.storage,
+        max_age: store.max_age,
         num_replicas: store.num_replicas.max(1),
         discard: stream::DiscardPolicy::New,
         allow_rollup: true,

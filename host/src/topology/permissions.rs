@@ -2,7 +2,8 @@
 //! same [`Manifest`] weir verifies: publish its rows and dead letters, read
 //! its streams and consumers, pull and ack its durables (and create each
 //! afresh, by its exact name, at the claim that takes its unit),
-//! coordinate through its KV bucket, fetch plugins pushed to the fleet,
+//! coordinate through its KV bucket, fetch plugins pushed to the fleet
+//! (and fetch and keep the components compiled once for it),
 //! publish to the subjects its sinks are granted (`grants.nats`), serve
 //! the NATS door and answer its requests — and nothing that creates,
 //! deletes or purges a stream. And what a producer of one tenant needs
@@ -106,18 +107,25 @@ impl Permissions {
                 ]);
             }
         }
-        // Plugins pushed to the fleet: read from the object store (its info,
-        // the object's metadata, and its chunks through an ordered consumer).
-        let objects = format!("OBJ_{}", router.plugin_store());
-        publish.extend([
-            format!("$JS.API.STREAM.INFO.{objects}"),
-            format!("$JS.API.STREAM.MSG.GET.{objects}"),
-            format!("$JS.API.DIRECT.GET.{objects}.>"),
-            format!("$JS.API.CONSUMER.CREATE.{objects}"),
-            format!("$JS.API.CONSUMER.CREATE.{objects}.>"),
-            format!("$JS.API.CONSUMER.DELETE.{objects}.>"),
-            format!("$JS.FC.{objects}.>"),
-        ]);
+        // Plugins pushed to the fleet, and the fleet's compiled artifacts:
+        // read from their object stores (its info, the object's metadata,
+        // and its chunks through an ordered consumer).
+        for store in [router.plugin_store(), router.compiled_store()] {
+            let objects = format!("OBJ_{store}");
+            publish.extend([
+                format!("$JS.API.STREAM.INFO.{objects}"),
+                format!("$JS.API.STREAM.MSG.GET.{objects}"),
+                format!("$JS.API.DIRECT.GET.{objects}.>"),
+                format!("$JS.API.CONSUMER.CREATE.{objects}"),
+                format!("$JS.API.CONSUMER.CREATE.{objects}.>"),
+                format!("$JS.API.CONSUMER.DELETE.{objects}.>"),
+                format!("$JS.FC.{objects}.>"),
+            ]);
+        }
+        // A host keeps what it compiled for the others: new objects only
+        // (chunks, then the metadata that makes them visible), never a purge.
+        let compiled = router.compiled_store();
+        publish.extend([format!("$O.{compiled}.C.>"), format!("$O.{compiled}.M.>")]);
         Permissions {
             publish: Allow { allow: publish },
             // Replies to requests and pulls.
@@ -221,6 +229,7 @@ mod tests {
                     subject.contains(".weir_in_0.weir_in_0_")
                         || subject.contains(".KV_weir_coord")
                         || subject.contains(".OBJ_weir_plugins")
+                        || subject.contains(".OBJ_weir_compiled")
                         || subject.contains(".weir_dlq"),
                     "{subject}"
                 );

@@ -276,6 +276,13 @@ impl Names {
         format!("{}_plugins", self.prefix)
     }
 
+    /// The object store of components compiled for the fleet: written
+    /// only by hosts (and a `weir plugin push` run with a host's
+    /// credentials), never by tenants.
+    pub fn compiled_store(&self) -> String {
+        format!("{}_compiled", self.prefix)
+    }
+
     /// The KV bucket of members and unit owners.
     pub fn coordination_bucket(&self) -> String {
         format!("{}_coord", self.prefix)
