@@ -207,6 +207,7 @@ async fn measure(members: usize, window: Duration, ttl: Duration) -> anyhow::Res
                         units: workers.clone(),
                         metrics: metrics.clone(),
                         plugins: Arc::new(Default::default),
+                        plugins_changed: Default::default(),
                         // Followed as a host follows them: the same watch.
                         followers: vec![
                             Arc::new(Ledger::new(&format!("member-{member:03}"))),

@@ -454,6 +454,7 @@ impl RunningHost {
             ttl: config.coordination.member_ttl,
             metrics: workers.metrics.clone(),
             plugins: running_versions(workers.generations.subscribe()),
+            plugins_changed: generation_changes(workers.generations.subscribe()),
             units: Arc::new(DeliveryUnits(workers)),
             followers,
             drain_timeout: config.delivery.drain_timeout,
@@ -695,6 +696,20 @@ fn running_versions(generations: watch::Receiver<Arc<Generation>>) -> PluginVers
             .map(|plugin| (plugin.name().to_string(), plugin.version.clone()))
             .collect()
     })
+}
+
+/// Notified at each new generation, for as long as generations are made.
+fn generation_changes(
+    mut generations: watch::Receiver<Arc<Generation>>,
+) -> Arc<tokio::sync::Notify> {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let told = changed.clone();
+    tokio::spawn(async move {
+        while generations.changed().await.is_ok() {
+            told.notify_one();
+        }
+    });
+    changed
 }
 
 /// Takes the data dir for this host: a second weir on the same dir would

@@ -130,6 +130,8 @@ pub(super) struct Renewal {
     pub kv: NatsKv,
     pub me: String,
     pub plugins: PluginVersions,
+    /// Notified when `plugins` changed: renewed at once.
+    pub plugins_changed: Arc<Notify>,
     pub ttl: Duration,
     /// Notified when the roster entry went (removed by the others).
     pub rewrite_roster: Arc<Notify>,
@@ -155,6 +157,7 @@ pub(super) async fn renew(
         kv,
         me,
         plugins,
+        plugins_changed,
         ttl,
         rewrite_roster,
     } = renewal;
@@ -234,6 +237,8 @@ pub(super) async fn renew(
             _ = tokio::time::sleep(pause) => {}
             // Written again right after the next renewal.
             _ = rewrite_roster.notified() => in_roster = None,
+            // New versions: renewed (and the roster written) now.
+            _ = plugins_changed.notified(), if renewed => {}
         }
     }
 }

@@ -292,6 +292,9 @@ pub struct Membership {
     pub units: Arc<dyn UnitRunner>,
     pub metrics: Metrics,
     pub plugins: PluginVersions,
+    /// Notified when `plugins` changed: the member key says so at once,
+    /// not at its next renewal (what `weir plugin push --wait` waits for).
+    pub plugins_changed: Arc<tokio::sync::Notify>,
     /// Who else follows keys through this host's coordination watch.
     pub followers: Vec<Arc<dyn KeyFollower>>,
     /// How long a planned leave lets units finish their rows in hand.
@@ -346,6 +349,7 @@ impl Coordination {
                 kv: membership.kv.clone(),
                 me: membership.me.clone(),
                 plugins: membership.plugins.clone(),
+                plugins_changed: membership.plugins_changed.clone(),
                 ttl: membership.ttl,
                 rewrite_roster: rewrite_roster.clone(),
             },
