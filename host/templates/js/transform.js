@@ -5,11 +5,10 @@ export const { init, transform } = weir.transform({
     this.field = settings.field ?? "checked";
   },
   row(row) {
-    // A row's JSON fields are read without parsing the row whole;
-    // `row.json()` gives the whole object when you need it.
-    if (!row.has("id")) return weir.deadLetter("missing id");
-    if (row.get("kind") === "noise") return weir.drop();
-    row.set(this.field, true);
-    return weir.emit(row);
+    const data = row.json();
+    if (!("id" in data)) return weir.deadLetter("missing id");
+    if (data.kind === "noise") return weir.drop();
+    data[this.field] = true;
+    return weir.emit(data);
   },
 });

@@ -50,7 +50,6 @@ export class Row {
     /** Its place in the batch: what `state` calls name it by. */
     this.index = index;
     this._json = undefined;
-    this._edits = undefined;
   }
 
   get tenant() { return this._tenant ??= this._view.text(this.index, 0); }
@@ -58,7 +57,7 @@ export class Row {
   get table() { return this._table ??= this._view.text(this.index, 2); }
   set table(value) { this._table = value; }
   get payload() { return this._payload ??= this._view.bytes(this.index, 4); }
-  set payload(value) { this._payload = value; this._json = undefined; this._edits = undefined; }
+  set payload(value) { this._payload = value; this._json = undefined; }
   /** [name, value] pairs in order; a name may repeat. */
   get headers() { return this._headers ??= this._view.headers(this.index); }
   set headers(value) { this._headers = value; }
@@ -67,98 +66,9 @@ export class Row {
   get attempts() { return this._attempts ??= this._view.attempts[this.index]; }
   set attempts(value) { this._attempts = value; }
 
-  /** The payload parsed as JSON (parsed on first call, then kept; fields
-   * set with `set` are in it). */
+  /** The payload parsed as JSON (parsed on first call, then kept). */
   json() {
-    if (this._json === undefined) {
-      this._json = JSON.parse(this.text());
-      const edits = this._edits;
-      if (edits !== undefined) {
-        this._edits = undefined;
-        for (const [name, value] of edits) objectOf(this._json)[name] = value;
-      }
-    }
-    return this._json;
-  }
-
-  /** Whether the payload, a JSON object, has field `name`. Read without
-   * parsing the row whole where the host placed its fields. */
-  has(name) {
-    if (this._edits !== undefined && this._edits.has(name)) return true;
-    const at = this._spot(name);
-    if (at < 0) return Object.hasOwn(objectOf(this.json()), name);
-    return this._view.places[at] !== NOT_READ;
-  }
-
-  /** Field `name` of the payload, a JSON object (undefined when absent):
-   * only that field's value is parsed where the host placed it. */
-  get(name) {
-    const edits = this._edits;
-    if (edits !== undefined && edits.has(name)) return edits.get(name);
-    const at = this._spot(name);
-    if (at < 0) {
-      const data = objectOf(this.json());
-      return Object.hasOwn(data, name) ? data[name] : undefined;
-    }
-    const view = this._view, places = view.places;
-    const start = places[at];
-    if (start === NOT_READ) return undefined;
-    return JSON.parse(view.piece(view.nums[8 * this.index + 4] + start, places[at + 1] - start));
-  }
-
-  /** Sets field `name` of the payload, a JSON object: `emit(row)` writes
-   * the row as it came with only its set fields rewritten or added. */
-  set(name, value) {
-    if (value === undefined || this._spot(name) < 0) {
-      objectOf(this.json())[name] = value;
-      return;
-    }
-    (this._edits ??= new Map()).set(name, value);
-  }
-
-  /** Where field `name`'s start is in the batch's places, or -1 when the
-   * host cannot say (no host, a payload replaced or parsed, a row the host
-   * did not read): the row is then parsed whole. */
-  _spot(name) {
-    const view = this._view;
-    if (view === undefined || this._payload !== undefined || this._json !== undefined) return -1;
-    const slot = view.slot(name);
-    if (slot < 0) return -1;
-    const at = view.width * this.index;
-    if (view.places[at] === NOT_READ) return -1;
-    return at + 1 + 2 * slot;
-  }
-
-  /** The payload to emit for this row: as it came, with the set fields
-   * written in place (replaced where they were, added before the `}`). */
-  _emitted() {
-    if (this._json !== undefined) return JSON.stringify(this._json) ?? "";
-    const edits = this._edits;
-    if (edits === undefined) return this.text();
-    const view = this._view, places = view.places, at = view.width * this.index;
-    const base = view.nums[8 * this.index + 4];
-    const closing = base + places[at];
-    const end = base + view.nums[8 * this.index + 5];
-    const replaced = [];
-    let added = "";
-    for (const [name, value] of edits) {
-      const encoded = JSON.stringify(value);
-      const slot = at + 1 + 2 * view.slots.get(name);
-      const start = places[slot];
-      if (start === NOT_READ) added += "," + JSON.stringify(name) + ":" + encoded;
-      else replaced.push([base + start, base + places[slot + 1], encoded]);
-    }
-    let head = "";
-    let done = base;
-    if (replaced.length > 1) replaced.sort((a, b) => a[0] - b[0]);
-    for (const [start, stop, encoded] of replaced) {
-      head += view.piece(done, start - done) + encoded;
-      done = stop;
-    }
-    head += view.piece(done, closing - done);
-    // The object's first member: no comma before it.
-    if (added && head.trimEnd().endsWith("{")) added = added.substring(1);
-    return head + added + view.piece(closing, end - closing);
+    return this._json ??= JSON.parse(this.text());
   }
 
   /** The payload as UTF-8 text. */
@@ -185,29 +95,6 @@ export class Row {
   }
 }
 
-/** The object a row's fields are read from and set in. */
-function objectOf(data) {
-  if (data === null || typeof data !== "object" || Array.isArray(data)) {
-    throw new TypeError(`the row's payload is JSON ${data === null ? "null" : Array.isArray(data) ? "array" : typeof data}, not an object`);
-  }
-  return data;
-}
-
-// A place `json-members` has no offset for: an absent field, a row not read.
-const NOT_READ = 0xffffffff;
-// The most field names one batch asks the host to place (the WIT's bound),
-// and the names this plugin has read so far, asked for at every batch's
-// first read so that a batch usually asks once.
-const MAX_FIELD_NAMES = 64;
-const fieldNames = [];
-// The host's `json-members`, once index.js gives it (Node has none).
-let placeFields = undefined;
-
-/** Lets rows read fields through `place(names)` (the host's `json-members`). */
-export function readFieldsWith(place) {
-  placeFields = place;
-}
-
 /** A packed batch read in place. Its bytes are decoded once, as one
  * string, when every byte is one UTF-16 unit (ASCII, the common case):
  * a row's text is then a substring (no copy in SpiderMonkey) instead of a
@@ -220,44 +107,6 @@ class View {
     this.sequences = numbers(batch.sequences, BigUint64Array);
     this.attempts = numbers(batch.attempts);
     this.whole = undefined;
-    // The rows' JSON fields, placed by the host when a row first reads one:
-    // each name's slot, and per row `width` places.
-    this.names = undefined;
-    this.slots = undefined;
-    this.places = undefined;
-    this.width = 0;
-  }
-
-  /** `name`'s slot once the host has placed it (with every field read
-   * before), or -1 when it cannot. */
-  slot(name) {
-    if (this.names === undefined) {
-      this.names = fieldNames.slice();
-      this.slots = new Map();
-    }
-    const known = this.slots.get(name);
-    if (known !== undefined) return known;
-    if (typeof name !== "string") return -1;
-    if (!this.names.includes(name)) {
-      this.names.push(name);
-      if (fieldNames.length < MAX_FIELD_NAMES && !fieldNames.includes(name)) fieldNames.push(name);
-    }
-    let places;
-    if (placeFields !== undefined && this.names.length <= MAX_FIELD_NAMES) {
-      try {
-        places = placeFields(this.names);
-      } catch {
-        places = undefined; // refused: the rows are parsed whole instead
-      }
-    }
-    if (places === undefined) {
-      this.slots.set(name, -1);
-      return -1;
-    }
-    this.places = numbers(places);
-    this.width = 1 + 2 * this.names.length;
-    this.slots = new Map(this.names.map((n, k) => [n, k]));
-    return this.slots.get(name);
   }
 
   /** The text at `offset`, `length` bytes in `data`. */
@@ -326,14 +175,11 @@ const OK_OUTCOME = Object.freeze({ code: OK, argument: 0 });
 
 /** Pass the row on unchanged (for a sink: it was delivered). */
 export const ok = () => OK_OUTCOME;
-/** Replace the row by `rows`: each out(...), a payload (Uint8Array,
- * string, or a value written as JSON) or an input Row (as it came, with
- * the fields `set` in it), keeping table and headers. */
+/** Replace the row by `rows`: each out(...) or a payload (Uint8Array,
+ * string, or a value written as JSON) keeping table and headers. */
 export const emit = (...rows) => {
   for (let i = 0; i < rows.length; i++) {
-    const row = rows[i];
-    if (row instanceof Row) rows[i] = new Out(row._emitted(), undefined, undefined);
-    else if (!(row instanceof Out)) rows[i] = new Out(row, undefined, undefined);
+    if (!(rows[i] instanceof Out)) rows[i] = new Out(rows[i], undefined, undefined);
   }
   return { code: EMIT, rows };
 };

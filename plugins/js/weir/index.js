@@ -5,14 +5,10 @@
 //
 // (sink: `{ init, deliver } = weir.sink(…)`, budget: `{ init, admit }`,
 // router: `{ init, routeTable, routeKeys }`). See plugins/README.md.
-import { log as hostLog, addCounter, jsonMembers } from "weir:plugin/host@0.3.0";
+import { log as hostLog, addCounter } from "weir:plugin/host@0.3.0";
 import {
-  guarded, initPlugin, packDelivered, packTransformed, parseSettings, readFieldsWith, runBatch,
-  unpack,
+  guarded, initPlugin, packDelivered, packTransformed, parseSettings, runBatch, unpack,
 } from "./core.js";
-
-// Rows read their JSON fields where the host placed them (`json-members`).
-readFieldsWith(jsonMembers);
 
 export {
   Row, out, ok, emit, drop, retry, deadLetter, admit, throttle, reject, defaultRoute, to, byKey,

@@ -1,6 +1,6 @@
 // A Node loader hook (registered by test.mjs) serving the WIT imports
 // outside wasm: `weir:plugin/host@0.3.0` (log lines and counters go to
-// stderr; `json-members` refuses, so rows read fields from their parse), `weir:plugin/state@0.3.0` (a map per tenant and table, for the
+// stderr), `weir:plugin/state@0.3.0` (a map per tenant and table, for the
 // rows test.mjs runs) and `weir:plugin/http-batch@0.3.0`:
 // `globalThis.weirHttpResponder` (request => { tag: "ok", val: { status,
 // headers, body } } or { tag: "err", val: { tag: "timeout" } }) answers, or
@@ -19,9 +19,7 @@ export async function resolve(specifier, context, next) {
 }
 
 const HOST = `export function log(level, message) { console.error(level + ": " + message); }
-export function addCounter(name, delta) { console.error("counter " + name + " += " + delta); }
-// No batch outside wasm to place fields in: rows parse themselves whole.
-export function jsonMembers(names) { throw "json-members: no host outside wasm"; }`;
+export function addCounter(name, delta) { console.error("counter " + name + " += " + delta); }`;
 
 // Keys are compared as text: fixture keys are UTF-8.
 const STATE = `const scopes = new Map();
