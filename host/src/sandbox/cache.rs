@@ -106,9 +106,15 @@ impl CompileCache {
     /// an engine configured as `engine`), then evicts the least recently used
     /// entries beyond the bound, and returns the entry mapped from its file
     /// (its code then lives in the page cache, shared by every host on the
-    /// machine, not in this process's heap). Trouble only costs a later
-    /// compilation; `None`: the caller loads `compiled` itself.
-    pub fn store(&self, engine: &Engine, wasm: &[u8], compiled: &[u8]) -> Option<Component> {
+    /// machine, not in this process's heap), with the file's path. Trouble
+    /// only costs a later compilation; `None`: the caller loads `compiled`
+    /// itself.
+    pub fn store(
+        &self,
+        engine: &Engine,
+        wasm: &[u8],
+        compiled: &[u8],
+    ) -> Option<(Component, PathBuf)> {
         let path = self.path_of(engine, wasm);
         let stored = std::fs::create_dir_all(&self.dir).and_then(|()| {
             // Written aside and renamed: a crash never leaves half a file under the key.
@@ -128,6 +134,7 @@ impl CompileCache {
         map(engine, &path)
             .inspect_err(|err| tracing::warn!(cache = %path.display(), error = %err, "cannot map the compiled component just kept"))
             .ok()
+            .map(|component| (component, path))
     }
 
     /// Removes least recently used entries until the cache fits its bound,

@@ -390,8 +390,7 @@ impl Sandbox {
                         break None;
                     }
                     let (compiled, code) = self.compile_here(plugin, path, bytes).await?;
-                    let header = shared::seal_header(&self.engine, bytes, &code);
-                    match fleet.put(&key, &header, &code).await {
+                    match self.share(fleet, &key, bytes, code).await {
                         Ok(()) => {
                             tracing::info!(plugin, artifact = %key, "kept the compiled plugin {plugin} for the fleet")
                         }
@@ -399,7 +398,7 @@ impl Sandbox {
                             tracing::warn!(plugin, artifact = %key, %reason, "cannot keep the compiled plugin {plugin} for the fleet")
                         }
                     }
-                    drop((claim, code));
+                    drop(claim);
                     return_freed_memory();
                     return Ok(compiled);
                 }
@@ -422,6 +421,30 @@ impl Sandbox {
         self.compile_here(plugin, path, bytes).await.map(|(c, _)| c)
     }
 
+    /// Keeps `code`, compiled here from `bytes`, as the fleet's artifact
+    /// `key`: read from the compiled cache's file where it kept it.
+    async fn share(
+        &self,
+        fleet: &dyn FleetArtifacts,
+        key: &str,
+        bytes: &[u8],
+        code: Code,
+    ) -> Result<(), String> {
+        match code {
+            Code::Kept { path, digest } => {
+                let mut file = tokio::fs::File::open(&path)
+                    .await
+                    .map_err(|err| format!("{}: {err}", path.display()))?;
+                let header = shared::seal_header(&self.engine, bytes, &digest);
+                fleet.put(key, &header, &mut file).await
+            }
+            Code::Bytes(code) => {
+                let header = shared::seal_header(&self.engine, bytes, &shared::code_digest(&code));
+                fleet.put(key, &header, &mut code.as_slice()).await
+            }
+        }
+    }
+
     /// The component in a sealed artifact, if [`shared::unseal`] and then
     /// wasmtime accept it; a refusal is logged (the caller compiles).
     async fn unsealed(
@@ -438,6 +461,7 @@ impl Sandbox {
             if let Some(component) = cache
                 .as_ref()
                 .and_then(|cache| cache.store(&engine, &bytes, code))
+                .map(|(component, _)| component)
             {
                 return Ok(component);
             }
@@ -471,13 +495,13 @@ impl Sandbox {
         plugin: &str,
         path: &str,
         bytes: &Arc<Vec<u8>>,
-    ) -> Result<(Compiled, Vec<u8>), LoadError> {
+    ) -> Result<(Compiled, Code), LoadError> {
         let engine = self.engine.clone();
         let compile_config = self.compile_config.clone();
         let cache = self.cache.clone();
         let (name, shown, bytes) = (plugin.to_string(), path.to_string(), bytes.clone());
         // Cranelift takes a while on a big component: keep it off the runtime threads.
-        let compiled = tokio::task::spawn_blocking(move || -> wasmtime::Result<(Compiled, Vec<u8>)> {
+        let compiled = tokio::task::spawn_blocking(move || -> wasmtime::Result<(Compiled, Code)> {
             tracing::info!(target: COMPILE_LOG, plugin = %name, path = %shown, "compiling plugin {name} ({})…", megabytes(bytes.len()));
             let started = std::time::Instant::now();
             // The engine that compiles keeps Cranelift's contexts (tens of
@@ -489,24 +513,34 @@ impl Sandbox {
             // Loaded on a fresh thread: what the component keeps for its
             // life then lands in another malloc arena than the compiler's
             // freed buffers, which can then go back to the system whole.
-            let load = || -> wasmtime::Result<Component> {
+            let load = || -> wasmtime::Result<(Component, Option<PathBuf>)> {
                 let kept = cache.as_ref().and_then(|cache| cache.store(&engine, &bytes, &compiled));
                 match kept {
-                    Some(component) => Ok(component),
+                    Some((component, path)) => Ok((component, Some(path))),
                     // SAFETY: `compiled` was produced just now by an engine of
                     // this engine's configuration; it never left the process.
-                    None => unsafe { Component::deserialize(&engine, &compiled) },
+                    None => unsafe { Component::deserialize(&engine, &compiled) }.map(|c| (c, None)),
                 }
             };
-            let component = std::thread::scope(|scope| scope.spawn(load).join())
+            let (component, kept) = std::thread::scope(|scope| scope.spawn(load).join())
                 .map_err(|_| wasmtime::Error::msg("loading the compiled component panicked"))??;
+            // The code is shared from the cache's file when it is there: not
+            // held here meanwhile (tens of MB for a Python or JS component).
+            let code = match kept {
+                Some(path) => {
+                    let digest = shared::code_digest(&compiled);
+                    drop(compiled);
+                    Code::Kept { path, digest }
+                }
+                None => Code::Bytes(compiled),
+            };
             return_freed_memory();
             Ok((
                 Compiled {
                     component,
                     origin: Origin::Compiled,
                 },
-                compiled,
+                code,
             ))
         })
         .await;
@@ -779,6 +813,13 @@ fn http_import(engine: &Engine, component: &Component) -> Option<String> {
         .collect();
     imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));
     imports.into_iter().next()
+}
+
+/// The native code a compilation made, as it is shared: the compiled
+/// cache's file of it, or its bytes when no cache kept them.
+enum Code {
+    Kept { path: PathBuf, digest: [u8; 32] },
+    Bytes(Vec<u8>),
 }
 
 /// A compiled component and what it cost.

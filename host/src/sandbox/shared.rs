@@ -34,13 +34,14 @@ pub trait FleetArtifacts: Send + Sync {
     /// The sealed artifact kept under `key`, if there is one.
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, String>>;
 
-    /// Keeps the artifact `header` + `code` under `key` (in two parts: a
-    /// big component's code is not copied to be sealed).
+    /// Keeps the artifact `header` + `code` under `key` (in two parts,
+    /// `code` read as it is sent: a big component's code, tens of MB, is
+    /// neither copied to be sealed nor held in memory).
     fn put<'a>(
         &'a self,
         key: &'a str,
         header: &'a [u8],
-        code: &'a [u8],
+        code: &'a mut (dyn tokio::io::AsyncRead + Unpin + Send),
     ) -> BoxFuture<'a, Result<(), String>>;
 
     /// Takes the right to compile `key` for the fleet: `Some` (held while
@@ -67,15 +68,21 @@ pub fn key(engine: &Engine, wasm: &[u8]) -> String {
     format!("{}.{}", hex(&Sha256::digest(wasm)), hex(&engine_key[..8]))
 }
 
-/// What seals `compiled`, made from `wasm` by `engine`, for the fleet:
-/// the artifact is this header followed by `compiled`.
-pub fn seal_header(engine: &Engine, wasm: &[u8], compiled: &[u8]) -> Vec<u8> {
+/// What seals native code whose SHA-256 is `code_digest`, made from
+/// `wasm` by `engine`, for the fleet: the artifact is this header
+/// followed by the code.
+pub fn seal_header(engine: &Engine, wasm: &[u8], code_digest: &[u8; 32]) -> Vec<u8> {
     let mut header = Vec::with_capacity(HEADER);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&Sha256::digest(wasm));
     header.extend_from_slice(&super::cache::engine_key(engine));
-    header.extend_from_slice(&Sha256::digest(compiled));
+    header.extend_from_slice(code_digest);
     header
+}
+
+/// The SHA-256 a sealed artifact records of its code.
+pub fn code_digest(code: &[u8]) -> [u8; 32] {
+    Sha256::digest(code).into()
 }
 
 /// Why a sealed artifact is not loaded.
@@ -132,7 +139,7 @@ mod tests {
     fn an_artifact_opens_only_for_its_component_its_engine_and_its_bytes() {
         let engine = Engine::default();
         let sealed = [
-            seal_header(&engine, b"component", b"native code"),
+            seal_header(&engine, b"component", &code_digest(b"native code")),
             b"native code".to_vec(),
         ]
         .concat();

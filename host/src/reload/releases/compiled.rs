@@ -96,7 +96,7 @@ impl FleetArtifacts for FleetCompiled {
         &'a self,
         key: &'a str,
         header: &'a [u8],
-        code: &'a [u8],
+        code: &'a mut (dyn tokio::io::AsyncRead + Unpin + Send),
     ) -> BoxFuture<'a, Result<(), String>> {
         async move {
             let meta = object_store::ObjectMetadata {
