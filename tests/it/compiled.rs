@@ -69,6 +69,20 @@ async fn replace(admin: &async_nats::Client, name: &str, bytes: Vec<u8>) {
     store.put(name, &mut bytes.as_slice()).await.unwrap();
 }
 
+/// Puts `bytes` in place of the artifact `name`, then loads `plugin` on
+/// `host` (an empty cache): the plugin, and where its component came from.
+async fn load_in_place_of(
+    admin: &async_nats::Client,
+    name: &str,
+    bytes: Vec<u8>,
+    host: &Sandbox,
+    plugin: &PluginConfig,
+) -> (Arc<weir::sandbox::Plugin>, [u64; 3]) {
+    replace(admin, name, bytes).await;
+    let loaded = host.load(plugin).await.unwrap();
+    (loaded, origins(host))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fleet_compiles_a_component_once_and_loads_only_an_artifact_that_is_its_own() {
     let template = config("nats://127.0.0.1:1", "");
@@ -132,14 +146,9 @@ async fn the_fleet_compiles_a_component_once_and_loads_only_an_artifact_that_is_
     let mut altered = sealed.clone();
     let middle = altered.len() / 2;
     altered[middle] ^= 0x01;
-    replace(&admin, name, altered).await;
     let fourth = sandbox(caches[3].path(), fleet("host-d").await);
-    let loaded = fourth.load(&plugin).await.unwrap();
-    assert_eq!(
-        origins(&fourth),
-        [0, 0, 1],
-        "an altered artifact is refused"
-    );
+    let (loaded, from) = load_in_place_of(&admin, name, altered, &fourth, &plugin).await;
+    assert_eq!(from, [0, 0, 1], "an altered artifact is refused");
     loaded.instantiate().await.unwrap();
 
     // Another engine's native code, sealed as this engine's (its digest
@@ -154,26 +163,16 @@ async fn the_fleet_compiles_a_component_once_and_loads_only_an_artifact_that_is_
         &foreign,
     ]
     .concat();
-    replace(&admin, name, forged).await;
     let fifth = sandbox(caches[4].path(), fleet("host-e").await);
-    fifth.load(&plugin).await.unwrap();
-    assert_eq!(
-        origins(&fifth),
-        [0, 0, 1],
-        "another engine's code is refused"
-    );
+    let (_, from) = load_in_place_of(&admin, name, forged, &fifth, &plugin).await;
+    assert_eq!(from, [0, 0, 1], "another engine's code is refused");
 
     // An artifact that says another engine made it, under this key.
     let mut other_engine = sealed.clone();
     other_engine[16 + 32] ^= 0xff;
-    replace(&admin, name, other_engine).await;
     let sixth = sandbox(caches[5].path(), fleet("host-f").await);
-    sixth.load(&plugin).await.unwrap();
-    assert_eq!(
-        origins(&sixth),
-        [0, 0, 1],
-        "another engine's claim is refused"
-    );
+    let (_, from) = load_in_place_of(&admin, name, other_engine, &sixth, &plugin).await;
+    assert_eq!(from, [0, 0, 1], "another engine's claim is refused");
 
     // A tenant's producer cannot write into the store: its publish is
     // refused by the server and nothing lands.

@@ -347,8 +347,8 @@ async fn push(
     let plugin = configured(&config, &fleet, &name)?;
     // Refused before anything is checked or stored.
     let canary = canary.canary(&config, plugin, releases::digest(&bytes))?;
-    // Checked before anything is stored: a plugin no host can run is
-    // refused without touching the fleet. With the config's compiled
+    // Checked before the push is staged: a plugin no host can run is
+    // refused before any host is asked to load it. With the config's compiled
     // cache and the fleet's artifacts: a version compiled before (here, by
     // a host on this machine, or for the fleet) is not compiled again, and
     // what is compiled here is the fleet's one compilation when this weir

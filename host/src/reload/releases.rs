@@ -39,7 +39,7 @@ mod compiled;
 mod follower;
 mod rollback;
 
-pub use compiled::{COMPILING, FleetCompiled};
+pub use compiled::FleetCompiled;
 pub use follower::{ReleaseFollower, Tallies};
 pub use rollback::{RollbackTo, stage_rollback};
 

@@ -320,10 +320,13 @@ impl Sandbox {
     ) -> Result<Compiled, LoadError> {
         let bytes = Arc::new(bytes);
         let compiled = match self.cached(&bytes).await {
-            Some(component) => Ok(Compiled {
-                component,
-                origin: Origin::Cache,
-            }),
+            Some(component) => {
+                tracing::debug!(plugin, "compiled component loaded from the cache");
+                Ok(Compiled {
+                    component,
+                    origin: Origin::Cache,
+                })
+            }
             None => match self.fleet.clone() {
                 Some(fleet) => self.through_fleet(&*fleet, plugin, path, &bytes).await,
                 None => self
@@ -362,32 +365,24 @@ impl Sandbox {
         let key = shared::key(&self.engine, bytes);
         let gave_up = std::time::Instant::now() + FLEET_WAIT;
         let mut waiting_for = None;
+        let from_fleet = |component| Compiled {
+            component,
+            origin: Origin::Fleet,
+        };
         let trouble = loop {
-            match fleet.get(&key).await {
-                Ok(Some(sealed)) => match self.unsealed(plugin, &key, bytes, sealed).await {
-                    Some(component) => {
-                        return Ok(Compiled {
-                            component,
-                            origin: Origin::Fleet,
-                        });
-                    }
-                    None => break None,
-                },
-                Ok(None) => {}
-                Err(reason) => break Some(reason),
+            match self.artifact(fleet, plugin, &key, bytes).await {
+                Artifact::Loaded(component) => return Ok(from_fleet(component)),
+                Artifact::Refused => break None,
+                Artifact::Unreadable(reason) => break Some(reason),
+                Artifact::Absent => {}
             }
             match fleet.claim(&key).await {
                 Ok(Claim::Taken(claim)) => {
                     // Kept by the last holder between our look and our claim?
-                    if let Ok(Some(sealed)) = fleet.get(&key).await {
-                        drop(claim);
-                        if let Some(component) = self.unsealed(plugin, &key, bytes, sealed).await {
-                            return Ok(Compiled {
-                                component,
-                                origin: Origin::Fleet,
-                            });
-                        }
-                        break None;
+                    match self.artifact(fleet, plugin, &key, bytes).await {
+                        Artifact::Loaded(component) => return Ok(from_fleet(component)),
+                        Artifact::Refused => break None,
+                        Artifact::Absent | Artifact::Unreadable(_) => {}
                     }
                     let (compiled, code) = self.compile_here(plugin, path, bytes).await?;
                     match self.share(fleet, &key, bytes, code).await {
@@ -419,6 +414,25 @@ impl Sandbox {
             tracing::warn!(plugin, artifact = %key, %reason, "the fleet's compiled artifacts cannot be used; compiling plugin {plugin} here");
         }
         self.compile_here(plugin, path, bytes).await.map(|(c, _)| c)
+    }
+
+    /// The fleet's artifact `key` of `bytes`, loaded if it is there and
+    /// accepted.
+    async fn artifact(
+        &self,
+        fleet: &dyn FleetArtifacts,
+        plugin: &str,
+        key: &str,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Artifact {
+        match fleet.get(key).await {
+            Ok(Some(sealed)) => match self.unsealed(plugin, key, bytes, sealed).await {
+                Some(component) => Artifact::Loaded(component),
+                None => Artifact::Refused,
+            },
+            Ok(None) => Artifact::Absent,
+            Err(reason) => Artifact::Unreadable(reason),
+        }
     }
 
     /// Keeps `code`, compiled here from `bytes`, as the fleet's artifact
@@ -813,6 +827,16 @@ fn http_import(engine: &Engine, component: &Component) -> Option<String> {
         .collect();
     imports.sort_by_key(|name| !name.starts_with("wasi:http/outgoing-handler"));
     imports.into_iter().next()
+}
+
+/// What a look for the fleet's artifact found.
+enum Artifact {
+    Loaded(Component),
+    /// There, but not this component's, this engine's, or whole (logged).
+    Refused,
+    Absent,
+    /// The store did not answer: the reason.
+    Unreadable(String),
 }
 
 /// The native code a compilation made, as it is shared: the compiled

@@ -4,7 +4,7 @@
 //! running Cranelift on the same bytes.
 //!
 //! The store behind it is the host's to give ([`FleetArtifacts`]: NATS in
-//! `reload::compiled`); the sandbox never reaches NATS itself.
+//! `reload/releases/compiled.rs`); the sandbox never reaches NATS itself.
 //!
 //! Architecture invariant: an artifact runs as native code outside the
 //! sandbox, so it is loaded only after [`unseal`] has checked that it was
@@ -44,13 +44,10 @@ pub trait FleetArtifacts: Send + Sync {
         code: &'a mut (dyn tokio::io::AsyncRead + Unpin + Send),
     ) -> BoxFuture<'a, Result<(), String>>;
 
-    /// Takes the right to compile `key` for the fleet: `Some` (held while
-    /// the guard lives; it lapses by itself if this process dies) or
-    /// `None` with who holds it.
+    /// Takes the right to compile `key` for the fleet: taken (held while
+    /// the guard lives; it lapses by itself if this process dies), or who
+    /// holds it.
     fn claim<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Claim, String>>;
-
-    /// Who holds the claim on `key` now, if anyone.
-    fn claimant<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, String>>;
 }
 
 /// The answer to [`FleetArtifacts::claim`].

@@ -18,7 +18,7 @@ use crate::sandbox::{Claim, FleetArtifacts};
 use crate::topology::route::Names;
 
 /// Key prefix of the claims to compile in the coordination bucket.
-pub const COMPILING: &str = "compiling.";
+const COMPILING: &str = "compiling.";
 /// A claim outlives its holder by at most this much.
 const CLAIM_TTL: Duration = Duration::from_secs(30);
 /// How often a holder renews its claim while it compiles.
@@ -71,6 +71,18 @@ impl FleetCompiled {
 
     fn claim_key(artifact: &str) -> String {
         format!("{COMPILING}{artifact}")
+    }
+
+    /// Who holds the claim on `artifact` now, if anyone.
+    async fn claimant(&self, artifact: &str) -> Result<Option<String>, String> {
+        let entry = self
+            .kv
+            .entry(&Self::claim_key(artifact))
+            .await
+            .map_err(|err| err.to_string())?;
+        Ok(entry
+            .filter(|entry| entry.operation.is_put())
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))
     }
 }
 
@@ -135,20 +147,6 @@ impl FleetArtifacts for FleetCompiled {
                 )),
                 Err(err) => Err(err.to_string()),
             }
-        }
-        .boxed()
-    }
-
-    fn claimant<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
-        async move {
-            let entry = self
-                .kv
-                .entry(&Self::claim_key(key))
-                .await
-                .map_err(|err| err.to_string())?;
-            Ok(entry
-                .filter(|entry| entry.operation.is_put())
-                .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))
         }
         .boxed()
     }
