@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{ACME_KEY, Host, PRODUCERS, TABLES, backlog, balanced, fleet_config};
+use crate::support::{ACME_KEY, Host, PRODUCERS, TABLES, backlog, balanced_among, fleet_config};
 
 /// The hosts' member TTL: a freeze of three times it is a takeover.
 pub const TTL_SECS: u64 = 3;
@@ -127,7 +127,8 @@ impl LoadedFleet {
             .iter()
             .map(|id| Host::spawn_with(id, config(id)))
             .collect();
-        balanced(&hosts[0], &ids).await;
+        let everyone: Vec<&Host> = hosts.iter().collect();
+        balanced_among(&hosts[0], &ids, &everyone).await;
         let stop = Arc::new(AtomicBool::new(false));
         let producers = (0..PRODUCERS)
             .map(|producer| tokio::spawn(produce(hosts[0].url.clone(), producer, stop.clone())))

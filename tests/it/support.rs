@@ -575,6 +575,20 @@ impl Host {
         std::fs::read_to_string(self.dir.path().join("weir.log")).unwrap_or_default()
     }
 
+    /// The last `lines` lines of the log that warn, fail or compile, under
+    /// the host's id: what a stalled host was doing, without its debug lines.
+    pub fn notes(&self, lines: usize) -> String {
+        let log = self.log();
+        let noted: Vec<&str> = log
+            .lines()
+            .filter(|line| {
+                line.contains(" WARN ") || line.contains(" ERROR ") || line.contains("compil")
+            })
+            .collect();
+        let tail = &noted[noted.len().saturating_sub(lines)..];
+        format!("--- {} ---\n{}", self.id, tail.join("\n"))
+    }
+
     /// The last `lines` lines of the log, under the host's id.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();
@@ -670,25 +684,58 @@ pub fn fleet_config(nats_url: &str, id: &str, port: u16, ttl_secs: u64) -> Strin
 /// The bound is generous: two freshly spawned hosts on a CI machine that
 /// is also running the rest of the suite once took over 40 s to get there.
 pub async fn balanced(observer: &Host, members: &[&str]) -> BTreeMap<String, Vec<String>> {
-    let what = format!("{members:?} share every unit evenly");
-    eventually(Duration::from_secs(90), &what, || async {
-        let report = observer.status().await?;
-        let ids: BTreeSet<&str> = report.fleet.members.iter().map(|m| m.id.as_str()).collect();
-        if ids != members.iter().copied().collect() || !report.fleet.unowned.is_empty() {
-            return None;
+    balanced_among(observer, members, &[observer]).await
+}
+
+/// [`balanced`]; past its bound, the panic says what `observer` last saw
+/// and what each of `hosts` last warned of or compiled (CI keeps a failed
+/// test's message, not the hosts' logs).
+pub async fn balanced_among(
+    observer: &Host,
+    members: &[&str],
+    hosts: &[&Host],
+) -> BTreeMap<String, Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last_seen = "no status answered".to_string();
+    loop {
+        if let Some(report) = observer.status().await {
+            let ids: BTreeSet<&str> = report.fleet.members.iter().map(|m| m.id.as_str()).collect();
+            let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut ownerless = report.fleet.unowned.len();
+            for unit in &report.units {
+                match &unit.owner {
+                    Some(owner) => owned
+                        .entry(owner.clone())
+                        .or_default()
+                        .push(unit.consumer.clone()),
+                    None => ownerless += 1,
+                }
+            }
+            let loads: BTreeMap<&str, usize> = owned
+                .iter()
+                .map(|(id, units)| (id.as_str(), units.len()))
+                .collect();
+            let (min, max) = (loads.values().min(), loads.values().max());
+            if ids == members.iter().copied().collect()
+                && ownerless == 0
+                && owned.len() == members.len()
+                && max.zip(min).is_some_and(|(max, min)| max - min <= 1)
+            {
+                return owned;
+            }
+            last_seen = format!("members {ids:?}, units held {loads:?}, {ownerless} unowned");
         }
-        let mut owned: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for unit in &report.units {
-            owned
-                .entry(unit.owner.clone()?)
-                .or_default()
-                .push(unit.consumer.clone());
+        if Instant::now() >= deadline {
+            let notes: Vec<String> = hosts.iter().map(|host| host.notes(12)).collect();
+            panic!(
+                "timed out after 90 s waiting for {members:?} to share every unit evenly; \
+                 {} last saw {last_seen}\n{}",
+                observer.id,
+                notes.join("\n")
+            );
         }
-        let loads: Vec<usize> = owned.values().map(Vec::len).collect();
-        let (min, max) = (loads.iter().min()?, loads.iter().max()?);
-        (owned.len() == members.len() && max - min <= 1).then_some(owned)
-    })
-    .await
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Every unit of the fleet's topology.
