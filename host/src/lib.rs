@@ -24,7 +24,7 @@ pub mod topology;
 pub mod coordination;
 pub mod delivery;
 pub mod sandbox;
-pub(crate) mod destination;
+pub mod destination;
 pub mod state;
 pub mod reload;
 

@@ -7,6 +7,7 @@
 //!   weir's ledger tables;
 //! - [`nats`]: a call's publishes, checked against the grant, and the step
 //!   that sends them with message ids;
+//! - [`objects`]: an object store (S3) and each unit's commit log in it;
 //! - [`outcome`]: what either step's `finish` returns.
 //!
 //! Exported by name, so callers never name the files: what the sandbox
@@ -15,9 +16,13 @@
 //! `Publisher`, `Ending`, `Finished`).
 
 mod nats;
+mod objects;
 mod outcome;
 mod postgres;
 
 pub use nats::{PublishCall, PublishStep, Publisher};
+pub use objects::{
+    Committed, Entry, LogError, Recovery, Store, StoreError, StoreSettings, UnitLog,
+};
 pub use outcome::{Ending, Finished};
 pub use postgres::{Param, PgCall, PgPool, PoolError, PostgresStep, StatementError};

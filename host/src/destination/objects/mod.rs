@@ -1,0 +1,10 @@
+//! Object storage a sink is granted (S3 and the stores that speak it): the
+//! store (`store.rs`), and each unit's commit log there (`log.rs`), which
+//! keeps every row in exactly one visible object across owners, crashes
+//! and late writers.
+
+mod log;
+mod store;
+
+pub use log::{Committed, Entry, LogError, Recovery, UnitLog};
+pub use store::{Store, StoreError, StoreSettings};

@@ -1,0 +1,367 @@
+//! A unit's commit log in a real object store (SeaweedFS's S3): every row
+//! in exactly one visible object whatever the interleaving of a new owner
+//! and an earlier one woken past its lease, a writer that died between
+//! its entry and its object, a store killed mid-commit, and settled
+//! entries pruned. Bad keys, a missing bucket and an unreachable endpoint
+//! each say what failed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use weir::destination::{Committed, Entry, LogError, Store, StoreSettings, UnitLog};
+use weir::fence::Fence;
+
+use crate::seaweed_support::{BUCKET, Seaweed};
+
+const PREFIX: &str = "rows";
+const SINK: &str = "lake";
+const UNIT: &str = "weir_p0_s0";
+
+/// What a worker's lease says, set by the test: a writer woken past its
+/// lease still believes it holds until it looks again.
+struct Lease(AtomicBool);
+
+impl Lease {
+    fn held() -> Lease {
+        Lease(AtomicBool::new(true))
+    }
+}
+
+impl Fence for Lease {
+    fn held(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    fn claim(&self) -> u64 {
+        0
+    }
+}
+
+fn object_key(number: u64) -> String {
+    format!("{PREFIX}/tenant=acme/table=orders/{UNIT}-{number:020}.ndjson")
+}
+
+/// The object's content: one line per row, its sequence.
+fn ndjson(rows: impl IntoIterator<Item = u64>) -> Bytes {
+    rows.into_iter()
+        .map(|seq| format!("{{\"seq\":{seq}}}\n"))
+        .collect::<String>()
+        .into()
+}
+
+fn range(first: u64, last: u64) -> Vec<u64> {
+    (first..=last).collect()
+}
+
+/// How many visible objects hold each row, as a reader listing the
+/// prefix sees it (the log's folder is not data).
+async fn rows_seen(store: &Store) -> BTreeMap<u64, usize> {
+    let listed: Vec<_> = store
+        .raw()
+        .list(Some(&Path::from(PREFIX)))
+        .try_collect()
+        .await
+        .expect("list the prefix");
+    let mut seen = BTreeMap::new();
+    for meta in listed {
+        if meta.location.as_ref().contains("/_weir/") {
+            continue;
+        }
+        let bytes = store
+            .raw()
+            .get(&meta.location)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("read");
+        for line in std::str::from_utf8(&bytes).expect("UTF-8").lines() {
+            let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            *seen.entry(row["seq"].as_u64().expect("seq")).or_default() += 1;
+        }
+    }
+    seen
+}
+
+fn assert_each_once(seen: &BTreeMap<u64, usize>, first: u64, last: u64) {
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    let missing: Vec<u64> = (first..=last).filter(|s| !seen.contains_key(s)).collect();
+    assert!(
+        twice.is_empty() && missing.is_empty() && seen.len() as u64 == last - first + 1,
+        "rows in more than one object: {twice:?}; in none: {missing:?}"
+    );
+}
+
+async fn open(store: &Store) -> (UnitLog, weir::destination::Recovery) {
+    UnitLog::open(store, PREFIX, SINK, UNIT)
+        .await
+        .expect("open the unit's log")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let (stale_lease, lease) = (Lease::held(), Lease::held());
+
+    // The first owner commits rows 1..=100, then checks its lease for its
+    // next commit and freezes there.
+    let (mut old, recovery) = open(&store).await;
+    assert!(recovery.written.is_empty() && recovery.unwritten.is_empty());
+    let first = old
+        .commit(
+            object_key,
+            &range(1, 100),
+            "old",
+            ndjson(1..=100),
+            &stale_lease,
+        )
+        .await
+        .expect("commit");
+    assert_eq!(first, Committed::Written(0));
+
+    // The unit moves: the new owner finds entry 0 written, numbers on from
+    // 1, and commits the redelivered rows 101..=150 it batched first.
+    let (mut new, recovery) = open(&store).await;
+    assert_eq!(recovery.written.len(), 1, "{recovery:?}");
+    assert!(recovery.written[0].1.holds(100) && !recovery.written[0].1.holds(101));
+    assert_eq!(new.next(), 1);
+    let ours = new
+        .commit(
+            object_key,
+            &range(101, 150),
+            "new",
+            ndjson(101..=150),
+            &lease,
+        )
+        .await
+        .expect("commit");
+    assert_eq!(ours, Committed::Written(1));
+
+    // The old owner wakes and sends its write of 101..=200 as number 1:
+    // refused, with the entry that holds the number.
+    let late = old
+        .commit(
+            object_key,
+            &range(101, 200),
+            "old",
+            ndjson(101..=200),
+            &stale_lease,
+        )
+        .await
+        .expect("a refused commit is an answer");
+    let Committed::Taken { number, entry } = late else {
+        panic!("the late write was not refused: {late:?}");
+    };
+    assert_eq!((number, entry.writer.as_str()), (1, "new"));
+    stale_lease.0.store(false, Ordering::SeqCst);
+    // It looks at its lease before anything else, and stops.
+    let fenced = old
+        .commit(
+            object_key,
+            &range(151, 200),
+            "old",
+            ndjson(151..=200),
+            &stale_lease,
+        )
+        .await;
+    assert!(matches!(fenced, Err(LogError::Fenced(_))), "{fenced:?}");
+
+    // Now the other order: the old owner's late entry (2, rows 151..=250)
+    // lands first, and it freezes again before writing its object.
+    let late_entry = Entry::new(object_key(2), &range(151, 250), "old".into());
+    let (mut late_writer, _) = open(&store).await;
+    assert_eq!(late_writer.next(), 2);
+    assert_eq!(
+        late_writer
+            .claim(2, &late_entry, &Lease::held())
+            .await
+            .expect("claim"),
+        None
+    );
+    let refused = new
+        .commit(
+            object_key,
+            &range(151, 180),
+            "new",
+            ndjson(151..=180),
+            &lease,
+        )
+        .await
+        .expect("commit");
+    let Committed::Taken { number: 2, entry } = refused else {
+        panic!("the new owner's commit was not refused: {refused:?}");
+    };
+    // The new owner holds every row of that entry (they are unacked): it
+    // writes the object the entry names, with exactly those rows, and the
+    // old owner's own write of it, when it wakes, is left.
+    let rows: Vec<u64> = entry.rows().collect();
+    assert_eq!(rows, range(151, 250));
+    new.complete(&entry, ndjson(rows.iter().copied()))
+        .await
+        .expect("complete");
+    late_writer
+        .complete(&late_entry, ndjson(151..=250))
+        .await
+        .expect("a write of a standing object is left, not an error");
+    let next = new
+        .commit(
+            object_key,
+            &range(251, 300),
+            "new",
+            ndjson(251..=300),
+            &lease,
+        )
+        .await
+        .expect("commit");
+    assert_eq!(next, Committed::Written(3));
+
+    assert_each_once(&rows_seen(&store).await, 1, 300);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_entry_whose_writer_died_before_its_object_is_completed_by_the_next_owner() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let lease = Lease::held();
+    let (mut dying, _) = open(&store).await;
+    dying
+        .commit(object_key, &range(1, 10), "dying", ndjson(1..=10), &lease)
+        .await
+        .expect("commit");
+    // Its entry stands, then it dies before the object.
+    let entry = Entry::new(object_key(1), &range(11, 20), "dying".into());
+    assert_eq!(dying.claim(1, &entry, &lease).await.expect("claim"), None);
+    drop(dying);
+
+    let (mut next, recovery) = open(&store).await;
+    assert_eq!(recovery.written.len(), 1);
+    assert_eq!(recovery.unwritten, vec![(1, entry.clone())]);
+    assert_eq!(
+        rows_seen(&store).await.len(),
+        10,
+        "the entry's rows are not visible yet"
+    );
+    next.complete(&entry, ndjson(entry.rows()))
+        .await
+        .expect("complete");
+    let written = next
+        .commit(object_key, &range(21, 30), "next", ndjson(21..=30), &lease)
+        .await
+        .expect("commit");
+    assert_eq!(written, Committed::Written(2));
+    assert_each_once(&rows_seen(&store).await, 1, 30);
+
+    // A claim whose answer was lost is sent again: the entry standing is
+    // the writer's own.
+    let again = Entry::new(object_key(3), &range(31, 40), "next".into());
+    assert_eq!(next.claim(3, &again, &lease).await.expect("claim"), None);
+    assert_eq!(
+        next.claim(3, &again, &lease).await.expect("claim again"),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_while_the_store_is_down_fails_and_goes_through_once_it_is_back() {
+    let mut seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let lease = Lease::held();
+    let (mut log, _) = open(&store).await;
+    log.commit(object_key, &range(1, 50), "host", ndjson(1..=50), &lease)
+        .await
+        .expect("commit");
+
+    seaweed.kill();
+    let failed = log
+        .commit(
+            object_key,
+            &range(51, 100),
+            "host",
+            ndjson(51..=100),
+            &lease,
+        )
+        .await;
+    let error = failed
+        .expect_err("a commit into a dead store fails")
+        .to_string();
+    assert!(
+        error.contains(BUCKET) && error.contains(&seaweed.endpoint()),
+        "the error names neither the bucket nor the store: {error}"
+    );
+    assert_eq!(log.next(), 1, "a failed commit used its number");
+
+    seaweed.start_again().await;
+    let retried = log
+        .commit(
+            object_key,
+            &range(51, 100),
+            "host",
+            ndjson(51..=100),
+            &lease,
+        )
+        .await
+        .expect("the same commit once the store is back");
+    assert_eq!(retried, Committed::Written(1));
+    assert_each_once(&rows_seen(&store).await, 1, 100);
+
+    // Entries whose rows are all acked go, but the newest: a next owner
+    // numbers on from it.
+    log.commit(
+        object_key,
+        &range(101, 150),
+        "host",
+        ndjson(101..=150),
+        &lease,
+    )
+    .await
+    .expect("commit");
+    assert_eq!(log.prune(100).await.expect("prune"), 2);
+    assert_eq!(
+        log.prune(150).await.expect("prune"),
+        0,
+        "the newest entry stays"
+    );
+    let (next, recovery) = open(&store).await;
+    assert_eq!((next.next(), recovery.written.len()), (3, 1));
+    assert_each_once(&rows_seen(&store).await, 1, 150);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_keys_a_missing_bucket_and_an_unreachable_store_say_what_failed() {
+    let seaweed = Seaweed::start().await;
+    let probe = |settings: StoreSettings| async move {
+        Store::open(&settings)
+            .expect("open")
+            .probe(PREFIX)
+            .await
+            .expect_err("the probe fails")
+            .to_string()
+    };
+    let mut wrong_secret = seaweed.settings();
+    wrong_secret.keys = wrong_secret
+        .keys
+        .map(|(id, _)| (id, "not-the-secret".into()));
+    let refused = probe(wrong_secret).await;
+    assert!(
+        refused.contains(BUCKET) && refused.contains("SignatureDoesNotMatch"),
+        "{refused}"
+    );
+    let mut other_bucket = seaweed.settings();
+    other_bucket.bucket = "no-such-bucket".into();
+    let missing = probe(other_bucket).await;
+    assert!(
+        missing.contains("no-such-bucket") && missing.contains("NoSuchBucket"),
+        "{missing}"
+    );
+    let mut nowhere = seaweed.settings();
+    nowhere.endpoint = Some(format!("http://127.0.0.1:{}", crate::support::free_port()));
+    let unreachable = probe(nowhere).await;
+    assert!(unreachable.contains("127.0.0.1"), "{unreachable}");
+    println!("refused keys: {refused}\nmissing bucket: {missing}\nunreachable: {unreachable}");
+    let shown = format!("{:?}", seaweed.settings());
+    assert!(!shown.contains("weir-test-secret"), "{shown}");
+}
