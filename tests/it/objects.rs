@@ -365,3 +365,120 @@ async fn refused_keys_a_missing_bucket_and_an_unreachable_store_say_what_failed(
     let shown = format!("{:?}", seaweed.settings());
     assert!(!shown.contains("weir-test-secret"), "{shown}");
 }
+
+/// `sql` run by DuckDB (`duckdb` from PyPI, with the `httpfs` extension
+/// from its wheel: DuckDB's own download needs the internet) against the
+/// store: the first row of its answer, as text.
+pub fn duckdb_over_s3(seaweed: &Seaweed, sql: &str) -> Vec<String> {
+    const READER: &str = r#"
+import glob, os, sys
+import duckdb, duckdb_extension_httpfs
+endpoint, key, secret, sql = sys.argv[1:5]
+ext = glob.glob(os.path.join(os.path.dirname(duckdb_extension_httpfs.__file__), "**", "httpfs.duckdb_extension"), recursive=True)[0]
+db = duckdb.connect()
+db.execute(f"INSTALL '{ext}'")
+db.execute("LOAD httpfs")
+for name, value in [("s3_endpoint", endpoint), ("s3_url_style", "path"), ("s3_use_ssl", "false"),
+                    ("s3_access_key_id", key), ("s3_secret_access_key", secret), ("s3_region", "us-east-1")]:
+    db.execute(f"SET {name} = '{value}'")
+print("\t".join(str(v) for v in db.execute(sql).fetchone()))
+"#;
+    let settings = seaweed.settings();
+    let (key, secret) = settings.keys.expect("keys");
+    let endpoint = seaweed.endpoint().trim_start_matches("http://").to_string();
+    let output = std::process::Command::new("python3")
+        .args(["-c", READER, &endpoint, &key, &secret, sql])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "DuckDB failed (`.ci/setup` installs duckdb and duckdb-extension-httpfs): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .split('\t')
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn parquet_objects_committed_through_the_log_are_read_once_by_duckdb() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let lease = Lease::held();
+    let format: weir::destination::Format = serde_json::from_value(serde_json::json!({
+        "format": "parquet",
+        "row_group_rows": 400,
+        "columns": [
+            {"name": "id", "type": "int64", "required": true},
+            {"name": "customer", "type": "string"},
+            {"name": "amount", "type": "float64"},
+            {"name": "at", "type": "timestamp"},
+        ],
+    }))
+    .expect("a format");
+    let parquet_key = |number: u64| {
+        format!("{PREFIX}/tenant=acme/table=orders/dt=2026-12-07/{UNIT}-{number:020}.parquet")
+    };
+    let (mut log, _) = open(&store).await;
+    let (mut refused, mut next_seq) = (Vec::new(), 1u64);
+    for object in 0..3u64 {
+        let mut writer = weir::destination::ObjectWriter::new(&format).expect("a writer");
+        let mut sequences = Vec::new();
+        for i in 0..1000u64 {
+            let id = object * 1000 + i + 1;
+            let seq = next_seq;
+            next_seq += 1;
+            // One row in a hundred carries its amount as a string.
+            let amount = if id % 100 == 0 {
+                serde_json::json!("12.5")
+            } else {
+                serde_json::json!(id as f64 / 4.0)
+            };
+            let row = serde_json::json!({
+                "id": id, "customer": format!("c{}", id % 7), "amount": amount,
+                "at": "2026-12-07T12:00:00Z",
+            });
+            match writer.append(row.to_string().as_bytes()) {
+                Ok(()) => sequences.push(seq),
+                Err(weir::destination::AppendError::Refused(why)) => refused.push(why.to_string()),
+                Err(err) => panic!("{err}"),
+            }
+        }
+        let data = writer.finish().expect("finish");
+        let committed = log
+            .commit(parquet_key, &sequences, "host", data, &lease)
+            .await
+            .expect("commit");
+        assert_eq!(committed, Committed::Written(object));
+    }
+    assert_eq!(refused.len(), 30);
+    assert!(
+        refused[0].starts_with("column `amount` (Float64): expected a number, found a string"),
+        "{}",
+        refused[0]
+    );
+    let answer = duckdb_over_s3(
+        &seaweed,
+        &format!(
+            "SELECT count(*), count(DISTINCT id), min(\"at\")::VARCHAR, sum(amount) \
+             FROM read_parquet('s3://{BUCKET}/{PREFIX}/**/*.parquet', hive_partitioning = true) \
+             WHERE tenant = 'acme' AND dt = '2026-12-07'"
+        ),
+    );
+    let expected_sum: f64 = (1..=3000u64)
+        .filter(|id| id % 100 != 0)
+        .map(|id| id as f64 / 4.0)
+        .sum();
+    assert_eq!(
+        answer,
+        vec![
+            "2970".to_string(),
+            "2970".to_string(),
+            "2026-12-07 12:00:00+00".to_string(),
+            format!("{expected_sum:.1}"),
+        ],
+        "DuckDB's count, distinct ids, first time and sum of amounts"
+    );
+}

@@ -22,7 +22,9 @@ mod postgres;
 
 pub use nats::{PublishCall, PublishStep, Publisher};
 pub use objects::{
-    Committed, Entry, LogError, Recovery, Store, StoreError, StoreSettings, UnitLog,
+    AppendError, Column, ColumnType, Committed, EncodeError, Entry, Format, LogError,
+    NdjsonCompression, ObjectWriter, ParquetCompression, Recovery, RowRefused, Store, StoreError,
+    StoreSettings, UnitLog,
 };
 pub use outcome::{Ending, Finished};
 pub use postgres::{Param, PgCall, PgPool, PoolError, PostgresStep, StatementError};
