@@ -95,6 +95,24 @@ fn assert_each_once(seen: &BTreeMap<u64, usize>, first: u64, last: u64) {
     );
 }
 
+/// Commits rows `first..=last` as one NDJSON object, as `writer`.
+async fn commit_rows(
+    log: &mut UnitLog,
+    first: u64,
+    last: u64,
+    writer: &str,
+    fence: &dyn Fence,
+) -> Result<Committed, LogError> {
+    log.commit(
+        object_key,
+        &range(first, last),
+        writer,
+        ndjson(first..=last),
+        fence,
+    )
+    .await
+}
+
 async fn open(store: &Store) -> (UnitLog, weir::destination::Recovery) {
     UnitLog::open(store, PREFIX, SINK, UNIT)
         .await
@@ -111,14 +129,7 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
     // next commit and freezes there.
     let (mut old, recovery) = open(&store).await;
     assert!(recovery.written.is_empty() && recovery.unwritten.is_empty());
-    let first = old
-        .commit(
-            object_key,
-            &range(1, 100),
-            "old",
-            ndjson(1..=100),
-            &stale_lease,
-        )
+    let first = commit_rows(&mut old, 1, 100, "old", &stale_lease)
         .await
         .expect("commit");
     assert_eq!(first, Committed::Written(0));
@@ -129,28 +140,14 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
     assert_eq!(recovery.written.len(), 1, "{recovery:?}");
     assert!(recovery.written[0].1.holds(100) && !recovery.written[0].1.holds(101));
     assert_eq!(new.next(), 1);
-    let ours = new
-        .commit(
-            object_key,
-            &range(101, 150),
-            "new",
-            ndjson(101..=150),
-            &lease,
-        )
+    let ours = commit_rows(&mut new, 101, 150, "new", &lease)
         .await
         .expect("commit");
     assert_eq!(ours, Committed::Written(1));
 
     // The old owner wakes and sends its write of 101..=200 as number 1:
     // refused, with the entry that holds the number.
-    let late = old
-        .commit(
-            object_key,
-            &range(101, 200),
-            "old",
-            ndjson(101..=200),
-            &stale_lease,
-        )
+    let late = commit_rows(&mut old, 101, 200, "old", &stale_lease)
         .await
         .expect("a refused commit is an answer");
     let Committed::Taken { number, entry } = late else {
@@ -159,15 +156,7 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
     assert_eq!((number, entry.writer.as_str()), (1, "new"));
     stale_lease.0.store(false, Ordering::SeqCst);
     // It looks at its lease before anything else, and stops.
-    let fenced = old
-        .commit(
-            object_key,
-            &range(151, 200),
-            "old",
-            ndjson(151..=200),
-            &stale_lease,
-        )
-        .await;
+    let fenced = commit_rows(&mut old, 151, 200, "old", &stale_lease).await;
     assert!(matches!(fenced, Err(LogError::Fenced(_))), "{fenced:?}");
 
     // Now the other order: the old owner's late entry (2, rows 151..=250)
@@ -182,14 +171,7 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
             .expect("claim"),
         None
     );
-    let refused = new
-        .commit(
-            object_key,
-            &range(151, 180),
-            "new",
-            ndjson(151..=180),
-            &lease,
-        )
+    let refused = commit_rows(&mut new, 151, 180, "new", &lease)
         .await
         .expect("commit");
     let Committed::Taken { number: 2, entry } = refused else {
@@ -207,14 +189,7 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
         .complete(&late_entry, ndjson(151..=250))
         .await
         .expect("a write of a standing object is left, not an error");
-    let next = new
-        .commit(
-            object_key,
-            &range(251, 300),
-            "new",
-            ndjson(251..=300),
-            &lease,
-        )
+    let next = commit_rows(&mut new, 251, 300, "new", &lease)
         .await
         .expect("commit");
     assert_eq!(next, Committed::Written(3));
@@ -228,8 +203,7 @@ async fn an_entry_whose_writer_died_before_its_object_is_completed_by_the_next_o
     let store = seaweed.store();
     let lease = Lease::held();
     let (mut dying, _) = open(&store).await;
-    dying
-        .commit(object_key, &range(1, 10), "dying", ndjson(1..=10), &lease)
+    commit_rows(&mut dying, 1, 10, "dying", &lease)
         .await
         .expect("commit");
     // Its entry stands, then it dies before the object.
@@ -248,8 +222,7 @@ async fn an_entry_whose_writer_died_before_its_object_is_completed_by_the_next_o
     next.complete(&entry, ndjson(entry.rows()))
         .await
         .expect("complete");
-    let written = next
-        .commit(object_key, &range(21, 30), "next", ndjson(21..=30), &lease)
+    let written = commit_rows(&mut next, 21, 30, "next", &lease)
         .await
         .expect("commit");
     assert_eq!(written, Committed::Written(2));
@@ -271,20 +244,12 @@ async fn a_commit_while_the_store_is_down_fails_and_goes_through_once_it_is_back
     let store = seaweed.store();
     let lease = Lease::held();
     let (mut log, _) = open(&store).await;
-    log.commit(object_key, &range(1, 50), "host", ndjson(1..=50), &lease)
+    commit_rows(&mut log, 1, 50, "host", &lease)
         .await
         .expect("commit");
 
     seaweed.kill();
-    let failed = log
-        .commit(
-            object_key,
-            &range(51, 100),
-            "host",
-            ndjson(51..=100),
-            &lease,
-        )
-        .await;
+    let failed = commit_rows(&mut log, 51, 100, "host", &lease).await;
     let error = failed
         .expect_err("a commit into a dead store fails")
         .to_string();
@@ -295,14 +260,7 @@ async fn a_commit_while_the_store_is_down_fails_and_goes_through_once_it_is_back
     assert_eq!(log.next(), 1, "a failed commit used its number");
 
     seaweed.start_again().await;
-    let retried = log
-        .commit(
-            object_key,
-            &range(51, 100),
-            "host",
-            ndjson(51..=100),
-            &lease,
-        )
+    let retried = commit_rows(&mut log, 51, 100, "host", &lease)
         .await
         .expect("the same commit once the store is back");
     assert_eq!(retried, Committed::Written(1));
@@ -310,15 +268,9 @@ async fn a_commit_while_the_store_is_down_fails_and_goes_through_once_it_is_back
 
     // Entries whose rows are all acked go, but the newest: a next owner
     // numbers on from it.
-    log.commit(
-        object_key,
-        &range(101, 150),
-        "host",
-        ndjson(101..=150),
-        &lease,
-    )
-    .await
-    .expect("commit");
+    commit_rows(&mut log, 101, 150, "host", &lease)
+        .await
+        .expect("commit");
     assert_eq!(log.prune(100).await.expect("prune"), 2);
     assert_eq!(
         log.prune(150).await.expect("prune"),
