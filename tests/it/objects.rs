@@ -12,7 +12,10 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use weir::destination::{Committed, Entry, LogError, Store, StoreSettings, UnitLog};
+use weir::destination::{
+    Committed, Delivered, Entry, Format, LogError, Recovery, Rolling, Store, StoreSettings, Target,
+    UnitLog, UnitObjects, Waiting,
+};
 use weir::fence::Fence;
 
 use crate::seaweed_support::{BUCKET, Seaweed};
@@ -119,6 +122,17 @@ async fn open(store: &Store) -> (UnitLog, weir::destination::Recovery) {
         .expect("open the unit's log")
 }
 
+/// The unit's new owner reads the log and takes it over (its marker, and
+/// every unwritten entry voided).
+async fn take_over(store: &Store, writer: &str, lease: &Lease) -> (UnitLog, Recovery) {
+    let (mut log, recovery) = open(store).await;
+    let recovery = log
+        .take_over(writer, recovery, Bytes::new(), lease)
+        .await
+        .expect("take the log over");
+    (log, recovery)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
     let seaweed = Seaweed::start().await;
@@ -127,113 +141,110 @@ async fn a_late_writer_and_a_new_owner_never_both_make_a_row_visible() {
 
     // The first owner commits rows 1..=100, then checks its lease for its
     // next commit and freezes there.
-    let (mut old, recovery) = open(&store).await;
+    let (mut old, recovery) = take_over(&store, "old", &stale_lease).await;
     assert!(recovery.written.is_empty() && recovery.unwritten.is_empty());
+    assert_eq!(old.next(), 1, "its marker took number 0");
     let first = commit_rows(&mut old, 1, 100, "old", &stale_lease)
         .await
         .expect("commit");
-    assert_eq!(first, Committed::Written(0));
+    assert_eq!(first, Committed::Written(1));
 
-    // The unit moves: the new owner finds entry 0 written, numbers on from
-    // 1, and commits the redelivered rows 101..=150 it batched first.
-    let (mut new, recovery) = open(&store).await;
+    // The unit moves: the new owner finds entry 1 written, writes its
+    // marker at 2 and commits the redelivered rows 101..=150 as 3.
+    let (mut new, recovery) = take_over(&store, "new", &lease).await;
     assert_eq!(recovery.written.len(), 1, "{recovery:?}");
     assert!(recovery.written[0].1.holds(100) && !recovery.written[0].1.holds(101));
-    assert_eq!(new.next(), 1);
     let ours = commit_rows(&mut new, 101, 150, "new", &lease)
         .await
         .expect("commit");
-    assert_eq!(ours, Committed::Written(1));
+    assert_eq!(ours, Committed::Written(3));
 
-    // The old owner wakes and sends its write of 101..=200 as number 1:
-    // refused, with the entry that holds the number.
+    // The old owner wakes and sends its write of 101..=200 as number 2:
+    // refused, the number is the new owner's marker.
     let late = commit_rows(&mut old, 101, 200, "old", &stale_lease)
         .await
         .expect("a refused commit is an answer");
     let Committed::Taken { number, entry } = late else {
         panic!("the late write was not refused: {late:?}");
     };
-    assert_eq!((number, entry.writer.as_str()), (1, "new"));
+    assert_eq!((number, entry.writer.as_str()), (2, "new"));
+    assert!(entry.is_marker());
     stale_lease.0.store(false, Ordering::SeqCst);
     // It looks at its lease before anything else, and stops.
     let fenced = commit_rows(&mut old, 151, 200, "old", &stale_lease).await;
     assert!(matches!(fenced, Err(LogError::Fenced(_))), "{fenced:?}");
 
-    // Now the other order: the old owner's late entry (2, rows 151..=250)
-    // lands first, and it freezes again before writing its object.
-    let late_entry = Entry::new(object_key(2), &range(151, 250), "old".into());
-    let (mut late_writer, _) = open(&store).await;
-    assert_eq!(late_writer.next(), 2);
+    // The other order: an owner's entry (4, rows 151..=250) lands, and it
+    // freezes before writing its object; the unit moves on, and the next
+    // owner voids that entry, so the late object is refused when it comes.
+    let late_entry = Entry::new(object_key(4), &range(151, 250), "frozen".into());
     assert_eq!(
-        late_writer
-            .claim(2, &late_entry, &Lease::held())
-            .await
-            .expect("claim"),
+        new.claim(4, &late_entry, &lease).await.expect("claim"),
         None
     );
-    let refused = commit_rows(&mut new, 151, 180, "new", &lease)
+    let (mut next, recovery) = take_over(&store, "next", &lease).await;
+    assert_eq!(recovery.voided, vec![(4, late_entry.clone())]);
+    let voided = new.write_object(&late_entry, ndjson(151..=250)).await;
+    assert!(matches!(voided, Err(LogError::Voided { .. })), "{voided:?}");
+    // The voided rows are delivered afresh by the owner that voided them.
+    let afresh = commit_rows(&mut next, 151, 300, "next", &lease)
         .await
         .expect("commit");
-    let Committed::Taken { number: 2, entry } = refused else {
-        panic!("the new owner's commit was not refused: {refused:?}");
-    };
-    // The new owner holds every row of that entry (they are unacked): it
-    // writes the object the entry names, with exactly those rows, and the
-    // old owner's own write of it, when it wakes, is left.
-    let rows: Vec<u64> = entry.rows().collect();
-    assert_eq!(rows, range(151, 250));
-    new.complete(&entry, ndjson(rows.iter().copied()))
-        .await
-        .expect("complete");
-    late_writer
-        .complete(&late_entry, ndjson(151..=250))
-        .await
-        .expect("a write of a standing object is left, not an error");
-    let next = commit_rows(&mut new, 251, 300, "new", &lease)
-        .await
-        .expect("commit");
-    assert_eq!(next, Committed::Written(3));
+    assert_eq!(afresh, Committed::Written(6));
 
     assert_each_once(&rows_seen(&store).await, 1, 300);
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_entry_whose_writer_died_before_its_object_is_completed_by_the_next_owner() {
+async fn a_late_entry_that_beats_the_new_owners_marker_is_voided_at_take_over() {
     let seaweed = Seaweed::start().await;
     let store = seaweed.store();
     let lease = Lease::held();
-    let (mut dying, _) = open(&store).await;
-    commit_rows(&mut dying, 1, 10, "dying", &lease)
+    let (mut frozen, _) = take_over(&store, "frozen", &lease).await;
+    commit_rows(&mut frozen, 1, 10, "frozen", &lease)
         .await
         .expect("commit");
-    // Its entry stands, then it dies before the object.
-    let entry = Entry::new(object_key(1), &range(11, 20), "dying".into());
-    assert_eq!(dying.claim(1, &entry, &lease).await.expect("claim"), None);
-    drop(dying);
-
+    // The new owner reads the log (entries 0 and 1) ...
     let (mut next, recovery) = open(&store).await;
     assert_eq!(recovery.written.len(), 1);
-    assert_eq!(recovery.unwritten, vec![(1, entry.clone())]);
-    assert_eq!(
-        rows_seen(&store).await.len(),
-        10,
-        "the entry's rows are not visible yet"
-    );
-    next.complete(&entry, ndjson(entry.rows()))
+    // ... and the frozen owner's entry 2 lands before the new owner's
+    // marker, its object still on its way.
+    let entry = Entry::new(object_key(2), &range(11, 20), "frozen".into());
+    assert_eq!(frozen.claim(2, &entry, &lease).await.expect("claim"), None);
+    let recovery = next
+        .take_over("next", recovery, Bytes::new(), &lease)
         .await
-        .expect("complete");
-    let written = commit_rows(&mut next, 21, 30, "next", &lease)
+        .expect("take over");
+    assert_eq!(recovery.voided, vec![(2, entry.clone())], "{recovery:?}");
+    assert_eq!(next.next(), 4, "the marker went to the next number");
+    let late = frozen.write_object(&entry, ndjson(11..=20)).await;
+    assert!(matches!(late, Err(LogError::Voided { .. })), "{late:?}");
+    let written = commit_rows(&mut next, 11, 30, "next", &lease)
         .await
         .expect("commit");
-    assert_eq!(written, Committed::Written(2));
+    assert_eq!(written, Committed::Written(4));
     assert_each_once(&rows_seen(&store).await, 1, 30);
+
+    // An object whose writer got there before the void is written after
+    // all: a later owner finds its entry written.
+    let raced = Entry::new(object_key(5), &range(31, 40), "next".into());
+    assert_eq!(next.claim(5, &raced, &lease).await.expect("claim"), None);
+    next.write_object(&raced, ndjson(31..=40))
+        .await
+        .expect("write");
+    let (_, recovery) = take_over(&store, "last", &lease).await;
+    assert!(
+        recovery.written.iter().any(|(n, _)| *n == 5),
+        "{recovery:?}"
+    );
+    assert_each_once(&rows_seen(&store).await, 1, 40);
 
     // A claim whose answer was lost is sent again: the entry standing is
     // the writer's own.
-    let again = Entry::new(object_key(3), &range(31, 40), "next".into());
-    assert_eq!(next.claim(3, &again, &lease).await.expect("claim"), None);
+    let again = Entry::new(object_key(9), &range(41, 50), "next".into());
+    assert_eq!(next.claim(9, &again, &lease).await.expect("claim"), None);
     assert_eq!(
-        next.claim(3, &again, &lease).await.expect("claim again"),
+        next.claim(9, &again, &lease).await.expect("claim again"),
         None
     );
 }
@@ -433,4 +444,180 @@ async fn parquet_objects_committed_through_the_log_are_read_once_by_duckdb() {
         ],
         "DuckDB's count, distinct ids, first time and sum of amounts"
     );
+}
+
+/// A lease the test flips while a unit's committer holds it.
+#[derive(Clone)]
+struct SharedLease(std::sync::Arc<AtomicBool>);
+
+impl SharedLease {
+    fn held() -> SharedLease {
+        SharedLease(std::sync::Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl Fence for SharedLease {
+    fn held(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    fn claim(&self) -> u64 {
+        0
+    }
+}
+
+fn ndjson_target(max_rows: usize, max_age: std::time::Duration) -> std::sync::Arc<Target> {
+    std::sync::Arc::new(Target {
+        prefix: PREFIX.into(),
+        format: Format::Ndjson {
+            compression: weir::destination::NdjsonCompression::None,
+        },
+        rolling: Rolling {
+            max_rows,
+            max_bytes: 1 << 30,
+            max_age,
+        },
+    })
+}
+
+async fn unit_objects(
+    store: &Store,
+    target: &std::sync::Arc<Target>,
+    writer: &str,
+    lease: &SharedLease,
+) -> UnitObjects {
+    UnitObjects::open(
+        store,
+        target.clone(),
+        SINK,
+        UNIT,
+        writer.into(),
+        Box::new(lease.clone()),
+    )
+    .await
+    .expect("open the unit's objects")
+}
+
+/// Rows `first..=last` as one batch the sink delivered, each to `path`.
+fn delivered(format: &Format, first: u64, last: u64, path: &str) -> Vec<Delivered> {
+    (first..=last)
+        .map(|seq| Delivered {
+            sequence: seq,
+            path: path.into(),
+            records: vec![
+                format
+                    .fit(format!("{{\"seq\":{seq}}}").as_bytes())
+                    .expect("fits"),
+            ],
+        })
+        .collect()
+}
+
+/// Waits for every object a batch is in; the rows that came back, with why.
+async fn outcomes(waiting: Vec<Waiting>) -> Vec<(Vec<u64>, String)> {
+    let mut back = Vec::new();
+    for wait in waiting {
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), wait.outcome)
+            .await
+            .expect("an object commits or fails within 30 s")
+            .unwrap_or_else(|_| Some("the committer ended".into()));
+        if let Some(reason) = outcome {
+            back.push((wait.sequences, reason));
+        }
+    }
+    back
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_units_rows_wait_for_their_object_which_rolls_over_by_rows_and_by_age() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let lease = SharedLease::held();
+    let target = ndjson_target(100, std::time::Duration::from_millis(700));
+    let objects = unit_objects(&store, &target, "host", &lease).await;
+    let (orders, refunds) = ("tenant=acme/table=orders", "tenant=acme/table=refunds");
+    let mut waiting = Vec::new();
+    for first in (1..=240).step_by(60) {
+        let mut batch = delivered(&target.format, first, first + 29, orders);
+        batch.extend(delivered(&target.format, first + 30, first + 59, refunds));
+        let waits = objects.add(batch).expect("add");
+        assert!(!waits.is_empty());
+        waiting.extend(waits);
+    }
+    // 120 rows per path: one object of 100 each commits now; the other 20
+    // each wait for their object's age.
+    let began = std::time::Instant::now();
+    assert_eq!(outcomes(waiting).await, []);
+    assert!(
+        began.elapsed() >= std::time::Duration::from_millis(300),
+        "the last objects waited for their age"
+    );
+    assert_each_once(&rows_seen(&store).await, 1, 240);
+    let keys: Vec<String> = store
+        .raw()
+        .list(Some(&Path::from(format!("{PREFIX}/{orders}"))))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .expect("list");
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|key| key.contains(&format!("{SINK}-{UNIT}-"))),
+        "{keys:?}"
+    );
+
+    // Rows of an object written before come back (their acks were lost):
+    // done with no write, nothing to wait for.
+    let again = objects
+        .add(delivered(&target.format, 1, 100, orders))
+        .expect("add");
+    assert!(again.is_empty(), "{again:?}");
+    // A path the sink names is checked before anything is added.
+    assert!(weir::destination::check_path("tenant=acme/../x").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_owner_skips_what_is_written_and_the_old_one_commits_nothing_more() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let target = ndjson_target(50, std::time::Duration::from_secs(3600));
+    let path = "tenant=acme/table=orders";
+    let old_lease = SharedLease::held();
+    let old = unit_objects(&store, &target, "old", &old_lease).await;
+    assert_eq!(
+        outcomes(
+            old.add(delivered(&target.format, 1, 100, path))
+                .expect("add")
+        )
+        .await,
+        []
+    );
+    // The old owner holds 101..=130 in an object not yet full when the unit
+    // moves; it does not know yet.
+    let stranded = old
+        .add(delivered(&target.format, 101, 130, path))
+        .expect("add");
+
+    let new_lease = SharedLease::held();
+    let new = unit_objects(&store, &target, "new", &new_lease).await;
+    // Every unacked row comes back to the new owner: 1..=100 are written.
+    let redelivered = new
+        .add(delivered(&target.format, 1, 150, path))
+        .expect("add");
+    assert_eq!(redelivered.len(), 1);
+    assert_eq!(redelivered[0].sequences, range(101, 150));
+    new.flush();
+    assert_eq!(outcomes(redelivered).await, []);
+
+    // The old owner's object fills and goes to commit: refused by the new
+    // owner's marker (or its lease), and its rows come back.
+    old.add(delivered(&target.format, 131, 150, path))
+        .expect("add");
+    old.flush();
+    let back = outcomes(stranded).await;
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert!(back[0].1.contains("not this host's"), "{back:?}");
+    let refused = old.add(delivered(&target.format, 151, 160, path));
+    assert!(refused.is_err(), "a stopped committer takes no more rows");
+    assert_each_once(&rows_seen(&store).await, 1, 150);
 }

@@ -7,7 +7,8 @@
 //!   weir's ledger tables;
 //! - [`nats`]: a call's publishes, checked against the grant, and the step
 //!   that sends them with message ids;
-//! - [`objects`]: an object store (S3) and each unit's commit log in it;
+//! - [`objects`]: an object store (S3), each unit's commit log in it, and
+//!   the objects a unit's sink fills until they commit;
 //! - [`outcome`]: what either step's `finish` returns.
 //!
 //! Exported by name, so callers never name the files: what the sandbox
@@ -22,9 +23,10 @@ mod postgres;
 
 pub use nats::{PublishCall, PublishStep, Publisher};
 pub use objects::{
-    AppendError, Column, ColumnType, Committed, EncodeError, Entry, Format, LogError,
-    NdjsonCompression, ObjectWriter, ParquetCompression, Recovery, RowRefused, Store, StoreError,
-    StoreSettings, UnitLog,
+    AppendError, Column, ColumnType, Committed, Delivered, EncodeError, Entry, Format, LogError,
+    NdjsonCompression, ObjectWriter, OpenError, ParquetCompression, Record, Recovery, Rolling,
+    RowRefused, Store, StoreError, StoreSettings, Target, UnitLog, UnitObjects, Waiting,
+    check_path,
 };
 pub use outcome::{Ending, Finished};
 pub use postgres::{Param, PgCall, PgPool, PoolError, PostgresStep, StatementError};

@@ -86,7 +86,37 @@ pub enum NdjsonCompression {
     Zstd,
 }
 
+/// A row fitted to a format ([`Format::fit`]): what an object of that
+/// format takes without refusing it.
+#[derive(Debug)]
+pub struct Record(Fit);
+
+#[derive(Debug)]
+enum Fit {
+    Columns(Vec<Fitted>),
+    Line(Vec<u8>),
+}
+
+impl Record {
+    /// About how many bytes it adds to an object before compression.
+    pub fn size(&self) -> usize {
+        match &self.0 {
+            Fit::Line(row) => row.len() + 1,
+            Fit::Columns(values) => values.iter().map(Fitted::size).sum(),
+        }
+    }
+}
+
 impl Format {
+    /// `row` (one JSON value, as the sink gave it) fitted to this format,
+    /// or why it does not fit, naming the column.
+    pub fn fit(&self, row: &[u8]) -> Result<Record, RowRefused> {
+        match self {
+            Format::Parquet { columns, .. } => fit_columns(columns, row),
+            Format::Ndjson { .. } => fit_line(row),
+        }
+    }
+
     /// The file name extension of its objects.
     pub fn extension(&self) -> &'static str {
         match self {
@@ -201,12 +231,24 @@ struct Values {
 }
 
 /// A value fitted to its column.
+#[derive(Debug)]
 enum Fitted {
     Null,
     Bytes(Vec<u8>),
     Long(i64),
     Double(f64),
     Bool(bool),
+}
+
+impl Fitted {
+    fn size(&self) -> usize {
+        match self {
+            Fitted::Null => 0,
+            Fitted::Bytes(bytes) => bytes.len(),
+            Fitted::Long(_) | Fitted::Double(_) => 8,
+            Fitted::Bool(_) => 1,
+        }
+    }
 }
 
 impl ObjectWriter {
@@ -259,11 +301,25 @@ impl ObjectWriter {
     /// Adds `row` (one JSON value, as the sink gave it). A refused row
     /// leaves the object as it was.
     pub fn append(&mut self, row: &[u8]) -> Result<(), AppendError> {
-        match &mut self.body {
-            Body::Parquet(parquet) => parquet.append(row)?,
-            Body::Plain(out) => line(out, row)?,
-            Body::Gzip(out) => line(out, row)?,
-            Body::Zstd(out) => line(out, row)?,
+        let record = match &self.body {
+            Body::Parquet(parquet) => fit_columns(&parquet.columns, row)?,
+            _ => fit_line(row)?,
+        };
+        Ok(self.push(record)?)
+    }
+
+    /// Adds a row fitted before ([`Format::fit`]) to this object's format.
+    pub fn push(&mut self, record: Record) -> Result<(), EncodeError> {
+        match (&mut self.body, record.0) {
+            (Body::Parquet(parquet), Fit::Columns(values)) => parquet.push(values)?,
+            (Body::Plain(out), Fit::Line(row)) => line(out, &row)?,
+            (Body::Gzip(out), Fit::Line(row)) => line(out, &row)?,
+            (Body::Zstd(out), Fit::Line(row)) => line(out, &row)?,
+            _ => {
+                return Err(EncodeError(
+                    "a row fitted to another format than the object's".into(),
+                ));
+            }
         }
         self.rows += 1;
         Ok(())
@@ -309,16 +365,38 @@ pub enum AppendError {
     Encode(#[from] EncodeError),
 }
 
-/// A row as one NDJSON line: its bytes, one newline (a row carrying its
-/// own keeps just the one).
-fn line(out: &mut impl Write, row: &[u8]) -> Result<(), AppendError> {
+/// A row as one NDJSON line: its bytes without a newline of its own
+/// (one is written after it), refused if it spans lines.
+fn fit_line(row: &[u8]) -> Result<Record, RowRefused> {
     let row = row.strip_suffix(b"\n").unwrap_or(row);
     if row.contains(&b'\n') {
-        return Err(RowRefused::NotAnObject("a row spans lines".into()).into());
+        return Err(RowRefused::NotAnObject("a row spans lines".into()));
     }
-    out.write_all(row).map_err(EncodeError::from)?;
-    out.write_all(b"\n").map_err(EncodeError::from)?;
+    Ok(Record(Fit::Line(row.to_vec())))
+}
+
+fn line(out: &mut impl Write, row: &[u8]) -> Result<(), EncodeError> {
+    out.write_all(row)?;
+    out.write_all(b"\n")?;
     Ok(())
+}
+
+/// `row`'s fields fitted to `columns`: every column at once, so a refused
+/// row adds nothing.
+fn fit_columns(columns: &[Column], row: &[u8]) -> Result<Record, RowRefused> {
+    let value: serde_json::Value =
+        serde_json::from_slice(row).map_err(|err| RowRefused::NotAnObject(err.to_string()))?;
+    let serde_json::Value::Object(fields) = value else {
+        return Err(RowRefused::NotAnObject(format!(
+            "found {}",
+            kind_of(&value)
+        )));
+    };
+    let values = columns
+        .iter()
+        .map(|column| fit(column, fields.get(&column.name)))
+        .collect::<Result<_, _>>()?;
+    Ok(Record(Fit::Columns(values)))
 }
 
 /// The Parquet schema of `columns` (checked names: plain identifiers).
@@ -352,41 +430,21 @@ fn schema_of(columns: &[Column]) -> String {
 }
 
 impl ParquetBody {
-    fn append(&mut self, row: &[u8]) -> Result<(), AppendError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(row).map_err(|err| RowRefused::NotAnObject(err.to_string()))?;
-        let serde_json::Value::Object(fields) = value else {
-            return Err(RowRefused::NotAnObject(format!("found {}", kind_of(&value))).into());
-        };
-        // Every column fitted first: a refused row adds nothing.
-        let fitted: Vec<Fitted> = self
-            .columns
-            .iter()
-            .map(|column| fit(column, fields.get(&column.name)))
-            .collect::<Result<_, _>>()?;
+    fn push(&mut self, fitted: Vec<Fitted>) -> Result<(), EncodeError> {
+        if fitted.len() != self.columns.len() {
+            return Err(EncodeError("a row fitted to other columns".into()));
+        }
         for (values, value) in self.pending.iter_mut().zip(fitted) {
+            self.pending_bytes += value.size();
+            values
+                .defined
+                .push(i16::from(!matches!(value, Fitted::Null)));
             match value {
-                Fitted::Null => values.defined.push(0),
-                Fitted::Bytes(bytes) => {
-                    self.pending_bytes += bytes.len();
-                    values.defined.push(1);
-                    values.bytes.push(bytes.into());
-                }
-                Fitted::Long(n) => {
-                    self.pending_bytes += 8;
-                    values.defined.push(1);
-                    values.longs.push(n);
-                }
-                Fitted::Double(x) => {
-                    self.pending_bytes += 8;
-                    values.defined.push(1);
-                    values.doubles.push(x);
-                }
-                Fitted::Bool(b) => {
-                    self.pending_bytes += 1;
-                    values.defined.push(1);
-                    values.bools.push(b);
-                }
+                Fitted::Null => {}
+                Fitted::Bytes(bytes) => values.bytes.push(bytes.into()),
+                Fitted::Long(n) => values.longs.push(n),
+                Fitted::Double(x) => values.doubles.push(x),
+                Fitted::Bool(b) => values.bools.push(b),
             }
         }
         self.pending_rows += 1;

@@ -6,14 +6,16 @@
 //! create-only (`If-None-Match: *`): the entry names the object's key and
 //! the stream sequences of its rows, and the object is written (create-only
 //! too) only after its entry. An entry is the commit; the object is its
-//! content. Every owner numbers entries on from the last one it found, so
-//! an earlier owner woken past its lease (it checked its lease, froze, and
-//! sends its write late) can only write a number the new owner found free
-//! and writes too: one of the two is refused (412), and the loser learns
-//! from the winner's entry which rows it holds. A new owner completes any
-//! entry whose object is missing (its writer died between the two writes)
-//! with exactly the rows it names, which are all still unacked: rows are
-//! acked only once their object stands.
+//! content. Rows are acked only once their object stands.
+//!
+//! A new owner reads the log, then takes it over before it commits
+//! anything ([`UnitLog::take_over`]): it writes a marker at the next
+//! number, so an earlier owner woken past its lease (it checked its lease,
+//! froze, and sends its write late) cannot add an entry after it; and it
+//! voids every entry whose object is missing (its writer died, or is
+//! frozen, between the two writes) by writing an empty object under that
+//! key, marked void, so the late object can never appear. A void entry's
+//! rows, all still unacked, are delivered afresh.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
-use crate::destination::objects::store::{Store, StoreError};
+use crate::destination::objects::store::{Standing, Store, StoreError};
 use crate::fence::{Fence, Fenced};
 
 /// The entries' folder under a sink's prefix.
@@ -85,6 +87,11 @@ impl Entry {
             .flat_map(|[first, last]| *first..=*last)
     }
 
+    /// A new owner's marker ([`UnitLog::take_over`]): no object, no rows.
+    pub fn is_marker(&self) -> bool {
+        self.object.is_empty()
+    }
+
     /// The highest sequence it holds.
     fn last(&self) -> u64 {
         self.sequences.last().map_or(0, |range| range[1])
@@ -97,9 +104,10 @@ pub struct Recovery {
     /// Entries whose object stands: their rows are delivered (acked again,
     /// with no write, when they come back).
     pub written: Vec<(u64, Entry)>,
-    /// Entries whose object is missing: to be written with exactly their
-    /// rows ([`UnitLog::complete`]) before those rows are acked.
+    /// Entries whose object is missing: voided at take-over.
     pub unwritten: Vec<(u64, Entry)>,
+    /// Entries voided: their rows are in no object.
+    pub voided: Vec<(u64, Entry)>,
 }
 
 /// How a commit ended.
@@ -122,6 +130,10 @@ pub enum LogError {
     Entry { key: String, reason: String },
     #[error(transparent)]
     Fenced(#[from] Fenced),
+    #[error(
+        "object `{key}` was voided by the unit's next owner before it was written: its rows are delivered afresh there"
+    )]
+    Voided { key: String },
 }
 
 /// One unit's log, as its owner keeps it: the next number, and the last
@@ -167,12 +179,79 @@ impl UnitLog {
                 continue;
             };
             log.known.insert(number, entry.last());
-            match log.store.exists(&Path::from(entry.object.as_str())).await? {
-                true => recovery.written.push((number, entry)),
-                false => recovery.unwritten.push((number, entry)),
-            }
+            log.recover(number, entry, &mut recovery).await?;
         }
         Ok((log, recovery))
+    }
+
+    /// Sorts a standing entry into `recovery`: a marker holds no rows.
+    async fn recover(
+        &self,
+        number: u64,
+        entry: Entry,
+        recovery: &mut Recovery,
+    ) -> Result<(), LogError> {
+        if entry.is_marker() {
+            return Ok(());
+        }
+        match self
+            .store
+            .standing(&Path::from(entry.object.as_str()))
+            .await?
+        {
+            Standing::Written => recovery.written.push((number, entry)),
+            Standing::Missing => recovery.unwritten.push((number, entry)),
+            Standing::Void => recovery.voided.push((number, entry)),
+        }
+        Ok(())
+    }
+
+    /// A new owner's first write, before it commits anything: a marker
+    /// entry (no object, no rows) at the next number. An earlier owner can
+    /// have one write in flight when it loses the unit (it checks its lease
+    /// before each); from the marker on, every number it could still try is
+    /// taken. An entry that took the number first is that write: it joins
+    /// `recovery`, and the marker goes to the next number.
+    /// Then every entry whose object is missing is voided: `empty` (an
+    /// object of the sink's format with no rows) is written under its key,
+    /// marked void; if the late object got there first, the entry is
+    /// written after all. The recovery left has no unwritten entry.
+    pub async fn take_over(
+        &mut self,
+        writer: &str,
+        mut recovery: Recovery,
+        empty: Bytes,
+        fence: &dyn Fence,
+    ) -> Result<Recovery, LogError> {
+        let marker = Entry::new(String::new(), &[], writer.to_string());
+        loop {
+            let number = self.next;
+            match self.claim(number, &marker, fence).await? {
+                None => break,
+                Some(theirs) => self.recover(number, theirs, &mut recovery).await?,
+            }
+        }
+        for (number, entry) in std::mem::take(&mut recovery.unwritten) {
+            if !fence.held() {
+                return Err(Fenced.into());
+            }
+            let key = Path::from(entry.object.as_str());
+            let standing = match self.store.create_void(&key, empty.clone()).await? {
+                true => Standing::Void,
+                false => self.store.standing(&key).await?,
+            };
+            match standing {
+                Standing::Void => recovery.voided.push((number, entry)),
+                Standing::Written => recovery.written.push((number, entry)),
+                Standing::Missing => {
+                    return Err(LogError::Entry {
+                        key: key.to_string(),
+                        reason: "its object was refused as existing, then not found".into(),
+                    });
+                }
+            }
+        }
+        Ok(recovery)
     }
 
     /// The number the next commit takes.
@@ -196,7 +275,7 @@ impl UnitLog {
         let entry = Entry::new(object(number), sequences, writer.to_string());
         match self.claim(number, &entry, fence).await? {
             None => {
-                self.write(&entry, data).await?;
+                self.write_object(&entry, data).await?;
                 Ok(Committed::Written(number))
             }
             Some(theirs) => Ok(Committed::Taken {
@@ -243,17 +322,21 @@ impl UnitLog {
         Ok(standing)
     }
 
-    /// Writes an entry's object, create-only: one that stands already is
-    /// the same rows (an entry names its object's rows), so it is left.
-    pub async fn complete(&self, entry: &Entry, data: Bytes) -> Result<(), LogError> {
-        self.write(entry, data).await
-    }
-
-    async fn write(&self, entry: &Entry, data: Bytes) -> Result<(), LogError> {
-        self.store
-            .create(&Path::from(entry.object.as_str()), data)
-            .await?;
-        Ok(())
+    /// Writes the object of an entry that stands (the second half of a
+    /// commit), create-only. One standing already holds the same rows (an
+    /// entry names its object's rows), so it is left; a void one means a
+    /// new owner took the unit over first: the rows are in no object.
+    pub async fn write_object(&self, entry: &Entry, data: Bytes) -> Result<(), LogError> {
+        let key = Path::from(entry.object.as_str());
+        if self.store.create(&key, data).await? {
+            return Ok(());
+        }
+        match self.store.standing(&key).await? {
+            Standing::Void => Err(LogError::Voided {
+                key: key.to_string(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Removes the entries whose rows are all acked (`acked_through`: the

@@ -1,16 +1,19 @@
 //! Object storage a sink is granted (S3 and the stores that speak it): the
 //! store (`store.rs`), each unit's commit log there (`log.rs`), which
 //! keeps every row in exactly one visible object across owners, crashes
-//! and late writers, and what an object holds (`encode.rs`: Parquet or
-//! NDJSON).
+//! and late writers, what an object holds (`encode.rs`: Parquet or
+//! NDJSON), and the objects a unit's sink fills until each commits
+//! (`filling.rs`).
 
 mod encode;
+mod filling;
 mod log;
 mod store;
 
 pub use encode::{
     AppendError, Column, ColumnType, EncodeError, Format, NdjsonCompression, ObjectWriter,
-    ParquetCompression, RowRefused,
+    ParquetCompression, Record, RowRefused,
 };
+pub use filling::{Delivered, OpenError, Rolling, Target, UnitObjects, Waiting, check_path};
 pub use log::{Committed, Entry, LogError, Recovery, UnitLog};
 pub use store::{Store, StoreError, StoreSettings};

@@ -189,11 +189,16 @@ impl Store {
         }
     }
 
-    /// Whether an object stands under `key`.
-    pub(crate) async fn exists(&self, key: &Path) -> Result<bool, StoreError> {
-        match self.inner.head(key).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+    /// What stands under `key`: nothing, an object, or a void one.
+    pub(crate) async fn standing(&self, key: &Path) -> Result<Standing, StoreError> {
+        let head = object_store::GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.inner.get_opts(key, head).await {
+            Ok(got) if got.attributes.get(&void_mark()).is_some() => Ok(Standing::Void),
+            Ok(_) => Ok(Standing::Written),
+            Err(object_store::Error::NotFound { .. }) => Ok(Standing::Missing),
             Err(source) => Err(self.failed(format!("looking for `{key}`"), source)),
         }
     }
@@ -201,8 +206,32 @@ impl Store {
     /// Writes `bytes` under `key` only if nothing stands there: `false`
     /// when something does (the store answered 412).
     pub(crate) async fn create(&self, key: &Path, bytes: bytes::Bytes) -> Result<bool, StoreError> {
+        self.create_with(key, bytes, object_store::Attributes::new())
+            .await
+    }
+
+    /// [`Store::create`] of a void object: one that holds no rows and
+    /// says so in its metadata (`x-amz-meta-weir-void`), so it is told
+    /// from an object written with rows.
+    pub(crate) async fn create_void(
+        &self,
+        key: &Path,
+        empty: bytes::Bytes,
+    ) -> Result<bool, StoreError> {
+        let mut attributes = object_store::Attributes::new();
+        attributes.insert(void_mark(), "true".into());
+        self.create_with(key, empty, attributes).await
+    }
+
+    async fn create_with(
+        &self,
+        key: &Path,
+        bytes: bytes::Bytes,
+        attributes: object_store::Attributes,
+    ) -> Result<bool, StoreError> {
         let create = object_store::PutOptions {
             mode: object_store::PutMode::Create,
+            attributes,
             ..Default::default()
         };
         match self.inner.put_opts(key, bytes.into(), create).await {
@@ -211,4 +240,19 @@ impl Store {
             Err(source) => Err(self.failed(format!("creating `{key}`"), source)),
         }
     }
+}
+
+/// What stands under an object's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    Missing,
+    Written,
+    /// Written empty by a new owner so that a late writer's object can
+    /// never appear there ([`crate::destination::UnitLog::take_over`]).
+    Void,
+}
+
+/// The metadata that marks a void object.
+fn void_mark() -> object_store::Attribute {
+    object_store::Attribute::Metadata("weir-void".into())
 }

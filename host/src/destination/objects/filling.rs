@@ -1,0 +1,535 @@
+//! The objects one unit's sink fills. The rows it delivered, fitted to the
+//! sink's format, go into one object per path (`tenant=…/table=…/dt=…`,
+//! as the sink names it) until it holds `max_rows` rows or `max_bytes`
+//! bytes or is `max_age` old. Then the unit's committer task commits it
+//! through the unit's log and tells every batch with rows in it (its
+//! [`Waiting`]), so those rows are acked only once their object stands.
+//! Objects commit one at a time, in the order they filled.
+//!
+//! Opening ([`UnitObjects::open`]) takes the unit's log over: a row of an
+//! entry written before that comes back is done without a write; the rows
+//! of an entry it voided come back and are written afresh.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use crate::destination::objects::encode::{EncodeError, Format, ObjectWriter, Record};
+use crate::destination::objects::log::{Committed, Entry, LogError, UnitLog};
+use crate::destination::objects::store::Store;
+use crate::fence::Fence;
+
+/// When an object being filled is committed: whichever bound comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rolling {
+    pub max_rows: usize,
+    pub max_bytes: usize,
+    pub max_age: Duration,
+}
+
+/// Where a sink's objects go and what they hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// The keys' prefix in the bucket (may be empty).
+    pub prefix: String,
+    pub format: Format,
+    pub rolling: Rolling,
+}
+
+/// One input row the sink delivered: what it added for `path`.
+#[derive(Debug)]
+pub struct Delivered {
+    pub sequence: u64,
+    pub path: String,
+    pub records: Vec<Record>,
+}
+
+/// The rows of one batch in one object, waiting for its commit: the
+/// outcome is `None` once the object stands, or why the rows come back.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The object's path (its key is known only once it commits).
+    pub path: String,
+    pub sequences: Vec<u64>,
+    pub outcome: oneshot::Receiver<Option<String>>,
+}
+
+/// Why a unit's objects could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// A path a sink names for its rows' object: relative, plain segments.
+pub fn check_path(path: &str) -> Result<(), String> {
+    const MAX_PATH: usize = 512;
+    if path.len() > MAX_PATH {
+        return Err(format!("a path is at most {MAX_PATH} bytes"));
+    }
+    for segment in path.split('/') {
+        let problem = match segment {
+            "" => Some("has an empty segment (a leading, trailing or doubled `/`)"),
+            "." | ".." => Some("has a `.` or `..` segment"),
+            "_weir" => Some("reaches weir's own log (`_weir`)"),
+            _ if segment.chars().any(|c| c.is_control() || c == '\\') => {
+                Some("holds a control character or `\\`")
+            }
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            return Err(format!("path `{path}` {problem}"));
+        }
+    }
+    Ok(())
+}
+
+/// The objects a unit's sink fills, and the task committing them.
+pub struct UnitObjects {
+    shared: Arc<Shared>,
+    committer: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    filling: Mutex<Filling>,
+    /// An object sealed, or one to look at sooner.
+    wake: Notify,
+    target: Arc<Target>,
+}
+
+#[derive(Default)]
+struct Filling {
+    open: BTreeMap<String, Open>,
+    sealed: VecDeque<Open>,
+    /// The rows of every entry standing: done when they come back.
+    written: Ranges,
+    /// Why the committer stopped: what is added now comes back at once.
+    stopped: Option<String>,
+    /// Objects opened so far.
+    opened: u64,
+}
+
+struct Open {
+    /// Told apart from the next object of the same path.
+    id: u64,
+    path: String,
+    writer: ObjectWriter,
+    sequences: Vec<u64>,
+    waiters: Vec<oneshot::Sender<Option<String>>>,
+    since: Instant,
+}
+
+/// Tells the batches waiting for an object how its commit ended.
+fn tell(waiters: Vec<oneshot::Sender<Option<String>>>, outcome: &Option<String>) {
+    for waiter in waiters {
+        // A batch no longer waiting (its unit was fenced) needs no word.
+        let _ = waiter.send(outcome.clone());
+    }
+}
+
+impl Drop for UnitObjects {
+    fn drop(&mut self) {
+        self.committer.abort();
+    }
+}
+
+impl UnitObjects {
+    /// Takes over the log of `unit` for sink `sink` as `writer` (host and
+    /// claim), while `fence` holds, and starts its committer.
+    pub async fn open(
+        store: &Store,
+        target: Arc<Target>,
+        sink: &str,
+        unit: &str,
+        writer: String,
+        fence: Box<dyn Fence>,
+    ) -> Result<UnitObjects, OpenError> {
+        let (mut log, recovery) = UnitLog::open(store, &target.prefix, sink, unit).await?;
+        let empty = ObjectWriter::new(&target.format)?.finish()?;
+        let recovery = log.take_over(&writer, recovery, empty, &*fence).await?;
+        tracing::info!(
+            sink,
+            unit,
+            written = recovery.written.len(),
+            voided = recovery.voided.len(),
+            "took the unit's object log over"
+        );
+        let mut written = Ranges::default();
+        for (_, entry) in &recovery.written {
+            written.add(entry);
+        }
+        let shared = Arc::new(Shared {
+            filling: Mutex::new(Filling {
+                written,
+                ..Filling::default()
+            }),
+            wake: Notify::new(),
+            target,
+        });
+        let committer = Committer {
+            shared: shared.clone(),
+            log,
+            sink: sink.to_string(),
+            unit: unit.to_string(),
+            writer,
+            fence,
+        };
+        Ok(UnitObjects {
+            shared,
+            committer: tokio::spawn(committer.run()),
+        })
+    }
+
+    /// The format its rows are fitted to.
+    pub fn format(&self) -> &Format {
+        &self.shared.target.format
+    }
+
+    /// Adds the rows one batch delivered, each into the object of its path
+    /// (a row written before is done as it is). What the batch waits for,
+    /// per object. `Err`: the rows come back (the unit is no longer this
+    /// host's, or an object could not take them), with why.
+    pub fn add(&self, delivered: Vec<Delivered>) -> Result<Vec<Waiting>, String> {
+        let rolling = self.shared.target.rolling;
+        let mut filling = self.shared.lock();
+        if let Some(why) = &filling.stopped {
+            return Err(why.clone());
+        }
+        let mut waiting: Vec<Waiting> = Vec::new();
+        let mut waiting_for: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut sealed_any = false;
+        for row in delivered {
+            if row.records.is_empty() || filling.written.holds(row.sequence) {
+                continue;
+            }
+            let open = match filling.open.get_mut(&row.path) {
+                Some(open) => open,
+                None => {
+                    let writer =
+                        ObjectWriter::new(&self.shared.target.format).map_err(|e| e.to_string())?;
+                    filling.opened += 1;
+                    let open = Open {
+                        id: filling.opened,
+                        path: row.path.clone(),
+                        writer,
+                        sequences: Vec::new(),
+                        waiters: Vec::new(),
+                        since: Instant::now(),
+                    };
+                    filling.open.entry(row.path.clone()).or_insert(open)
+                }
+            };
+            for record in row.records {
+                if let Err(err) = open.writer.push(record) {
+                    let reason = format!("object `{}`: {err}", row.path);
+                    if let Some(open) = filling.open.remove(&row.path) {
+                        tell(open.waiters, &Some(reason.clone()));
+                    }
+                    return Err(reason);
+                }
+            }
+            open.sequences.push(row.sequence);
+            // One waiter per batch and object.
+            match waiting_for.get(&open.id) {
+                Some(&index) => waiting[index].sequences.push(row.sequence),
+                None => {
+                    let (sender, outcome) = oneshot::channel();
+                    open.waiters.push(sender);
+                    waiting_for.insert(open.id, waiting.len());
+                    waiting.push(Waiting {
+                        path: row.path.clone(),
+                        sequences: vec![row.sequence],
+                        outcome,
+                    });
+                }
+            }
+            let full =
+                open.writer.rows() >= rolling.max_rows || open.writer.bytes() >= rolling.max_bytes;
+            if full && let Some(full) = filling.open.remove(&row.path) {
+                filling.sealed.push_back(full);
+                sealed_any = true;
+            }
+        }
+        drop(filling);
+        if sealed_any {
+            self.shared.wake.notify_one();
+        }
+        Ok(waiting)
+    }
+
+    /// Seals every object being filled, to be committed now (the unit is
+    /// released: its rows are settled before it goes).
+    pub fn flush(&self) {
+        let mut filling = self.shared.lock();
+        let open = std::mem::take(&mut filling.open);
+        filling.sealed.extend(open.into_values());
+        drop(filling);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Filling> {
+        // A panic while filling leaves nothing half-done that matters more
+        // than stopping every unit: go on with the data as it is.
+        self.filling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The next object to commit: a sealed one, or the oldest open one
+    /// past its age (sealed now); else when to look again.
+    fn next(&self) -> Result<Open, Option<Instant>> {
+        let max_age = self.target.rolling.max_age;
+        let mut filling = self.lock();
+        if let Some(sealed) = filling.sealed.pop_front() {
+            return Ok(sealed);
+        }
+        let oldest = filling
+            .open
+            .values()
+            .min_by_key(|open| open.since)
+            .map(|open| (open.path.clone(), open.since + max_age));
+        match oldest {
+            Some((path, due)) if due <= Instant::now() => {
+                filling.open.remove(&path).ok_or(Some(due))
+            }
+            Some((_, due)) => Err(Some(due)),
+            None => Err(None),
+        }
+    }
+
+    /// The committer stopped: every row held comes back, and every row
+    /// added from now on.
+    fn stop(&self, reason: String) {
+        let mut filling = self.lock();
+        let open = std::mem::take(&mut filling.open);
+        let sealed = std::mem::take(&mut filling.sealed);
+        filling.stopped = Some(reason.clone());
+        drop(filling);
+        let reason = Some(reason);
+        for object in open.into_values().chain(sealed) {
+            tell(object.waiters, &reason);
+        }
+    }
+}
+
+/// The task committing a unit's objects, one at a time, through its log.
+struct Committer {
+    shared: Arc<Shared>,
+    log: UnitLog,
+    sink: String,
+    unit: String,
+    writer: String,
+    fence: Box<dyn Fence>,
+}
+
+/// How long a commit waits before it is tried again while the store
+/// cannot take it: doubling from the first to the last.
+const AGAIN_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const AGAIN_LAST_PAUSE: Duration = Duration::from_secs(5);
+
+impl Committer {
+    async fn run(mut self) {
+        loop {
+            let object = match self.shared.next() {
+                Ok(object) => object,
+                Err(due) => {
+                    let wake = self.shared.wake.notified();
+                    match due {
+                        Some(due) => {
+                            tokio::select! {
+                                () = wake => {}
+                                () = tokio::time::sleep_until(due) => {}
+                            }
+                        }
+                        None => wake.await,
+                    }
+                    continue;
+                }
+            };
+            if let Err(reason) = self.commit(object).await {
+                tracing::warn!(sink = %self.sink, unit = %self.unit, %reason, "objects are no longer committed here");
+                return;
+            }
+        }
+    }
+
+    /// Commits one object; its rows' batches are told either way. `Err`:
+    /// nothing more may be committed (the unit is not this host's).
+    async fn commit(&mut self, object: Open) -> Result<(), String> {
+        let Open {
+            path,
+            writer,
+            sequences,
+            waiters,
+            ..
+        } = object;
+        let data = match tokio::task::spawn_blocking(move || writer.finish()).await {
+            Ok(Ok(data)) => data,
+            Ok(Err(err)) => {
+                tell(waiters, &Some(format!("object `{path}`: {err}")));
+                return Ok(());
+            }
+            Err(panicked) => {
+                tell(waiters, &Some(format!("object `{path}`: {panicked}")));
+                return Ok(());
+            }
+        };
+        match self.commit_data(&path, &sequences, data).await {
+            Ok(entry) => {
+                self.shared.lock().written.add(&entry);
+                tell(waiters, &None);
+                Ok(())
+            }
+            Err(reason) => {
+                // Stopped before its batches hear: none adds rows after.
+                self.shared.stop(reason.clone());
+                tell(waiters, &Some(reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+
+    /// Commits `data` holding `sequences` under `path`, again and again
+    /// while the store cannot take it and the unit is this host's.
+    async fn commit_data(
+        &mut self,
+        path: &str,
+        sequences: &[u64],
+        data: Bytes,
+    ) -> Result<Entry, String> {
+        let target = self.shared.target.clone();
+        let (sink, unit) = (self.sink.clone(), self.unit.clone());
+        let key = move |number: u64| object_key(&target, path, &sink, &unit, number);
+        let mut pause = AGAIN_FIRST_PAUSE;
+        let mut failing = false;
+        loop {
+            let committed = self
+                .log
+                .commit(&key, sequences, &self.writer, data.clone(), &*self.fence)
+                .await;
+            match committed {
+                Ok(Committed::Written(number)) => {
+                    if failing {
+                        tracing::info!(sink = %self.sink, unit = %self.unit, "the object store takes commits again");
+                    }
+                    return Ok(Entry::new(key(number), sequences, self.writer.clone()));
+                }
+                Ok(Committed::Taken { number, entry }) => {
+                    return Err(format!(
+                        "entry {number} of the unit's object log is {}'s: the unit is not this host's",
+                        entry.writer
+                    ));
+                }
+                Err(err @ (LogError::Fenced(_) | LogError::Voided { .. })) => {
+                    return Err(err.to_string());
+                }
+                Err(err) => {
+                    if !failing {
+                        tracing::warn!(sink = %self.sink, unit = %self.unit, error = %err, "cannot commit an object; its rows wait and it is tried again");
+                        failing = true;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(AGAIN_LAST_PAUSE);
+                    if !self.fence.held() {
+                        return Err(format!(
+                            "the unit is not this host's (the last commit failed: {err})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An object's key: `<prefix>/<path>/<sink>-<unit>-<number>.<extension>`,
+/// its number the log entry's, so no two commits share one.
+fn object_key(target: &Target, path: &str, sink: &str, unit: &str, number: u64) -> String {
+    let name = format!("{sink}-{unit}-{number:020}.{}", target.format.extension());
+    match target.prefix.trim_end_matches('/') {
+        "" => format!("{path}/{name}"),
+        prefix => format!("{prefix}/{path}/{name}"),
+    }
+}
+
+/// Stream sequences as disjoint inclusive ranges (first → last).
+#[derive(Debug, Default)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn holds(&self, seq: u64) -> bool {
+        self.0
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, last)| *last >= seq)
+    }
+
+    /// Adds an entry's rows, merging ranges that touch.
+    fn add(&mut self, entry: &Entry) {
+        for &[first, last] in &entry.sequences {
+            let (mut first, mut last) = (first, last);
+            if let Some((&before, &end)) = self.0.range(..=first).next_back()
+                && end.saturating_add(1) >= first
+            {
+                first = before;
+                last = last.max(end);
+            }
+            let after: Vec<(u64, u64)> = self
+                .0
+                .range(first..=last.saturating_add(1))
+                .map(|(a, b)| (*a, *b))
+                .collect();
+            for (start, end) in after {
+                self.0.remove(&start);
+                last = last.max(end);
+            }
+            self.0.insert(first, last);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_answer_membership() {
+        let mut ranges = Ranges::default();
+        ranges.add(&Entry::new(String::new(), &[5, 6, 7, 20], String::new()));
+        ranges.add(&Entry::new(String::new(), &[8, 9, 19], String::new()));
+        ranges.add(&Entry::new(String::new(), &[1], String::new()));
+        assert_eq!(
+            ranges.0.iter().map(|(a, b)| (*a, *b)).collect::<Vec<_>>(),
+            [(1, 1), (5, 9), (19, 20)]
+        );
+        for (seq, held) in [
+            (0, false),
+            (1, true),
+            (2, false),
+            (5, true),
+            (9, true),
+            (10, false),
+            (19, true),
+            (21, false),
+        ] {
+            assert_eq!(ranges.holds(seq), held, "{seq}");
+        }
+    }
+
+    #[test]
+    fn paths_are_relative_plain_segments() {
+        assert!(check_path("tenant=acme/table=orders/dt=2026-12-07").is_ok());
+        for bad in [
+            "", "/abs", "a//b", "a/", "a/../b", "./a", "_weir/x", "a\\b", "a\nb",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}
