@@ -8,9 +8,14 @@
 //! dispatch   dispatch(&Intake)             → Ran (a verdict per row, calls, state Landing)
 //!              isolation::run(&Batch)      → Vec<RowVerdict>   (per group)
 //!                PipelineRunner::run_on    → Vec<Verdict>      (pipeline/)
-//! hold       Hold::ran(RanBatch)           → Landed (its Landing landed)
+//! hold       Hold::ran(RanBatch)           → held, in the order it ran
+//!            Hold::landed()                → RanBatch (the oldest, once its Landing landed)
 //! settle     Settler::settle(..)           → Settled (settle/)
 //! ```
+//!
+//! Batches held for their landings are bounded ([`hold`]); their rows, a
+//! running batch's and those received for the next are kept alive
+//! ([`progress`]).
 //!
 //! A shadow's candidate runs off that path, on copies ([`shadow`]).
 //!
@@ -29,6 +34,7 @@ mod hold;
 mod intake;
 pub mod isolation;
 mod pipeline;
+mod progress;
 mod pull;
 mod runners;
 mod settle;

@@ -20,6 +20,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::config::DeliveryConfig;
 use crate::fence::Fence;
 
 /// How long the server keeps one pull request waiting for rows while rows
@@ -131,6 +132,11 @@ pub struct Puller {
     /// Rows settled before the unit was taken (`coordination::takeover`):
     /// acked again if they come, not handed out.
     settled: SettledThrough,
+    /// Such rows received, until their ack is sent: kept here, not in a
+    /// future, so a call cancelled meanwhile loses none.
+    settled_again: Vec<Message>,
+    /// The server refused the last request: pause before the next one.
+    refused: bool,
 }
 
 /// Rows at or below a stream sequence, settled before the unit was taken.
@@ -188,19 +194,25 @@ impl Puller {
             lease,
             idle: false,
             settled: SettledThrough(settled_through),
+            settled_again: Vec::new(),
+            refused: false,
         })
     }
 
     /// The next row if one arrives before `deadline` (`None`: whenever; a
     /// deadline passed: only a row already here).
     /// Cancel-safe: a request is either not sent or sent and recorded
-    /// (sending to the client's queue is the only await before recording).
+    /// (sending to the client's queue is the only await before recording),
+    /// and a message taken from the inbox is handled before the next await
+    /// (a pause after a refusal is only shortened).
     pub async fn next_until(&mut self, deadline: Option<Instant>) -> Option<Message> {
         if let Some(row) = self.received.pop_front() {
             return Some(row);
         }
         loop {
+            self.ack_settled_again().await;
             if self.outstanding.is_none() {
+                self.pause_if_refused().await;
                 self.request().await;
             }
             // No timer for "only what is here": tokio rounds a deadline up
@@ -209,7 +221,7 @@ impl Puller {
             // request's 100 rows trickling in made one 1.2 ms batch).
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 match self.subscriber.next().now_or_never() {
-                    Some(Some(message)) => match self.receive(message).await {
+                    Some(Some(message)) => match self.receive(message) {
                         Some(row) => return Some(row),
                         None => continue,
                     },
@@ -223,7 +235,7 @@ impl Puller {
             let until = deadline.map_or(lost_after, |d| d.min(lost_after));
             match tokio::time::timeout_at(until, self.subscriber.next()).await {
                 Ok(Some(message)) => {
-                    if let Some(row) = self.receive(message).await {
+                    if let Some(row) = self.receive(message) {
                         return Some(row);
                     }
                 }
@@ -246,8 +258,9 @@ impl Puller {
     pub async fn release(mut self) -> Vec<Message> {
         let mut rows: Vec<Message> = self.received.drain(..).collect();
         while let Some(Some(message)) = self.subscriber.next().now_or_never() {
-            rows.extend(self.receive(message).await);
+            rows.extend(self.receive(message));
         }
+        self.ack_settled_again().await;
         if let Err(err) = self.subscriber.unsubscribe().await {
             tracing::debug!(consumer = %self.consumer, error = %err, "cannot unsubscribe the inbox");
         }
@@ -261,10 +274,11 @@ impl Puller {
     /// still being worked on. Called as a running batch is kept alive.
     pub async fn keep_received_alive(&mut self) {
         while let Some(Some(message)) = self.subscriber.next().now_or_never() {
-            if let Some(row) = self.receive(message).await {
+            if let Some(row) = self.receive(message) {
                 self.received.push_back(row);
             }
         }
+        self.ack_settled_again().await;
         for row in &self.received {
             if let Err(err) = crate::nats::ack::reply(&self.client, row, AckKind::Progress).await {
                 tracing::debug!(error = %err, "cannot extend a received row's ack wait");
@@ -334,21 +348,40 @@ impl Puller {
     }
 
     /// The row, unless it was settled before the unit was taken: then it is
-    /// acked again (which removes it, if the stream has not yet) and dropped.
-    async fn unless_settled(&mut self, row: Message) -> Option<Message> {
+    /// kept to be acked again (which removes it, if the stream has not yet)
+    /// and not handed out.
+    fn unless_settled(&mut self, row: Message) -> Option<Message> {
         let sequence = crate::nats::ack::info(&row).map_or(u64::MAX, |info| info.stream_sequence);
         if !self.settled.covers(sequence) {
             return Some(row);
         }
         tracing::debug!(consumer = %self.consumer, sequence, "a row settled before the takeover came again; acked, not run");
-        if let Err(err) = crate::nats::ack::reply(&self.client, &row, AckKind::Ack).await {
-            tracing::debug!(error = %err, "cannot ack a row settled before the takeover");
-        }
+        self.settled_again.push(row);
         None
     }
 
+    /// Acks the rows settled before the takeover that came again, each
+    /// dropped only once its ack is sent.
+    async fn ack_settled_again(&mut self) {
+        while let Some(row) = self.settled_again.last() {
+            if let Err(err) = crate::nats::ack::reply(&self.client, row, AckKind::Ack).await {
+                tracing::debug!(error = %err, "cannot ack a row settled before the takeover");
+            }
+            self.settled_again.pop();
+        }
+    }
+
+    /// After a request the server refused, a pause before the next.
+    async fn pause_if_refused(&mut self) {
+        if std::mem::take(&mut self.refused) {
+            tokio::time::sleep(REFUSED_PAUSE).await;
+        }
+    }
+
     /// A row, or `None` for a status the server sent about the request.
-    async fn receive(&mut self, message: Message) -> Option<Message> {
+    /// Never awaits, so a message taken from the inbox is never lost to a
+    /// cancelled call.
+    fn receive(&mut self, message: Message) -> Option<Message> {
         match message.status {
             None | Some(StatusCode::OK) => {
                 self.mean_row_bytes = if self.mean_row_bytes == 0.0 {
@@ -371,7 +404,7 @@ impl Puller {
                     }
                 }
                 if self.settled.active() {
-                    return self.unless_settled(message).await;
+                    return self.unless_settled(message);
                 }
                 Some(message)
             }
@@ -393,9 +426,61 @@ impl Puller {
             Some(status) => {
                 tracing::debug!(consumer = %self.consumer, %status, description = ?message.description, "pull request ended");
                 self.outstanding = None;
-                tokio::time::sleep(REFUSED_PAUSE).await;
+                self.refused = true;
                 None
             }
+        }
+    }
+}
+
+/// A unit's pull requests, sized for its batches.
+pub(super) fn pull_size(settings: &DeliveryConfig) -> PullSize {
+    PullSize {
+        min_rows: settings.batch_rows,
+        max_rows: settings.pull_rows,
+        // As many bytes as the batches the largest request makes.
+        bytes: settings
+            .batch_bytes
+            .saturating_mul(settings.pull_rows.div_ceil(settings.batch_rows)),
+    }
+}
+
+/// Adds rows to a batch until it is full, `batch_wait` has passed, or no
+/// row came for `batch_idle` (zero: none is waiting). `batch` is empty.
+pub(super) async fn fill_batch(
+    settings: &DeliveryConfig,
+    first: Message,
+    puller: &mut Puller,
+    lease: &dyn Fence,
+    batch: &mut Vec<Message>,
+) {
+    let mut bytes = first.payload.len();
+    batch.push(first);
+    let deadline = Instant::now() + settings.batch_wait;
+    // Only an idle gap shorter than the wait can close a batch first;
+    // with a gap of the whole wait no clock is read per row.
+    let closes_when_idle = settings.batch_idle < settings.batch_wait;
+    // Past the lease, no further pull request (see `UnitWorker::run`).
+    while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
+        // A batch at low load goes when its rows stop coming, not after the
+        // whole wait: that wait was most of a row's way to its sink.
+        let until = if closes_when_idle {
+            deadline.min(Instant::now() + settings.batch_idle)
+        } else {
+            deadline
+        };
+        match puller.next_until(Some(until)).await {
+            Some(message) => {
+                bytes += message.payload.len();
+                batch.push(message);
+            }
+            // Out of tokio's cooperative budget a waiting row looks absent,
+            // which would close a batch at ~128 rows under load: yield (the
+            // thread's other tasks run, the budget is renewed) and look again.
+            None if !tokio::task::coop::has_budget_remaining() && Instant::now() < deadline => {
+                tokio::task::yield_now().await;
+            }
+            None => break,
         }
     }
 }

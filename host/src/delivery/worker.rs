@@ -27,10 +27,11 @@ use tracing::Instrument;
 use crate::config::DeliveryConfig;
 use crate::coordination::{Lease, UnitEnd};
 use crate::delivery::dispatch::dispatch;
-use crate::delivery::hold::{Hold, RanBatch, Vectors};
+use crate::delivery::hold::{Hold, RanBatch, Vectors, max_held_rows};
 use crate::delivery::intake::Intake;
 use crate::delivery::isolation::RowVerdict;
-use crate::delivery::pull::{PullSize, Puller};
+use crate::delivery::progress::{keep_alive, progress_period};
+use crate::delivery::pull::{Puller, fill_batch, pull_size};
 use crate::delivery::runners::Runners;
 use crate::delivery::settle::{Settler, confirm_acks};
 use crate::delivery::shadow::Shadows;
@@ -45,9 +46,6 @@ use crate::state::store::{StateStore, UnitState};
 use crate::telemetry::traces::Traces;
 use crate::telemetry::{Metrics, UnitLabels};
 use crate::topology::route::{Names, Unit};
-
-/// Shortest interval between in-progress acks of a running batch.
-const MIN_PROGRESS_PERIOD: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
@@ -95,6 +93,8 @@ pub struct UnitWorker {
     /// for the next.
     intake_spare: Intake,
     results: Vec<RowVerdict>,
+    /// When the held rows were last answered "in progress".
+    held_alive: Instant,
 }
 
 /// What comes before the next batch.
@@ -103,9 +103,14 @@ enum Next {
     Row(Message),
     /// The unit is released: finish what is here.
     Released,
-    /// The lease ran out, with a held batch of this many rows abandoned.
+    /// The lease ran out, with a batch of this many rows in hand besides
+    /// those held (see [`UnitWorker::fenced`]).
     Fenced(usize),
 }
+
+/// The lease ran out with this many rows in hand besides those held: the
+/// batch whose run or settlement it ended.
+struct Abandoned(usize);
 
 /// What a worker tells after settling a batch: its unit's partition (usage
 /// re-reads that partition's counts) and how many of its rows were
@@ -175,6 +180,7 @@ impl UnitWorker {
             shadows,
             intake_spare: Intake::default(),
             results: Vec::new(),
+            held_alive: Instant::now(),
         }
     }
 
@@ -219,51 +225,56 @@ impl UnitWorker {
                 &mut vectors.messages,
             )
             .await;
-            let rows = vectors.messages.len();
             let processed = self
                 .process(vectors, began, Some(&mut puller), &lease)
                 .await;
-            if let Err(Fenced) = processed {
+            if let Err(Abandoned(rows)) = processed {
                 return Ok(self.fenced(rows));
             }
         }
         Ok(self.finish_released(puller.release().await, &lease).await)
     }
 
-    /// Waits for the first row of the next batch. A batch held for its
-    /// state writes goes on while the next rows are already here, and is
-    /// settled as soon as they are not.
+    /// Waits for the first row of the next batch. Held batches go on
+    /// while it waits: each is settled as soon as its writes landed (and
+    /// every one after it that landed too), their rows kept alive meanwhile.
     async fn next_row(
         &mut self,
         puller: &mut Puller,
         lease: &mut Lease,
         release: &CancellationToken,
     ) -> Next {
-        if self.hold.is_holding()
-            && lease.held()
-            && !release.is_cancelled()
-            && let Some(first) = puller.next_until(Some(Instant::now())).await
-        {
-            return Next::Row(first);
-        }
         loop {
-            let held_rows = self.hold.held_rows().len();
-            if let Err(Fenced) = self.settle_held(lease).await {
-                return Next::Fenced(held_rows);
+            if let Err(Abandoned(rows)) = self.settle_landed(lease).await {
+                return Next::Fenced(rows);
             }
+            let holding = self.hold.is_holding();
+            let period = progress_period(self.settings.ack_wait);
+            let alive_due = holding.then(|| self.held_alive + period);
+            // Waits no longer than the unit's summary is due (an idle unit
+            // still says what it dead-lettered), nor than held rows may go
+            // unanswered.
+            let until = [self.settler.summary_due(), alive_due]
+                .into_iter()
+                .flatten()
+                .min();
             // Biased: a worker past its lease sends no further pull
             // request, which would be served rows of the unit's next owner.
+            // Both waits after it are cancel-safe: a landing keeps what
+            // landed, the puller what it received.
             let first = tokio::select! {
                 biased;
                 _ = release.cancelled() => return Next::Released,
                 _ = lease.lost() => return Next::Fenced(0),
-                // Waits no longer than the unit's summary is due, so an
-                // idle unit still says what it dead-lettered.
-                first = puller.next_until(self.settler.summary_due()) => first,
+                () = self.hold.front_landed(), if holding => continue,
+                first = puller.next_until(until) => first,
             };
             match first {
                 Some(first) => return Next::Row(first),
-                None => self.settler.flush_summary(),
+                None => {
+                    self.settler.flush_summary();
+                    self.keep_held_alive_within(lease).await;
+                }
             }
         }
     }
@@ -271,6 +282,10 @@ impl UnitWorker {
     /// Released: every row already here is run and settled (in batches),
     /// and the server's confirmation of their answers waited for.
     async fn finish_released(&mut self, mut rest: Vec<Message>, lease: &Lease) -> UnitEnd {
+        // The held batches ran before these rows: they are answered first.
+        if let Err(Abandoned(rows)) = self.settle_held(lease, false).await {
+            return self.fenced(rows);
+        }
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.settings.batch_rows));
             let batch = std::mem::replace(&mut rest, tail);
@@ -280,7 +295,7 @@ impl UnitWorker {
                 ..self.hold.buffers(rows)
             };
             let processed = self.process(vectors, Instant::now(), None, lease).await;
-            if let Err(Fenced) = processed {
+            if let Err(Abandoned(rows)) = processed {
                 return self.fenced(rows);
             }
         }
@@ -292,9 +307,11 @@ impl UnitWorker {
         UnitEnd::Drained
     }
 
-    /// The lease ran out (with a batch of `rows` in hand, if any): said once
-    /// per worker, which stops here.
-    fn fenced(&mut self, rows: usize) -> UnitEnd {
+    /// The lease ran out (with a batch of `in_hand` rows in hand, if any,
+    /// and every held batch, all abandoned): said once per worker, which
+    /// stops here.
+    fn fenced(&mut self, in_hand: usize) -> UnitEnd {
+        let rows = in_hand + self.hold.held_rows();
         self.settler.stopped();
         if rows > 0 {
             self.metrics.fenced_batches.inc();
@@ -311,7 +328,8 @@ impl UnitWorker {
 
     /// Runs a batch (the messages of `vectors`, its other vectors empty)
     /// through its pipelines, keeping its rows alive while it runs, then
-    /// settles every row (or holds the batch for its state). `puller`:
+    /// holds it until it and the batches before it settle (at once, if
+    /// nothing is on its way). `puller`:
     /// where rows received meanwhile are kept alive too (`None`: released,
     /// no batch comes after this one to overlap its writes). `began`: when
     /// its first row was pulled.
@@ -321,7 +339,7 @@ impl UnitWorker {
         began: Instant,
         puller: Option<&mut Puller>,
         lease: &Lease,
-    ) -> Result<(), Fenced> {
+    ) -> Result<(), Abandoned> {
         let span =
             tracing::info_span!("batch", unit = %self.consumer, rows = vectors.messages.len());
         let processed = self
@@ -342,13 +360,15 @@ impl UnitWorker {
         began: Instant,
         mut puller: Option<&mut Puller>,
         lease: &Lease,
-    ) -> Result<(), Fenced> {
+    ) -> Result<(), Abandoned> {
         let Vectors {
             messages: batch,
             verdicts,
             mut deliveries,
         } = vectors;
-        self.catch_up(&batch, puller.as_deref_mut(), lease).await?;
+        let rows = batch.len();
+        let caught_up = self.catch_up(&batch, puller.as_deref_mut(), lease).await;
+        caught_up.map_err(|Abandoned(held)| Abandoned(held + rows))?;
         self.before_batch(puller.as_deref_mut(), lease).await;
         let spare = std::mem::take(&mut self.intake_spare);
         let intake = Intake::of(
@@ -368,10 +388,10 @@ impl UnitWorker {
             verdicts,
             &mut self.results,
         );
-        let rows = [batch.as_slice(), self.hold.held_rows()];
+        let rows_alive = batch.iter().chain(self.hold.held_messages());
         let ack_wait = self.settings.ack_wait;
         let ran = keep_alive(
-            rows,
+            rows_alive,
             &self.client,
             puller.as_deref_mut(),
             ack_wait,
@@ -383,33 +403,30 @@ impl UnitWorker {
         let ran = RanBatch {
             messages: batch,
             deliveries,
-            ran: ran?,
+            ran: ran.map_err(|Fenced| Abandoned(rows))?,
             began,
         };
-        let overlap = puller.is_some();
-        for landed in self.hold.ran(ran, overlap).await {
-            self.settle(landed, lease).await?;
-        }
-        Ok(())
+        self.hold.ran(ran);
+        self.settle_held(lease, puller.is_some()).await
     }
 
     /// Before a batch runs: it runs start to end on one generation (the
-    /// batch held before it settled first if a new one came), and only
+    /// batches held before it settled first if a new one came), and only
     /// on the fleet's plugin versions (kept alive meanwhile).
     async fn catch_up(
         &mut self,
         batch: &[Message],
         puller: Option<&mut Puller>,
         lease: &Lease,
-    ) -> Result<(), Fenced> {
+    ) -> Result<(), Abandoned> {
         if self.generations.has_changed().unwrap_or(false) {
-            self.settle_held(lease).await?;
+            self.settle_held(lease, false).await?;
         }
         self.adopt_new_generation();
         let Some(reason) = (self.behind)() else {
             return Ok(());
         };
-        self.settle_held(lease).await?;
+        self.settle_held(lease, false).await?;
         // One version per fleet: the batch waits (its rows kept alive)
         // rather than run on a version the fleet has left.
         // A switch takes moments; say so only when it takes longer.
@@ -427,14 +444,22 @@ impl UnitWorker {
             }
         };
         let ack_wait = self.settings.ack_wait;
-        let rows = [batch, &[]];
-        keep_alive(rows, &self.client, puller, ack_wait, lease, caught_up).await;
+        keep_alive(
+            batch.iter(),
+            &self.client,
+            puller,
+            ack_wait,
+            lease,
+            caught_up,
+        )
+        .await;
         self.adopt_new_generation();
         Ok(())
     }
 
     /// What a batch needs done first: the applied rows pruned, the rows
-    /// received for later batches kept alive, and its number given out.
+    /// received for later batches and those held kept alive, and its
+    /// number given out.
     async fn before_batch(&mut self, puller: Option<&mut Puller>, lease: &Lease) {
         self.metrics.batches.inc();
         if self.runners.remembers_applied() {
@@ -447,14 +472,70 @@ impl UnitWorker {
                 .keep_received_alive_within(progress_period(self.settings.ack_wait))
                 .await;
         }
+        // Short batches get no tick of their own: held rows, which may
+        // wait through many of them, are answered here.
+        self.keep_held_alive_within(lease).await;
     }
 
-    /// The batch held for its state writes, settled once they landed.
-    async fn settle_held(&mut self, lease: &Lease) -> Result<(), Fenced> {
-        match self.hold.release().await {
-            Some(held) => self.settle(held, lease).await,
-            None => Ok(()),
+    /// Settles the held batches whose writes landed, oldest first, up to
+    /// the first one whose writes are still on their way.
+    async fn settle_landed(&mut self, lease: &Lease) -> Result<(), Abandoned> {
+        while let Some(batch) = self.hold.landed().await {
+            let rows = batch.messages.len();
+            self.settle(batch, lease)
+                .await
+                .map_err(|Fenced| Abandoned(rows))?;
         }
+        Ok(())
+    }
+
+    /// Settles held batches in order, waiting for the front one's writes
+    /// while the hold may not keep it ([`Hold::must_wait`]; without
+    /// `overlap`, until none is held).
+    async fn settle_held(&mut self, lease: &Lease, overlap: bool) -> Result<(), Abandoned> {
+        loop {
+            self.settle_landed(lease).await?;
+            if !self.hold.must_wait(overlap, max_held_rows(&self.settings)) {
+                return Ok(());
+            }
+            self.wait_front(lease)
+                .await
+                .map_err(|Fenced| Abandoned(0))?;
+        }
+    }
+
+    /// Waits for the front held batch's writes to land, keeping the held
+    /// rows alive meanwhile (an object's writes may take a minute).
+    async fn wait_front(&mut self, lease: &Lease) -> Result<(), Fenced> {
+        let mut lost = lease.clone();
+        loop {
+            let due = self.held_alive + progress_period(self.settings.ack_wait);
+            // Each cancel-safe: what landed is kept.
+            tokio::select! {
+                () = self.hold.front_landed() => return Ok(()),
+                () = lost.lost() => return Err(Fenced),
+                () = tokio::time::sleep_until(due) => self.keep_held_alive_within(lease).await,
+            }
+        }
+    }
+
+    /// Answers every held row "in progress", unless that was done within a
+    /// progress period (which keeps it to once a period however many
+    /// batches run).
+    async fn keep_held_alive_within(&mut self, lease: &Lease) {
+        let period = progress_period(self.settings.ack_wait);
+        if !self.hold.is_holding() || self.held_alive.elapsed() < period {
+            return;
+        }
+        // Past the lease a row's ack wait is the next owner's to run.
+        if lease.held() {
+            for message in self.hold.held_messages() {
+                if let Err(err) = ack::reply(&self.client, message, AckKind::Progress).await {
+                    tracing::debug!(error = %err, "cannot extend a held row's ack wait");
+                }
+            }
+        }
+        self.held_alive = Instant::now();
     }
 
     /// Answers every row of a batch run (acks, naks, dead letters) and
@@ -594,93 +675,3 @@ impl UnitWorker {
 }
 
 pub use crate::delivery::isolation::ISOLATION_LANES;
-
-/// A unit's pull requests, sized for its batches.
-fn pull_size(settings: &DeliveryConfig) -> PullSize {
-    PullSize {
-        min_rows: settings.batch_rows,
-        max_rows: settings.pull_rows,
-        // As many bytes as the batches the largest request makes.
-        bytes: settings
-            .batch_bytes
-            .saturating_mul(settings.pull_rows.div_ceil(settings.batch_rows)),
-    }
-}
-
-/// How often rows being worked on are answered "in progress": a third of
-/// the ack wait, so a row is answered in time even when a tick comes late.
-fn progress_period(ack_wait: Duration) -> Duration {
-    (ack_wait / 3).max(MIN_PROGRESS_PERIOD)
-}
-
-/// Runs `work` while telling JetStream every third of the ack wait that the
-/// batch's rows, and those received for the next batches, are still being
-/// worked on, so a long batch is not redelivered under its own feet.
-async fn keep_alive<F: std::future::Future>(
-    batches: [&[Message]; 2],
-    client: &Client,
-    mut puller: Option<&mut Puller>,
-    ack_wait: Duration,
-    lease: &Lease,
-    work: F,
-) -> F::Output {
-    let period = progress_period(ack_wait);
-    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
-    tokio::pin!(work);
-    loop {
-        tokio::select! {
-            output = &mut work => return output,
-            // Past the lease a row's ack wait is the next owner's to run.
-            _ = ticker.tick(), if lease.held() => {
-                for message in batches.into_iter().flatten() {
-                    if let Err(err) = ack::reply(client, message, AckKind::Progress).await {
-                        tracing::debug!(error = %err, "cannot extend a row's ack wait");
-                    }
-                }
-                if let Some(puller) = puller.as_deref_mut() {
-                    puller.keep_received_alive().await;
-                }
-            }
-        }
-    }
-}
-
-/// Adds rows to a batch until it is full, `batch_wait` has passed, or no
-/// row came for `batch_idle` (zero: none is waiting). `batch` is empty.
-async fn fill_batch(
-    settings: &DeliveryConfig,
-    first: Message,
-    puller: &mut Puller,
-    lease: &Lease,
-    batch: &mut Vec<Message>,
-) {
-    let mut bytes = first.payload.len();
-    batch.push(first);
-    let deadline = Instant::now() + settings.batch_wait;
-    // Only an idle gap shorter than the wait can close a batch first;
-    // with a gap of the whole wait no clock is read per row.
-    let closes_when_idle = settings.batch_idle < settings.batch_wait;
-    // Past the lease, no further pull request (see `UnitWorker::run`).
-    while batch.len() < settings.batch_rows && bytes < settings.batch_bytes && lease.held() {
-        // A batch at low load goes when its rows stop coming, not after the
-        // whole wait: that wait was most of a row's way to its sink.
-        let until = if closes_when_idle {
-            deadline.min(Instant::now() + settings.batch_idle)
-        } else {
-            deadline
-        };
-        match puller.next_until(Some(until)).await {
-            Some(message) => {
-                bytes += message.payload.len();
-                batch.push(message);
-            }
-            // Out of tokio's cooperative budget a waiting row looks absent,
-            // which would close a batch at ~128 rows under load: yield (the
-            // thread's other tasks run, the budget is renewed) and look again.
-            None if !tokio::task::coop::has_budget_remaining() && Instant::now() < deadline => {
-                tokio::task::yield_now().await;
-            }
-            None => break,
-        }
-    }
-}

@@ -12,10 +12,14 @@ use crate::state::store::StoreError;
 use crate::telemetry::StateWriteLabels;
 
 /// A batch's state writes: for each, the rows it settles and its outcome
-/// to come (why its rows come back, if it failed).
+/// to come (why its rows come back, if it failed). A write's outcome is
+/// kept as it arrives, so a landing may be looked at ([`Landing::is_landed`])
+/// or waited for ([`Landing::wait`]) any number of times.
 #[derive(Debug, Default)]
 pub struct Landing {
     writes: Vec<WriteLanding>,
+    /// How many writes at the front of `writes` have their outcome.
+    arrived: usize,
 }
 
 #[derive(Debug)]
@@ -23,7 +27,14 @@ struct WriteLanding {
     key: String,
     plugin: String,
     sequences: Vec<u64>,
-    outcome: oneshot::Receiver<Option<String>>,
+    outcome: Arrival,
+}
+
+/// A write's outcome: to come, or come (why its rows come back, if it failed).
+#[derive(Debug)]
+enum Arrival {
+    Pending(oneshot::Receiver<Option<String>>),
+    Arrived(Option<String>),
 }
 
 /// The sending half of one write's outcome, kept by the task writing it.
@@ -43,7 +54,7 @@ impl Landing {
             key: key.to_string(),
             plugin: plugin.to_string(),
             sequences,
-            outcome,
+            outcome: Arrival::Pending(outcome),
         });
         sender
     }
@@ -53,23 +64,66 @@ impl Landing {
         self.writes.extend(other.writes);
     }
 
-    /// Waits for every write: the rows whose write failed (stream
-    /// sequences), with why, come back.
-    pub async fn landed(self) -> Vec<(u64, String)> {
+    /// Whether every write landed, without waiting: each outcome already
+    /// sent is kept.
+    pub fn is_landed(&mut self) -> bool {
+        for write in &mut self.writes[self.arrived..] {
+            if let Arrival::Pending(receiver) = &mut write.outcome {
+                match receiver.try_recv() {
+                    Ok(reason) => write.outcome = Arrival::Arrived(reason),
+                    Err(oneshot::error::TryRecvError::Closed) => write.ended(),
+                    Err(oneshot::error::TryRecvError::Empty) => continue,
+                }
+            }
+        }
+        self.advance();
+        self.arrived == self.writes.len()
+    }
+
+    /// Waits until every write landed. Cancel-safe: each outcome is kept as
+    /// it arrives, and one not yet come stays in its channel.
+    pub async fn wait(&mut self) {
+        while let Some(write) = self.writes.get_mut(self.arrived) {
+            if let Arrival::Pending(receiver) = &mut write.outcome {
+                match receiver.await {
+                    Ok(reason) => write.outcome = Arrival::Arrived(reason),
+                    Err(_) => write.ended(),
+                }
+            }
+            self.arrived += 1;
+        }
+    }
+
+    /// Waits for every write (at once if each already landed): the rows
+    /// whose write failed (stream sequences), with why, come back.
+    pub async fn landed(mut self) -> Vec<(u64, String)> {
+        self.wait().await;
         let mut failed = Vec::new();
         for write in self.writes {
-            let reason = write.outcome.await.unwrap_or_else(|_| {
-                let unanswered = StoreError::Unanswered {
-                    key: write.key,
-                    reason: "its task ended".to_string(),
-                };
-                failure(&write.plugin, &Err(unanswered))
-            });
-            if let Some(reason) = reason {
+            if let Arrival::Arrived(Some(reason)) = write.outcome {
                 failed.extend(write.sequences.iter().map(|&row| (row, reason.clone())));
             }
         }
         failed
+    }
+
+    /// Moves `arrived` past the writes whose outcome came.
+    fn advance(&mut self) {
+        let arrived = self.writes[self.arrived..]
+            .iter()
+            .take_while(|write| matches!(write.outcome, Arrival::Arrived(_)));
+        self.arrived += arrived.count();
+    }
+}
+
+impl WriteLanding {
+    /// Its task ended without sending the outcome: its rows come back.
+    fn ended(&mut self) {
+        let unanswered = StoreError::Unanswered {
+            key: self.key.clone(),
+            reason: "its task ended".to_string(),
+        };
+        self.outcome = Arrival::Arrived(failure(&self.plugin, &Err(unanswered)));
     }
 }
 
@@ -113,6 +167,10 @@ pub(crate) fn failure(plugin: &str, landed: &Result<u64, StoreError>) -> Option<
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use futures::FutureExt;
+
     use super::*;
 
     #[tokio::test]
@@ -130,5 +188,47 @@ mod tests {
         let rows: Vec<u64> = back.iter().map(|(row, _)| *row).collect();
         assert_eq!(rows, [3, 4]);
         assert!(back[1].1.contains("its task ended"), "{back:?}");
+    }
+
+    #[tokio::test]
+    async fn a_landing_is_looked_at_and_waited_for_as_often_as_needed() {
+        let mut landing = Landing::default();
+        assert!(landing.is_landed(), "no write: landed");
+        let failed = landing.add("a", "window", vec![1]);
+        let stored = landing.add("b", "window", vec![2]);
+        let dropped = landing.add("c", "window", vec![3]);
+        assert!(!landing.is_landed());
+        // Outcomes sent out of order are kept as they come.
+        stored.send(None).unwrap();
+        drop(dropped);
+        assert!(!landing.is_landed());
+        // A wait cancelled loses nothing: the outcome still comes.
+        let waited = tokio::time::timeout(Duration::from_millis(20), landing.wait()).await;
+        assert!(waited.is_err(), "a write is still on its way");
+        let purged = Err(StoreError::Purged { key: "a".into() });
+        failed.send(failure("window", &purged)).unwrap();
+        assert!(landing.is_landed());
+        landing.wait().await;
+        let back = landing.landed().now_or_never().expect("landed: no wait");
+        let rows: Vec<u64> = back.iter().map(|(row, _)| *row).collect();
+        assert_eq!(rows, [1, 3]);
+        assert!(back[0].1.contains("purged"), "{back:?}");
+        assert!(back[1].1.contains("its task ended"), "{back:?}");
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_as_the_last_write_lands() {
+        let mut landing = Landing::default();
+        let first = landing.add("a", "window", vec![1]);
+        let second = landing.add("b", "window", vec![2]);
+        let sent = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            second.send(None).unwrap();
+            first.send(None).unwrap();
+        });
+        landing.wait().await;
+        assert!(landing.is_landed());
+        assert!(landing.landed().await.is_empty());
+        sent.await.unwrap();
     }
 }

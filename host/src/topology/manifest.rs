@@ -21,7 +21,7 @@ use crate::nats::kv::{BucketOptions, NatsKv};
 use crate::topology::route::{Names, Unit};
 
 /// Rows a unit may have delivered but not yet acked.
-const MAX_ACK_PENDING: i64 = 20_000;
+pub(crate) const MAX_ACK_PENDING: i64 = 20_000;
 /// How long the fleet keeps a compiled artifact.
 const COMPILED_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long the marker of an expired coordination key is kept: a watch
