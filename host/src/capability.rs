@@ -29,6 +29,8 @@ pub enum Capability {
     Postgres,
     /// A sink's NATS publishes.
     Nats,
+    /// A sink's objects in an object store (S3).
+    Objects,
     /// WASI itself (clocks, random, stdio, filesystem, environment,
     /// sockets): every std guest imports it, with an empty context.
     Wasi,
@@ -130,6 +132,19 @@ pub const DEFAULT_POSTGRES_CONNECTIONS: u64 = 4;
 /// a transaction this long is ended by the server, so a host frozen
 /// mid-transaction holds its locks no longer than this.
 pub const DEFAULT_POSTGRES_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
+
+/// Default of `grants.objects.max_rows`: rows per object.
+pub const DEFAULT_OBJECT_MAX_ROWS: u64 = 10_000;
+/// Most `grants.objects.max_rows`: an object's rows wait unacked until it
+/// commits, and a unit's consumer holds at most 20,000 unacked (its
+/// `max_ack_pending`), with room left for the rows of the next pulls.
+pub const MAX_OBJECT_ROWS: u64 = 15_000;
+/// Default of `grants.objects.max_bytes`: an object is held in memory
+/// until its one create-only PUT.
+pub const DEFAULT_OBJECT_MAX_BYTES: u64 = 128 << 20;
+/// Default of `grants.objects.max_age`: how long a row waits at most
+/// for its object.
+pub const DEFAULT_OBJECT_MAX_AGE: Duration = Duration::from_secs(60);
 
 const ALL_WORLDS: &[World] = &[World::Transform, World::Sink, World::Budget, World::Router];
 const STEPS: &[World] = &[World::Transform, World::Sink];
@@ -278,6 +293,46 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
         }],
         js_module: None,
         docs: "publishes to granted subjects through the host's connection, sent after the call for the rows it delivered; without the grant every publish is refused",
+    },
+    CapabilitySpec {
+        capability: Capability::Objects,
+        name: "objects",
+        interfaces: &["weir:plugin/objects"],
+        worlds: SINKS,
+        grant: Some("grants.objects"),
+        only_for_its_worlds: Some("its objects commit with a sink's deliveries"),
+        keys: &[
+            key("grants.objects", KeyDefault::Off),
+            key("grants.objects.bucket", KeyDefault::Required),
+            key("grants.objects.endpoint", KeyDefault::Off),
+            key("grants.objects.region", KeyDefault::Text("us-east-1")),
+            key("grants.objects.prefix", KeyDefault::Text("")),
+            key("grants.objects.credentials_file", KeyDefault::Off),
+            key("grants.objects.format", KeyDefault::Required),
+            key("grants.objects.compression", KeyDefault::Off),
+            key("grants.objects.columns", KeyDefault::Empty),
+            key("grants.objects.row_group_rows", KeyDefault::Count(100_000)),
+            key(
+                "grants.objects.max_rows",
+                KeyDefault::Count(DEFAULT_OBJECT_MAX_ROWS),
+            ),
+            key(
+                "grants.objects.max_bytes",
+                KeyDefault::Bytes(DEFAULT_OBJECT_MAX_BYTES),
+            ),
+            key(
+                "grants.objects.max_age",
+                KeyDefault::Time(DEFAULT_OBJECT_MAX_AGE),
+            ),
+        ],
+        linked: Linked::Always,
+        checks: &[Check {
+            grant: "grants.objects",
+            imports: &["weir:plugin/objects"],
+            without: "it loads, and every append is refused",
+        }],
+        js_module: None,
+        docs: "rows into Parquet or NDJSON objects in an S3 bucket, one object per path the sink names, committed at `max_rows`, `max_bytes` or `max_age`; the rows are acked once their object stands; without the grant every append is refused",
     },
     CapabilitySpec {
         capability: Capability::Wasi,

@@ -14,6 +14,9 @@ pub trait Fence: Send + Sync {
     /// by anyone, is higher, so a destination refuses an old owner's
     /// commit by it (0: no claim, tools).
     fn claim(&self) -> u64;
+    /// The same lease, owned: what a task outliving the call holds (a
+    /// destination's committer), seeing it run out as the caller does.
+    fn owned(&self) -> Box<dyn Fence>;
 }
 
 /// The lease ran out: nothing more of the batch in hand may be delivered

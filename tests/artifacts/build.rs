@@ -34,6 +34,7 @@ fn main() {
             ("WINDOW", "weir_window.wasm"),
             ("POSTGRES_SINK", "weir_postgres_sink.wasm"),
             ("NATS_SINK", "weir_nats_sink.wasm"),
+            ("LAKE_SINK", "weir_lake_sink.wasm"),
         ],
     };
     guests::build_all(&repo, &[plugins], "plugins.rs");

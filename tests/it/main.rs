@@ -40,6 +40,7 @@ mod front_door_tls;
 mod http_sink;
 mod idle_cost;
 mod kv;
+mod lake;
 mod logs;
 mod metrics;
 mod nats_ingest;

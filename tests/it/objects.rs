@@ -12,9 +12,10 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
+use weir::config::{ObjectsTarget, Rolling};
 use weir::destination::{
-    Committed, Delivered, Entry, Format, LogError, Recovery, Rolling, Store, StoreSettings, Target,
-    UnitLog, UnitObjects, Waiting,
+    Committed, Delivered, Entry, Format, LogError, Recovery, Store, StoreSettings, UnitLog,
+    UnitObjects, Waiting,
 };
 use weir::fence::Fence;
 
@@ -40,6 +41,9 @@ impl Fence for Lease {
     }
     fn claim(&self) -> u64 {
         0
+    }
+    fn owned(&self) -> Box<dyn Fence> {
+        Box::new(Lease(AtomicBool::new(self.held())))
     }
 }
 
@@ -331,26 +335,18 @@ async fn refused_keys_a_missing_bucket_and_an_unreachable_store_say_what_failed(
 
 /// `sql` run by DuckDB (`duckdb` from PyPI, with the `httpfs` extension
 /// from its wheel: DuckDB's own download needs the internet) against the
-/// store: the first row of its answer, as text.
+/// store, through the lake example's reader: the first row of its
+/// answer, as text.
 pub fn duckdb_over_s3(seaweed: &Seaweed, sql: &str) -> Vec<String> {
-    const READER: &str = r#"
-import glob, os, sys
-import duckdb, duckdb_extension_httpfs
-endpoint, key, secret, sql = sys.argv[1:5]
-ext = glob.glob(os.path.join(os.path.dirname(duckdb_extension_httpfs.__file__), "**", "httpfs.duckdb_extension"), recursive=True)[0]
-db = duckdb.connect()
-db.execute(f"INSTALL '{ext}'")
-db.execute("LOAD httpfs")
-for name, value in [("s3_endpoint", endpoint), ("s3_url_style", "path"), ("s3_use_ssl", "false"),
-                    ("s3_access_key_id", key), ("s3_secret_access_key", secret), ("s3_region", "us-east-1")]:
-    db.execute(f"SET {name} = '{value}'")
-print("\t".join(str(v) for v in db.execute(sql).fetchone()))
-"#;
     let settings = seaweed.settings();
     let (key, secret) = settings.keys.expect("keys");
     let endpoint = seaweed.endpoint().trim_start_matches("http://").to_string();
     let output = std::process::Command::new("python3")
-        .args(["-c", READER, &endpoint, &key, &secret, sql])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/lake/read.py"
+        ))
+        .args([&endpoint, &key, &secret, sql])
         .output()
         .expect("python3 runs");
     assert!(
@@ -463,10 +459,13 @@ impl Fence for SharedLease {
     fn claim(&self) -> u64 {
         0
     }
+    fn owned(&self) -> Box<dyn Fence> {
+        Box::new(self.clone())
+    }
 }
 
-fn ndjson_target(max_rows: usize, max_age: std::time::Duration) -> std::sync::Arc<Target> {
-    std::sync::Arc::new(Target {
+fn ndjson_target(max_rows: usize, max_age: std::time::Duration) -> std::sync::Arc<ObjectsTarget> {
+    std::sync::Arc::new(ObjectsTarget {
         prefix: PREFIX.into(),
         format: Format::Ndjson {
             compression: weir::destination::NdjsonCompression::None,
@@ -481,7 +480,7 @@ fn ndjson_target(max_rows: usize, max_age: std::time::Duration) -> std::sync::Ar
 
 async fn unit_objects(
     store: &Store,
-    target: &std::sync::Arc<Target>,
+    target: &std::sync::Arc<ObjectsTarget>,
     writer: &str,
     lease: &SharedLease,
 ) -> UnitObjects {
@@ -620,4 +619,21 @@ async fn a_new_owner_skips_what_is_written_and_the_old_one_commits_nothing_more(
     let refused = old.add(delivered(&target.format, 151, 160, path));
     assert!(refused.is_err(), "a stopped committer takes no more rows");
     assert_each_once(&rows_seen(&store).await, 1, 150);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_opened_while_the_committer_waits_for_nothing_still_commits_by_age() {
+    let seaweed = Seaweed::start().await;
+    let store = seaweed.store();
+    let lease = SharedLease::held();
+    let target = ndjson_target(1000, std::time::Duration::from_millis(300));
+    let objects = unit_objects(&store, &target, "host", &lease).await;
+    // The committer has had nothing to wait for; one row opens an object
+    // that never fills.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let waiting = objects
+        .add(delivered(&target.format, 1, 1, "tenant=acme/table=orders"))
+        .expect("add");
+    assert_eq!(outcomes(waiting).await, []);
+    assert_each_once(&rows_seen(&store).await, 1, 1);
 }

@@ -13,7 +13,7 @@ use crate::support::free_port;
 
 pub const BUCKET: &str = "lake";
 pub const ACCESS_KEY: &str = "weir-test-key";
-const SECRET_KEY: &str = "weir-test-secret";
+pub const SECRET_KEY: &str = "weir-test-secret";
 /// The ports `weed mini` listens on, each named by its flag.
 const PORT_FLAGS: [&str; 13] = [
     "master.port",

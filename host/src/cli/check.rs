@@ -16,6 +16,7 @@ impl CheckArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = Config::load(&self.config, &Overrides::default())?;
         refuse_failing_plugins(&config).await?;
+        refuse_unreachable_stores(&config).await?;
         use weir::telemetry::plural;
         println!(
             "{}: ok ({}, {}, {})",
@@ -53,6 +54,50 @@ pub async fn refuse_failing_plugins(config: &Config) -> anyhow::Result<()> {
         "{} of {} cannot run",
         failures.len(),
         weir::telemetry::plural(config.plugins.len(), "plugin", "plugins")
+    ))
+    .into())
+}
+
+/// Asks each granted object store for one listing under the grant's
+/// prefix, so a missing bucket, refused keys or an unreachable endpoint
+/// show here, named by the grant. Only `weir check` asks: at run time a
+/// store that cannot answer makes the rows wait.
+async fn refuse_unreachable_stores(config: &Config) -> anyhow::Result<()> {
+    let sandbox = weir::sandbox::Sandbox::new(weir::telemetry::Metrics::default())?.with_cache(
+        config.compile_cache_dir.clone(),
+        config.compile_cache_max_bytes,
+    );
+    let mut failures = Vec::new();
+    for plugin in config.plugins.values() {
+        if plugin.grants.objects.is_none() {
+            continue;
+        }
+        let probed = match sandbox.load(plugin).await {
+            Ok(loaded) => loaded.probe_objects().await,
+            Err(err) => Err(err.to_string()),
+        };
+        if let Err(message) = probed {
+            let problem = match config.plugin_places.get(&plugin.name) {
+                Some(places) => places.table.problem(message),
+                None => Problem {
+                    file: config.source.clone(),
+                    line: 1,
+                    column: 1,
+                    message,
+                },
+            };
+            failures.push(problem);
+        }
+    }
+    if failures.is_empty() {
+        return Ok(());
+    }
+    for failure in &failures {
+        eprintln!("{failure}");
+    }
+    Err(super::Refused(format!(
+        "{} cannot be reached",
+        weir::telemetry::plural(failures.len(), "object store", "object stores")
     ))
     .into())
 }

@@ -82,6 +82,9 @@ fn accepted() -> BTreeMap<&'static str, BTreeSet<String>> {
     plugin.extend(fields_of::<plugins::RawStateGrant>("grants.state."));
     plugin.extend(fields_of::<plugins::RawPostgresGrant>("grants.postgres."));
     plugin.extend(fields_of::<plugins::RawNatsGrant>("grants.nats."));
+    plugin.extend(fields_of::<super::objects::RawObjectsGrant>(
+        "grants.objects.",
+    ));
     BTreeMap::from([
         ("", top),
         ("nats", fields_of::<nats::RawNats>("")),

@@ -27,6 +27,7 @@ mod delivery;
 pub(crate) mod keys;
 use keys::{Key, Reload};
 mod nats;
+mod objects;
 mod pipelines;
 mod plugins;
 mod policies;
@@ -45,6 +46,10 @@ pub use delivery::DEFAULT_DRAIN_TIMEOUT;
 pub(crate) use delivery::*;
 pub(crate) use nats::*;
 pub use nats::{NatsAuth, SyncPolicy};
+pub use objects::{
+    Column, ColumnType, DEFAULT_OBJECTS_REGION, Format, NdjsonCompression, ObjectsGrant,
+    ObjectsTarget, ParquetCompression, Rolling,
+};
 pub use pipelines::{BadLines, Pipeline};
 pub(crate) use plugins::*;
 pub use plugins::{PluginConfig, PluginPlaces};

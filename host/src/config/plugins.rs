@@ -158,6 +158,9 @@ pub struct Grants {
     /// NATS subjects a sink publishes to through the host's connection
     /// (the WIT `nats` interface); `None`: every publish is refused.
     pub nats: Option<NatsGrant>,
+    /// An object store a sink's rows go to (the WIT `objects` interface);
+    /// `None`: every append is refused.
+    pub objects: Option<super::objects::ObjectsGrant>,
 }
 
 /// `grants.nats`: the subjects a sink may publish to, and how.
@@ -344,6 +347,7 @@ pub(super) struct RawGrants {
     state: Option<RawStateGrant>,
     postgres: Option<RawPostgresGrant>,
     nats: Option<RawNatsGrant>,
+    objects: Option<super::objects::RawObjectsGrant>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -594,12 +598,21 @@ impl Checker<'_> {
             nats: raw
                 .nats
                 .map(|grant| self.nats_grant(plugin, world, grant, prefix)),
+            objects: raw
+                .objects
+                .map(|grant| self.objects_grant(plugin, world, grant)),
         }
     }
 
     /// A grant of `capability` given to a plugin of a world that does not
     /// import it is refused, if its entry says why it cannot serve there.
-    fn grant_for_its_worlds(&self, capability: Capability, plugin: &str, world: World, at: usize) {
+    pub(super) fn grant_for_its_worlds(
+        &self,
+        capability: Capability,
+        plugin: &str,
+        world: World,
+        at: usize,
+    ) {
         let spec = capability.spec();
         if let (Some(why), Some(grant)) = (spec.only_for_its_worlds, spec.grant)
             && !spec.worlds.contains(&world)

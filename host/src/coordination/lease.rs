@@ -123,6 +123,10 @@ impl Fence for Lease {
     fn claim(&self) -> u64 {
         Lease::claim(self)
     }
+
+    fn owned(&self) -> Box<dyn Fence> {
+        Box::new(self.clone())
+    }
 }
 
 /// What renewals need besides the record and the lease they publish.

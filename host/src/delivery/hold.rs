@@ -136,15 +136,19 @@ impl Hold {
 /// worth, so a landing slower than a batch does not stall the unit, yet at
 /// most half the consumer's max ack pending (past which the server sends
 /// no more rows, and the held rows would only wait), and at least a batch
-/// (one held batch, as before batches queued).
-pub(super) fn max_held_rows(settings: &DeliveryConfig) -> usize {
+/// (one held batch, as before batches queued). A sink filling objects
+/// holds its rows until their object commits: up to the max ack pending,
+/// less two pulls in flight (past it, the worker seals its objects).
+pub(super) fn max_held_rows(settings: &DeliveryConfig, fills_objects: bool) -> usize {
+    let pull = settings.pull_rows.max(settings.batch_rows);
+    if fills_objects {
+        let max = MAX_ACK_PENDING as usize;
+        return max
+            .saturating_sub(pull.saturating_mul(2))
+            .max(settings.batch_rows);
+    }
     let max = (MAX_ACK_PENDING / 2) as usize;
-    settings
-        .pull_rows
-        .max(settings.batch_rows)
-        .saturating_mul(4)
-        .min(max)
-        .max(settings.batch_rows)
+    pull.saturating_mul(4).min(max).max(settings.batch_rows)
 }
 
 /// `batch`, whose state writes landed: a row whose write failed comes

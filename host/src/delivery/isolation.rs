@@ -23,6 +23,7 @@ use crate::delivery::pipeline::{PipelineRunner, RunError, StepFailure};
 use crate::delivery::verdict::Verdict;
 use crate::fence::{Fence, Fenced};
 use crate::sandbox::FailureKind;
+use crate::state::landing::Landing;
 
 /// Rows of a batch that failed on a deadline run alone this many at a
 /// time, each lane on instances of its own.
@@ -110,7 +111,9 @@ async fn isolate(
             let lanes = (0..ISOLATION_LANES.min(part.len()))
                 .map(|_| runner.lane())
                 .collect();
-            for (index, result) in alone(lanes, rows, &part, lease).await? {
+            let (alone, landing) = alone(lanes, rows, &part, lease).await?;
+            runner.keep_landing(landing);
+            for (index, result) in alone {
                 results[index] = result;
             }
         } else {
@@ -137,16 +140,19 @@ async fn alone(
     rows: &Batch,
     part: &[usize],
     lease: &dyn Fence,
-) -> Result<Vec<(usize, RowVerdict)>, Fenced> {
+) -> Result<(Vec<(usize, RowVerdict)>, Landing), Fenced> {
     let next = AtomicUsize::new(0);
     let lanes = lanes
         .into_iter()
         .map(|runner| lane(runner, rows, part, &next, lease));
     let mut results = Vec::with_capacity(part.len());
+    let mut landing = Landing::default();
     for lane in futures::future::join_all(lanes).await {
-        results.extend(lane?);
+        let (lane, its) = lane?;
+        results.extend(lane);
+        landing.join(its);
     }
-    Ok(results)
+    Ok((results, landing))
 }
 
 /// One lane: its fresh instances (dropped afterwards, back to the pool)
@@ -157,7 +163,7 @@ async fn lane(
     part: &[usize],
     next: &AtomicUsize,
     lease: &dyn Fence,
-) -> Result<Vec<(usize, RowVerdict)>, Fenced> {
+) -> Result<(Vec<(usize, RowVerdict)>, Landing), Fenced> {
     let mut results = Vec::new();
     let mut packed = Batch::default();
     while let Some(&index) = part.get(next.fetch_add(1, Ordering::Relaxed)) {
@@ -169,5 +175,6 @@ async fn lane(
         };
         results.push((index, result));
     }
-    Ok(results)
+    // What its rows wait for (the objects they went into) is the batch's.
+    Ok((results, runner.take_landing()))
 }

@@ -93,6 +93,16 @@ impl Runners {
         (calls, landing)
     }
 
+    /// Whether any runner's sink fills objects.
+    pub fn fill_objects(&self) -> bool {
+        self.each().any(PipelineRunner::fills_objects)
+    }
+
+    /// Seals every object the sinks are filling, to be committed now.
+    pub fn flush_objects(&self) {
+        self.each().for_each(PipelineRunner::flush_objects);
+    }
+
     pub fn set_ack_floor(&mut self, floor: u64) {
         self.each_mut()
             .for_each(|runner| runner.set_ack_floor(floor));

@@ -493,11 +493,17 @@ impl UnitWorker {
     /// while the hold may not keep it ([`Hold::must_wait`]; without
     /// `overlap`, until none is held).
     async fn settle_held(&mut self, lease: &Lease, overlap: bool) -> Result<(), Abandoned> {
+        let fills_objects = self.runners.fill_objects();
         loop {
             self.settle_landed(lease).await?;
-            if !self.hold.must_wait(overlap, max_held_rows(&self.settings)) {
+            if !self
+                .hold
+                .must_wait(overlap, max_held_rows(&self.settings, fills_objects))
+            {
                 return Ok(());
             }
+            // What is waited for now must not wait for an object's age.
+            self.runners.flush_objects();
             self.wait_front(lease)
                 .await
                 .map_err(|Fenced| Abandoned(0))?;

@@ -24,9 +24,9 @@ mod postgres;
 pub use nats::{PublishCall, PublishStep, Publisher};
 pub use objects::{
     AppendError, Column, ColumnType, Committed, Delivered, EncodeError, Entry, Format, LogError,
-    NdjsonCompression, ObjectWriter, OpenError, ParquetCompression, Record, Recovery, Rolling,
-    RowRefused, Store, StoreError, StoreSettings, Target, UnitLog, UnitObjects, Waiting,
-    check_path,
+    NdjsonCompression, ObjectWriter, ObjectsCall, ObjectsDestination, ObjectsStep, OpenError,
+    ParquetCompression, Record, Recovery, RowRefused, Store, StoreError, StoreSettings, UnitLog,
+    UnitObjects, Waiting, check_path,
 };
 pub use outcome::{Ending, Finished};
 pub use postgres::{Param, PgCall, PgPool, PoolError, PostgresStep, StatementError};

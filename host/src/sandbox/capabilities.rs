@@ -7,7 +7,7 @@
 
 use wasmtime::component::{HasSelf, Linker, LinkerInstance};
 
-use super::bindings::sink::weir::plugin::{nats, postgres};
+use super::bindings::sink::weir::plugin::{nats, objects, postgres};
 use super::bindings::transform::weir::plugin::{host, http_batch, state};
 use super::instance::PluginState;
 use super::served::SERVED_WIT_VERSIONS;
@@ -38,6 +38,9 @@ fn link(capability: Capability, linker: &mut Linker<PluginState>) -> wasmtime::R
         }),
         Capability::Nats => link_versions(linker, "nats", |instance| {
             nats::add_to_linker_instance::<PluginState, Own>(instance, own)
+        }),
+        Capability::Objects => link_versions(linker, "objects", |instance| {
+            objects::add_to_linker_instance::<PluginState, Own>(instance, own)
         }),
         Capability::Wasi => wasmtime_wasi::p2::add_to_linker_async(linker),
     }

@@ -248,3 +248,19 @@ impl nats_api::Host for PluginState {
         }
     }
 }
+
+use super::bindings::sink::weir::plugin::objects as objects_api;
+
+/// The `objects` interface: a record is fitted to the grant's format and
+/// kept until the call's rows have their verdicts (see `crate::destination`).
+impl objects_api::Host for PluginState {
+    fn append(&mut self, row: u32, path: String, record: Vec<u8>) -> Result<(), String> {
+        match &mut self.objects {
+            Some(call) => call.append(row, path, &record),
+            None => Err(format!(
+                "plugin `{}` has no objects outside a deliver call, or no `grants.objects` in its TOML",
+                self.plugin.name()
+            )),
+        }
+    }
+}

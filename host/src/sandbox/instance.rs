@@ -83,6 +83,8 @@ pub struct Plugin {
     pub(super) pauses: Arc<super::Pauses>,
     /// The database of its `grants.postgres`, if any.
     pub postgres: Option<Arc<crate::destination::PgPool>>,
+    /// The object store of its `grants.objects`, if any.
+    pub objects: Option<crate::destination::ObjectsDestination>,
     /// Keep-alive connections of its `grants.http`, shared by its instances.
     pub(super) http_pool: Option<super::http::HttpPool>,
     /// Places for its `http-batch` requests in flight (`http_max_in_flight`),
@@ -105,6 +107,20 @@ impl std::fmt::Debug for Plugin {
 impl Plugin {
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Asks its granted object store, if any, for one listing under the
+    /// grant's prefix: a missing bucket, refused keys or an unreachable
+    /// endpoint, named by the grant (`weir check`).
+    pub async fn probe_objects(&self) -> Result<(), String> {
+        let Some(objects) = &self.objects else {
+            return Ok(());
+        };
+        objects
+            .store
+            .probe(&objects.grant.target.prefix)
+            .await
+            .map_err(|err| format!("plugin `{}`: grants.objects: {err}", self.name()))
     }
 
     /// A fresh instance with its own store, limits and grants, `init`-ed.
@@ -184,6 +200,7 @@ impl Plugin {
             state: None,
             postgres: None,
             nats: None,
+            objects: None,
             batch: None,
         };
         let mut store = Store::new(&self.engine, state);
@@ -302,6 +319,16 @@ impl PluginInstance {
     /// Takes back what [`PluginInstance::give_nats`] gave, with the call's publishes.
     pub fn take_nats(&mut self) -> Option<crate::destination::PublishCall> {
         self.store.data_mut().nats.take()
+    }
+
+    /// Hands the next call the buffer its `objects` appends go to.
+    pub fn give_objects(&mut self, call: crate::destination::ObjectsCall) {
+        self.store.data_mut().objects = Some(call);
+    }
+
+    /// Takes back what [`PluginInstance::give_objects`] gave, with the call's appends.
+    pub fn take_objects(&mut self) -> Option<crate::destination::ObjectsCall> {
+        self.store.data_mut().objects.take()
     }
 
     /// Linear memory the instance has now, in bytes.
@@ -596,6 +623,9 @@ pub struct PluginState {
     /// What a call of a sink granted `nats` publishes; `None` outside such
     /// a call, and always without the grant.
     pub(super) nats: Option<crate::destination::PublishCall>,
+    /// What a call of a sink granted `objects` appends; `None` outside
+    /// such a call, and always without the grant.
+    pub(super) objects: Option<crate::destination::ObjectsCall>,
     /// The running transform's or sink's batch, for `json-members`; `None`
     /// outside a call, and always for a plugin that does not import it.
     pub(super) batch: Option<Batch>,

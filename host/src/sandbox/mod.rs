@@ -126,11 +126,36 @@ pub enum LoadError {
     /// Its `grants.postgres` cannot be used (the message names the plugin).
     #[error(transparent)]
     Postgres(#[from] crate::destination::PoolError),
+    /// Its `grants.objects` cannot be used (the message names the plugin).
+    #[error("{0}")]
+    Objects(String),
     // Not a `source`: the message already says it, and a printer that
     // walks the chain would say it twice.
     #[error("plugin `{plugin}`: init failed: {error}")]
     Init { plugin: String, error: CallError },
 }
+
+/// The destinations a sink's grants name, opened: nothing is sent until a
+/// call needs it.
+fn destinations(config: &PluginConfig) -> Result<Destinations, LoadError> {
+    let postgres = match &config.grants.postgres {
+        Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
+        None => None,
+    };
+    let objects = match &config.grants.objects {
+        Some(grant) => Some(
+            crate::destination::ObjectsDestination::open(&config.name, grant)
+                .map_err(LoadError::Objects)?,
+        ),
+        None => None,
+    };
+    Ok((postgres, objects))
+}
+
+type Destinations = (
+    Option<Arc<crate::destination::PgPool>>,
+    Option<crate::destination::ObjectsDestination>,
+);
 
 /// How long the process stood still, as the epoch ticker saw it. Taken
 /// off plugin deadlines: a deadline measures the plugin, not the host, so
@@ -643,10 +668,7 @@ impl Sandbox {
                 });
             }
         }
-        let postgres = match &config.grants.postgres {
-            Some(grant) => Some(crate::destination::PgPool::new(&config.name, grant)?),
-            None => None,
-        };
+        let (postgres, objects) = destinations(config)?;
         let http_pool = http_pool(config)?;
         let wit = built_for(&self.engine, &component);
         let loaded = Arc::new(Plugin {
@@ -671,6 +693,7 @@ impl Sandbox {
             counter_names: Default::default(),
             pauses: self.pauses.clone(),
             postgres,
+            objects,
             http_pool,
             http_in_flight: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
             reads_json_members: imports_json_members(&self.engine, &component),

@@ -59,6 +59,24 @@ impl Landing {
         sender
     }
 
+    /// Adds the commit of an object (its `path`) by sink `plugin` holding
+    /// rows `sequences`, whose outcome comes on `outcome` (`None` once it
+    /// stands, or why the rows come back).
+    pub fn wait_for_object(
+        &mut self,
+        plugin: &str,
+        path: String,
+        sequences: Vec<u64>,
+        outcome: oneshot::Receiver<Option<String>>,
+    ) {
+        self.writes.push(WriteLanding {
+            key: format!("object `{path}`"),
+            plugin: plugin.to_string(),
+            sequences,
+            outcome: Arrival::Pending(outcome),
+        });
+    }
+
     /// Every write of `other` joins these.
     pub fn join(&mut self, other: Landing) {
         self.writes.extend(other.writes);

@@ -466,6 +466,10 @@ mod tests {
         fn claim(&self) -> u64 {
             0
         }
+
+        fn owned(&self) -> Box<dyn Fence> {
+            Box::new(Held)
+        }
     }
 
     fn step() -> StateStep {

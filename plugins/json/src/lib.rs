@@ -22,6 +22,7 @@
 //! ```
 
 pub mod fields;
+pub mod template;
 
 use std::borrow::Cow;
 use std::fmt;

@@ -37,6 +37,10 @@ use serde::Deserialize;
 use weir_plugin::{Deliveries, Delivery, Row, Rows, Sink};
 
 use weir_json::fields::{Field, Payload as Object};
+use weir_json::template::Template;
+
+/// The names a subject fills itself: `{tenant}` and `{table}`.
+const NAMES: &[&str] = &["tenant", "table"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,19 +58,10 @@ fn yes() -> bool {
     true
 }
 
-/// One piece of a subject template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Tenant,
-    Table,
-    Field { spec: String, field: Field },
-}
-
 /// The settings made into what each row needs.
 #[derive(Debug)]
 struct Plan {
-    subject: Vec<Piece>,
+    subject: Template,
     headers: Vec<(String, String)>,
     keep_headers: bool,
     payload: Option<(String, Field)>,
@@ -84,7 +79,7 @@ struct Message {
 
 impl Plan {
     fn new(settings: Settings) -> Result<Plan, String> {
-        let subject = template(&settings.subject)?;
+        let subject = Template::parse(&settings.subject, "nats sink: subject", NAMES)?;
         let payload = match settings.payload {
             Some(spec) => {
                 let field = Field::parse(&spec).map_err(|e| format!("nats sink: payload: {e}"))?;
@@ -100,8 +95,7 @@ impl Plan {
                 ));
             }
         }
-        let reads_payload =
-            payload.is_some() || subject.iter().any(|p| matches!(p, Piece::Field { .. }));
+        let reads_payload = payload.is_some() || subject.reads_payload();
         Ok(Plan {
             subject,
             headers: settings.headers.into_iter().collect(),
@@ -118,21 +112,11 @@ impl Plan {
         } else {
             None
         };
-        let mut subject = String::new();
-        for piece in &self.subject {
-            match (piece, &object) {
-                (Piece::Text(text), _) => subject.push_str(text),
-                (Piece::Tenant, _) => subject.push_str(row.tenant),
-                (Piece::Table, _) => subject.push_str(row.table),
-                (Piece::Field { spec, field }, Some(object)) => {
-                    let value = field
-                        .get(object)
-                        .ok_or_else(|| format!("nats sink: the payload has no field `{spec}`"))?;
-                    subject.push_str(&token(spec, value.get())?);
-                }
-                (Piece::Field { .. }, None) => {}
-            }
-        }
+        let named = |index: usize| if index == 0 { row.tenant } else { row.table };
+        let subject = self
+            .subject
+            .render(named, object.as_ref())
+            .map_err(|e| format!("nats sink: {e}"))?;
         if let Some(problem) = subject_problem(&subject) {
             return Err(format!("nats sink: the subject `{subject}` {problem}"));
         }
@@ -159,59 +143,6 @@ impl Plan {
             payload,
         })
     }
-}
-
-/// `text` split into literal text and `{placeholders}`.
-fn template(text: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut rest = text;
-    while let Some(open) = rest.find('{') {
-        if open > 0 {
-            pieces.push(Piece::Text(rest[..open].to_string()));
-        }
-        let after = &rest[open + 1..];
-        let close = after
-            .find('}')
-            .ok_or_else(|| format!("nats sink: subject `{text}` has a `{{` without its `}}`"))?;
-        let name = &after[..close];
-        pieces.push(match name {
-            "tenant" => Piece::Tenant,
-            "table" => Piece::Table,
-            spec => Piece::Field {
-                spec: spec.to_string(),
-                field: Field::parse(spec)
-                    .map_err(|e| format!("nats sink: subject `{text}`: {e}"))?,
-            },
-        });
-        rest = &after[close + 1..];
-    }
-    if rest.contains('}') {
-        return Err(format!(
-            "nats sink: subject `{text}` has a `}}` without its `{{`"
-        ));
-    }
-    if !rest.is_empty() {
-        pieces.push(Piece::Text(rest.to_string()));
-    }
-    if pieces.is_empty() {
-        return Err("nats sink: subject is empty".to_string());
-    }
-    Ok(pieces)
-}
-
-/// A field's JSON as a subject token: a string's text, a number's or a
-/// boolean's JSON.
-fn token(spec: &str, json: &str) -> Result<String, String> {
-    if json.starts_with('"') {
-        return serde_json::from_str::<String>(json)
-            .map_err(|e| format!("nats sink: the field `{spec}`: {e}"));
-    }
-    if matches!(json, "null") || json.starts_with('{') || json.starts_with('[') {
-        return Err(format!(
-            "nats sink: the field `{spec}` is {json:.40}, not a string, a number or a boolean"
-        ));
-    }
-    Ok(json.to_string())
 }
 
 /// Why `subject` is not one to publish to.

@@ -60,8 +60,9 @@ pub mod router {
     });
 }
 
-/// NATS subjects and PostgreSQL, imported by the `sink` world alone.
+/// NATS subjects, objects and PostgreSQL, imported by the `sink` world alone.
 pub use sink::weir::plugin::nats;
+pub use sink::weir::plugin::objects;
 pub use sink::weir::plugin::postgres;
 /// The host's imports, shared by every world.
 pub use transform::weir::plugin::host;

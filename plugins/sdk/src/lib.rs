@@ -50,7 +50,8 @@
 //! [`sequence`](Row::sequence), and may compare a hash of its payload.
 //! A sink granted PostgreSQL writes through [`postgres`], in the host's
 //! transaction of the call; one granted NATS subjects publishes through
-//! [`nats`], sent once its rows are delivered. A transform or sink granted
+//! [`nats`], sent once its rows are delivered; one granted an object store
+//! adds each row to the object of its path through [`objects`]. A transform or sink granted
 //! HTTP authorities sends many requests at once with [`http::fetch_all`]
 //! (an enrichment's lookups), waiting for all of them in one call.
 //!
@@ -58,12 +59,13 @@
 //! WIT bindings), `slot`, `settings`, `packed`, `answer` and `hash` import
 //! no other module; `log` and `rows` build on them; the world modules
 //! (`transform`, `sink`, `budget`, `router`) on those; `state`, `http`,
-//! `postgres` and `nats` wrap imports of `bindings` alone.
+//! `postgres`, `nats` and `objects` wrap imports of `bindings` alone.
 
 pub mod budget;
 pub mod http;
 pub mod log;
 pub mod nats;
+pub mod objects;
 pub mod postgres;
 pub mod router;
 pub mod rows;

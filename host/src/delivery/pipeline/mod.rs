@@ -17,7 +17,7 @@ use crate::config::Pipeline as PipelineConfig;
 use crate::delivery::batch::{Batch, Outcome};
 use crate::delivery::traced::CallRecord;
 use crate::delivery::verdict::Verdict;
-use crate::destination::{PostgresStep, PublishStep, Publisher};
+use crate::destination::{ObjectsStep, PostgresStep, PublishStep, Publisher};
 use crate::fence::{Fence, Fenced};
 use crate::sandbox::{CallError, Plugin};
 use crate::state::landing::Landing;
@@ -214,6 +214,9 @@ pub struct PipelineRunner {
     destination: Option<(String, bool)>,
     /// Where a sink granted `nats` publishes.
     publisher: Option<Publisher>,
+    /// What the rows its isolation lanes ran wait for, until the batch's
+    /// landing is taken.
+    lanes_landing: Landing,
     /// The last run's vector of verdicts, given back ([`Self::keep_verdicts`])
     /// to hold the next run's.
     spare_verdicts: Vec<Verdict>,
@@ -250,6 +253,7 @@ impl PipelineRunner {
             calls: None,
             destination: None,
             publisher: None,
+            lanes_landing: Landing::default(),
             spare_verdicts: Vec::new(),
         })
     }
@@ -280,10 +284,18 @@ impl PipelineRunner {
             calls: None,
             destination: None,
             publisher: None,
+            lanes_landing: Landing::default(),
             spare_verdicts: Vec::new(),
         };
         if let Some((unit, commits)) = &self.destination {
             lane = lane.with_destination(unit, *commits);
+            // A lane's rows go into the runner's objects: one owner of the
+            // unit's log.
+            for (step, own) in lane.steps.iter_mut().zip(&self.steps) {
+                if let (Some(objects), Some(own)) = (&mut step.objects, &own.objects) {
+                    objects.share(own);
+                }
+            }
         }
         match &self.publisher {
             Some(publisher) => lane.with_publisher(publisher),
@@ -311,6 +323,16 @@ impl PipelineRunner {
                 && let Some(grant) = &step.plugin.config.grants.nats
             {
                 step.nats = Some(PublishStep::new(step.plugin.name(), grant.clone(), commits));
+            }
+            if step.role == Role::Sink
+                && let Some(destination) = &step.plugin.objects
+            {
+                step.objects = Some(ObjectsStep::new(
+                    destination.clone(),
+                    step.plugin.name(),
+                    unit.to_string(),
+                    commits,
+                ));
             }
         }
         self
@@ -353,13 +375,43 @@ impl PipelineRunner {
         self.stateful().for_each(StateStep::overlap_writes);
     }
 
-    /// The state writes of the batch just run, on their way.
+    /// The state writes of the batch just run, on their way, and the
+    /// commits of the objects its rows went into.
     pub fn take_landing(&mut self) -> Landing {
-        let mut landing = Landing::default();
+        let mut landing = std::mem::take(&mut self.lanes_landing);
         for state in self.stateful() {
             landing.join(state.take_landing());
         }
+        for step in &mut self.steps {
+            for waiting in step.waiting.drain(..) {
+                landing.wait_for_object(
+                    step.plugin.name(),
+                    waiting.path,
+                    waiting.sequences,
+                    waiting.outcome,
+                );
+            }
+        }
         landing
+    }
+
+    /// Whether its sink fills objects: its rows wait for their object's
+    /// commit, many batches later.
+    pub fn fills_objects(&self) -> bool {
+        self.steps.iter().any(|step| step.objects.is_some())
+    }
+
+    /// What rows run by an isolation lane of this runner wait for.
+    pub fn keep_landing(&mut self, landing: Landing) {
+        self.lanes_landing.join(landing);
+    }
+
+    /// Seals every object its sink is filling, to be committed now (the
+    /// unit is released, or the generation changes).
+    pub fn flush_objects(&self) {
+        for objects in self.steps.iter().filter_map(|step| step.objects.as_ref()) {
+            objects.flush();
+        }
     }
 
     /// Whether a plugin of this pipeline keeps durable state.
@@ -411,7 +463,7 @@ impl PipelineRunner {
         if !self
             .steps
             .iter()
-            .any(|step| step.postgres.is_some() || step.nats.is_some())
+            .any(|step| step.postgres.is_some() || step.nats.is_some() || step.objects.is_some())
         {
             return match self.run_once(rows, lease).await {
                 Ok(verdicts) => Ok(verdicts),

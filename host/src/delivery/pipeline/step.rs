@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::delivery::batch::Malformed;
 use crate::delivery::verdict::Verdict;
-use crate::destination::{Ending, Finished, PostgresStep, PublishStep};
+use crate::destination::{Ending, Finished, ObjectsStep, PostgresStep, PublishStep, Waiting};
 use crate::fence::{Fence, Fenced};
 use crate::sandbox::{CallError, FailureKind, Plugin, PluginInstance};
 use crate::state::scope::Settled;
@@ -36,6 +36,11 @@ pub(in crate::delivery) struct Step {
     pub(super) postgres: Option<PostgresStep>,
     /// The publishes of a sink granted `nats`.
     pub(super) nats: Option<PublishStep>,
+    /// The objects of a sink granted `objects`.
+    pub(super) objects: Option<ObjectsStep>,
+    /// What the last batch's rows in objects wait for (taken with the
+    /// batch's landing).
+    pub(super) waiting: Vec<Waiting>,
     /// The input rows of the rows given to the last call.
     pub(super) given: Vec<usize>,
 }
@@ -51,6 +56,8 @@ impl Step {
             state: None,
             postgres: None,
             nats: None,
+            objects: None,
+            waiting: Vec::new(),
             given: Vec::new(),
         }
     }
@@ -193,6 +200,11 @@ impl Step {
             let each = (0..rows.len()).map(|row| (flow.origins[row], rows.position(row).sequence));
             instance.give_nats(nats.give(verdicts.len(), each));
         }
+        if let Some(objects) = &mut self.objects {
+            let rows = flow.rows();
+            let each = (0..rows.len()).map(|row| (flow.origins[row], rows.position(row).sequence));
+            instance.give_objects(objects.give(verdicts.len(), each));
+        }
         let packed = flow.rows().packed();
         let reply = match self.role {
             Role::Transform => instance
@@ -215,6 +227,9 @@ impl Step {
         if let Some(nats) = &mut self.nats {
             nats.took(instance.take_nats());
         }
+        if let Some(objects) = &mut self.objects {
+            objects.took(instance.take_objects());
+        }
         let answered = reply
             .map_err(|error| self.failed(error))
             .and_then(|reply| read(&reply, flow.rows()).map_err(|err| self.malformed(err)));
@@ -227,6 +242,9 @@ impl Step {
                 }
                 if let Some(nats) = &mut self.nats {
                     nats.abandon();
+                }
+                if let Some(objects) = &mut self.objects {
+                    objects.abandon();
                 }
                 return Err(failure.into());
             }
@@ -250,7 +268,33 @@ impl Step {
         // not called again, and a publish sent twice is dropped by its id.
         self.finish_nats(verdicts, lease).await?;
         self.finish_postgres(verdicts, lease).await?;
-        Ok(self.finish_state(verdicts, lease).await?)
+        self.finish_state(verdicts, lease).await?;
+        // Last: only rows still delivered go into objects.
+        self.finish_objects(verdicts, lease).await
+    }
+
+    /// Hands the rows the sink delivered to the unit's objects: what the
+    /// batch waits for before they are acked.
+    pub(super) async fn finish_objects(
+        &mut self,
+        verdicts: &[Verdict],
+        lease: &dyn Fence,
+    ) -> Result<(), Attempt> {
+        let Some(objects) = &mut self.objects else {
+            return Ok(());
+        };
+        let delivered = |input: usize| matches!(verdicts.get(input), Some(Verdict::Done));
+        match objects.finish(delivered, lease).await {
+            Ok((Finished::Again(reason), _)) => Err(Attempt::Again(reason)),
+            Ok((_, waiting)) => {
+                self.waiting.extend(waiting);
+                Ok(())
+            }
+            Err(fenced) => {
+                tracing::warn!(plugin = self.plugin.name(), reason = %fenced, "not added to objects: the unit is not this host's");
+                Err(Fenced.into())
+            }
+        }
     }
 
     /// Commits the sink's transaction with the rows it applied, or rolls

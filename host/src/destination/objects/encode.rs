@@ -13,78 +13,8 @@ use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
-use serde::Deserialize;
 
-/// How a sink's objects are written (from its settings).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "format", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Format {
-    Parquet {
-        columns: Vec<Column>,
-        #[serde(default)]
-        compression: ParquetCompression,
-        /// Rows per row group (at most; the last one holds the rest).
-        #[serde(default = "default_row_group_rows")]
-        row_group_rows: usize,
-    },
-    Ndjson {
-        #[serde(default)]
-        compression: NdjsonCompression,
-    },
-}
-
-fn default_row_group_rows() -> usize {
-    100_000
-}
-
-/// One column of a Parquet object: the row's JSON field of the same name.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Column {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub kind: ColumnType,
-    /// A row without the field (or with `null`) is refused.
-    #[serde(default)]
-    pub required: bool,
-}
-
-/// A column's type, and the JSON values it takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ColumnType {
-    /// A JSON string (Parquet `BYTE_ARRAY (STRING)`).
-    String,
-    /// A JSON integer within ±2⁶³ (`INT64`).
-    Int64,
-    /// Any JSON number (`DOUBLE`).
-    Float64,
-    /// `true` or `false` (`BOOLEAN`).
-    Boolean,
-    /// An RFC 3339 string, kept as microseconds since the epoch, UTC
-    /// (`INT64 (TIMESTAMP(MICROS,true))`).
-    Timestamp,
-    /// Any JSON value, kept as its JSON text (`BYTE_ARRAY (JSON)`).
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ParquetCompression {
-    #[default]
-    Zstd,
-    Snappy,
-    None,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NdjsonCompression {
-    #[default]
-    None,
-    Gzip,
-    Zstd,
-}
+pub use crate::config::{Column, ColumnType, Format, NdjsonCompression, ParquetCompression};
 
 /// A row fitted to a format ([`Format::fit`]): what an object of that
 /// format takes without refusing it.
@@ -115,55 +45,6 @@ impl Format {
             Format::Parquet { columns, .. } => fit_columns(columns, row),
             Format::Ndjson { .. } => fit_line(row),
         }
-    }
-
-    /// The file name extension of its objects.
-    pub fn extension(&self) -> &'static str {
-        match self {
-            Format::Parquet { .. } => "parquet",
-            Format::Ndjson { compression } => match compression {
-                NdjsonCompression::None => "ndjson",
-                NdjsonCompression::Gzip => "ndjson.gz",
-                NdjsonCompression::Zstd => "ndjson.zst",
-            },
-        }
-    }
-
-    /// Whether it can write anything: the reason it cannot, naming the
-    /// setting.
-    pub fn check(&self) -> Result<(), String> {
-        let Format::Parquet {
-            columns,
-            row_group_rows,
-            ..
-        } = self
-        else {
-            return Ok(());
-        };
-        if columns.is_empty() {
-            return Err("columns: a Parquet object needs at least one column".into());
-        }
-        if *row_group_rows == 0 {
-            return Err("row_group_rows must be at least 1".into());
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, column) in columns.iter().enumerate() {
-            let name = &column.name;
-            let plain = name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !plain {
-                return Err(format!(
-                    "columns[{i}].name `{name}`: a column is named with letters, digits and `_`, not starting with a digit"
-                ));
-            }
-            if !seen.insert(name) {
-                return Err(format!("columns[{i}].name `{name}` is named twice"));
-            }
-        }
-        Ok(())
     }
 }
 

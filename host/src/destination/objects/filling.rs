@@ -18,27 +18,11 @@ use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::destination::objects::encode::{EncodeError, Format, ObjectWriter, Record};
+use crate::config::{Format, ObjectsTarget};
+use crate::destination::objects::encode::{EncodeError, ObjectWriter, Record};
 use crate::destination::objects::log::{Committed, Entry, LogError, UnitLog};
 use crate::destination::objects::store::Store;
 use crate::fence::Fence;
-
-/// When an object being filled is committed: whichever bound comes first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rolling {
-    pub max_rows: usize,
-    pub max_bytes: usize,
-    pub max_age: Duration,
-}
-
-/// Where a sink's objects go and what they hold.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Target {
-    /// The keys' prefix in the bucket (may be empty).
-    pub prefix: String,
-    pub format: Format,
-    pub rolling: Rolling,
-}
 
 /// One input row the sink delivered: what it added for `path`.
 #[derive(Debug)]
@@ -100,13 +84,19 @@ struct Shared {
     filling: Mutex<Filling>,
     /// An object sealed, or one to look at sooner.
     wake: Notify,
-    target: Arc<Target>,
+    target: Arc<ObjectsTarget>,
 }
 
 #[derive(Default)]
 struct Filling {
     open: BTreeMap<String, Open>,
     sealed: VecDeque<Open>,
+    /// The batches waiting for each object not committed yet, by its id.
+    waiters: BTreeMap<u64, Vec<oneshot::Sender<Option<String>>>>,
+    /// The rows in an object not committed yet, and that object's id: a
+    /// row sent back meanwhile (a later step's write failed) waits for it
+    /// when it comes again, rather than go into a second object.
+    pending: BTreeMap<u64, u64>,
     /// The rows of every entry standing: done when they come back.
     written: Ranges,
     /// Why the committer stopped: what is added now comes back at once.
@@ -121,16 +111,7 @@ struct Open {
     path: String,
     writer: ObjectWriter,
     sequences: Vec<u64>,
-    waiters: Vec<oneshot::Sender<Option<String>>>,
     since: Instant,
-}
-
-/// Tells the batches waiting for an object how its commit ended.
-fn tell(waiters: Vec<oneshot::Sender<Option<String>>>, outcome: &Option<String>) {
-    for waiter in waiters {
-        // A batch no longer waiting (its unit was fenced) needs no word.
-        let _ = waiter.send(outcome.clone());
-    }
 }
 
 impl Drop for UnitObjects {
@@ -144,7 +125,7 @@ impl UnitObjects {
     /// claim), while `fence` holds, and starts its committer.
     pub async fn open(
         store: &Store,
-        target: Arc<Target>,
+        target: Arc<ObjectsTarget>,
         sink: &str,
         unit: &str,
         writer: String,
@@ -196,68 +177,49 @@ impl UnitObjects {
     /// per object. `Err`: the rows come back (the unit is no longer this
     /// host's, or an object could not take them), with why.
     pub fn add(&self, delivered: Vec<Delivered>) -> Result<Vec<Waiting>, String> {
-        let rolling = self.shared.target.rolling;
         let mut filling = self.shared.lock();
         if let Some(why) = &filling.stopped {
             return Err(why.clone());
         }
         let mut waiting: Vec<Waiting> = Vec::new();
+        // This batch's waiter of each object it is in, by the object's id.
         let mut waiting_for: BTreeMap<u64, usize> = BTreeMap::new();
-        let mut sealed_any = false;
+        let (opened_before, mut sealed_any) = (filling.opened, false);
         for row in delivered {
             if row.records.is_empty() || filling.written.holds(row.sequence) {
                 continue;
             }
-            let open = match filling.open.get_mut(&row.path) {
-                Some(open) => open,
+            let id = match filling.pending.get(&row.sequence) {
+                Some(&id) => id,
                 None => {
-                    let writer =
-                        ObjectWriter::new(&self.shared.target.format).map_err(|e| e.to_string())?;
-                    filling.opened += 1;
-                    let open = Open {
-                        id: filling.opened,
-                        path: row.path.clone(),
-                        writer,
-                        sequences: Vec::new(),
-                        waiters: Vec::new(),
-                        since: Instant::now(),
-                    };
-                    filling.open.entry(row.path.clone()).or_insert(open)
+                    let target = &self.shared.target;
+                    let (id, full) = filling.put(target, row.sequence, &row.path, row.records)?;
+                    if full && let Some(full) = filling.open.remove(&row.path) {
+                        filling.sealed.push_back(full);
+                        sealed_any = true;
+                    }
+                    id
                 }
             };
-            for record in row.records {
-                if let Err(err) = open.writer.push(record) {
-                    let reason = format!("object `{}`: {err}", row.path);
-                    if let Some(open) = filling.open.remove(&row.path) {
-                        tell(open.waiters, &Some(reason.clone()));
-                    }
-                    return Err(reason);
-                }
-            }
-            open.sequences.push(row.sequence);
-            // One waiter per batch and object.
-            match waiting_for.get(&open.id) {
+            match waiting_for.get(&id) {
                 Some(&index) => waiting[index].sequences.push(row.sequence),
                 None => {
                     let (sender, outcome) = oneshot::channel();
-                    open.waiters.push(sender);
-                    waiting_for.insert(open.id, waiting.len());
+                    filling.waiters.entry(id).or_default().push(sender);
+                    waiting_for.insert(id, waiting.len());
                     waiting.push(Waiting {
-                        path: row.path.clone(),
+                        path: row.path,
                         sequences: vec![row.sequence],
                         outcome,
                     });
                 }
             }
-            let full =
-                open.writer.rows() >= rolling.max_rows || open.writer.bytes() >= rolling.max_bytes;
-            if full && let Some(full) = filling.open.remove(&row.path) {
-                filling.sealed.push_back(full);
-                sealed_any = true;
-            }
         }
+        // The committer looks again: at a sealed object, or at when a new
+        // one comes of age (it may be waiting with no object to age).
+        let wake = sealed_any || filling.opened != opened_before;
         drop(filling);
-        if sealed_any {
+        if wake {
             self.shared.wake.notify_one();
         }
         Ok(waiting)
@@ -271,6 +233,69 @@ impl UnitObjects {
         filling.sealed.extend(open.into_values());
         drop(filling);
         self.shared.wake.notify_one();
+    }
+}
+
+impl Filling {
+    /// Puts a row's records into the open object of `path`: its id, and
+    /// whether it is full now.
+    fn put(
+        &mut self,
+        target: &ObjectsTarget,
+        sequence: u64,
+        path: &str,
+        records: Vec<Record>,
+    ) -> Result<(u64, bool), String> {
+        if !self.open.contains_key(path) {
+            let writer = ObjectWriter::new(&target.format).map_err(|err| err.to_string())?;
+            self.opened += 1;
+            let open = Open {
+                id: self.opened,
+                path: path.to_string(),
+                writer,
+                sequences: Vec::new(),
+                since: Instant::now(),
+            };
+            self.open.insert(path.to_string(), open);
+        }
+        let Some(open) = self.open.get_mut(path) else {
+            return Err(format!("object `{path}` is not open"));
+        };
+        for record in records {
+            if let Err(err) = open.writer.push(record) {
+                let reason = format!("object `{path}`: {err}");
+                if let Some(open) = self.open.remove(path) {
+                    self.ended(open.id, &open.sequences, None, &Some(reason.clone()));
+                }
+                return Err(reason);
+            }
+        }
+        open.sequences.push(sequence);
+        let (id, rows, bytes) = (open.id, open.writer.rows(), open.writer.bytes());
+        self.pending.insert(sequence, id);
+        let rolling = target.rolling;
+        Ok((id, rows >= rolling.max_rows || bytes >= rolling.max_bytes))
+    }
+
+    /// An object's commit ended: its batches are told, its rows are no
+    /// longer pending, and they are written if it stands.
+    fn ended(
+        &mut self,
+        id: u64,
+        sequences: &[u64],
+        entry: Option<&Entry>,
+        outcome: &Option<String>,
+    ) {
+        for sequence in sequences {
+            self.pending.remove(sequence);
+        }
+        if let Some(entry) = entry {
+            self.written.add(entry);
+        }
+        for waiter in self.waiters.remove(&id).unwrap_or_default() {
+            // A batch no longer waiting (its unit was fenced) needs no word.
+            let _ = waiter.send(outcome.clone());
+        }
     }
 }
 
@@ -309,13 +334,13 @@ impl Shared {
     /// added from now on.
     fn stop(&self, reason: String) {
         let mut filling = self.lock();
-        let open = std::mem::take(&mut filling.open);
-        let sealed = std::mem::take(&mut filling.sealed);
+        filling.open.clear();
+        filling.sealed.clear();
+        filling.pending.clear();
         filling.stopped = Some(reason.clone());
-        drop(filling);
         let reason = Some(reason);
-        for object in open.into_values().chain(sealed) {
-            tell(object.waiters, &reason);
+        for waiter in std::mem::take(&mut filling.waiters).into_values().flatten() {
+            let _ = waiter.send(reason.clone());
         }
     }
 }
@@ -365,36 +390,34 @@ impl Committer {
     /// nothing more may be committed (the unit is not this host's).
     async fn commit(&mut self, object: Open) -> Result<(), String> {
         let Open {
+            id,
             path,
             writer,
             sequences,
-            waiters,
             ..
         } = object;
-        let data = match tokio::task::spawn_blocking(move || writer.finish()).await {
-            Ok(Ok(data)) => data,
-            Ok(Err(err)) => {
-                tell(waiters, &Some(format!("object `{path}`: {err}")));
-                return Ok(());
-            }
-            Err(panicked) => {
-                tell(waiters, &Some(format!("object `{path}`: {panicked}")));
-                return Ok(());
-            }
+        let encoded = tokio::task::spawn_blocking(move || writer.finish()).await;
+        let failed = match encoded {
+            Ok(Ok(data)) => match self.commit_data(&path, &sequences, data).await {
+                Ok(entry) => {
+                    self.shared
+                        .lock()
+                        .ended(id, &sequences, Some(&entry), &None);
+                    return Ok(());
+                }
+                Err(reason) => {
+                    // Stopped before its batches hear: none adds rows after.
+                    self.shared.stop(reason.clone());
+                    return Err(reason);
+                }
+            },
+            Ok(Err(err)) => err.to_string(),
+            Err(panicked) => panicked.to_string(),
         };
-        match self.commit_data(&path, &sequences, data).await {
-            Ok(entry) => {
-                self.shared.lock().written.add(&entry);
-                tell(waiters, &None);
-                Ok(())
-            }
-            Err(reason) => {
-                // Stopped before its batches hear: none adds rows after.
-                self.shared.stop(reason.clone());
-                tell(waiters, &Some(reason.clone()));
-                Err(reason)
-            }
-        }
+        // Not encoded: its rows come back, and go into another object.
+        let reason = Some(format!("object `{path}`: {failed}"));
+        self.shared.lock().ended(id, &sequences, None, &reason);
+        Ok(())
     }
 
     /// Commits `data` holding `sequences` under `path`, again and again
@@ -451,7 +474,7 @@ impl Committer {
 
 /// An object's key: `<prefix>/<path>/<sink>-<unit>-<number>.<extension>`,
 /// its number the log entry's, so no two commits share one.
-fn object_key(target: &Target, path: &str, sink: &str, unit: &str, number: u64) -> String {
+fn object_key(target: &ObjectsTarget, path: &str, sink: &str, unit: &str, number: u64) -> String {
     let name = format!("{sink}-{unit}-{number:020}.{}", target.format.extension());
     match target.prefix.trim_end_matches('/') {
         "" => format!("{path}/{name}"),
