@@ -63,7 +63,7 @@ echo "== read back by DuckDB (read_parquet, hive partitions)"
 read -r count distinct tenant table <<<"$(query "SELECT count(*), count(DISTINCT order_id), min(tenant), min(\"table\") FROM read_parquet('s3://lake/rows/**/*.parquet', hive_partitioning = true)")"
 sent=$(wc -l <"$rows")
 dead=$("$weir" dlq list --config "$here/weir.toml" | grep -c '^' || true)
-echo "rows sent and accepted: $sent; dead-lettered by the validator: $dead"
+echo "rows sent and accepted: $sent; dead letters: $dead (weir dlq list says why)"
 echo "DuckDB: count = $count, count of distinct order ids = $distinct (tenant $tenant, table $table)"
 expected=$((sent - dead))
 if [ "$count" != "$expected" ] || [ "$distinct" != "$expected" ]; then
