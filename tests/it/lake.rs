@@ -5,7 +5,7 @@
 //! the destination by listing the prefix, as a query engine reads it:
 //! every accepted row exactly once, a row that does not fit a Parquet
 //! column dead-lettered naming it, across host crashes, stops and freezes
-//! of a fleet under load.
+//! of a fleet under load and a restart of the store.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -157,8 +157,8 @@ fn fleet_host_config(nats_url: &str, id: &str, plugin: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn every_accepted_row_is_in_exactly_one_object_across_host_faults() {
-    let seaweed = Seaweed::start().await;
+async fn every_accepted_row_is_in_exactly_one_object_across_host_and_store_faults() {
+    let mut seaweed = Seaweed::start().await;
     let nats = Nats::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let plugin = lake_plugin(
@@ -168,6 +168,12 @@ async fn every_accepted_row_is_in_exactly_one_object_across_host_faults() {
     );
     let mut fleet = LoadedFleet::start(|id| fleet_host_config(nats.url(), id, &plugin)).await;
     fleet.host_faults().await;
+    // The store gone under load: commits fail and are tried again, their
+    // rows wait unacked; none is lost or dead-lettered.
+    seaweed.kill();
+    fleet.after("SeaweedFS SIGKILLed for 5 s").await;
+    seaweed.start_again().await;
+    fleet.after("SeaweedFS restarted").await;
 
     let store = seaweed.store();
     eventually(Duration::from_secs(300), "100k rows in objects", || async {

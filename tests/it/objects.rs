@@ -286,9 +286,22 @@ async fn a_commit_while_the_store_is_down_fails_and_goes_through_once_it_is_back
     commit_rows(&mut log, 101, 150, "host", &lease)
         .await
         .expect("commit");
-    assert_eq!(log.prune(100).await.expect("prune"), 2);
+    let hour = std::time::Duration::from_secs(3600);
     assert_eq!(
-        log.prune(150).await.expect("prune"),
+        log.prune(100, hour).await.expect("prune"),
+        0,
+        "entries written within the hour stay"
+    );
+    assert_eq!(
+        log.prune(100, std::time::Duration::ZERO)
+            .await
+            .expect("prune"),
+        2
+    );
+    assert_eq!(
+        log.prune(150, std::time::Duration::ZERO)
+            .await
+            .expect("prune"),
         0,
         "the newest entry stays"
     );

@@ -424,7 +424,7 @@ impl PipelineRunner {
     pub fn remembers_applied(&self) -> bool {
         self.steps
             .iter()
-            .any(|step| step.state.is_some() || step.postgres.is_some())
+            .any(|step| step.state.is_some() || step.postgres.is_some() || step.objects.is_some())
     }
 
     /// The unit consumer's ack floor: what a stateful step or a
@@ -435,6 +435,10 @@ impl PipelineRunner {
             .iter_mut()
             .filter_map(|step| step.postgres.as_mut())
             .for_each(|postgres| postgres.set_ack_floor(floor));
+        self.steps
+            .iter()
+            .filter_map(|step| step.objects.as_ref())
+            .for_each(|objects| objects.set_ack_floor(floor));
     }
 
     /// Rows whose acks the server applied: they never come back, so the

@@ -19,6 +19,9 @@ use crate::fence::Fence;
 
 /// Most records one input row may add (an explode past this is a bug).
 const MAX_RECORDS_PER_ROW: usize = 10_000;
+/// The least a call may append, whatever `max_bytes`: a small object
+/// bound rolls objects over, it does not refuse the rows of a batch.
+const MIN_CALL_BYTES: usize = 64 << 20;
 
 /// A sink's granted store, opened when the plugin loads (nothing is sent
 /// until a request needs it), with what goes there.
@@ -104,11 +107,12 @@ impl ObjectsCall {
             .format
             .fit(record)
             .map_err(|refused| refused.to_string())?;
-        // A call holds at most one object's bytes: the bound an object has.
-        let max_bytes = self.grant.target.rolling.max_bytes;
+        // What a call appends stays in the host until the call ends: bounded
+        // so a plugin cannot grow it without end, yet far above a batch.
+        let max_bytes = self.grant.target.rolling.max_bytes.max(MIN_CALL_BYTES);
         if self.bytes + fitted.size() > max_bytes {
             return Err(format!(
-                "sink `{sink}`: one call appended more than grants.objects.max_bytes ({max_bytes} bytes)"
+                "sink `{sink}`: one call appended more than {max_bytes} bytes (grants.objects.max_bytes, at least 64 MiB)"
             ));
         }
         let (row_path, records) = self
@@ -261,6 +265,15 @@ impl ObjectsStep {
             && let Some(objects) = &*opened
         {
             objects.flush();
+        }
+    }
+
+    /// The unit consumer's ack floor: the log forgets entries below it.
+    pub fn set_ack_floor(&self, floor: u64) {
+        if let Ok(opened) = self.objects.try_lock()
+            && let Some(objects) = &*opened
+        {
+            objects.set_ack_floor(floor);
         }
     }
 

@@ -82,6 +82,9 @@ pub struct UnitObjects {
 
 struct Shared {
     filling: Mutex<Filling>,
+    /// The unit consumer's ack floor as last read (0: not yet): entries
+    /// whose rows are all at or below it are pruned from the log.
+    ack_floor: std::sync::atomic::AtomicU64,
     /// An object sealed, or one to look at sooner.
     wake: Notify,
     target: Arc<ObjectsTarget>,
@@ -151,6 +154,7 @@ impl UnitObjects {
                 ..Filling::default()
             }),
             wake: Notify::new(),
+            ack_floor: std::sync::atomic::AtomicU64::new(0),
             target,
         });
         let committer = Committer {
@@ -160,6 +164,7 @@ impl UnitObjects {
             unit: unit.to_string(),
             writer,
             fence,
+            pruned: Instant::now(),
         };
         Ok(UnitObjects {
             shared,
@@ -223,6 +228,13 @@ impl UnitObjects {
             self.shared.wake.notify_one();
         }
         Ok(waiting)
+    }
+
+    /// The unit consumer's ack floor: the log's entries below it may go.
+    pub fn set_ack_floor(&self, floor: u64) {
+        self.shared
+            .ack_floor
+            .store(floor, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Seals every object being filled, to be committed now (the unit is
@@ -353,7 +365,15 @@ struct Committer {
     unit: String,
     writer: String,
     fence: Box<dyn Fence>,
+    /// When the log was last pruned.
+    pruned: Instant,
 }
+
+/// How often the committer prunes its log, and how old an entry must be:
+/// past S3's 15-minute signature window, so no late write of a pruned
+/// number can still land ([`UnitLog::prune`]).
+const PRUNE_PERIOD: Duration = Duration::from_secs(60);
+const PRUNE_AGE: Duration = Duration::from_secs(20 * 60);
 
 /// How long a commit waits before it is tried again while the store
 /// cannot take it: doubling from the first to the last.
@@ -363,6 +383,7 @@ const AGAIN_LAST_PAUSE: Duration = Duration::from_secs(5);
 impl Committer {
     async fn run(mut self) {
         loop {
+            self.prune().await;
             let object = match self.shared.next() {
                 Ok(object) => object,
                 Err(due) => {
@@ -382,6 +403,28 @@ impl Committer {
             if let Err(reason) = self.commit(object).await {
                 tracing::warn!(sink = %self.sink, unit = %self.unit, %reason, "objects are no longer committed here");
                 return;
+            }
+        }
+    }
+
+    /// Removes the log's settled entries, once a period, while the lease
+    /// holds: a takeover then reads only what may still come back.
+    async fn prune(&mut self) {
+        let floor = self
+            .shared
+            .ack_floor
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if floor == 0 || self.pruned.elapsed() < PRUNE_PERIOD || !self.fence.held() {
+            return;
+        }
+        self.pruned = Instant::now();
+        match self.log.prune(floor, PRUNE_AGE).await {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::debug!(sink = %self.sink, unit = %self.unit, removed, "pruned the unit's object log")
+            }
+            Err(err) => {
+                tracing::debug!(sink = %self.sink, unit = %self.unit, error = %err, "cannot prune the unit's object log")
             }
         }
     }

@@ -136,6 +136,14 @@ pub enum LogError {
     Voided { key: String },
 }
 
+/// What the log's owner keeps of an entry: its last row, and when it was
+/// written (as the store listed it, or as this owner wrote it).
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    last: u64,
+    written: std::time::SystemTime,
+}
+
 /// One unit's log, as its owner keeps it: the next number, and the last
 /// row of each entry it knows (what `prune` removes).
 #[derive(Debug)]
@@ -143,7 +151,7 @@ pub struct UnitLog {
     store: Store,
     dir: Path,
     next: u64,
-    known: BTreeMap<u64, u64>,
+    known: BTreeMap<u64, Known>,
 }
 
 impl UnitLog {
@@ -162,23 +170,27 @@ impl UnitLog {
             .try_collect()
             .await
             .map_err(|source| store.failed(format!("listing `{dir}`"), source))?;
-        let mut numbers: Vec<u64> = listed
+        let mut numbers: Vec<(u64, std::time::SystemTime)> = listed
             .iter()
-            .filter_map(|meta| number_of(meta.location.filename()?))
+            .filter_map(|meta| {
+                let number = number_of(meta.location.filename()?)?;
+                Some((number, std::time::SystemTime::from(meta.last_modified)))
+            })
             .collect();
         numbers.sort_unstable();
         let mut log = UnitLog {
             store: store.clone(),
-            next: numbers.last().map_or(0, |n| n + 1),
+            next: numbers.last().map_or(0, |(n, _)| n + 1),
             dir,
             known: BTreeMap::new(),
         };
         let mut recovery = Recovery::default();
-        for number in numbers {
+        for (number, written) in numbers {
             let Some(entry) = log.entry(number).await? else {
                 continue;
             };
-            log.known.insert(number, entry.last());
+            let last = entry.last();
+            log.known.insert(number, Known { last, written });
             log.recover(number, entry, &mut recovery).await?;
         }
         Ok((log, recovery))
@@ -317,7 +329,11 @@ impl UnitLog {
             },
         };
         let standing_entry = standing.as_ref().unwrap_or(entry);
-        self.known.insert(number, standing_entry.last());
+        let known = Known {
+            last: standing_entry.last(),
+            written: std::time::SystemTime::now(),
+        };
+        self.known.insert(number, known);
         self.next = self.next.max(number + 1);
         Ok(standing)
     }
@@ -340,14 +356,26 @@ impl UnitLog {
     }
 
     /// Removes the entries whose rows are all acked (`acked_through`: the
-    /// consumer's ack floor), but the newest, which the next owner numbers
-    /// on from. Their objects stay. The entries removed.
-    pub async fn prune(&mut self, acked_through: u64) -> Result<usize, LogError> {
+    /// consumer's ack floor) and that were written at least `settled_for`
+    /// ago, but the newest, which the next owner numbers on from. Their
+    /// objects stay. The entries removed.
+    ///
+    /// The age is what keeps a late write out: a writer frozen with its
+    /// entry's PUT in flight could otherwise create a number once pruned;
+    /// a request older than S3's 15-minute signature window is refused.
+    pub async fn prune(
+        &mut self,
+        acked_through: u64,
+        settled_for: std::time::Duration,
+    ) -> Result<usize, LogError> {
         let newest = self.known.keys().next_back().copied();
+        let now = std::time::SystemTime::now();
+        let old_enough =
+            |known: &Known| known.written + settled_for <= now && known.last <= acked_through;
         let settled: Vec<u64> = self
             .known
             .iter()
-            .filter(|(number, last)| Some(**number) != newest && **last <= acked_through)
+            .filter(|(number, known)| Some(**number) != newest && old_enough(known))
             .map(|(number, _)| *number)
             .collect();
         for number in &settled {
