@@ -171,6 +171,9 @@ pub struct ObjectsGrant {
     pub target: ObjectsTarget,
 }
 
+/// The longest `max_age`: rows wait unacked, answered "in progress", that long.
+const MAX_OBJECT_AGE: Duration = Duration::from_secs(3600);
+
 /// The region when the grant names none.
 pub const DEFAULT_OBJECTS_REGION: &str = "us-east-1";
 
@@ -270,13 +273,22 @@ impl Checker<'_> {
             4 << 30,
             DEFAULT_OBJECT_MAX_BYTES,
         );
-        let max_age = self.duration(
+        let mut max_age = self.duration(
             "grants.objects.max_age",
             &raw.max_age,
             (Legacy::Secs, &None),
             Duration::from_millis(100),
             DEFAULT_OBJECT_MAX_AGE,
         );
+        if let Some(set) = &raw.max_age
+            && max_age > MAX_OBJECT_AGE
+        {
+            say(
+                set.span().start,
+                "max_age must be at most 1h: a row waits unacked for its object that long".into(),
+            );
+            max_age = DEFAULT_OBJECT_MAX_AGE;
+        }
         ObjectsGrant {
             bucket: raw.bucket.into_inner(),
             endpoint: raw.endpoint.map(Spanned::into_inner),

@@ -162,6 +162,48 @@ impl Checker<'_> {
                 _ => {}
             }
         }
+        self.check_objects_alone(index, pipeline, plugins, stateful);
+    }
+
+    /// A sink granted `objects` acks its rows only once their object
+    /// stands, a minute later; a scope or a PostgreSQL ledger records
+    /// them as applied at once, and a row that comes back after a crash
+    /// would be settled without reaching its object. Refused until the
+    /// two commit together.
+    fn check_objects_alone(
+        &self,
+        index: usize,
+        pipeline: &RawPipeline,
+        plugins: &BTreeMap<String, PluginConfig>,
+        stateful: Option<&String>,
+    ) {
+        let Some(sink) = &pipeline.sink else {
+            return;
+        };
+        let Some(grants) = plugins.get(sink.get_ref()).map(|p| &p.grants) else {
+            return;
+        };
+        if grants.objects.is_none() {
+            return;
+        }
+        let other = match (stateful, &grants.postgres) {
+            (Some(step), _) => Some(format!("`{step}` keeps state")),
+            (None, Some(_)) => Some("it is also granted postgres".to_string()),
+            (None, None) => None,
+        };
+        if let Some(other) = other {
+            self.report(
+                sink.span().start,
+                format!(
+                    "pipeline #{}: sink `{}` is granted objects and {other}: a row's object commits \
+                     after the state or the database recorded it, so a row coming back after a \
+                     crash would miss its object; give the objects sink a pipeline without state \
+                     or postgres",
+                    index + 1,
+                    sink.get_ref()
+                ),
+            );
+        }
     }
 
     /// `used` names a plugin of `world`.

@@ -260,6 +260,43 @@ fn a_pipeline_has_at_most_one_plugin_granted_state() {
 }
 
 #[test]
+fn an_objects_sink_is_refused_beside_state_or_postgres_and_its_grant_is_checked_at_its_lines() {
+    let lake = "[plugins.lake.grants.objects]\nbucket = \"lake\"\n";
+    let found = problems(&format!(
+        "[plugins.w]\nwasm = \"w.wasm\"\nworld = \"transform\"\ngrants.state = {{}}\n\
+         [plugins.lake]\nwasm = \"l.wasm\"\nworld = \"sink\"\n{lake}format = \"parquet\"\n\
+         max_rows = 20000\ncolumns = [{{ name = \"1id\", type = \"int64\" }}]\n\
+         [plugins.both]\nwasm = \"l.wasm\"\nworld = \"sink\"\n\
+         grants.postgres = {{ url = \"postgres://weir@127.0.0.1/app\" }}\n\
+         grants.objects = {{ bucket = \"lake\", format = \"csv\", endpoint = \"s3.example\" }}\n\
+         [[pipelines]]\ntables = [\"t\"]\ntransforms = [\"w\"]\nsink = \"lake\"\n\
+         [[pipelines]]\ntables = [\"u\"]\nsink = \"both\"\n"
+    ));
+    let says = |text: &str| found.iter().any(|p| p.contains(text));
+    assert!(
+        says("pipeline #1: sink `lake` is granted objects and `w` keeps state"),
+        "{found:?}"
+    );
+    assert!(
+        says("pipeline #2: sink `both` is granted objects and it is also granted postgres"),
+        "{found:?}"
+    );
+    assert!(
+        says("grants.objects.max_rows must be between 1 and 15000"),
+        "{found:?}"
+    );
+    assert!(says("grants.objects.columns[0].name `1id`"), "{found:?}");
+    assert!(
+        says("grants.objects.format `csv` is not one weir writes"),
+        "{found:?}"
+    );
+    assert!(
+        says("grants.objects.endpoint `s3.example` is not an http:// or https:// URL"),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn state_grants_have_limits_in_range() {
     let found = problems(concat!(
         "[plugins.w]\nwasm = \"w.wasm\"\nworld = \"transform\"\n",

@@ -47,7 +47,12 @@ impl Runners {
                     None => runner,
                 })
             })
-            .collect();
+            .collect::<Vec<Option<PipelineRunner>>>();
+        let mut by_variant = by_variant;
+        let mut first = Vec::new();
+        for runner in by_variant.iter_mut().flatten() {
+            runner.share_objects(&mut first);
+        }
         Runners { by_variant }
     }
 

@@ -28,6 +28,8 @@ struct WriteLanding {
     plugin: String,
     sequences: Vec<u64>,
     outcome: Arrival,
+    /// An object's commit (a sink's), not a scope's write.
+    object: bool,
 }
 
 /// A write's outcome: to come, or come (why its rows come back, if it failed).
@@ -55,6 +57,7 @@ impl Landing {
             plugin: plugin.to_string(),
             sequences,
             outcome: Arrival::Pending(outcome),
+            object: false,
         });
         sender
     }
@@ -74,6 +77,7 @@ impl Landing {
             plugin: plugin.to_string(),
             sequences,
             outcome: Arrival::Pending(outcome),
+            object: true,
         });
     }
 
@@ -137,6 +141,14 @@ impl Landing {
 impl WriteLanding {
     /// Its task ended without sending the outcome: its rows come back.
     fn ended(&mut self) {
+        if self.object {
+            let reason = format!(
+                "sink `{}`: the commit of {} ended without an answer (its unit's objects were dropped); its rows come back",
+                self.plugin, self.key
+            );
+            self.outcome = Arrival::Arrived(Some(reason));
+            return;
+        }
         let unanswered = StoreError::Unanswered {
             key: self.key.clone(),
             reason: "its task ended".to_string(),

@@ -395,6 +395,22 @@ impl PipelineRunner {
         landing
     }
 
+    /// Its sink's objects go where the same sink's of the runners before
+    /// it go (`first`, by sink, filled as runners come): one owner of a
+    /// unit's log per sink and host.
+    pub fn share_objects(&mut self, first: &mut Vec<ObjectsStep>) {
+        for objects in self
+            .steps
+            .iter_mut()
+            .filter_map(|step| step.objects.as_mut())
+        {
+            match first.iter().find(|other| other.sink() == objects.sink()) {
+                Some(other) => objects.share(other),
+                None => first.push(objects.shared_handle()),
+            }
+        }
+    }
+
     /// Whether its sink fills objects: its rows wait for their object's
     /// commit, many batches later.
     pub fn fills_objects(&self) -> bool {

@@ -277,10 +277,31 @@ impl ObjectsStep {
         }
     }
 
-    /// Puts this step's rows into `other`'s objects (an isolation lane's
-    /// step, into its runner's).
+    /// Puts this step's rows into `other`'s objects: an isolation lane's
+    /// step into its runner's, and every runner's step of one sink on a
+    /// unit into the first's (canary variants, pipelines sharing a sink):
+    /// one owner of the unit's log per host.
     pub fn share(&mut self, other: &ObjectsStep) {
         self.objects = other.objects.clone();
+    }
+
+    /// A step of the same sink, unit and objects (what later runners
+    /// share).
+    pub fn shared_handle(&self) -> ObjectsStep {
+        ObjectsStep {
+            sink: self.sink.clone(),
+            destination: self.destination.clone(),
+            unit: self.unit.clone(),
+            commits: self.commits,
+            objects: self.objects.clone(),
+            sequences: Vec::new(),
+            call: None,
+        }
+    }
+
+    /// The sink it fills objects for.
+    pub fn sink(&self) -> &str {
+        &self.sink
     }
 
     async fn open(&self, lease: &dyn Fence) -> Result<UnitObjects, String> {

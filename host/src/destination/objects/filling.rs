@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::{Format, ObjectsTarget};
 use crate::destination::objects::encode::{EncodeError, ObjectWriter, Record};
-use crate::destination::objects::log::{Committed, Entry, LogError, UnitLog};
+use crate::destination::objects::log::{Entry, LogError, UnitLog};
 use crate::destination::objects::store::Store;
 use crate::fence::Fence;
 
@@ -168,7 +168,7 @@ impl UnitObjects {
         };
         Ok(UnitObjects {
             shared,
-            committer: tokio::spawn(committer.run()),
+            committer: tokio::spawn(committer.run_guarded()),
         })
     }
 
@@ -381,6 +381,24 @@ const AGAIN_FIRST_PAUSE: Duration = Duration::from_millis(250);
 const AGAIN_LAST_PAUSE: Duration = Duration::from_secs(5);
 
 impl Committer {
+    /// [`Committer::run`], and if it panics, every row it holds comes
+    /// back rather than wait for a commit that will not come.
+    async fn run_guarded(self) {
+        use futures::FutureExt;
+        let shared = self.shared.clone();
+        let (sink, unit) = (self.sink.clone(), self.unit.clone());
+        if std::panic::AssertUnwindSafe(self.run())
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            tracing::error!(%sink, %unit, "the unit's object committer panicked; its rows come back");
+            shared.stop(format!(
+                "sink `{sink}`: the object committer of unit {unit} stopped"
+            ));
+        }
+    }
+
     async fn run(mut self) {
         loop {
             self.prune().await;
@@ -424,7 +442,7 @@ impl Committer {
                 tracing::debug!(sink = %self.sink, unit = %self.unit, removed, "pruned the unit's object log")
             }
             Err(err) => {
-                tracing::debug!(sink = %self.sink, unit = %self.unit, error = %err, "cannot prune the unit's object log")
+                tracing::warn!(sink = %self.sink, unit = %self.unit, error = %err, "cannot prune the unit's object log")
             }
         }
     }
@@ -471,46 +489,70 @@ impl Committer {
         sequences: &[u64],
         data: Bytes,
     ) -> Result<Entry, String> {
-        let target = self.shared.target.clone();
-        let (sink, unit) = (self.sink.clone(), self.unit.clone());
-        let key = move |number: u64| object_key(&target, path, &sink, &unit, number);
-        let mut pause = AGAIN_FIRST_PAUSE;
-        let mut failing = false;
+        // The number is fixed once: an entry claimed whose object's write
+        // failed is written again under the same number, never a second
+        // entry of the same rows (its object may have landed unanswered).
+        let number = self.log.next();
+        let key = object_key(&self.shared.target, path, &self.sink, &self.unit, number);
+        let entry = Entry::new(key, sequences, self.writer.clone());
+        let mut again = Again::default();
         loop {
-            let committed = self
-                .log
-                .commit(&key, sequences, &self.writer, data.clone(), &*self.fence)
-                .await;
-            match committed {
-                Ok(Committed::Written(number)) => {
-                    if failing {
-                        tracing::info!(sink = %self.sink, unit = %self.unit, "the object store takes commits again");
-                    }
-                    return Ok(Entry::new(key(number), sequences, self.writer.clone()));
-                }
-                Ok(Committed::Taken { number, entry }) => {
+            match self.log.claim(number, &entry, &*self.fence).await {
+                Ok(None) => break,
+                Ok(Some(theirs)) => {
                     return Err(format!(
                         "entry {number} of the unit's object log is {}'s: the unit is not this host's",
-                        entry.writer
+                        theirs.writer
                     ));
                 }
-                Err(err @ (LogError::Fenced(_) | LogError::Voided { .. })) => {
-                    return Err(err.to_string());
-                }
-                Err(err) => {
-                    if !failing {
-                        tracing::warn!(sink = %self.sink, unit = %self.unit, error = %err, "cannot commit an object; its rows wait and it is tried again");
-                        failing = true;
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(AGAIN_LAST_PAUSE);
-                    if !self.fence.held() {
-                        return Err(format!(
-                            "the unit is not this host's (the last commit failed: {err})"
-                        ));
-                    }
-                }
+                Err(err) => again.wait(self, err).await?,
             }
+        }
+        loop {
+            match self.log.write_object(&entry, data.clone()).await {
+                Ok(()) => {
+                    again.done(self);
+                    return Ok(entry);
+                }
+                Err(err) => again.wait(self, err).await?,
+            }
+        }
+    }
+}
+
+/// The pauses of a commit the store cannot take now: doubling, said once.
+#[derive(Default)]
+struct Again {
+    pause: Option<Duration>,
+}
+
+impl Again {
+    /// Waits before the next try, or gives up: the unit is not this
+    /// host's, or a newer owner voided the object.
+    async fn wait(&mut self, committer: &Committer, err: LogError) -> Result<(), String> {
+        if matches!(err, LogError::Fenced(_) | LogError::Voided { .. }) {
+            return Err(err.to_string());
+        }
+        let pause = match self.pause {
+            None => {
+                tracing::warn!(sink = %committer.sink, unit = %committer.unit, error = %err, "cannot commit an object; its rows wait and it is tried again");
+                AGAIN_FIRST_PAUSE
+            }
+            Some(pause) => (pause * 2).min(AGAIN_LAST_PAUSE),
+        };
+        self.pause = Some(pause);
+        tokio::time::sleep(pause).await;
+        if !committer.fence.held() {
+            return Err(format!(
+                "the unit is not this host's (the last commit failed: {err})"
+            ));
+        }
+        Ok(())
+    }
+
+    fn done(&self, committer: &Committer) {
+        if self.pause.is_some() {
+            tracing::info!(sink = %committer.sink, unit = %committer.unit, "the object store takes commits again");
         }
     }
 }

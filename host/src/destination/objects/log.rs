@@ -348,10 +348,15 @@ impl UnitLog {
             return Ok(());
         }
         match self.store.standing(&key).await? {
+            Standing::Written => Ok(()),
             Standing::Void => Err(LogError::Voided {
                 key: key.to_string(),
             }),
-            _ => Ok(()),
+            // Not an answer to act on: the write is tried again.
+            Standing::Missing => Err(LogError::Entry {
+                key: key.to_string(),
+                reason: "its object was refused as existing, then not found".into(),
+            }),
         }
     }
 
@@ -406,12 +411,24 @@ impl UnitLog {
         let Some(bytes) = self.store.read(&key).await? else {
             return Ok(None);
         };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|err| LogError::Entry {
-                key: key.to_string(),
-                reason: err.to_string(),
-            })
+        let refused = |reason: String| LogError::Entry {
+            key: key.to_string(),
+            reason,
+        };
+        let entry: Entry =
+            serde_json::from_slice(&bytes).map_err(|err| refused(err.to_string()))?;
+        // Its ranges decide which rows are acked without a write: only
+        // ascending, disjoint ranges are believed.
+        let mut after = None;
+        for &[first, last] in &entry.sequences {
+            if first > last || after.is_some_and(|after: u64| first <= after) {
+                return Err(refused(format!(
+                    "its rows [{first}, {last}] are not an ascending range after the ones before"
+                )));
+            }
+            after = Some(last);
+        }
+        Ok(Some(entry))
     }
 }
 
