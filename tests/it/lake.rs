@@ -11,12 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use weir::destination::Store;
 
 use crate::destination_faults::{LoadedFleet, assert_exactly_once, sink_fleet_config};
-use crate::seaweed_support::{ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed};
+use crate::seaweed_support::{ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed, ndjson_rows};
 use crate::support::{Nats, TestHost, base_config, dead_letter_reasons, eventually, orders};
 
 const PREFIX: &str = "rows";
@@ -51,36 +50,15 @@ credentials_file = "{keys}"
 /// Every row in the visible NDJSON objects under the prefix: (tenant from
 /// the key's `tenant=` segment, the row's `id`) → how many times.
 async fn rows_in_objects(store: &Store) -> BTreeMap<(String, u64), usize> {
-    let listed: Vec<_> = store
-        .raw()
-        .list(Some(&Path::from(PREFIX)))
-        .try_collect()
-        .await
-        .expect("list the prefix");
     let mut found = BTreeMap::new();
-    for meta in listed {
-        let key = meta.location.as_ref();
-        if key.contains("/_weir/") {
-            continue;
-        }
+    for (key, row) in ndjson_rows(store, PREFIX).await {
         let tenant = key
             .split('/')
             .find_map(|segment| segment.strip_prefix("tenant="))
             .unwrap_or_default()
             .to_string();
-        let bytes = store
-            .raw()
-            .get(&meta.location)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("read");
-        for line in std::str::from_utf8(&bytes).expect("UTF-8").lines() {
-            let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-            let id = row["id"].as_u64().expect("an id");
-            *found.entry((tenant.clone(), id)).or_default() += 1;
-        }
+        let id = row["id"].as_u64().expect("an id");
+        *found.entry((tenant, id)).or_default() += 1;
     }
     found
 }

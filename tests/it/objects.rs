@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use weir::config::{ObjectsTarget, Rolling};
 use weir::destination::{
@@ -19,7 +18,7 @@ use weir::destination::{
 };
 use weir::fence::Fence;
 
-use crate::seaweed_support::{BUCKET, Seaweed};
+use crate::seaweed_support::{BUCKET, Seaweed, ndjson_rows};
 
 const PREFIX: &str = "rows";
 const SINK: &str = "lake";
@@ -66,29 +65,9 @@ fn range(first: u64, last: u64) -> Vec<u64> {
 /// How many visible objects hold each row, as a reader listing the
 /// prefix sees it (the log's folder is not data).
 async fn rows_seen(store: &Store) -> BTreeMap<u64, usize> {
-    let listed: Vec<_> = store
-        .raw()
-        .list(Some(&Path::from(PREFIX)))
-        .try_collect()
-        .await
-        .expect("list the prefix");
     let mut seen = BTreeMap::new();
-    for meta in listed {
-        if meta.location.as_ref().contains("/_weir/") {
-            continue;
-        }
-        let bytes = store
-            .raw()
-            .get(&meta.location)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("read");
-        for line in std::str::from_utf8(&bytes).expect("UTF-8").lines() {
-            let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-            *seen.entry(row["seq"].as_u64().expect("seq")).or_default() += 1;
-        }
+    for (_, row) in ndjson_rows(store, PREFIX).await {
+        *seen.entry(row["seq"].as_u64().expect("seq")).or_default() += 1;
     }
     seen
 }

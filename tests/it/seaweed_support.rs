@@ -158,3 +158,36 @@ impl Drop for Seaweed {
         self.kill();
     }
 }
+
+/// Every row of every visible NDJSON object under `prefix`, with its
+/// object's key, as a reader listing the prefix sees them (the log's
+/// `_weir/` folder is not data).
+pub async fn ndjson_rows(store: &Store, prefix: &str) -> Vec<(String, serde_json::Value)> {
+    use futures::TryStreamExt;
+    let listed: Vec<_> = store
+        .raw()
+        .list(Some(&object_store::path::Path::from(prefix)))
+        .try_collect()
+        .await
+        .expect("list the prefix");
+    let mut rows = Vec::new();
+    for meta in listed {
+        let key = meta.location.to_string();
+        if key.contains("/_weir/") {
+            continue;
+        }
+        let bytes = store
+            .raw()
+            .get(&meta.location)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("read");
+        for line in std::str::from_utf8(&bytes).expect("UTF-8").lines() {
+            let row = serde_json::from_str(line).expect("a JSON line");
+            rows.push((key.clone(), row));
+        }
+    }
+    rows
+}

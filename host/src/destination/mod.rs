@@ -29,4 +29,23 @@ pub use objects::{
     UnitObjects, Waiting, check_path,
 };
 pub use outcome::{Ending, Finished};
+
+/// The rows a sink's call is given, as a destination step keeps them: each
+/// input row's sequence in `sequences` (`inputs` long, 0 for rows not
+/// given) and, returned, each given row's input row.
+fn call_rows(
+    inputs: usize,
+    rows: impl Iterator<Item = (usize, u64)>,
+    sequences: &mut Vec<u64>,
+) -> Vec<usize> {
+    sequences.clear();
+    sequences.resize(inputs, 0);
+    rows.map(|(input, sequence)| {
+        if let Some(slot) = sequences.get_mut(input) {
+            *slot = sequence;
+        }
+        input
+    })
+    .collect()
+}
 pub use postgres::{Param, PgCall, PgPool, PoolError, PostgresStep, StatementError};

@@ -56,15 +56,7 @@ impl PublishStep {
     /// For the sink's call on rows whose (input row, sequence) are `rows`,
     /// of a batch of `inputs` rows: the buffer its publishes go to.
     pub fn give(&mut self, inputs: usize, rows: impl Iterator<Item = (usize, u64)>) -> PublishCall {
-        self.sequences.clear();
-        self.sequences.resize(inputs, 0);
-        let mut origins = Vec::new();
-        for (input, sequence) in rows {
-            if let Some(slot) = self.sequences.get_mut(input) {
-                *slot = sequence;
-            }
-            origins.push(input);
-        }
+        let origins = crate::destination::call_rows(inputs, rows, &mut self.sequences);
         let max_payload = self.publisher.as_ref().map_or(DEFAULT_MAX_PAYLOAD, |p| {
             p.js.client().server_info().max_payload
         });

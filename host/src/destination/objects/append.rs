@@ -172,15 +172,7 @@ impl ObjectsStep {
     /// For the sink's call on rows whose (input row, sequence) are `rows`,
     /// of a batch of `inputs` rows: the buffer its appends go to.
     pub fn give(&mut self, inputs: usize, rows: impl Iterator<Item = (usize, u64)>) -> ObjectsCall {
-        self.sequences.clear();
-        self.sequences.resize(inputs, 0);
-        let mut origins = Vec::new();
-        for (input, sequence) in rows {
-            if let Some(slot) = self.sequences.get_mut(input) {
-                *slot = sequence;
-            }
-            origins.push(input);
-        }
+        let origins = crate::destination::call_rows(inputs, rows, &mut self.sequences);
         ObjectsCall {
             sink: self.sink.clone(),
             grant: self.destination.grant.clone(),

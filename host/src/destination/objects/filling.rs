@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::config::{Format, ObjectsTarget};
+use crate::config::ObjectsTarget;
 use crate::destination::objects::encode::{EncodeError, ObjectWriter, Record};
 use crate::destination::objects::log::{Entry, LogError, UnitLog};
 use crate::destination::objects::store::Store;
@@ -170,11 +170,6 @@ impl UnitObjects {
             shared,
             committer: tokio::spawn(committer.run_guarded()),
         })
-    }
-
-    /// The format its rows are fitted to.
-    pub fn format(&self) -> &Format {
-        &self.shared.target.format
     }
 
     /// Adds the rows one batch delivered, each into the object of its path

@@ -273,8 +273,10 @@ impl UnitLog {
 
     /// Commits `data` as the object `object(number)` holding rows
     /// `sequences`, while `fence` holds: its entry first, then the object.
-    /// An error leaves the number free for the same commit again (an entry
-    /// written whose answer was lost is recognised as this writer's).
+    /// An error before the claim leaves the number free for the same commit
+    /// again (an entry written whose answer was lost is recognised as this
+    /// writer's); one after it leaves the entry standing: write its object
+    /// again ([`UnitLog::write_object`]), never commit its rows anew.
     pub async fn commit(
         &mut self,
         object: impl Fn(u64) -> String,
